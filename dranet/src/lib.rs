@@ -1,0 +1,30 @@
+//! dranet: a Kubernetes DRA network driver that returns devices whatever the runtime's teardown
+//! order.
+//!
+//! The data path reads off the module tree:
+//!
+//! * [`watch`] — eBPF probes + rtnetlink (+ inotify fallback) → one stream of [`watch::LifecycleEvent`]s;
+//! * [`rescue`] — events, NRI hooks and reconcile → decisions (one owner per pod);
+//! * [`netns`], [`link`], [`rdma`] — the only places that touch the kernel: pins, device moves and
+//!   restores, RDMA link moves.
+//!
+//! Around it: [`nri`] (runtime hooks over multiplexed ttrpc), [`dra`] (kubelet gRPC),
+//! [`plan`] (per-pod device plans from Prepare), [`config`] (opaque config + validation),
+//! [`inventory`] and [`slices`] (ResourceSlice publishing), [`state`] (crash-safe checkpoint),
+//! [`cli`] (one file per subcommand).
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod cli;
+pub mod config;
+pub mod dra;
+pub mod inventory;
+pub mod link;
+pub mod netns;
+pub mod nri;
+pub mod plan;
+pub mod proto;
+pub mod rdma;
+pub mod rescue;
+pub mod slices;
+pub mod state;
+pub mod watch;

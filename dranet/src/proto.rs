@@ -1,0 +1,1 @@
+//! Generated protobuf code (see `build.rs`; compiled with protox, no `protoc`).

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs what dranet needs to build its eBPF programs and run its root tests, idempotently:
+# a second run checks and changes nothing (well under a few seconds).
+#
+#   Debian packages : rustc-web cargo-web rust-web-src (rustc 1.96 + its library sources for -Z build-std),
+#                     llvm-22-dev libpolly-22-dev (for bpf-linker), bpftool, iproute2, build-essential
+#   bpf-linker      : 0.13.0 built against LLVM 22 (same LLVM as Debian's rustc 1.96)
+#
+# Knobs: BPF_LINKER_VERSION (0.13.0), BPF_LINKER_ROOT (cargo install --root, default ~/.cargo),
+#        EXTRA_PACKAGES (space separated, e.g. "qemu-system-x86 busybox-static" for the VM tests).
+set -euo pipefail
+
+BPF_LINKER_VERSION=${BPF_LINKER_VERSION:-0.13.0}
+BPF_LINKER_ROOT=${BPF_LINKER_ROOT:-$HOME/.cargo}
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+log() { printf '[install-toolchain] %s\n' "$*" >&2; }
+
+packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev bpftool iproute2 build-essential
+  pkg-config kmod util-linux)
+# shellcheck disable=SC2206
+[ -n "${EXTRA_PACKAGES:-}" ] && packages+=(${EXTRA_PACKAGES})
+
+missing=()
+for p in "${packages[@]}"; do
+  st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [ "$st" = "install ok installed" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  log "Debian packages: all present"
+fi
+
+# Sanity checks: Debian rustc must be on LLVM 22 and carry its library sources.
+llvm_major=$(/usr/bin/rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+[ "$llvm_major" = "22" ] || { log "error: /usr/bin/rustc uses LLVM '$llvm_major', need 22"; exit 1; }
+sysroot=$(/usr/bin/rustc --print sysroot)
+[ -f "$sysroot/lib/rustlib/src/rust/library/core/Cargo.toml" ] ||
+  { log "error: rust-web-src sources missing under $sysroot/lib/rustlib/src/rust"; exit 1; }
+/usr/bin/rustc --print target-list | grep -qx bpfel-unknown-none ||
+  { log "error: rustc lacks target bpfel-unknown-none"; exit 1; }
+
+linker="$BPF_LINKER_ROOT/bin/bpf-linker"
+if [ -x "$linker" ] && [ "$("$linker" --version 2>/dev/null)" = "bpf-linker $BPF_LINKER_VERSION" ] &&
+  ldd "$linker" 2>/dev/null | grep -q 'libLLVM.so.22'; then
+  log "bpf-linker $BPF_LINKER_VERSION (LLVM 22): present"
+else
+  log "building bpf-linker $BPF_LINKER_VERSION against LLVM 22"
+  # LLVM_PREFIX: otherwise bpf-linker's build.rs finds /usr/bin/llvm-config (LLVM 14 on bookworm).
+  env -u RUSTUP_TOOLCHAIN -u RUSTFLAGS RUSTC=/usr/bin/rustc LLVM_PREFIX=/usr/lib/llvm-22 \
+    /usr/bin/cargo install --locked --force "bpf-linker@$BPF_LINKER_VERSION" \
+    --no-default-features --features llvm-22 --root "$BPF_LINKER_ROOT"
+fi
+
+# tracefs: the syscall tracepoints need it (the daemon mounts it too; this helps the tests).
+if [ ! -d /sys/kernel/tracing/events ] && [ "$(id -u)" -eq 0 ]; then
+  mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || log "warning: could not mount tracefs"
+fi
+log "done"

@@ -1,0 +1,67 @@
+//! `cargo xtask <job>`: jobs that need a special toolchain, root or a VM.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+mod build_ebpf;
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "dranet development jobs")]
+struct Cli {
+    #[command(subcommand)]
+    job: Job,
+}
+
+#[derive(Subcommand)]
+enum Job {
+    /// Build the eBPF programs (dranet-ebpf) for bpfel-unknown-none with Debian's rustc 1.96.
+    BuildEbpf(build_ebpf::Options),
+    /// Install the toolchain (Debian packages, bpf-linker); idempotent.
+    InstallToolchain,
+    /// Everything the tests need (toolchain, eBPF object), then the whole test suite (needs root).
+    Test {
+        /// Extra arguments for `cargo test`.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.job {
+        Job::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
+        Job::InstallToolchain => install_toolchain(),
+        Job::Test { args } => test(&args),
+    }
+}
+
+/// The workspace root (the xtask crate lives in `<root>/xtask`).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Runs a command, failing with its command line if it does not exit 0.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn install_toolchain() -> Result<()> {
+    run(Command::new("bash").arg(root().join("scripts/install-toolchain.sh")))
+}
+
+fn test(args: &[String]) -> Result<()> {
+    install_toolchain()?;
+    build_ebpf::run(&build_ebpf::Options::default())?;
+    run(Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args(["test", "--workspace", "--locked"])
+        .args(args))
+}
