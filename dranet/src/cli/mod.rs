@@ -3,6 +3,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod trace;
+
 /// dranet: Kubernetes DRA network driver with runtime-independent device return.
 #[derive(Parser, Debug)]
 #[command(name = "dranet", version, about, long_about = None)]
@@ -14,10 +16,8 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Show the network-namespace teardown timeline live (probe status, then one line per event).
-    Trace(crate::cli::trace::TraceArgs),
+    Trace(trace::TraceArgs),
 }
-
-pub mod trace;
 
 /// Entry point of the binary.
 #[must_use]
@@ -26,4 +26,17 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Trace(args) => trace::main(&args),
     }
+}
+
+/// Sets up `tracing` (text or JSON) with `RUST_LOG`-style filtering, defaulting to `default`.
+/// `log` records (aya-log from the probes) are forwarded to `tracing`.
+pub fn init_logging(json: bool, default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
 }

@@ -1,6 +1,593 @@
 //! The lifecycle watcher: eBPF probes (tiered, chosen by capability detection), an rtnetlink
 //! monitor and an inotify fallback, merged into one typed stream of [`LifecycleEvent`]s.
 //! (Fenced: touches the kernel.)
+//!
+//! ```text
+//!  ring buffer (umount/unlink of watched paths, cleanup_net, tier B moves/death) ─┐
+//!  rtnetlink (links in/out/deleted, nsid added/removed)                           ├─▶ broadcast ─▶ subscribers
+//!  inotify on /run/netns (fallback unlinks, identities of new netns files)        ─┘
+//! ```
+//!
+//! Netns identity is the cookie plus the inode ([`NetnsId`]); inodes are reused at once, so
+//! state is never keyed by the inode alone.
+
+pub mod btf;
+pub mod event;
+mod inotify;
+mod nsfs;
+pub mod probes;
+pub mod rtnl;
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
+use aya::Ebpf;
+use futures::StreamExt;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::netns::NetnsId;
+use dranet_common::{MAX_PREFIXES, PATH_LEN, PathKey, Prefix};
+pub use event::{EventKind, LifecycleEvent, MonoNs, Source, Task, UnlinkCall};
+pub use nsfs::{identify_fd, identify_path};
+pub use probes::{ProbeState, ProbeStatus, Tier};
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("DRANET_EBPF_OBJECT"));
+
+/// Default watched prefixes: where runtimes bind-mount pod netns.
+pub const DEFAULT_PREFIXES: &[&str] = &["/run/netns/", "/var/run/netns/"];
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("rtnetlink monitor")]
+    Rtnl(#[from] rtnl::RtnlError),
+    #[error("eBPF map {map}: {detail}")]
+    Map { map: &'static str, detail: String },
+    #[error("path {path} is longer than {max} bytes and cannot be watched in the kernel", max = PATH_LEN - 1)]
+    PathTooLong { path: String },
+}
+
+/// Registers an fd-owning object with tokio's reactor for readability.
+fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
+    // SAFETY: every `T` used here (ring buffer, aya-log logger, inotify instance) owns its fd for
+    // its whole lifetime and always returns the same fd from `as_raw_fd`.
+    unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }.map_err(std::io::Error::from)
+}
+
+/// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
+#[must_use]
+pub fn monotonic_ns() -> MonoNs {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0))
+        .unwrap_or(0)
+}
+
+/// How to start the watcher.
+#[derive(Clone, Debug)]
+pub struct WatcherOptions {
+    /// Load the eBPF probes (off: rtnetlink + inotify only).
+    pub ebpf: bool,
+    /// Report every umount/unlink, watched or not (debugging).
+    pub trace_all: bool,
+    /// Path prefixes watched in the kernel.
+    pub prefixes: Vec<String>,
+    /// Netns directories for inotify and identity learning.
+    pub netns_dirs: Vec<PathBuf>,
+    /// Learn the identity of every netns file in `netns_dirs` (for `dranet trace`).
+    pub learn_dirs: bool,
+    /// Broadcast capacity (events buffered per slow subscriber before it sees `Lost`).
+    pub capacity: usize,
+}
+
+impl Default for WatcherOptions {
+    fn default() -> Self {
+        Self {
+            ebpf: true,
+            trace_all: false,
+            prefixes: DEFAULT_PREFIXES.iter().map(|s| (*s).to_owned()).collect(),
+            netns_dirs: vec![PathBuf::from("/run/netns"), PathBuf::from("/var/run/netns")],
+            learn_dirs: false,
+            capacity: 8192,
+        }
+    }
+}
+
+/// Identities the watcher knows, to label events.
+#[derive(Default)]
+struct Known {
+    paths: HashMap<String, NetnsId>,
+    inodes: HashMap<u64, NetnsId>,
+    nsids: HashMap<i32, NetnsId>,
+}
+
+impl Known {
+    fn forget(&mut self, id: NetnsId) {
+        self.paths.retain(|_, v| *v != id);
+        self.inodes.retain(|_, v| *v != id);
+        self.nsids.retain(|_, v| *v != id);
+    }
+}
+
+struct BpfState {
+    watched: BpfHashMap<MapData, PathKey, u32>,
+    count: Array<MapData, u32>,
+    exact: usize,
+    /// Keeps the programs attached.
+    _ebpf: Ebpf,
+}
+
+struct Shared {
+    tx: broadcast::Sender<LifecycleEvent>,
+    known: RwLock<Known>,
+    bpf: Mutex<Option<BpfState>>,
+    prefixes: Vec<String>,
+    rtnl: tokio::sync::Mutex<Option<rtnetlink::Handle>>,
+}
+
+impl Shared {
+    fn emit(&self, ev: LifecycleEvent) {
+        // No subscribers is fine: nobody is listening yet.
+        let _ = self.tx.send(ev);
+    }
+
+    fn resolve_path(&self, path: &str) -> Option<NetnsId> {
+        self.known.read().ok()?.paths.get(path).copied()
+    }
+
+    fn resolve_inode(&self, inode: u64) -> Option<NetnsId> {
+        self.known.read().ok()?.inodes.get(&inode).copied()
+    }
+
+    fn learn(&self, path: &str, id: NetnsId) {
+        if let Ok(mut k) = self.known.write() {
+            for p in spellings(path) {
+                k.paths.insert(p, id);
+            }
+            k.inodes.insert(id.inode, id);
+        }
+    }
+
+    /// Fills in identities on rtnetlink events and forgets netns that died.
+    fn enrich(&self, mut ev: LifecycleEvent) -> LifecycleEvent {
+        let lookup = |nsid: i32| self.known.read().ok().and_then(|k| k.nsids.get(&nsid).copied());
+        match &mut ev.kind {
+            EventKind::NsidAdded { nsid, netns } => *netns = lookup(*nsid),
+            EventKind::LinkLeftHost { nsid, to, .. } => *to = lookup(*nsid),
+            EventKind::NsidRemoved { nsid, netns } => {
+                *netns = lookup(*nsid);
+                if let (Some(id), Ok(mut k)) = (*netns, self.known.write()) {
+                    k.forget(id);
+                }
+            }
+            _ => {}
+        }
+        ev
+    }
+}
+
+/// Both spellings of a netns path (`/var/run` is usually a symlink to `/run`).
+fn spellings(path: &str) -> Vec<String> {
+    let mut v = vec![path.to_owned()];
+    if let Some(rest) = path.strip_prefix("/var/run/") {
+        v.push(format!("/run/{rest}"));
+    } else if let Some(rest) = path.strip_prefix("/run/") {
+        v.push(format!("/var/run/{rest}"));
+    }
+    v
+}
+
+/// A subscription to the lifecycle stream.
+pub struct Subscription {
+    rx: broadcast::Receiver<LifecycleEvent>,
+}
+
+impl Subscription {
+    /// The next event; `None` once the watcher is gone. Lag turns into a [`EventKind::Lost`].
+    pub async fn recv(&mut self) -> Option<LifecycleEvent> {
+        match self.rx.recv().await {
+            Ok(ev) => Some(ev),
+            Err(broadcast::error::RecvError::Lagged(n)) => Some(LifecycleEvent {
+                time: monotonic_ns(),
+                source: Source::Daemon,
+                kind: EventKind::Lost { count: n },
+            }),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+
+    /// As a `Stream`.
+    pub fn into_stream(self) -> impl futures::Stream<Item = LifecycleEvent> {
+        futures::stream::unfold(self, |mut s| async move { s.recv().await.map(|ev| (ev, s)) })
+    }
+}
+
+/// The running watcher. Dropping it stops every source and detaches the probes.
+pub struct Watcher {
+    shared: Arc<Shared>,
+    status: Vec<ProbeStatus>,
+    notes: Vec<String>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Watcher {
+    /// Starts every source the kernel allows. Fails only if not even rtnetlink works.
+    pub async fn start(opts: WatcherOptions) -> Result<Self, WatchError> {
+        let (tx, _) = broadcast::channel(opts.capacity.max(16));
+        let shared = Arc::new(Shared {
+            tx,
+            known: RwLock::new(Known::default()),
+            bpf: Mutex::new(None),
+            prefixes: opts.prefixes.clone(),
+            rtnl: tokio::sync::Mutex::new(None),
+        });
+        let mut w = Watcher {
+            shared,
+            status: Vec::new(),
+            notes: Vec::new(),
+            tasks: Vec::new(),
+        };
+        let unlink_probe = w.start_ebpf(&opts);
+        w.start_rtnl().await?;
+        w.start_inotify(&opts, !unlink_probe);
+        Ok(w)
+    }
+
+    /// Loads and attaches the probes; returns whether the unlink probe is active.
+    fn start_ebpf(&mut self, opts: &WatcherOptions) -> bool {
+        if !opts.ebpf {
+            self.status = probes::all_unsupported("eBPF disabled by configuration");
+            return false;
+        }
+        let loaded = match probes::load(EBPF_OBJECT, opts.trace_all) {
+            Ok(l) => l,
+            Err(e) => {
+                let reason = format!("{e}: {}", error_chain(&e));
+                warn!(error = %reason, "eBPF unavailable; falling back to rtnetlink + inotify");
+                self.status = probes::all_unsupported(&reason);
+                self.notes.push("fallback: rtnetlink + inotify (no eBPF)".into());
+                return false;
+            }
+        };
+        self.status = loaded.status;
+        let unlink_active = self.status.iter().any(|s| s.name == "unlink" && s.state == ProbeState::Active);
+        match self.take_maps(loaded.ebpf, &opts.prefixes) {
+            Ok(()) => {}
+            Err(e) => {
+                warn!(error = %e, "eBPF maps unusable; probes disabled");
+                self.status = probes::all_unsupported(&e.to_string());
+                return false;
+            }
+        }
+        unlink_active
+    }
+
+    fn take_maps(&mut self, mut ebpf: Ebpf, prefixes: &[String]) -> Result<(), WatchError> {
+        let map_err = |map: &'static str, e: &dyn std::fmt::Display| WatchError::Map {
+            map,
+            detail: e.to_string(),
+        };
+        let events = ebpf.take_map("EVENTS").ok_or(WatchError::Map {
+            map: "EVENTS",
+            detail: "missing".into(),
+        })?;
+        let ring = RingBuf::try_from(events).map_err(|e| map_err("EVENTS", &e))?;
+        {
+            let map = ebpf.map_mut("PREFIXES").ok_or(WatchError::Map {
+                map: "PREFIXES",
+                detail: "missing".into(),
+            })?;
+            let mut arr: Array<&mut MapData, Prefix> = Array::try_from(map).map_err(|e| map_err("PREFIXES", &e))?;
+            for (i, p) in prefixes.iter().take(MAX_PREFIXES as usize).enumerate() {
+                let key = dranet_common::path_key(p.as_bytes()).ok_or_else(|| WatchError::PathTooLong { path: p.clone() })?;
+                let len = u32::try_from(p.len()).unwrap_or(0);
+                let prefix = Prefix {
+                    len,
+                    _pad: 0,
+                    bytes: key.bytes,
+                };
+                arr.set(u32::try_from(i).unwrap_or(0), prefix, 0).map_err(|e| map_err("PREFIXES", &e))?;
+            }
+        }
+        let watched = ebpf.take_map("WATCHED").ok_or(WatchError::Map {
+            map: "WATCHED",
+            detail: "missing".into(),
+        })?;
+        let watched = BpfHashMap::try_from(watched).map_err(|e| map_err("WATCHED", &e))?;
+        let count = ebpf.take_map("WATCHED_COUNT").ok_or(WatchError::Map {
+            map: "WATCHED_COUNT",
+            detail: "missing".into(),
+        })?;
+        let count = Array::try_from(count).map_err(|e| map_err("WATCHED_COUNT", &e))?;
+        self.start_logger(&mut ebpf);
+        if let Ok(mut bpf) = self.shared.bpf.lock() {
+            *bpf = Some(BpfState {
+                watched,
+                count,
+                exact: 0,
+                _ebpf: ebpf,
+            });
+        }
+        let shared = Arc::clone(&self.shared);
+        let fd = async_readable(ring).map_err(|e| map_err("EVENTS", &e))?;
+        self.tasks.push(tokio::spawn(read_ring(fd, shared)));
+        Ok(())
+    }
+
+    /// Forwards aya-log records to `log` (and so to `tracing`).
+    fn start_logger(&mut self, ebpf: &mut Ebpf) {
+        match aya_log::EbpfLogger::init(ebpf) {
+            Ok(logger) => match async_readable(logger) {
+                Ok(mut fd) => self.tasks.push(tokio::spawn(async move {
+                    while let Ok(mut guard) = fd.readable_mut().await {
+                        guard.get_inner_mut().flush();
+                        guard.clear_ready();
+                    }
+                })),
+                Err(e) => debug!(error = %e, "aya-log fd not pollable"),
+            },
+            Err(e) => debug!(error = %e, "aya-log not initialised"),
+        }
+    }
+
+    async fn start_rtnl(&mut self) -> Result<(), WatchError> {
+        let mon = rtnl::open().await?;
+        *self.shared.rtnl.lock().await = Some(mon.handle.clone());
+        let shared = Arc::clone(&self.shared);
+        let mut table = mon.table;
+        let mut messages = mon.messages;
+        let mut handle = mon.handle;
+        self.tasks.push(tokio::spawn(async move {
+            while let Some((msg, _)) = messages.next().await {
+                if let Some(ev) = rtnl::to_event(&mut table, msg) {
+                    if let EventKind::NsidAdded { nsid, .. } = ev.kind {
+                        resolve_nsid(&shared, &mut handle, nsid).await;
+                    }
+                    shared.emit(shared.enrich(ev));
+                }
+            }
+            warn!("rtnetlink monitor stream ended");
+        }));
+        Ok(())
+    }
+
+    fn start_inotify(&mut self, opts: &WatcherOptions, emit_unlinks: bool) {
+        if let Some(first) = opts.netns_dirs.first() {
+            // Runtimes create it on first use; create it so the watch has something to watch.
+            let _ = std::fs::create_dir_all(first);
+        }
+        if opts.learn_dirs {
+            for dir in &opts.netns_dirs {
+                learn_dir(&self.shared, dir);
+            }
+        }
+        let mut dw = match inotify::DirWatch::new(&opts.netns_dirs) {
+            Ok(dw) => dw,
+            Err(e) => {
+                warn!(error = %e, "inotify on netns directories unavailable");
+                return;
+            }
+        };
+        let dirs: Vec<String> = dw.dirs().map(|d| d.display().to_string()).collect();
+        if emit_unlinks {
+            self.notes.push(format!("fallback: inotify unlink events on {}", dirs.join(", ")));
+        }
+        let shared = Arc::clone(&self.shared);
+        let learn = opts.learn_dirs;
+        self.tasks.push(tokio::spawn(async move {
+            while let Ok(batch) = dw.next_batch().await {
+                for ev in batch {
+                    match ev {
+                        inotify::DirEvent::Created(path) if learn => {
+                            tokio::spawn(learn_later(Arc::clone(&shared), path));
+                        }
+                        inotify::DirEvent::Removed(path) if emit_unlinks => {
+                            let p = path.display().to_string();
+                            shared.emit(LifecycleEvent {
+                                time: monotonic_ns(),
+                                source: Source::Inotify,
+                                kind: EventKind::NetnsUnlinked {
+                                    netns: shared.resolve_path(&p),
+                                    path: p,
+                                    ret: 0,
+                                    call: UnlinkCall::Unknown,
+                                    task: Task::default(),
+                                },
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }));
+    }
+
+    /// Status of every probe (tier A and B).
+    #[must_use]
+    pub fn status(&self) -> &[ProbeStatus] {
+        &self.status
+    }
+
+    /// Extra lines about fallbacks in use.
+    #[must_use]
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Subscribes to the lifecycle stream (events from now on).
+    #[must_use]
+    pub fn subscribe(&self) -> Subscription {
+        Subscription {
+            rx: self.shared.tx.subscribe(),
+        }
+    }
+
+    /// Publishes an event of the daemon itself on the stream (hooks, rescue actions).
+    pub fn publish(&self, ev: LifecycleEvent) {
+        self.shared.emit(ev);
+    }
+
+    /// Starts watching a pod netns: its path (both spellings) is matched in the kernel, events on
+    /// it carry `id`, and the host gets an nsid for it so device moves and its death map to it.
+    pub async fn watch_netns(&self, path: &Path, id: NetnsId, fd: BorrowedFd<'_>) -> Result<(), WatchError> {
+        let p = path.display().to_string();
+        self.shared.learn(&p, id);
+        let outside: Vec<String> = spellings(&p)
+            .into_iter()
+            .filter(|s| !self.shared.prefixes.iter().any(|pre| s.starts_with(pre.as_str())))
+            .collect();
+        if !outside.is_empty() {
+            self.add_exact(&outside)?;
+        }
+        let mut guard = self.shared.rtnl.lock().await;
+        if let Some(handle) = guard.as_mut() {
+            match rtnl::ensure_nsid(handle, fd).await {
+                Ok(nsid) => {
+                    if let Ok(mut k) = self.shared.known.write() {
+                        k.nsids.insert(nsid, id);
+                    }
+                }
+                Err(e) => warn!(error = %e, netns = %id, "no nsid for watched netns"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops matching a netns's exact paths in the kernel (its identity is kept until it dies, so
+    /// late events on it are still labelled).
+    pub fn unwatch_netns(&self, id: NetnsId) {
+        let paths: Vec<String> = self
+            .shared
+            .known
+            .read()
+            .map(|k| k.paths.iter().filter(|(_, v)| **v == id).map(|(p, _)| p.clone()).collect())
+            .unwrap_or_default();
+        let Ok(mut guard) = self.shared.bpf.lock() else {
+            return;
+        };
+        let Some(bpf) = guard.as_mut() else { return };
+        for p in paths {
+            if let Some(key) = dranet_common::path_key(p.as_bytes()) {
+                if bpf.watched.remove(&key).is_ok() {
+                    bpf.exact = bpf.exact.saturating_sub(1);
+                }
+            }
+        }
+        let _ = bpf.count.set(0, u32::try_from(bpf.exact).unwrap_or(u32::MAX), 0);
+    }
+
+    fn add_exact(&self, paths: &[String]) -> Result<(), WatchError> {
+        let Ok(mut guard) = self.shared.bpf.lock() else {
+            return Ok(());
+        };
+        let Some(bpf) = guard.as_mut() else { return Ok(()) };
+        for p in paths {
+            let key = dranet_common::path_key(p.as_bytes()).ok_or_else(|| WatchError::PathTooLong { path: p.clone() })?;
+            bpf.watched.insert(key, 1, 0).map_err(|e| WatchError::Map {
+                map: "WATCHED",
+                detail: e.to_string(),
+            })?;
+            bpf.exact += 1;
+        }
+        bpf.count
+            .set(0, u32::try_from(bpf.exact).unwrap_or(u32::MAX), 0)
+            .map_err(|e| WatchError::Map {
+                map: "WATCHED_COUNT",
+                detail: e.to_string(),
+            })
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = Vec::new();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push(s.to_string());
+        cur = s.source();
+    }
+    out.join(": ")
+}
+
+/// Maps a new nsid to a known netns by asking the kernel for the nsid of each known netns file.
+async fn resolve_nsid(shared: &Shared, handle: &mut rtnetlink::Handle, nsid: i32) {
+    let candidates: Vec<(String, NetnsId)> = match shared.known.read() {
+        Ok(k) if !k.nsids.contains_key(&nsid) => {
+            let mut seen = std::collections::HashSet::new();
+            k.paths
+                .iter()
+                .filter(|(_, id)| !k.nsids.values().any(|v| v == *id) && seen.insert(**id))
+                .map(|(p, id)| (p.clone(), *id))
+                .collect()
+        }
+        _ => return,
+    };
+    for (path, id) in candidates {
+        let Ok(file) = std::fs::File::open(&path) else { continue };
+        if identify_fd(std::os::fd::AsFd::as_fd(&file)).ok() != Some(id) {
+            continue;
+        }
+        if let Ok(Some(found)) = rtnl::get_nsid(handle, std::os::fd::AsFd::as_fd(&file)).await {
+            if let Ok(mut k) = shared.known.write() {
+                k.nsids.insert(found, id);
+            }
+            if found == nsid {
+                return;
+            }
+        }
+    }
+}
+
+/// Learns identities of the netns files already in `dir`.
+fn learn_dir(shared: &Shared, dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        if let Ok(id) = identify_path(&path) {
+            shared.learn(&path.display().to_string(), id);
+        }
+    }
+}
+
+/// A netns file is created before the runtime bind-mounts the netns on it: retry a few times.
+async fn learn_later(shared: Arc<Shared>, path: PathBuf) {
+    for delay in [2u64, 10, 50, 200, 1000] {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        if let Ok(id) = identify_path(&path) {
+            shared.learn(&path.display().to_string(), id);
+            return;
+        }
+    }
+}
+
+async fn read_ring(mut fd: AsyncFd<RingBuf<MapData>>, shared: Arc<Shared>) {
+    info!("eBPF ring buffer reader started");
+    loop {
+        let Ok(mut guard) = fd.readable_mut().await else {
+            warn!("ring buffer fd failed");
+            return;
+        };
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            if let Some(ev) = event::decode(&item, |p| shared.resolve_path(p), |i| shared.resolve_inode(i)) {
+                shared.emit(ev);
+            }
+        }
+        guard.clear_ready();
+    }
+}
+

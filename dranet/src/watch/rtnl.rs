@@ -1,0 +1,306 @@
+//! rtnetlink monitor in the host netns: links appearing, changing, leaving (with the target
+//! nsid) or being deleted, and peer netns ids being added or removed. Also answers nsid queries
+//! (RTM_GETNSID / RTM_NEWNSID with NETNSA_FD) so nsids map to netns identities.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedReceiver;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
+use netlink_sys::SocketAddr;
+use rtnetlink::{Handle, MulticastGroup};
+
+use super::event::{EventKind, LifecycleEvent, Source};
+use super::monotonic_ns;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum RtnlError {
+    #[error("opening the rtnetlink monitor socket")]
+    Socket(#[source] std::io::Error),
+    #[error("rtnetlink request {what} failed: {detail}")]
+    Request { what: &'static str, detail: String },
+}
+
+/// A host link the monitor knows.
+#[derive(Clone, Debug)]
+struct KnownLink {
+    name: String,
+    up: bool,
+}
+
+/// The monitor's view of host links, used to tell new links from changes and to name deletions.
+#[derive(Default)]
+pub struct LinkTable {
+    links: HashMap<u32, KnownLink>,
+}
+
+fn mac_string(bytes: &[u8]) -> Option<String> {
+    (bytes.len() == 6).then(|| {
+        bytes
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    })
+}
+
+struct LinkInfo {
+    ifindex: u32,
+    name: String,
+    up: bool,
+    mac: Option<String>,
+    perm_mac: Option<String>,
+    new_nsid: Option<i32>,
+    new_ifindex: Option<i32>,
+}
+
+fn link_info(msg: &LinkMessage) -> LinkInfo {
+    let mut info = LinkInfo {
+        ifindex: msg.header.index,
+        name: String::new(),
+        up: msg.header.flags.contains(LinkFlags::Up),
+        mac: None,
+        perm_mac: None,
+        new_nsid: None,
+        new_ifindex: None,
+    };
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => info.name.clone_from(n),
+            LinkAttribute::Address(a) => info.mac = mac_string(a),
+            LinkAttribute::PermAddress(a) => info.perm_mac = mac_string(a),
+            LinkAttribute::NewNetnsId(id) => info.new_nsid = Some(*id),
+            LinkAttribute::NewIfIndex(i) => info.new_ifindex = Some(*i),
+            _ => {}
+        }
+    }
+    info
+}
+
+impl LinkTable {
+    /// Turns one rtnetlink message into an event (or none for uninteresting changes).
+    pub fn handle(&mut self, msg: &RouteNetlinkMessage) -> Option<EventKind> {
+        match msg {
+            RouteNetlinkMessage::NewLink(m) => {
+                let info = link_info(m);
+                let known = KnownLink {
+                    name: info.name.clone(),
+                    up: info.up,
+                };
+                match self.links.insert(info.ifindex, known) {
+                    None => Some(EventKind::LinkAppeared {
+                        ifindex: info.ifindex,
+                        name: info.name,
+                        up: info.up,
+                        mac: info.mac,
+                        perm_mac: info.perm_mac,
+                    }),
+                    Some(old) if old.name != info.name || old.up != info.up => Some(EventKind::LinkChanged {
+                        ifindex: info.ifindex,
+                        name: info.name,
+                        up: info.up,
+                    }),
+                    Some(_) => None,
+                }
+            }
+            RouteNetlinkMessage::DelLink(m) => {
+                let info = link_info(m);
+                let old = self.links.remove(&info.ifindex);
+                let name = if info.name.is_empty() {
+                    old.map(|o| o.name).unwrap_or_default()
+                } else {
+                    info.name
+                };
+                Some(match info.new_nsid {
+                    Some(nsid) => EventKind::LinkLeftHost {
+                        ifindex: info.ifindex,
+                        name,
+                        nsid,
+                        new_ifindex: info.new_ifindex,
+                        to: None,
+                    },
+                    None => EventKind::LinkDeleted {
+                        ifindex: info.ifindex,
+                        name,
+                    },
+                })
+            }
+            RouteNetlinkMessage::NewNsId(m) => nsid_of(m).map(|nsid| EventKind::NsidAdded { nsid, netns: None }),
+            RouteNetlinkMessage::DelNsId(m) => nsid_of(m).map(|nsid| EventKind::NsidRemoved { nsid, netns: None }),
+            _ => None,
+        }
+    }
+
+    /// Seeds the table from a link dump (no events).
+    pub fn seed(&mut self, msg: &LinkMessage) {
+        let info = link_info(msg);
+        self.links.insert(
+            info.ifindex,
+            KnownLink {
+                name: info.name,
+                up: info.up,
+            },
+        );
+    }
+}
+
+fn nsid_of(m: &NsidMessage) -> Option<i32> {
+    m.attributes.iter().find_map(|a| match a {
+        NsidAttribute::Id(id) => Some(*id),
+        _ => None,
+    })
+}
+
+/// A running monitor: its request handle and the unsolicited message stream.
+pub struct Monitor {
+    pub handle: Handle,
+    pub messages: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
+    pub table: LinkTable,
+}
+
+/// Opens the monitor socket (RTNLGRP_LINK + RTNLGRP_NSID), spawns its connection and seeds the
+/// link table with a dump.
+pub async fn open() -> Result<Monitor, RtnlError> {
+    let (conn, handle, messages) =
+        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Nsid]).map_err(RtnlError::Socket)?;
+    tokio::spawn(conn);
+    let mut table = LinkTable::default();
+    let mut dump = handle.link().get().execute();
+    while let Some(item) = dump.next().await {
+        match item {
+            Ok(msg) => table.seed(&msg),
+            Err(e) => {
+                return Err(RtnlError::Request {
+                    what: "link dump",
+                    detail: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(Monitor {
+        handle,
+        messages,
+        table,
+    })
+}
+
+/// Converts an unsolicited message to a lifecycle event.
+pub fn to_event(table: &mut LinkTable, msg: NetlinkMessage<RouteNetlinkMessage>) -> Option<LifecycleEvent> {
+    let NetlinkPayload::InnerMessage(inner) = msg.payload else {
+        return None;
+    };
+    table.handle(&inner).map(|kind| LifecycleEvent {
+        time: monotonic_ns(),
+        source: Source::Rtnetlink,
+        kind,
+    })
+}
+
+async fn nsid_request(handle: &mut Handle, msg: RouteNetlinkMessage) -> Result<Option<i32>, RtnlError> {
+    let mut req = NetlinkMessage::from(msg);
+    req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    let mut responses = handle.request(req).map_err(|e| RtnlError::Request {
+        what: "nsid",
+        detail: e.to_string(),
+    })?;
+    let mut found = None;
+    while let Some(resp) = responses.next().await {
+        match resp.payload {
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(m)) => found = nsid_of(&m),
+            NetlinkPayload::Error(e) if e.code.is_some() => {
+                return Err(RtnlError::Request {
+                    what: "nsid",
+                    detail: format!("{:?}", e.to_io()),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(found.filter(|id| *id >= 0))
+}
+
+fn nsid_msg(fd: BorrowedFd<'_>, id: Option<i32>) -> NsidMessage {
+    let mut m = NsidMessage::default();
+    let raw = u32::try_from(fd.as_raw_fd()).unwrap_or(u32::MAX);
+    m.attributes.push(NsidAttribute::Fd(raw));
+    if let Some(id) = id {
+        m.attributes.push(NsidAttribute::Id(id));
+    }
+    m
+}
+
+/// The nsid the host netns uses for the netns behind `fd`, if it has one.
+pub async fn get_nsid(handle: &mut Handle, fd: BorrowedFd<'_>) -> Result<Option<i32>, RtnlError> {
+    nsid_request(handle, RouteNetlinkMessage::GetNsId(nsid_msg(fd, None))).await
+}
+
+/// The nsid the host netns uses for the netns behind `fd`, assigning one if it has none, so
+/// later RTM_DELLINK / RTM_DELNSID messages can be mapped to that netns.
+pub async fn ensure_nsid(handle: &mut Handle, fd: BorrowedFd<'_>) -> Result<i32, RtnlError> {
+    if let Some(id) = nsid_request(handle, RouteNetlinkMessage::GetNsId(nsid_msg(fd, None))).await? {
+        return Ok(id);
+    }
+    // -1: let the kernel pick a free id. EEXIST means a concurrent assignment won: re-read.
+    let _ = nsid_request(handle, RouteNetlinkMessage::NewNsId(nsid_msg(fd, Some(-1)))).await;
+    nsid_request(handle, RouteNetlinkMessage::GetNsId(nsid_msg(fd, None)))
+        .await?
+        .ok_or(RtnlError::Request {
+            what: "nsid assignment",
+            detail: "no nsid after RTM_NEWNSID".into(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(index: u32, name: &str, up: bool, extra: Vec<LinkAttribute>) -> LinkMessage {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        if up {
+            m.header.flags = LinkFlags::Up;
+        }
+        m.attributes.push(LinkAttribute::IfName(name.into()));
+        m.attributes.extend(extra);
+        m
+    }
+
+    #[test]
+    fn link_table_classifies_messages() {
+        let mut t = LinkTable::default();
+        t.seed(&link(1, "lo", true, vec![]));
+        // Known link, no change: nothing.
+        assert_eq!(t.handle(&RouteNetlinkMessage::NewLink(link(1, "lo", true, vec![]))), None);
+        // New link.
+        let ev = t.handle(&RouteNetlinkMessage::NewLink(link(
+            7,
+            "eth1",
+            false,
+            vec![LinkAttribute::Address(vec![2, 0, 0, 0, 0, 1])],
+        )));
+        assert!(matches!(ev, Some(EventKind::LinkAppeared { ifindex: 7, ref name, up: false, ref mac, .. })
+            if name == "eth1" && mac.as_deref() == Some("02:00:00:00:00:01")));
+        // Change of admin state.
+        let ev = t.handle(&RouteNetlinkMessage::NewLink(link(7, "eth1", true, vec![])));
+        assert!(matches!(ev, Some(EventKind::LinkChanged { up: true, .. })));
+        // Left for nsid 3.
+        let ev = t.handle(&RouteNetlinkMessage::DelLink(link(
+            7,
+            "eth1",
+            false,
+            vec![LinkAttribute::NewNetnsId(3), LinkAttribute::NewIfIndex(7)],
+        )));
+        assert!(matches!(ev, Some(EventKind::LinkLeftHost { nsid: 3, new_ifindex: Some(7), .. })));
+        // Deleted (name from the table when the message lacks it).
+        t.seed(&link(9, "veth9", true, vec![]));
+        let mut del = LinkMessage::default();
+        del.header.index = 9;
+        let ev = t.handle(&RouteNetlinkMessage::DelLink(del));
+        assert!(matches!(ev, Some(EventKind::LinkDeleted { ifindex: 9, ref name }) if name == "veth9"));
+    }
+}
