@@ -79,7 +79,7 @@ pub struct Event {
 }
 
 const _: () = assert!(size_of::<Event>() == 72 + COMM_LEN + IFNAME_LEN + PATH_LEN);
-const _: () = assert!(size_of::<Event>() % 8 == 0);
+const _: () = assert!(size_of::<Event>().is_multiple_of(8));
 
 /// A watched path prefix (slot in the `PREFIXES` array map). `len == 0` marks an empty slot.
 #[repr(C)]

@@ -31,8 +31,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::info;
 use dranet_common::{
-    COMM_LEN, Config, Event, IFNAME_LEN, MAX_PREFIXES, MAX_WATCHED, NSFS_MAGIC, PATH_LEN, PathKey,
-    Pending, Prefix, kind, unlink_call,
+    COMM_LEN, Config, Event, IFNAME_LEN, MAX_PREFIXES, MAX_WATCHED, NSFS_MAGIC, PATH_LEN, PathKey, Pending,
+    Prefix, kind, unlink_call,
 };
 
 /// Kernel facts from user space (offsets, `cleanup_net` address). Overridden before load.
@@ -185,10 +185,10 @@ fn syscall_enter(path_ptr: u64, flags: u32, call: u32) {
 fn syscall_exit(ret: i64) {
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: the entry is copied out before it is removed.
-    let Some(p) = (unsafe { PENDING.get(&tid) }).copied() else {
+    let Some(p) = (unsafe { PENDING.get(tid) }).copied() else {
         return;
     };
-    let _ = PENDING.remove(&tid);
+    let _ = PENDING.remove(tid);
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         return;
     };
@@ -297,7 +297,11 @@ pub fn dranet_wq_queue(ctx: BtfTracePointContext) -> i32 {
     let work: u64 = ctx.arg(2);
     if is_cleanup_work(work) {
         emit_simple(kind::NETNS_CLEANUP_QUEUED);
-        info!(&ctx, "cleanup_net queued by pid {} (last reference to a netns dropped)", ctx.tgid());
+        info!(
+            &ctx,
+            "cleanup_net queued by pid {} (last reference to a netns dropped)",
+            ctx.tgid()
+        );
     }
     0
 }

@@ -23,7 +23,10 @@ pub struct Options {
 /// Where the object lands (also where `dranet/build.rs` looks for it).
 pub fn object_path(debug: bool) -> PathBuf {
     let profile = if debug { "debug" } else { "release" };
-    root().join("target/ebpf/bpfel-unknown-none").join(profile).join("dranet-ebpf")
+    root()
+        .join("target/ebpf/bpfel-unknown-none")
+        .join(profile)
+        .join("dranet-ebpf")
 }
 
 pub fn run(opts: &Options) -> Result<PathBuf> {
@@ -72,7 +75,8 @@ pub fn run(opts: &Options) -> Result<PathBuf> {
         println!("{cmd:?}");
         return Ok(object_path(opts.debug));
     }
-    crate::run(&mut cmd).context("building dranet-ebpf (is the toolchain installed? `cargo xtask install-toolchain`)")?;
+    crate::run(&mut cmd)
+        .context("building dranet-ebpf (is the toolchain installed? `cargo xtask install-toolchain`)")?;
     let obj = object_path(opts.debug);
     if !obj.exists() {
         bail!("build succeeded but {} is missing", obj.display());

@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod build_ebpf;
+mod demo;
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "dranet development jobs")]
@@ -18,6 +19,8 @@ struct Cli {
 enum Job {
     /// Build the eBPF programs (dranet-ebpf) for bpfel-unknown-none with Debian's rustc 1.96.
     BuildEbpf(build_ebpf::Options),
+    /// Set-up on a fresh machine, then dranet's main job: one pod life cycle in a runtime's order.
+    Demo(demo::Options),
     /// Install the toolchain (Debian packages, bpf-linker); idempotent.
     InstallToolchain,
     /// Everything the tests need (toolchain, eBPF object), then the whole test suite (needs root).
@@ -32,6 +35,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.job {
         Job::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
+        Job::Demo(opts) => demo::run_demo(&opts),
         Job::InstallToolchain => install_toolchain(),
         Job::Test { args } => test(&args),
     }

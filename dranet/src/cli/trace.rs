@@ -61,7 +61,9 @@ pub fn main(args: &TraceArgs) -> ExitCode {
 /// Errors of `dranet trace`.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("starting the watcher (needs root: CAP_NET_ADMIN for rtnetlink, CAP_BPF + CAP_PERFMON for probes)")]
+    #[error(
+        "starting the watcher (needs root: CAP_NET_ADMIN for rtnetlink, CAP_BPF + CAP_PERFMON for probes)"
+    )]
     Watch(#[from] watch::WatchError),
     #[error("writing output")]
     Output(#[from] std::io::Error),
@@ -108,10 +110,10 @@ impl Filter {
                 _ => return false,
             }
         }
-        if let Some(dev) = &self.device {
-            if ev.device().is_some_and(|d| d != dev) {
-                return false;
-            }
+        if let Some(dev) = &self.device
+            && ev.device().is_some_and(|d| d != dev)
+        {
+            return false;
         }
         true
     }
@@ -130,7 +132,9 @@ pub async fn run(args: &TraceArgs, out: &mut dyn std::io::Write) -> Result<(), T
     print_status(args.json, watcher.status(), watcher.notes(), out)?;
     let filter = Filter::new(args);
     let start = watch::monotonic_ns();
-    let deadline = args.duration.map(|s| tokio::time::Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    let deadline = args
+        .duration
+        .map(|s| tokio::time::Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     loop {
         let next = async {
             match deadline {
@@ -194,7 +198,12 @@ fn json_line(ev: &LifecycleEvent, start: u64) -> String {
 
 fn umount_flags(flags: u32) -> String {
     let mut names = Vec::new();
-    for (bit, name) in [(1, "MNT_FORCE"), (2, "MNT_DETACH"), (4, "MNT_EXPIRE"), (8, "UMOUNT_NOFOLLOW")] {
+    for (bit, name) in [
+        (1, "MNT_FORCE"),
+        (2, "MNT_DETACH"),
+        (4, "MNT_EXPIRE"),
+        (8, "UMOUNT_NOFOLLOW"),
+    ] {
         if flags & bit != 0 {
             names.push(name);
         }
@@ -207,7 +216,10 @@ fn umount_flags(flags: u32) -> String {
 }
 
 fn id(n: Option<NetnsId>) -> String {
-    n.map_or_else(|| "netns:?".to_owned(), |n| format!("netns:[{}] cookie={}", n.inode, n.cookie))
+    n.map_or_else(
+        || "netns:?".to_owned(),
+        |n| format!("netns:[{}] cookie={}", n.inode, n.cookie),
+    )
 }
 
 fn ret(r: i64) -> String {
@@ -252,7 +264,12 @@ fn text_line(ev: &LifecycleEvent, start: u64) -> String {
             task: t,
             netns,
         } => write!(d, "{path} {} {call:?} {}{}", id(*netns), ret(*r), task(t)),
-        EventKind::NsfsUnmounting { inode, flags, task: t, netns } => write!(
+        EventKind::NsfsUnmounting {
+            inode,
+            flags,
+            task: t,
+            netns,
+        } => write!(
             d,
             "nsfs inode {inode} {} flags={}{}",
             id(*netns),
@@ -260,11 +277,17 @@ fn text_line(ev: &LifecycleEvent, start: u64) -> String {
             task(t)
         ),
         EventKind::NetnsCleanupQueued { task: t } => {
-            write!(d, "last reference to a netns dropped (cleanup_net queued){}", task(t))
+            write!(
+                d,
+                "last reference to a netns dropped (cleanup_net queued){}",
+                task(t)
+            )
         }
         EventKind::NetnsCleanupStarted { task: t } => write!(d, "cleanup_net batch started{}", task(t)),
         EventKind::NetnsCleanupFinished { task: t } => write!(d, "cleanup_net batch finished{}", task(t)),
-        EventKind::NetnsReleased { netns, task: t } => write!(d, "{} released, will be destroyed{}", id(Some(*netns)), task(t)),
+        EventKind::NetnsReleased { netns, task: t } => {
+            write!(d, "{} released, will be destroyed{}", id(Some(*netns)), task(t))
+        }
         EventKind::DeviceMoving {
             ifindex,
             name,
@@ -280,7 +303,9 @@ fn text_line(ev: &LifecycleEvent, start: u64) -> String {
             task(t)
         ),
         EventKind::NsidAdded { nsid, netns } => write!(d, "nsid {nsid} = {}", id(*netns)),
-        EventKind::NsidRemoved { nsid, netns } => write!(d, "nsid {nsid} = {} is being destroyed", id(*netns)),
+        EventKind::NsidRemoved { nsid, netns } => {
+            write!(d, "nsid {nsid} = {} is being destroyed", id(*netns))
+        }
         EventKind::LinkLeftHost {
             ifindex,
             name,
@@ -294,7 +319,11 @@ fn text_line(ev: &LifecycleEvent, start: u64) -> String {
             new_ifindex.map_or_else(|| "?".into(), |i| i.to_string())
         ),
         EventKind::LinkAppeared {
-            ifindex, name, up, mac, ..
+            ifindex,
+            name,
+            up,
+            mac,
+            ..
         } => write!(
             d,
             "{name} (ifindex {ifindex}) in host netns, {} mac={}",
@@ -302,10 +331,18 @@ fn text_line(ev: &LifecycleEvent, start: u64) -> String {
             mac.as_deref().unwrap_or("-")
         ),
         EventKind::LinkChanged { ifindex, name, up } => {
-            write!(d, "{name} (ifindex {ifindex}) now {}", if *up { "UP" } else { "DOWN" })
+            write!(
+                d,
+                "{name} (ifindex {ifindex}) now {}",
+                if *up { "UP" } else { "DOWN" }
+            )
         }
         EventKind::LinkDeleted { ifindex, name } => write!(d, "{name} (ifindex {ifindex}) deleted"),
         EventKind::Lost { count } => write!(d, "{count} events lost"),
     };
-    format!("{:>12}  {:<22} {d}", format!("+{}", rel_us(ev, start)), ev.kind_name())
+    format!(
+        "{:>12}  {:<22} {d}",
+        format!("+{}", rel_us(ev, start)),
+        ev.kind_name()
+    )
 }

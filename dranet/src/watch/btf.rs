@@ -92,7 +92,10 @@ impl Btf {
     /// Parses a raw BTF blob (little endian, as on x86_64).
     pub fn parse(data: &[u8]) -> Result<Self, BtfError> {
         let u16_at = |o: usize| data.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let u32_at = |o: usize| data.get(o..o + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let u32_at = |o: usize| {
+            data.get(o..o + 4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
         let bad = |reason| BtfError::Malformed { reason };
         if u16_at(0) != Some(BTF_MAGIC) {
             return Err(bad("bad magic"));
@@ -147,7 +150,9 @@ impl Btf {
             let (Some(name_off), Some(info), Some(size_or_type)) =
                 (self.u32_at(off), self.u32_at(off + 4), self.u32_at(off + 8))
             else {
-                return Err(BtfError::Malformed { reason: "truncated type" });
+                return Err(BtfError::Malformed {
+                    reason: "truncated type",
+                });
             };
             let rec = TypeRec {
                 name_off,
@@ -160,11 +165,17 @@ impl Btf {
                 KIND_ARRAY => 12,
                 KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * rec.vlen(),
                 KIND_ENUM | KIND_FUNC_PROTO => 8 * rec.vlen(),
-                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_FUNC
-                | KIND_FLOAT | KIND_TYPE_TAG => 0,
-                _ => return Err(BtfError::Malformed { reason: "unknown type kind" }),
+                KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
+                | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => 0,
+                _ => {
+                    return Err(BtfError::Malformed {
+                        reason: "unknown type kind",
+                    });
+                }
             };
-            let id = u32::try_from(self.types.len()).map_err(|_| BtfError::Malformed { reason: "too many types" })?;
+            let id = u32::try_from(self.types.len()).map_err(|_| BtfError::Malformed {
+                reason: "too many types",
+            })?;
             let k = rec.kind();
             if matches!(k, KIND_STRUCT | KIND_UNION | KIND_FUNC) && rec.name_off != 0 {
                 let name = self.name(rec.name_off).to_owned();
@@ -188,7 +199,9 @@ impl Btf {
         for _ in 0..32 {
             let rec = *self.types.get(id as usize)?;
             match rec.kind() {
-                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => id = rec.size_or_type,
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = rec.size_or_type
+                }
                 _ => return Some(rec),
             }
         }
@@ -204,7 +217,11 @@ impl Btf {
         for i in 0..rec.vlen() {
             let m = rec.data + 12 * i;
             let (name_off, ty, raw_off) = (self.u32_at(m)?, self.u32_at(m + 4)?, self.u32_at(m + 8)?);
-            let bit_off = if rec.kind_flag() { raw_off & 0x00ff_ffff } else { raw_off };
+            let bit_off = if rec.kind_flag() {
+                raw_off & 0x00ff_ffff
+            } else {
+                raw_off
+            };
             if name_off == 0 {
                 let inner = self.resolve(ty)?;
                 if let Some((off, t)) = self.member(inner, member, depth + 1) {
@@ -333,7 +350,10 @@ mod tests {
     #[test]
     fn running_kernel_offsets_resolve() {
         let Ok(btf) = Btf::from_sys_fs() else {
-            assert!(std::env::var("CI").is_err(), "CI: /sys/kernel/btf/vmlinux must be readable");
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI: /sys/kernel/btf/vmlinux must be readable"
+            );
             eprintln!("skipping: no kernel BTF");
             return;
         };

@@ -110,11 +110,7 @@ pub enum EventKind {
         perm_mac: Option<String>,
     },
     /// rtnetlink: a host device changed name or admin state.
-    LinkChanged {
-        ifindex: u32,
-        name: String,
-        up: bool,
-    },
+    LinkChanged { ifindex: u32, name: String, up: bool },
     /// rtnetlink: a device was deleted from the host netns.
     LinkDeleted { ifindex: u32, name: String },
     /// Events were lost (ring buffer full or a slow subscriber): reconcile from scratch.
@@ -271,7 +267,8 @@ pub fn decode(
         },
         kind::NSFS_UMOUNT => {
             let inode = u64::from(ev.netns_inum);
-            let netns = resolve_inode(inode).filter(|id| ev.netns_cookie == 0 || id.cookie == ev.netns_cookie);
+            let netns =
+                resolve_inode(inode).filter(|id| ev.netns_cookie == 0 || id.cookie == ev.netns_cookie);
             EventKind::NsfsUnmounting {
                 inode,
                 flags: ev.flags,
@@ -329,7 +326,9 @@ mod tests {
         assert_eq!(got.path(), Some("/run/netns/pod1"));
         assert_eq!(got.netns(), Some(id));
         match got.kind {
-            EventKind::NetnsUnmounted { flags, entered, task, .. } => {
+            EventKind::NetnsUnmounted {
+                flags, entered, task, ..
+            } => {
                 assert_eq!(flags, 2);
                 assert_eq!(entered, 900);
                 assert_eq!(task.comm, "crio");
@@ -346,7 +345,12 @@ mod tests {
         let got = decode(&raw(&ev), |_| None, |_| None).unwrap();
         assert_eq!(got.device(), Some("eth1"));
         match got.kind {
-            EventKind::DeviceMoving { new_ifindex, from, to, .. } => {
+            EventKind::DeviceMoving {
+                new_ifindex,
+                from,
+                to,
+                ..
+            } => {
                 assert_eq!(new_ifindex, -1);
                 assert_eq!(from.inode, 4026532249);
                 assert_eq!(to.cookie, 1);
@@ -360,8 +364,14 @@ mod tests {
     #[test]
     fn nsfs_umount_checks_cookie() {
         let ev = blank(kind::NSFS_UMOUNT);
-        let known = NetnsId { cookie: 99, inode: 4026532249 };
-        let other = NetnsId { cookie: 98, inode: 4026532249 };
+        let known = NetnsId {
+            cookie: 99,
+            inode: 4026532249,
+        };
+        let other = NetnsId {
+            cookie: 98,
+            inode: 4026532249,
+        };
         let hit = decode(&raw(&ev), |_| None, |_| Some(known)).unwrap();
         assert_eq!(hit.netns(), Some(known));
         // Same (reused) inode, other cookie: not the netns we know.

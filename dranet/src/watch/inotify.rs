@@ -53,7 +53,8 @@ impl DirWatch {
     /// Watches each existing directory (duplicates by real path are skipped: /var/run is often a
     /// symlink to /run).
     pub fn new(dirs: &[PathBuf]) -> Result<Self, InotifyError> {
-        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(InotifyError::Init)?;
+        let ino =
+            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(InotifyError::Init)?;
         let mut seen = Vec::new();
         let mut watched = Vec::new();
         for dir in dirs {

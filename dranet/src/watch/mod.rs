@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
 use aya::Ebpf;
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
 use futures::StreamExt;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::broadcast;
@@ -59,14 +59,17 @@ pub enum WatchError {
 fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
     // SAFETY: every `T` used here (ring buffer, aya-log logger, inotify instance) owns its fd for
     // its whole lifetime and always returns the same fd from `as_raw_fd`.
-    unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }.map_err(std::io::Error::from)
+    unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
 }
 
 /// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
 #[must_use]
 pub fn monotonic_ns() -> MonoNs {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0))
+        .map(|t| {
+            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0)
+        })
         .unwrap_or(0)
 }
 
@@ -265,7 +268,10 @@ impl Watcher {
             }
         };
         self.status = loaded.status;
-        let unlink_active = self.status.iter().any(|s| s.name == "unlink" && s.state == ProbeState::Active);
+        let unlink_active = self
+            .status
+            .iter()
+            .any(|s| s.name == "unlink" && s.state == ProbeState::Active);
         match self.take_maps(loaded.ebpf, &opts.prefixes) {
             Ok(()) => {}
             Err(e) => {
@@ -292,16 +298,19 @@ impl Watcher {
                 map: "PREFIXES",
                 detail: "missing".into(),
             })?;
-            let mut arr: Array<&mut MapData, Prefix> = Array::try_from(map).map_err(|e| map_err("PREFIXES", &e))?;
+            let mut arr: Array<&mut MapData, Prefix> =
+                Array::try_from(map).map_err(|e| map_err("PREFIXES", &e))?;
             for (i, p) in prefixes.iter().take(MAX_PREFIXES as usize).enumerate() {
-                let key = dranet_common::path_key(p.as_bytes()).ok_or_else(|| WatchError::PathTooLong { path: p.clone() })?;
+                let key = dranet_common::path_key(p.as_bytes())
+                    .ok_or_else(|| WatchError::PathTooLong { path: p.clone() })?;
                 let len = u32::try_from(p.len()).unwrap_or(0);
                 let prefix = Prefix {
                     len,
                     _pad: 0,
                     bytes: key.bytes,
                 };
-                arr.set(u32::try_from(i).unwrap_or(0), prefix, 0).map_err(|e| map_err("PREFIXES", &e))?;
+                arr.set(u32::try_from(i).unwrap_or(0), prefix, 0)
+                    .map_err(|e| map_err("PREFIXES", &e))?;
             }
         }
         let watched = ebpf.take_map("WATCHED").ok_or(WatchError::Map {
@@ -385,7 +394,8 @@ impl Watcher {
         };
         let dirs: Vec<String> = dw.dirs().map(|d| d.display().to_string()).collect();
         if emit_unlinks {
-            self.notes.push(format!("fallback: inotify unlink events on {}", dirs.join(", ")));
+            self.notes
+                .push(format!("fallback: inotify unlink events on {}", dirs.join(", ")));
         }
         let shared = Arc::clone(&self.shared);
         let learn = opts.learn_dirs;
@@ -475,17 +485,23 @@ impl Watcher {
             .shared
             .known
             .read()
-            .map(|k| k.paths.iter().filter(|(_, v)| **v == id).map(|(p, _)| p.clone()).collect())
+            .map(|k| {
+                k.paths
+                    .iter()
+                    .filter(|(_, v)| **v == id)
+                    .map(|(p, _)| p.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         let Ok(mut guard) = self.shared.bpf.lock() else {
             return;
         };
         let Some(bpf) = guard.as_mut() else { return };
         for p in paths {
-            if let Some(key) = dranet_common::path_key(p.as_bytes()) {
-                if bpf.watched.remove(&key).is_ok() {
-                    bpf.exact = bpf.exact.saturating_sub(1);
-                }
+            if let Some(key) = dranet_common::path_key(p.as_bytes())
+                && bpf.watched.remove(&key).is_ok()
+            {
+                bpf.exact = bpf.exact.saturating_sub(1);
             }
         }
         let _ = bpf.count.set(0, u32::try_from(bpf.exact).unwrap_or(u32::MAX), 0);
@@ -497,7 +513,8 @@ impl Watcher {
         };
         let Some(bpf) = guard.as_mut() else { return Ok(()) };
         for p in paths {
-            let key = dranet_common::path_key(p.as_bytes()).ok_or_else(|| WatchError::PathTooLong { path: p.clone() })?;
+            let key = dranet_common::path_key(p.as_bytes())
+                .ok_or_else(|| WatchError::PathTooLong { path: p.clone() })?;
             bpf.watched.insert(key, 1, 0).map_err(|e| WatchError::Map {
                 map: "WATCHED",
                 detail: e.to_string(),
@@ -537,7 +554,9 @@ async fn resolve_nsid(shared: &Shared, handle: &mut rtnetlink::Handle, nsid: i32
         _ => return,
     };
     for (path, id) in candidates {
-        let Ok(file) = std::fs::File::open(&path) else { continue };
+        let Ok(file) = std::fs::File::open(&path) else {
+            continue;
+        };
         if identify_fd(std::os::fd::AsFd::as_fd(&file)).ok() != Some(id) {
             continue;
         }
@@ -554,7 +573,9 @@ async fn resolve_nsid(shared: &Shared, handle: &mut rtnetlink::Handle, nsid: i32
 
 /// Learns identities of the netns files already in `dir`.
 fn learn_dir(shared: &Shared, dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let path = e.path();
         if let Ok(id) = identify_path(&path) {
@@ -590,4 +611,3 @@ async fn read_ring(mut fd: AsyncFd<RingBuf<MapData>>, shared: Arc<Shared>) {
         guard.clear_ready();
     }
 }
-

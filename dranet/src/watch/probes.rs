@@ -71,7 +71,11 @@ impl fmt::Display for ProbeStatus {
             ProbeState::Unsupported(r) => ("unsupported", Some(r)),
             ProbeState::Failed(e) => ("FAILED", Some(e)),
         };
-        write!(f, "tier {}  {:<19} {:<12} {}", self.tier, self.name, state, self.what)?;
+        write!(
+            f,
+            "tier {}  {:<19} {:<12} {}",
+            self.tier, self.name, state, self.what
+        )?;
         if let Some(r) = reason {
             write!(f, "\n{:>36}{r}", "")?;
         }
@@ -101,8 +105,14 @@ const PROBES: &[ProbeDef] = &[
         tier: Tier::A,
         what: "umount2 of watched netns paths (tracepoint syscalls)",
         programs: &[
-            ("dranet_enter_umount", Prog::Tracepoint("syscalls", "sys_enter_umount")),
-            ("dranet_exit_umount", Prog::Tracepoint("syscalls", "sys_exit_umount")),
+            (
+                "dranet_enter_umount",
+                Prog::Tracepoint("syscalls", "sys_enter_umount"),
+            ),
+            (
+                "dranet_exit_umount",
+                Prog::Tracepoint("syscalls", "sys_exit_umount"),
+            ),
         ],
     },
     ProbeDef {
@@ -110,10 +120,22 @@ const PROBES: &[ProbeDef] = &[
         tier: Tier::A,
         what: "unlink/unlinkat of watched netns paths (tracepoint syscalls)",
         programs: &[
-            ("dranet_enter_unlink", Prog::Tracepoint("syscalls", "sys_enter_unlink")),
-            ("dranet_exit_unlink", Prog::Tracepoint("syscalls", "sys_exit_unlink")),
-            ("dranet_enter_unlinkat", Prog::Tracepoint("syscalls", "sys_enter_unlinkat")),
-            ("dranet_exit_unlinkat", Prog::Tracepoint("syscalls", "sys_exit_unlinkat")),
+            (
+                "dranet_enter_unlink",
+                Prog::Tracepoint("syscalls", "sys_enter_unlink"),
+            ),
+            (
+                "dranet_exit_unlink",
+                Prog::Tracepoint("syscalls", "sys_exit_unlink"),
+            ),
+            (
+                "dranet_enter_unlinkat",
+                Prog::Tracepoint("syscalls", "sys_enter_unlinkat"),
+            ),
+            (
+                "dranet_exit_unlinkat",
+                Prog::Tracepoint("syscalls", "sys_exit_unlinkat"),
+            ),
         ],
     },
     ProbeDef {
@@ -194,7 +216,8 @@ fn kallsyms_addr(symbol: &str) -> Option<u64> {
 
 /// Mounts tracefs if the syscall tracepoints need it and it is not there.
 fn ensure_tracefs() -> Result<(), String> {
-    if Path::new("/sys/kernel/tracing/events").is_dir() || Path::new("/sys/kernel/debug/tracing/events").is_dir()
+    if Path::new("/sys/kernel/tracing/events").is_dir()
+        || Path::new("/sys/kernel/debug/tracing/events").is_dir()
     {
         return Ok(());
     }
@@ -299,16 +322,24 @@ fn precheck(
             }
             Prog::FEntry(func) => {
                 if !btf.is_some_and(|b| b.has_function(func)) {
-                    return Some(ProbeState::Unsupported(format!("{func} is not in kernel BTF (inlined or renamed)")));
+                    return Some(ProbeState::Unsupported(format!(
+                        "{func} is not in kernel BTF (inlined or renamed)"
+                    )));
                 }
             }
             Prog::Lsm(hook) => match lsm {
                 Ok(true) => {
                     if !btf.is_some_and(|b| b.has_function(&format!("bpf_lsm_{hook}"))) {
-                        return Some(ProbeState::Unsupported(format!("bpf_lsm_{hook} is not in kernel BTF")));
+                        return Some(ProbeState::Unsupported(format!(
+                            "bpf_lsm_{hook} is not in kernel BTF"
+                        )));
                     }
                 }
-                Ok(false) => return Some(ProbeState::Unsupported("bpf LSM not active (add bpf to lsm=)".into())),
+                Ok(false) => {
+                    return Some(ProbeState::Unsupported(
+                        "bpf LSM not active (add bpf to lsm=)".into(),
+                    ));
+                }
                 Err(e) => return Some(ProbeState::Unsupported(e.clone())),
             },
             Prog::TpBtf(_) => {}
@@ -343,7 +374,9 @@ fn attach_all(ebpf: &mut Ebpf, def: &ProbeDef, btf: Option<&AyaBtf>) -> ProbeSta
 
 fn attach_one(ebpf: &mut Ebpf, prog_name: &str, prog: &Prog, btf: Option<&AyaBtf>) -> Result<(), ProbeState> {
     let Some(program) = ebpf.program_mut(prog_name) else {
-        return Err(ProbeState::Failed(format!("program {prog_name} missing from the object")));
+        return Err(ProbeState::Failed(format!(
+            "program {prog_name} missing from the object"
+        )));
     };
     let classify = |e: ProgramError| classify(prog, &e);
     match prog {
@@ -378,9 +411,10 @@ fn attach_one(ebpf: &mut Ebpf, prog_name: &str, prog: &Prog, btf: Option<&AyaBtf
 fn classify(prog: &Prog, err: &ProgramError) -> ProbeState {
     let trampoline = matches!(prog, Prog::FEntry(_) | Prog::Lsm(_));
     match err {
-        ProgramError::LoadError { io_error, verifier_log }
-            if trampoline && io_error.raw_os_error() == Some(libc::EPERM) =>
-        {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } if trampoline && io_error.raw_os_error() == Some(libc::EPERM) => {
             let log = verifier_log.to_string();
             let detail = if log.trim().is_empty() {
                 "empty verifier log".to_owned()

@@ -130,8 +130,12 @@ impl LinkTable {
                     },
                 })
             }
-            RouteNetlinkMessage::NewNsId(m) => nsid_of(m).map(|nsid| EventKind::NsidAdded { nsid, netns: None }),
-            RouteNetlinkMessage::DelNsId(m) => nsid_of(m).map(|nsid| EventKind::NsidRemoved { nsid, netns: None }),
+            RouteNetlinkMessage::NewNsId(m) => {
+                nsid_of(m).map(|nsid| EventKind::NsidAdded { nsid, netns: None })
+            }
+            RouteNetlinkMessage::DelNsId(m) => {
+                nsid_of(m).map(|nsid| EventKind::NsidRemoved { nsid, netns: None })
+            }
             _ => None,
         }
     }
@@ -167,7 +171,8 @@ pub struct Monitor {
 /// link table with a dump.
 pub async fn open() -> Result<Monitor, RtnlError> {
     let (conn, handle, messages) =
-        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Nsid]).map_err(RtnlError::Socket)?;
+        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Nsid])
+            .map_err(RtnlError::Socket)?;
     tokio::spawn(conn);
     let mut table = LinkTable::default();
     let mut dump = handle.link().get().execute();
@@ -275,7 +280,10 @@ mod tests {
         let mut t = LinkTable::default();
         t.seed(&link(1, "lo", true, vec![]));
         // Known link, no change: nothing.
-        assert_eq!(t.handle(&RouteNetlinkMessage::NewLink(link(1, "lo", true, vec![]))), None);
+        assert_eq!(
+            t.handle(&RouteNetlinkMessage::NewLink(link(1, "lo", true, vec![]))),
+            None
+        );
         // New link.
         let ev = t.handle(&RouteNetlinkMessage::NewLink(link(
             7,
@@ -283,8 +291,10 @@ mod tests {
             false,
             vec![LinkAttribute::Address(vec![2, 0, 0, 0, 0, 1])],
         )));
-        assert!(matches!(ev, Some(EventKind::LinkAppeared { ifindex: 7, ref name, up: false, ref mac, .. })
-            if name == "eth1" && mac.as_deref() == Some("02:00:00:00:00:01")));
+        assert!(
+            matches!(ev, Some(EventKind::LinkAppeared { ifindex: 7, ref name, up: false, ref mac, .. })
+            if name == "eth1" && mac.as_deref() == Some("02:00:00:00:00:01"))
+        );
         // Change of admin state.
         let ev = t.handle(&RouteNetlinkMessage::NewLink(link(7, "eth1", true, vec![])));
         assert!(matches!(ev, Some(EventKind::LinkChanged { up: true, .. })));
@@ -295,7 +305,14 @@ mod tests {
             false,
             vec![LinkAttribute::NewNetnsId(3), LinkAttribute::NewIfIndex(7)],
         )));
-        assert!(matches!(ev, Some(EventKind::LinkLeftHost { nsid: 3, new_ifindex: Some(7), .. })));
+        assert!(matches!(
+            ev,
+            Some(EventKind::LinkLeftHost {
+                nsid: 3,
+                new_ifindex: Some(7),
+                ..
+            })
+        ));
         // Deleted (name from the table when the message lacks it).
         t.seed(&link(9, "veth9", true, vec![]));
         let mut del = LinkMessage::default();

@@ -1,0 +1,296 @@
+//! Root tests of the lifecycle watcher on the real kernel: netns teardown the way CRI-O does it,
+//! observed through the eBPF probes and rtnetlink.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dranet::netns::NetnsId;
+use dranet::watch::{EventKind, LifecycleEvent, ProbeState, Subscription, Tier, Watcher, WatcherOptions};
+use dranet_sim::kernel::{PodNetns, Veth, identity, require_root, sh, unique};
+
+/// Collects events until `done` returns true for one of them, or the timeout passes.
+async fn collect(
+    sub: &mut Subscription,
+    timeout: Duration,
+    done: impl Fn(&LifecycleEvent) -> bool,
+) -> Vec<LifecycleEvent> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, sub.recv()).await {
+        let stop = done(&ev);
+        out.push(ev);
+        if stop {
+            break;
+        }
+    }
+    out
+}
+
+fn position(evs: &[LifecycleEvent], what: &str, pred: impl Fn(&LifecycleEvent) -> bool) -> Result<usize> {
+    evs.iter()
+        .position(pred)
+        .with_context(|| format!("no {what} event in:\n{}", dump(evs)))
+}
+
+fn dump(evs: &[LifecycleEvent]) -> String {
+    evs.iter().map(|e| format!("  {e:?}\n")).collect()
+}
+
+/// Sets up a pod netns with one end of a veth pair moved in and renamed; returns the guards, the
+/// moved end's ifindex and the netns identity.
+fn pod_with_veth(tag: &str) -> Result<(PodNetns, Veth, u32, NetnsId)> {
+    let ns = PodNetns::create(&unique(&format!("dranet-t-{tag}-")))?;
+    let veth = Veth::create(&unique("drw"), &unique("drp"))?;
+    let ifindex = Veth::ifindex(&veth.b)?;
+    let id = identity(&ns.open()?)?;
+    Ok((ns, veth, ifindex, id))
+}
+
+async fn start() -> Result<Watcher> {
+    let w = Watcher::start(WatcherOptions::default()).await?;
+    for s in w.status() {
+        eprintln!("{s}");
+    }
+    Ok(w)
+}
+
+fn probe_active(w: &Watcher, name: &str) -> bool {
+    w.status()
+        .iter()
+        .any(|s| s.name == name && s.state == ProbeState::Active)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crio_style_teardown_is_seen_in_order() -> Result<()> {
+    if !require_root("crio_style_teardown_is_seen_in_order")? {
+        return Ok(());
+    }
+    let w = start().await?;
+    assert!(
+        probe_active(&w, "umount") && probe_active(&w, "unlink"),
+        "tier A syscall probes must load here"
+    );
+    let (mut ns, veth, ifindex, id) = pod_with_veth("order")?;
+    {
+        let f = ns.open()?;
+        w.watch_netns(&ns.path, id, f.as_fd()).await?;
+    }
+    let mut sub = w.subscribe();
+    sh(&["ip", "link", "set", &veth.b, "netns", &ns.name])?;
+    ns.ip(&["link", "set", &veth.b, "name", "eth7"])?;
+    ns.remove_crio_style()?;
+    let path = ns.path.display().to_string();
+    let peer = veth.a.clone();
+    let evs = collect(
+        &mut sub,
+        Duration::from_secs(5),
+        |e| matches!(&e.kind, EventKind::LinkDeleted { name, .. } if *name == peer),
+    )
+    .await;
+
+    let moved = position(
+        &evs,
+        "move",
+        |e| matches!(&e.kind, EventKind::LinkLeftHost { ifindex: i, to, .. } if *i == ifindex && *to == Some(id)),
+    )?;
+    let umount = position(&evs, "umount", |e| {
+        matches!(&e.kind, EventKind::NetnsUnmounted { path: p, ret: 0, netns, flags, task, .. }
+            if *p == path && *netns == Some(id) && *flags == 2 && task.pid == std::process::id())
+    })?;
+    let unlink = position(
+        &evs,
+        "unlink",
+        |e| matches!(&e.kind, EventKind::NetnsUnlinked { path: p, ret: 0, netns, .. } if *p == path && *netns == Some(id)),
+    )?;
+    let death = position(
+        &evs,
+        "death",
+        |e| matches!(&e.kind, EventKind::NsidRemoved { netns, .. } if *netns == Some(id)),
+    )?;
+    let peer_gone = position(
+        &evs,
+        "peer deletion",
+        |e| matches!(&e.kind, EventKind::LinkDeleted { name, .. } if *name == veth.a),
+    )?;
+    assert!(
+        moved < umount && umount < unlink && unlink < death && death < peer_gone,
+        "order:\n{}",
+        dump(&evs)
+    );
+    for pair in evs.windows(2) {
+        assert!(
+            pair[0].time <= pair[1].time + 2_000_000,
+            "timestamps go backwards:\n{}",
+            dump(&evs)
+        );
+    }
+    if probe_active(&w, "netns_cleanup") {
+        position(&evs, "cleanup_net queued", |e| {
+            matches!(e.kind, EventKind::NetnsCleanupQueued { .. })
+        })?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_fd_keeps_the_netns_alive_until_closed() -> Result<()> {
+    if !require_root("an_open_fd_keeps_the_netns_alive_until_closed")? {
+        return Ok(());
+    }
+    let w = start().await?;
+    let (mut ns, veth, _ifindex, id) = pod_with_veth("pinned")?;
+    let holder = ns.open()?;
+    w.watch_netns(&ns.path, id, holder.as_fd()).await?;
+    sh(&["ip", "link", "set", &veth.b, "netns", &ns.name])?;
+    let mut sub = w.subscribe();
+    ns.remove_crio_style()?;
+    let path = ns.path.display().to_string();
+    let evs = collect(&mut sub, Duration::from_millis(800), |_| false).await;
+    position(
+        &evs,
+        "umount",
+        |e| matches!(&e.kind, EventKind::NetnsUnmounted { path: p, netns, .. } if *p == path && *netns == Some(id)),
+    )?;
+    position(
+        &evs,
+        "unlink",
+        |e| matches!(&e.kind, EventKind::NetnsUnlinked { path: p, .. } if *p == path),
+    )?;
+    let died =
+        |e: &LifecycleEvent| matches!(&e.kind, EventKind::NsidRemoved { netns, .. } if *netns == Some(id));
+    assert!(
+        !evs.iter().any(died),
+        "netns died while an fd held it:\n{}",
+        dump(&evs)
+    );
+    assert!(
+        dranet_sim::kernel::host_has(&veth.a),
+        "peer must live while the netns is held"
+    );
+    drop(holder);
+    let evs = collect(&mut sub, Duration::from_secs(5), died).await;
+    position(&evs, "death after close", died)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrelated_unlinks_produce_no_event() -> Result<()> {
+    if !require_root("unrelated_unlinks_produce_no_event")? {
+        return Ok(());
+    }
+    let w = start().await?;
+    let mut sub = w.subscribe();
+    let dir = std::env::temp_dir().join(unique("dranet-unrelated-"));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("netns-lookalike");
+    std::fs::write(&file, b"x")?;
+    std::fs::remove_file(&file)?;
+    std::fs::remove_dir(&dir)?;
+    let needle = dir.display().to_string();
+    let evs = collect(&mut sub, Duration::from_millis(500), |_| false).await;
+    assert!(
+        !evs.iter()
+            .any(|e| e.path().is_some_and(|p| p.starts_with(&needle))),
+        "unrelated unlink reported:\n{}",
+        dump(&evs)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tier_b_programs_are_in_the_object_and_reported() -> Result<()> {
+    if !require_root("tier_b_programs_are_in_the_object_and_reported")? {
+        return Ok(());
+    }
+    let obj = aya_obj_programs();
+    for name in [
+        "dranet_dev_netns",
+        "dranet_put_net",
+        "dranet_lsm_sb_umount",
+        "dranet_fentry_sb_umount",
+    ] {
+        assert!(
+            obj.iter().any(|p| p == name),
+            "{name} missing from the object: {obj:?}"
+        );
+    }
+    let w = start().await?;
+    let tier_b: Vec<_> = w.status().iter().filter(|s| s.tier == Tier::B).collect();
+    assert_eq!(tier_b.len(), 4, "{tier_b:?}");
+    let refuses_trampolines = std::fs::read_to_string("/proc/sys/kernel/osrelease")?.contains("-fc-");
+    for s in tier_b {
+        match &s.state {
+            ProbeState::Active => assert!(
+                !refuses_trampolines,
+                "{} active on a kernel without trampolines",
+                s.name
+            ),
+            ProbeState::Unsupported(reason) => {
+                assert!(!reason.is_empty());
+                if refuses_trampolines && s.name != "nsfs_umount_fentry" {
+                    assert!(reason.contains("EPERM"), "{}: {reason}", s.name);
+                }
+            }
+            ProbeState::Failed(e) => panic!("{} failed instead of being classified: {e}", s.name),
+        }
+    }
+    Ok(())
+}
+
+/// Program names in the embedded object.
+fn aya_obj_programs() -> Vec<String> {
+    match aya::Ebpf::load(dranet::watch::EBPF_OBJECT) {
+        Ok(e) => e.programs().map(|(n, _)| n.to_owned()).collect(),
+        Err(e) => panic!("object does not load: {e}"),
+    }
+}
+
+#[test]
+fn trace_json_subprocess_prints_parseable_teardown() -> Result<()> {
+    if !require_root("trace_json_subprocess_prints_parseable_teardown")? {
+        return Ok(());
+    }
+    let (mut ns, veth, _ifindex, id) = pod_with_veth("trace")?;
+    let mut child = std::process::Command::new(dranet_sim::kernel::dranet_bin()?)
+        .args(["trace", "--json", "--duration", "3"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    // The first line (probe status) is printed once the watcher is live; act only then.
+    let mut reader = std::io::BufReader::new(child.stdout.take().context("child stdout")?);
+    let mut text = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut text)?;
+    sh(&["ip", "link", "set", &veth.b, "netns", &ns.name])?;
+    ns.remove_crio_style()?;
+    std::io::Read::read_to_string(&mut reader, &mut text)?;
+    let status = child.wait()?;
+    assert!(status.success());
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("unparseable output:\n{text}"))?;
+    assert_eq!(lines[0]["type"], "probes", "{text}");
+    let path = ns.path.display().to_string();
+    let has = |kind: &str| {
+        lines
+            .iter()
+            .any(|l| l["kind"] == kind && (l["path"] == path.as_str() || l["path"].is_null()))
+    };
+    for kind in [
+        "link_left_host",
+        "netns_unmounted",
+        "netns_unlinked",
+        "nsid_removed",
+        "link_deleted",
+    ] {
+        assert!(has(kind), "no {kind} in:\n{text}");
+    }
+    let umount = lines
+        .iter()
+        .find(|l| l["kind"] == "netns_unmounted" && l["path"] == path.as_str())
+        .context("umount line")?;
+    assert_eq!(umount["netns"]["inode"], id.inode, "{umount}");
+    assert!(umount["t_us"].as_i64().is_some());
+    Ok(())
+}
