@@ -4,10 +4,31 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-/// gRPC services (tonic client + server code) and their messages.
-const GRPC_PROTOS: &[&str] = &[];
-/// Message-only protos (NRI and the ttrpc envelope: dranet implements ttrpc itself).
-const MESSAGE_PROTOS: &[&str] = &[];
+/// gRPC services (tonic client + server code): every `.proto` under `proto/grpc/`.
+const GRPC_DIR: &str = "proto/grpc";
+/// Message-only protos (NRI and the ttrpc envelope: dranet implements ttrpc itself): every
+/// `.proto` under `proto/msg/`.
+const MESSAGE_DIR: &str = "proto/msg";
+
+fn protos_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    if !dir.is_dir() {
+        return Ok(out);
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "proto") {
+                out.push(p.strip_prefix(dir).context("proto path")?.to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
 
 fn main() -> Result<()> {
     ebpf_object()?;
@@ -37,18 +58,21 @@ fn ebpf_object() -> Result<()> {
 }
 
 fn protos() -> Result<()> {
-    let proto_dir = Path::new("proto");
     println!("cargo:rerun-if-changed=proto");
-    if !GRPC_PROTOS.is_empty() {
-        let fds = protox::compile(GRPC_PROTOS, [proto_dir]).context("compiling gRPC protos")?;
+    let grpc_dir = Path::new(GRPC_DIR);
+    let grpc = protos_under(grpc_dir)?;
+    if !grpc.is_empty() {
+        let fds = protox::compile(&grpc, [grpc_dir]).context("compiling gRPC protos")?;
         tonic_prost_build::configure()
             .build_client(true)
             .build_server(true)
             .compile_fds(fds)
             .context("generating gRPC code")?;
     }
-    if !MESSAGE_PROTOS.is_empty() {
-        let fds = protox::compile(MESSAGE_PROTOS, [proto_dir]).context("compiling message protos")?;
+    let msg_dir = Path::new(MESSAGE_DIR);
+    let msg = protos_under(msg_dir)?;
+    if !msg.is_empty() {
+        let fds = protox::compile(&msg, [msg_dir]).context("compiling message protos")?;
         prost_build::Config::new()
             .bytes(["."])
             .compile_fds(fds)
