@@ -17,6 +17,7 @@
 pub mod cli;
 pub mod config;
 pub mod dra;
+pub mod http;
 pub mod inventory;
 pub mod link;
 pub mod netns;

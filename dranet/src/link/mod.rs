@@ -1,1 +1,775 @@
-//! link
+//! Link operations over rtnetlink (fenced: touches the kernel): snapshot a device's host state,
+//! attach (one `RTM_NEWLINK` that moves, renames and sets MTU/MAC/GSO/GRO together), detach
+//! (move back through the pinned netns) and full restore, and repair of a device the kernel
+//! returned by itself.
+//!
+//! Everything inside a pod netns goes through a [`Netlink`] whose socket was opened inside that
+//! netns (on a throw-away thread, see [`crate::netns::in_netns`]): no tokio worker ever
+//! `setns`es.
+
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+
+use futures::TryStreamExt;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Prop};
+use netlink_packet_route::route::RouteScope;
+use rtnetlink::{Handle, RouteMessageBuilder};
+use serde::{Deserialize, Serialize};
+
+use crate::config::RouteConfig;
+use crate::netns::{Netns, NetnsError};
+use crate::plan::DevicePlan;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("interface {0:?} not found")]
+    NotFound(String),
+    #[error("device {name} (mac {mac:?}) is neither in the pod nor in the host")]
+    Lost { name: String, mac: Option<String> },
+    #[error("netlink {what}: {source}")]
+    Netlink {
+        what: &'static str,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
+    #[error("opening an rtnetlink socket: {0}")]
+    Socket(#[source] std::io::Error),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error("invalid interface name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    #[error("invalid hardware address {0:?}")]
+    InvalidMac(String),
+    #[error("invalid address {0:?} (want CIDR like 10.0.0.2/24)")]
+    InvalidAddress(String),
+    #[error("invalid route {0}")]
+    InvalidRoute(String),
+    #[error("interface name {0:?} is already taken in the pod netns")]
+    NameTaken(String),
+    #[error("no rtnetlink socket inside the pod netns")]
+    NoPodNetlink,
+}
+
+impl LinkError {
+    /// The kernel's errno for a netlink error, if this is one.
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Netlink { source, .. } => errno_of(source),
+            _ => None,
+        }
+    }
+}
+
+fn nl(what: &'static str) -> impl FnOnce(rtnetlink::Error) -> LinkError {
+    move |source| LinkError::Netlink { what, source: Box::new(source) }
+}
+
+/// An rtnetlink connection bound to one netns. Cheap to clone; the connection task ends when
+/// the last clone is dropped.
+#[derive(Clone, Debug)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+impl Netlink {
+    /// rtnetlink in the driver's own (host) netns.
+    pub async fn host() -> Result<Self, LinkError> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(LinkError::Socket)?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// rtnetlink inside `netns`: the socket is created on a thread inside it.
+    pub async fn in_netns(netns: &Netns) -> Result<Self, LinkError> {
+        let fd = crate::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
+            .map_err(LinkError::Socket)?;
+        let raw = fd.into_raw_fd();
+        // SAFETY: `raw` is an owned, non-blocking netlink socket we just released from its
+        // OwnedFd; TokioSocket takes over its ownership (and closes it on drop).
+        let sock = unsafe { netlink_sys::TokioSocket::from_raw_fd(raw) };
+        let (conn, handle, _) = rtnetlink::from_socket(sock);
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// The raw handle (for the watcher and tests).
+    #[must_use]
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// A link by name.
+    pub async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>, LinkError> {
+        let mut s = self.handle.link().get().match_name(name.to_owned()).execute();
+        match s.try_next().await {
+            Ok(m) => Ok(m),
+            Err(e) if errno_of(&e) == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(nl("get link by name")(e)),
+        }
+    }
+
+    /// A link by index.
+    pub async fn link_by_index(&self, index: u32) -> Result<Option<LinkMessage>, LinkError> {
+        let mut s = self.handle.link().get().match_index(index).execute();
+        match s.try_next().await {
+            Ok(m) => Ok(m),
+            Err(e) if errno_of(&e) == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(nl("get link by index")(e)),
+        }
+    }
+
+    /// Every link.
+    pub async fn links(&self) -> Result<Vec<LinkMessage>, LinkError> {
+        self.handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl("dump links"))
+    }
+
+    async fn addresses(&self, index: u32) -> Result<Vec<AddressMessage>, LinkError> {
+        self.handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl("dump addresses"))
+    }
+
+    /// Sends one RTM_NEWLINK modifying an existing link (no NLM_F_CREATE/EXCL: `do_setlink`).
+    async fn newlink(&self, msg: LinkMessage, what: &'static str) -> Result<(), LinkError> {
+        let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        let mut h = self.handle.clone();
+        let mut resp = h.request(req).map_err(nl(what))?;
+        while let Some(m) = futures::StreamExt::next(&mut resp).await {
+            if let NetlinkPayload::Error(e) = m.payload
+                && e.code.is_some()
+            {
+                return Err(LinkError::Netlink {
+                    what,
+                    source: Box::new(rtnetlink::Error::NetlinkError(e)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn errno_of(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+/// A device's host state, taken before it moves and restored when it comes home.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkSnapshot {
+    pub ifindex: u32,
+    pub name: String,
+    #[serde(default)]
+    pub altnames: Vec<String>,
+    #[serde(default)]
+    pub alias: Option<String>,
+    pub mtu: u32,
+    pub mac: Option<String>,
+    #[serde(default)]
+    pub perm_mac: Option<String>,
+    #[serde(default)]
+    pub gso_max_size: Option<u32>,
+    #[serde(default)]
+    pub gso_max_segs: Option<u32>,
+    #[serde(default)]
+    pub gro_max_size: Option<u32>,
+    #[serde(default)]
+    pub gso_ipv4_max_size: Option<u32>,
+    #[serde(default)]
+    pub gro_ipv4_max_size: Option<u32>,
+    /// Administratively up.
+    pub up: bool,
+    /// Addresses as `ip/prefix` (IPv6 link-local left out: the kernel recreates it).
+    #[serde(default)]
+    pub addresses: Vec<String>,
+}
+
+impl LinkSnapshot {
+    /// The fields a restore puts back, for comparisons (ifindex may legitimately change).
+    #[must_use]
+    pub fn restorable(&self) -> Self {
+        let mut s = self.clone();
+        s.ifindex = 0;
+        s.altnames.sort();
+        s.addresses.sort();
+        s
+    }
+}
+
+fn mac_string(b: &[u8]) -> Option<String> {
+    (!b.is_empty() && b.iter().any(|x| *x != 0))
+        .then(|| b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":"))
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (also `-` separated).
+pub fn parse_mac(s: &str) -> Result<Vec<u8>, LinkError> {
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return Err(LinkError::InvalidMac(s.to_owned()));
+    }
+    parts
+        .iter()
+        .map(|p| {
+            if p.len() == 2 {
+                u8::from_str_radix(p, 16).map_err(|_| LinkError::InvalidMac(s.to_owned()))
+            } else {
+                Err(LinkError::InvalidMac(s.to_owned()))
+            }
+        })
+        .collect()
+}
+
+/// Parses `ip/prefix`.
+pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), LinkError> {
+    let bad = || LinkError::InvalidAddress(s.to_owned());
+    let (ip, len) = s.split_once('/').ok_or_else(bad)?;
+    let ip: IpAddr = ip.parse().map_err(|_| bad())?;
+    let len: u8 = len.parse().map_err(|_| bad())?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    if len > max {
+        return Err(bad());
+    }
+    Ok((ip, len))
+}
+
+/// Kernel rules for interface names (`dev_valid_name`): 1–15 bytes, not `.`/`..`, no `/`,
+/// `:` or whitespace.
+pub fn validate_ifname(name: &str) -> Result<(), LinkError> {
+    let bad = |reason| {
+        Err(LinkError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })
+    };
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name.len() > 15 {
+        return bad("longer than 15 bytes");
+    }
+    if name == "." || name == ".." {
+        return bad("reserved");
+    }
+    if name.contains('/') {
+        return bad("contains '/'");
+    }
+    if name.contains(':') {
+        return bad("contains ':'");
+    }
+    if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return bad("contains whitespace or control characters");
+    }
+    Ok(())
+}
+
+fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnapshot {
+    let mut s = LinkSnapshot {
+        ifindex: m.header.index,
+        up: m.header.flags.contains(LinkFlags::Up),
+        ..LinkSnapshot::default()
+    };
+    for a in &m.attributes {
+        match a {
+            LinkAttribute::IfName(n) => s.name.clone_from(n),
+            LinkAttribute::Mtu(v) => s.mtu = *v,
+            LinkAttribute::Address(b) => s.mac = mac_string(b),
+            LinkAttribute::PermAddress(b) => s.perm_mac = mac_string(b),
+            LinkAttribute::IfAlias(v) if !v.is_empty() => s.alias = Some(v.clone()),
+            LinkAttribute::PropList(props) => {
+                for p in props {
+                    if let Prop::AltIfName(n) = p {
+                        s.altnames.push(n.clone());
+                    }
+                }
+            }
+            LinkAttribute::GsoMaxSize(v) => s.gso_max_size = Some(*v),
+            LinkAttribute::GsoMaxSegs(v) => s.gso_max_segs = Some(*v),
+            LinkAttribute::GroMaxSize(v) => s.gro_max_size = Some(*v),
+            LinkAttribute::GsoIpv4MaxSize(v) => s.gso_ipv4_max_size = Some(*v),
+            LinkAttribute::GroIpv4MaxSize(v) => s.gro_ipv4_max_size = Some(*v),
+            _ => {}
+        }
+    }
+    for a in addrs {
+        let ip = a.attributes.iter().find_map(|x| match x {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let ip = ip.or_else(|| {
+            a.attributes.iter().find_map(|x| match x {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            })
+        });
+        if let Some(ip) = ip {
+            if let IpAddr::V6(v6) = ip
+                && v6.is_unicast_link_local()
+            {
+                continue;
+            }
+            s.addresses.push(format!("{ip}/{}", a.header.prefix_len));
+        }
+    }
+    s.altnames.sort();
+    s.addresses.sort();
+    s
+}
+
+/// The host state of the device named `name`.
+pub async fn snapshot(nl: &Netlink, name: &str) -> Result<LinkSnapshot, LinkError> {
+    let m = nl
+        .link_by_name(name)
+        .await?
+        .ok_or_else(|| LinkError::NotFound(name.to_owned()))?;
+    let addrs = nl.addresses(m.header.index).await?;
+    Ok(snapshot_of(&m, &addrs))
+}
+
+/// The state of the device with `index`, or `None` if there is none.
+pub async fn snapshot_index(nl: &Netlink, index: u32) -> Result<Option<LinkSnapshot>, LinkError> {
+    let Some(m) = nl.link_by_index(index).await? else {
+        return Ok(None);
+    };
+    let addrs = nl.addresses(index).await?;
+    Ok(Some(snapshot_of(&m, &addrs)))
+}
+
+/// How a device looks inside the pod (from the claim's config).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttachSpec {
+    pub pod_ifname: String,
+    pub mtu: Option<u32>,
+    pub mac: Option<Vec<u8>>,
+    pub gso_max_size: Option<u32>,
+    pub gro_max_size: Option<u32>,
+    pub gso_ipv4_max_size: Option<u32>,
+    pub gro_ipv4_max_size: Option<u32>,
+    pub addresses: Vec<(IpAddr, u8)>,
+    pub routes: Vec<RouteConfig>,
+}
+
+fn positive(v: Option<i32>) -> Option<u32> {
+    v.and_then(|x| u32::try_from(x).ok()).filter(|x| *x > 0)
+}
+
+impl AttachSpec {
+    /// Builds and validates the spec of one planned device: every parse error surfaces before
+    /// anything moves.
+    pub fn from_plan(d: &DevicePlan, pod_ifname: &str) -> Result<Self, LinkError> {
+        validate_ifname(pod_ifname)?;
+        let i = &d.config.interface;
+        let mac = match i.hardware_addr.as_deref().filter(|m| !m.is_empty()) {
+            Some(m) => Some(parse_mac(m)?),
+            None => None,
+        };
+        let addresses = i
+            .addresses
+            .iter()
+            .map(|a| parse_cidr(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        for r in &d.config.routes {
+            route_message(r, 0)?;
+        }
+        Ok(Self {
+            pod_ifname: pod_ifname.to_owned(),
+            mtu: positive(i.mtu),
+            mac,
+            gso_max_size: positive(i.gso_max_size),
+            gro_max_size: positive(i.gro_max_size),
+            gso_ipv4_max_size: positive(i.gso_ipv4_max_size),
+            gro_ipv4_max_size: positive(i.gro_ipv4_max_size),
+            addresses,
+            routes: d.config.routes.clone(),
+        })
+    }
+}
+
+fn route_message(r: &RouteConfig, oif: u32) -> Result<netlink_packet_route::route::RouteMessage, LinkError> {
+    let bad = |why: &str| LinkError::InvalidRoute(format!("{r:?}: {why}"));
+    let mut b = RouteMessageBuilder::<IpAddr>::new();
+    if !r.destination.is_empty() {
+        let (ip, len) = if r.destination.contains('/') {
+            parse_cidr(&r.destination).map_err(|_| bad("destination"))?
+        } else {
+            let ip: IpAddr = r.destination.parse().map_err(|_| bad("destination"))?;
+            (ip, if ip.is_ipv4() { 32 } else { 128 })
+        };
+        b = b.destination_prefix(ip, len).map_err(|e| bad(&e.to_string()))?;
+    }
+    if !r.gateway.is_empty() {
+        let gw: IpAddr = r.gateway.parse().map_err(|_| bad("gateway"))?;
+        b = b.gateway(gw).map_err(|e| bad(&e.to_string()))?;
+    }
+    if !r.source.is_empty() {
+        let src: IpAddr = r.source.parse().map_err(|_| bad("source"))?;
+        b = b.pref_source(src).map_err(|e| bad(&e.to_string()))?;
+    }
+    if r.destination.is_empty() && r.gateway.is_empty() {
+        return Err(bad("needs a destination or a gateway"));
+    }
+    if r.scope != 0 {
+        b = b.scope(RouteScope::from(r.scope));
+    }
+    if r.table != 0 {
+        b = b.table_id(u32::try_from(r.table).map_err(|_| bad("table"))?);
+    }
+    Ok(b.output_interface(oif).build())
+}
+
+fn settings(
+    index: u32,
+    mtu: Option<u32>,
+    mac: Option<Vec<u8>>,
+    gso: Option<u32>,
+    gro: Option<u32>,
+    gso4: Option<u32>,
+    gro4: Option<u32>,
+) -> LinkMessage {
+    let mut m = LinkMessage::default();
+    m.header.index = index;
+    if let Some(v) = mtu {
+        m.attributes.push(LinkAttribute::Mtu(v));
+    }
+    if let Some(v) = mac {
+        m.attributes.push(LinkAttribute::Address(v));
+    }
+    if let Some(v) = gso {
+        m.attributes.push(LinkAttribute::GsoMaxSize(v));
+    }
+    if let Some(v) = gro {
+        m.attributes.push(LinkAttribute::GroMaxSize(v));
+    }
+    if let Some(v) = gso4 {
+        m.attributes.push(LinkAttribute::GsoIpv4MaxSize(v));
+    }
+    if let Some(v) = gro4 {
+        m.attributes.push(LinkAttribute::GroIpv4MaxSize(v));
+    }
+    m
+}
+
+async fn set_up(nl: &Netlink, index: u32, up: bool) -> Result<(), LinkError> {
+    let mut m = LinkMessage::default();
+    m.header.index = index;
+    m.header.change_mask = LinkFlags::Up;
+    if up {
+        m.header.flags = LinkFlags::Up;
+    }
+    nl.newlink(m, if up { "set link up" } else { "set link down" })
+        .await
+}
+
+async fn add_address(nl: &Netlink, index: u32, ip: IpAddr, len: u8) -> Result<(), LinkError> {
+    match nl.handle.address().add(index, ip, len).execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if errno_of(&e) == Some(libc::EEXIST) => Ok(()),
+        Err(e) => Err(nl_err("add address", e)),
+    }
+}
+
+fn nl_err(what: &'static str, source: rtnetlink::Error) -> LinkError {
+    LinkError::Netlink { what, source: Box::new(source) }
+}
+
+/// Moves the host device of `snap` into `netns` under the pod-side name with the spec's
+/// MTU/MAC/GSO/GRO in **one** RTM_NEWLINK, then (inside the pod, through `pod_nl`) adds the
+/// addresses, sets it up and adds the routes. Returns the pod-side ifindex.
+///
+/// If the RTM_NEWLINK fails nothing moved (the kernel applies the move first and fails
+/// atomically on a name clash); a later failure leaves the device in the pod for the caller's
+/// rollback.
+pub async fn attach(
+    host_nl: &Netlink,
+    pod_nl: &Netlink,
+    netns: &Netns,
+    snap: &LinkSnapshot,
+    spec: &AttachSpec,
+) -> Result<u32, LinkError> {
+    // The device must still be the one we snapshotted.
+    let cur = host_nl.link_by_index(snap.ifindex).await?;
+    let same = cur.as_ref().is_some_and(|m| {
+        m.attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::IfName(n) if *n == snap.name))
+    });
+    if !same {
+        return Err(LinkError::NotFound(snap.name.clone()));
+    }
+    // Refuse a pod-side name that is taken before anything moves (the kernel would move the
+    // device and then fail the rename, leaving it in the pod under its host name).
+    if pod_nl.link_by_name(&spec.pod_ifname).await?.is_some() {
+        return Err(LinkError::NameTaken(spec.pod_ifname.clone()));
+    }
+    let mut m = settings(
+        snap.ifindex,
+        spec.mtu,
+        spec.mac.clone(),
+        spec.gso_max_size,
+        spec.gro_max_size,
+        spec.gso_ipv4_max_size,
+        spec.gro_ipv4_max_size,
+    );
+    m.attributes
+        .insert(0, LinkAttribute::NetNsFd(netns.as_fd().as_raw_fd()));
+    m.attributes
+        .insert(1, LinkAttribute::IfName(spec.pod_ifname.clone()));
+    host_nl.newlink(m, "move into the pod netns").await?;
+    let index = pod_nl
+        .link_by_name(&spec.pod_ifname)
+        .await?
+        .map(|m| m.header.index)
+        .ok_or_else(|| LinkError::NotFound(spec.pod_ifname.clone()))?;
+    for (ip, len) in &spec.addresses {
+        add_address(pod_nl, index, *ip, *len).await?;
+    }
+    set_up(pod_nl, index, true).await?;
+    for r in &spec.routes {
+        let msg = route_message(r, index)?;
+        match pod_nl.handle.route().add(msg).execute().await {
+            Ok(()) => {}
+            Err(e) if errno_of(&e) == Some(libc::EEXIST) => {}
+            Err(e) => return Err(nl_err("add route", e)),
+        }
+    }
+    Ok(index)
+}
+
+/// How a device came home.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Returned {
+    /// Back under its host name with every snapshot field restored.
+    Restored,
+    /// Back and restored, but its host name is taken: it keeps `temp_name` until the name frees
+    /// (a later [`repair`] renames it).
+    NameBusy { temp_name: String },
+}
+
+/// The temporary host name of a device whose name is taken: `dn<ifindex>` (≤ 12 bytes).
+#[must_use]
+pub fn temp_name(ifindex: u32) -> String {
+    format!("dn{ifindex}")
+}
+
+/// Whether link `m` is the device of `snap` (permanent MAC when both have one, else the host
+/// MAC or the MAC the pod config gave it). Names alone never identify a device: a pod or a host
+/// may have another device under the same name.
+fn is_device(m: &LinkMessage, snap: &LinkSnapshot, pod_mac: Option<&str>) -> bool {
+    let s = snapshot_of(m, &[]);
+    match (&snap.perm_mac, &s.perm_mac) {
+        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+        _ => s.mac.as_deref().is_some_and(|x| {
+            snap.mac.as_deref().is_some_and(|w| w.eq_ignore_ascii_case(x))
+                || pod_mac.is_some_and(|w| w.eq_ignore_ascii_case(x))
+        }),
+    }
+}
+
+/// Finds the device of `snap` among the links of `nl`: under one of `names` first, else
+/// anywhere (a failed rename may have left it under another name).
+async fn find_in(
+    nl: &Netlink,
+    names: &[&str],
+    snap: &LinkSnapshot,
+    pod_mac: Option<&str>,
+) -> Result<Option<LinkMessage>, LinkError> {
+    for n in names {
+        if let Some(m) = nl.link_by_name(n).await?
+            && is_device(&m, snap, pod_mac)
+        {
+            return Ok(Some(m));
+        }
+    }
+    Ok(nl
+        .links()
+        .await?
+        .into_iter()
+        .find(|m| is_device(m, snap, pod_mac)))
+}
+
+/// Moves the device named `pod_ifname` in the pod netns back to the host netns, under its host
+/// name (or a temporary one if that is taken), then restores the snapshot.
+pub async fn detach(
+    pod_nl: &Netlink,
+    host_nl: &Netlink,
+    host: &Netns,
+    pod_ifname: &str,
+    snap: &LinkSnapshot,
+    pod_mac: Option<&str>,
+) -> Result<Returned, LinkError> {
+    let Some(m) = find_in(pod_nl, &[pod_ifname], snap, pod_mac).await? else {
+        // Not in the pod (the kernel or someone else moved it): look in the host.
+        return find_and_repair(host_nl, snap, Some(pod_ifname), pod_mac).await;
+    };
+    let pod_index = m.header.index;
+    // The kernel moves first and renames after (a rename clash fails the request with the
+    // device already moved), so pick a free host name up front.
+    let host_busy = host_nl.link_by_name(&snap.name).await?.is_some();
+    let name = if host_busy {
+        temp_name(snap.ifindex)
+    } else {
+        snap.name.clone()
+    };
+    let mut msg = LinkMessage::default();
+    msg.header.index = pod_index;
+    msg.attributes
+        .push(LinkAttribute::NetNsFd(host.as_fd().as_raw_fd()));
+    msg.attributes.push(LinkAttribute::IfName(name.clone()));
+    if let Err(e) = pod_nl.newlink(msg, "move back to the host netns").await {
+        // It may have moved anyway, under another name.
+        return match find_and_repair(host_nl, snap, Some(pod_ifname), pod_mac).await {
+            Ok(r) => Ok(r),
+            Err(_) => Err(e),
+        };
+    }
+    let index = match find_in(host_nl, &[&name], snap, pod_mac).await? {
+        Some(m) => m.header.index,
+        None => return Err(LinkError::NotFound(name)),
+    };
+    restore(host_nl, index, snap, host_busy).await
+}
+
+/// Restores a host device (found at `index`) to `snap`: name (unless `keep_name`), MTU, MAC,
+/// GSO/GRO sizes, alias, altnames, addresses, admin state.
+async fn restore(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    keep_name: bool,
+) -> Result<Returned, LinkError> {
+    let cur = snapshot_index(nl, index)
+        .await?
+        .ok_or_else(|| LinkError::NotFound(snap.name.clone()))?;
+    let mut result = Returned::Restored;
+    if cur.name != snap.name {
+        if keep_name {
+            result = Returned::NameBusy {
+                temp_name: cur.name.clone(),
+            };
+        } else {
+            // Renaming needs the device down.
+            set_up(nl, index, false).await?;
+            let mut m = LinkMessage::default();
+            m.header.index = index;
+            m.attributes.push(LinkAttribute::IfName(snap.name.clone()));
+            match nl.newlink(m, "rename").await {
+                Ok(()) => {}
+                Err(e) if e.errno() == Some(libc::EEXIST) => {
+                    let tmp = temp_name(snap.ifindex);
+                    if cur.name != tmp {
+                        let mut m = LinkMessage::default();
+                        m.header.index = index;
+                        m.attributes.push(LinkAttribute::IfName(tmp.clone()));
+                        nl.newlink(m, "rename to the temporary name").await?;
+                    }
+                    result = Returned::NameBusy { temp_name: tmp };
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let diff = |a: Option<u32>, b: Option<u32>| if a != b { a } else { None };
+    let mac = match (&snap.mac, &cur.mac) {
+        (Some(want), Some(have)) if !want.eq_ignore_ascii_case(have) => Some(parse_mac(want)?),
+        _ => None,
+    };
+    let mut m = settings(
+        index,
+        (snap.mtu != cur.mtu && snap.mtu > 0).then_some(snap.mtu),
+        mac,
+        diff(snap.gso_max_size, cur.gso_max_size),
+        diff(snap.gro_max_size, cur.gro_max_size),
+        diff(snap.gso_ipv4_max_size, cur.gso_ipv4_max_size),
+        diff(snap.gro_ipv4_max_size, cur.gro_ipv4_max_size),
+    );
+    if snap.alias != cur.alias {
+        m.attributes
+            .push(LinkAttribute::IfAlias(snap.alias.clone().unwrap_or_default()));
+    }
+    if !m.attributes.is_empty() {
+        nl.newlink(m, "restore settings").await?;
+    }
+    let missing: Vec<&str> = snap
+        .altnames
+        .iter()
+        .filter(|a| !cur.altnames.contains(a))
+        .map(String::as_str)
+        .collect();
+    for alt in missing {
+        match nl
+            .handle
+            .link()
+            .property_add(index)
+            .alt_ifname(&[alt])
+            .execute()
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if errno_of(&e) == Some(libc::EEXIST) => {}
+            Err(e) => return Err(nl_err("restore altname", e)),
+        }
+    }
+    for a in snap.addresses.iter().filter(|a| !cur.addresses.contains(a)) {
+        let (ip, len) = parse_cidr(a)?;
+        add_address(nl, index, ip, len).await?;
+    }
+    if snap.up {
+        set_up(nl, index, true).await?;
+    } else if cur.up {
+        set_up(nl, index, false).await?;
+    }
+    Ok(result)
+}
+
+/// A managed device appeared in the host netns by itself (the kernel returned it, DOWN, under
+/// the pod-side name or `devN`): rename it back and restore the snapshot.
+pub async fn repair(nl: &Netlink, index: u32, snap: &LinkSnapshot) -> Result<Returned, LinkError> {
+    restore(nl, index, snap, false).await
+}
+
+/// Looks for the device of `snap` in the host (by name, pod-side name, `devN` via MAC, permanent
+/// MAC) and restores it. [`LinkError::Lost`] if it is nowhere.
+pub async fn find_and_repair(
+    nl: &Netlink,
+    snap: &LinkSnapshot,
+    pod_ifname: Option<&str>,
+    pod_mac: Option<&str>,
+) -> Result<Returned, LinkError> {
+    // Identified by MAC; among matches prefer the host name, then the pod-side name.
+    let links = nl.links().await?;
+    let named = |m: &&LinkMessage| {
+        let n = snapshot_of(m, &[]).name;
+        u8::from(n == snap.name) * 2 + u8::from(Some(n.as_str()) == pod_ifname)
+    };
+    let found = links
+        .iter()
+        .filter(|m| is_device(m, snap, pod_mac))
+        .max_by_key(named);
+    match found {
+        Some(m) => restore(nl, m.header.index, snap, false).await,
+        None => Err(LinkError::Lost {
+            name: snap.name.clone(),
+            mac: snap.mac.clone(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

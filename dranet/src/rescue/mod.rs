@@ -1,1 +1,379 @@
-//! rescue
+//! The rescue engine: one owner per pod for every device move, whoever asks for it.
+//!
+//! Inputs: NRI hooks ([`Engine::attach_pod`], [`Engine::detach_pod`]), the watcher's lifecycle
+//! events ([`Engine::run_events`], decided by [`decide`]) and the start-up reconcile
+//! ([`Engine::reconcile`]). Every action takes the pod's lock, re-reads the checkpoint and is
+//! idempotent, so a StopPodSandbox racing a probe-triggered rescue just finds the work done.
+//!
+//! Data path: probe event → [`decide::decide`] → [`Engine::rescue`] → `link::detach` through the pin
+//! (`netns::Pin`) → snapshot restored → pin released → checkpoint.
+//!
+//! **Pins survive a driver restart.** A pin is a bind mount of the pod netns under
+//! `<state-dir>/pins/<pod-uid>` (tmpfs), not just an fd: if dranet is killed while a runtime tears
+//! the pod down, the netns — and our devices in it — stay reachable, and the restarted driver
+//! re-opens the pin, sees the runtime's path gone and brings the devices home. An fd-only pin
+//! would die with the process and leave the kernel to return physical NICs DOWN and renamed
+//! (and to orphan exclusive-mode RDMA links). On uninstall, `dranet release-all` brings every
+//! device home and removes the pins; a pin left behind by hand only keeps an empty netns alive.
+
+mod attach;
+pub mod decide;
+mod detach;
+pub mod metrics;
+mod reconcile;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use crate::link::{LinkError, Netlink};
+use crate::netns::{Netns, NetnsError, Pin};
+use crate::plan::{DevicePlan, PodPlan};
+use crate::state::{Checkpoint, ReturnReason, StateError, Store};
+use crate::watch::{Subscription, Watcher};
+
+pub use attach::PodRef;
+pub use decide::{Action, decide};
+pub use metrics::RescueMetrics;
+pub use reconcile::ReconcileReport;
+
+/// Errors of the rescue engine.
+#[derive(Debug, thiserror::Error)]
+pub enum RescueError {
+    #[error("pod {pod}: netns {path}: {source}")]
+    Netns {
+        pod: String,
+        path: PathBuf,
+        #[source]
+        source: NetnsError,
+    },
+    #[error("pod {pod}: pin: {source}")]
+    Pin {
+        pod: String,
+        #[source]
+        source: NetnsError,
+    },
+    #[error("pod {pod}: device {device}: {source}")]
+    Link {
+        pod: String,
+        device: String,
+        #[source]
+        source: LinkError,
+    },
+    #[error("pod {pod}: netlink in the pod netns: {source}")]
+    PodNetlink {
+        pod: String,
+        #[source]
+        source: LinkError,
+    },
+    #[error("pod {pod}: device {device} has no host interface name in its plan")]
+    NoInterface { pod: String, device: String },
+    #[error("pod {pod}: netns {path} is the host's own network namespace; refusing to move devices")]
+    HostNetns { pod: String, path: PathBuf },
+    #[error("pod {pod}: device {device} is already attached to pod {other}")]
+    DeviceBusy {
+        pod: String,
+        device: String,
+        other: String,
+    },
+    #[error("pod {pod}: {failed} of {total} devices could not be brought home; will retry: {first}")]
+    Incomplete {
+        pod: String,
+        failed: usize,
+        total: usize,
+        first: String,
+    },
+    #[error("checkpoint: {0}")]
+    State(#[from] StateError),
+    #[error("host netns: {0}")]
+    Host(#[source] NetnsError),
+    #[error("host netlink: {0}")]
+    HostNetlink(#[source] LinkError),
+}
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// State dir (checkpoint + pins), on tmpfs: `/run/dranet`.
+    pub state_dir: PathBuf,
+    /// Last resort for physical devices missing everywhere: PCI unbind/rebind via sysfs.
+    pub pci_rebind: bool,
+    /// sysfs root (tests may point it elsewhere for the rebind path).
+    pub sysfs: PathBuf,
+    /// Crash tests only: sleep this long after moving device N of an attach (the test SIGKILLs
+    /// the process in that window).
+    #[doc(hidden)]
+    pub pause_after_device: Option<(usize, std::time::Duration)>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from("/run/dranet"),
+            pci_rebind: false,
+            sysfs: PathBuf::from("/sys"),
+            pause_after_device: None,
+        }
+    }
+}
+
+/// A pod whose netns holds our devices, as the running process holds it.
+struct Live {
+    pin: Pin,
+    /// rtnetlink inside the pod netns, opened at attach and kept for a fast detach.
+    netlink: Option<Netlink>,
+}
+
+struct Inner {
+    opts: EngineOptions,
+    store: Store,
+    cp: Mutex<Checkpoint>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    live: Mutex<HashMap<String, Live>>,
+    host: Netns,
+    host_nl: Netlink,
+    watcher: Option<Watcher>,
+    counters: Mutex<Counters>,
+    metrics: RescueMetrics,
+}
+
+/// Running totals, exported as metrics.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Counters {
+    pub attached_pods: u64,
+    pub attach_failures: u64,
+    pub rollbacks: u64,
+    pub returned_by_hook: u64,
+    pub rescued_by_teardown: u64,
+    pub returned_by_reconcile: u64,
+    pub repaired_devices: u64,
+    pub return_failures: u64,
+}
+
+/// What [`Engine::attach_pod`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum AttachOutcome {
+    /// No devices are planned for this pod: not ours.
+    NotOurs,
+    /// Already attached to this netns (the runtime retried).
+    AlreadyAttached,
+    /// Devices moved in, by pod-side name.
+    Attached { devices: Vec<String> },
+}
+
+/// What [`Engine::detach_pod`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum DetachOutcome {
+    NotOurs,
+    /// Nothing to do: the devices came home earlier (e.g. rescued at netns teardown).
+    AlreadyReturned {
+        reason: ReturnReason,
+    },
+    /// Devices brought home now, by host name.
+    Returned {
+        devices: Vec<String>,
+        name_busy: Vec<String>,
+    },
+}
+
+/// The engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl Engine {
+    /// Opens the state dir and the host handles. Call [`Engine::reconcile`] next.
+    pub async fn new(opts: EngineOptions, watcher: Option<Watcher>) -> Result<Self, RescueError> {
+        let store = Store::open(&opts.state_dir)?;
+        let cp = store.load()?;
+        let host = Netns::host().map_err(RescueError::Host)?;
+        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                opts,
+                store,
+                cp: Mutex::new(cp),
+                locks: Mutex::new(HashMap::new()),
+                live: Mutex::new(HashMap::new()),
+                host,
+                host_nl,
+                watcher,
+                counters: Mutex::new(Counters::default()),
+                metrics: RescueMetrics::default(),
+            }),
+        })
+    }
+
+    /// A copy of the checkpoint as it stands.
+    #[must_use]
+    pub fn checkpoint(&self) -> Checkpoint {
+        self.cp().clone()
+    }
+
+    #[must_use]
+    pub fn counters(&self) -> Counters {
+        *lock(&self.inner.counters)
+    }
+
+    /// The engine's Prometheus metrics.
+    #[must_use]
+    pub fn metrics(&self) -> &RescueMetrics {
+        &self.inner.metrics
+    }
+
+    #[must_use]
+    pub fn state_dir(&self) -> &Path {
+        self.inner.store.dir()
+    }
+
+    /// Records the devices NodePrepareResources planned for a pod (merged across its claims).
+    pub fn set_plan(&self, plan: PodPlan) -> Result<(), RescueError> {
+        let mut cp = self.cp();
+        let entry = cp.plans.entry(plan.pod_uid.clone()).or_insert_with(|| PodPlan {
+            pod_uid: plan.pod_uid.clone(),
+            pod_namespace: plan.pod_namespace.clone(),
+            pod_name: plan.pod_name.clone(),
+            devices: Vec::new(),
+        });
+        for d in plan.devices {
+            entry
+                .devices
+                .retain(|e| !(e.device == d.device && e.pool == d.pool));
+            entry.devices.push(d);
+        }
+        self.inner.store.save(&cp)?;
+        Ok(())
+    }
+
+    /// Forgets the plans of a claim (NodeUnprepareResources). Devices already in a pod stay
+    /// tracked until they are home.
+    pub fn remove_claim(&self, claim_uid: &str) -> Result<(), RescueError> {
+        let mut cp = self.cp();
+        for plan in cp.plans.values_mut() {
+            plan.devices.retain(|d| d.claim.uid != claim_uid);
+        }
+        cp.plans.retain(|_, p| !p.devices.is_empty());
+        self.inner.store.save(&cp)?;
+        Ok(())
+    }
+
+    /// The devices planned for a pod.
+    #[must_use]
+    pub fn plan(&self, pod_uid: &str) -> Option<Vec<DevicePlan>> {
+        self.cp().plans.get(pod_uid).map(|p| p.devices.clone())
+    }
+
+    /// Pods that may still hold devices.
+    #[must_use]
+    pub fn pods_with_devices_out(&self) -> Vec<String> {
+        self.cp()
+            .pods
+            .values()
+            .filter(|p| p.has_devices_out())
+            .map(|p| p.pod_uid.clone())
+            .collect()
+    }
+
+    /// Drops the record of a pod whose devices are all home (RemovePodSandbox).
+    pub fn forget_pod(&self, pod_uid: &str) -> Result<(), RescueError> {
+        let mut cp = self.cp();
+        if cp
+            .pods
+            .get(pod_uid)
+            .is_some_and(|p| !p.has_devices_out() && p.pin.is_none())
+        {
+            cp.pods.remove(pod_uid);
+            self.inner.store.save(&cp)?;
+        }
+        Ok(())
+    }
+
+    /// Consumes the watcher's events until the stream ends, acting on each decision at once.
+    pub async fn run_events(&self, mut sub: Subscription) {
+        while let Some(ev) = sub.recv().await {
+            let actions = decide(&self.cp(), &ev);
+            for action in actions {
+                debug!(?action, event = ev.kind_name(), "decision");
+                let me = self.clone();
+                tokio::spawn(async move { me.act(action).await });
+            }
+        }
+    }
+
+    /// Carries out one decision.
+    pub async fn act(&self, action: Action) {
+        match action {
+            Action::Rescue { pod_uid, trigger, at } => {
+                info!(pod = %pod_uid, trigger, "netns teardown started: bringing devices home");
+                match self.detach_pod(&pod_uid, ReturnReason::NetnsTeardown).await {
+                    Ok(DetachOutcome::Returned { .. }) => {
+                        let took = crate::watch::monotonic_ns().saturating_sub(at);
+                        #[allow(clippy::cast_precision_loss)]
+                        self.inner.metrics.rescue_latency.observe(took as f64 / 1e9);
+                        self.inner
+                            .metrics
+                            .returns
+                            .get_or_create(&metrics::TriggerLabel {
+                                trigger: trigger.to_owned(),
+                            })
+                            .inc();
+                        info!(pod = %pod_uid, trigger, took_us = took / 1000, "rescued");
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(pod = %pod_uid, error = %e, "rescue incomplete"),
+                }
+            }
+            Action::Repair {
+                pod_uid,
+                device,
+                ifindex,
+            } => {
+                if let Err(e) = self.repair(&pod_uid, &device, ifindex).await {
+                    warn!(pod = %pod_uid, device, error = %e, "repair failed");
+                }
+            }
+            Action::Reconcile => {
+                if let Err(e) = self.reconcile().await {
+                    warn!(error = %e, "reconcile after lost events failed");
+                }
+            }
+        }
+    }
+
+    fn cp(&self) -> MutexGuard<'_, Checkpoint> {
+        lock(&self.inner.cp)
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Counters)) {
+        f(&mut lock(&self.inner.counters));
+    }
+
+    /// The per-pod owner lock.
+    async fn own(&self, pod_uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = lock(&self.inner.locks)
+            .entry(pod_uid.to_owned())
+            .or_default()
+            .clone();
+        m.lock_owned().await
+    }
+
+    /// Applies `f` to the checkpoint and saves it.
+    fn update(&self, f: impl FnOnce(&mut Checkpoint)) -> Result<(), RescueError> {
+        let mut cp = self.cp();
+        f(&mut cp);
+        self.inner.store.save(&cp)?;
+        Ok(())
+    }
+}
+
+/// Locks a std mutex, recovering the data if a holder panicked (the data is always consistent
+/// between statements here).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,1 +1,259 @@
-//! state
+//! Crash-safe checkpoint of what dranet did to the node: prepared plans, pods whose netns holds our
+//! devices, their pins and every device's host snapshot. (Files only.)
+//!
+//! The checkpoint is one JSON document, replaced atomically: write `state.json.tmp`, `fsync` it,
+//! `rename` over `state.json`, `fsync` the directory. A crash at any point leaves either the old or
+//! the new document, never a torn one. Each device moves through [`DeviceState`] with a write-ahead
+//! record (`Moving` is saved *before* the kernel is asked), so after a SIGKILL the reconcile knows
+//! exactly which devices may be half-way and where to look for them.
+//!
+//! The state dir lives on tmpfs by default (`/run/dranet`): after a reboot there are no pod netns
+//! and no pins left, and the devices are back in the host anyway, so forgetting is right.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::link::LinkSnapshot;
+use crate::netns::NetnsId;
+use crate::plan::PodPlan;
+
+/// Version of the checkpoint format; a newer file is refused rather than misread.
+pub const FORMAT_VERSION: u32 = 1;
+const FILE: &str = "state.json";
+
+/// Errors of the checkpoint store.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state dir {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("writing checkpoint {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("reading checkpoint {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("checkpoint {path} is not valid: {source}")]
+    Decode {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("encoding checkpoint: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("checkpoint {path} has format version {found}, this dranet reads up to {FORMAT_VERSION}")]
+    Version { path: PathBuf, found: u32 },
+}
+
+/// Where one managed device is, as far as the checkpoint knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceState {
+    /// Snapshot taken, move requested or about to be: the device is in the host or in the pod.
+    Moving,
+    /// In the pod netns under its pod-side name.
+    InPod,
+    /// Move back requested or about to be: in the pod or in the host.
+    Returning,
+    /// Back in the host with its snapshot restored.
+    Home,
+    /// Back in the host, but its original name was taken: kept under `temp_name`.
+    HomeNameBusy,
+}
+
+/// One device of a pod.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    /// ResourceSlice device name.
+    pub device: String,
+    /// Name inside the pod.
+    pub pod_ifname: String,
+    pub pci_address: Option<String>,
+    pub permanent_mac: Option<String>,
+    pub rdma_device: Option<String>,
+    /// MAC set inside the pod (config `hardwareAddr`), if any: the kernel returns the device with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_mac: Option<String>,
+    /// Host state before attach: what detach restores.
+    pub snapshot: LinkSnapshot,
+    pub state: DeviceState,
+    /// Name the device carries in the host while its own is taken (see `link` name policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temp_name: Option<String>,
+}
+
+/// Why a pod's devices came home.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReturnReason {
+    /// StopPodSandbox / RemovePodSandbox while the netns was alive.
+    Hook,
+    /// The runtime unmounted or unlinked the netns bind mount first (CRI-O order).
+    NetnsTeardown,
+    /// Found at start-up: the netns went away while dranet was down.
+    Reconcile,
+    /// An attach failed part-way: rolled back.
+    Rollback,
+}
+
+/// Life of a pod's devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PodPhase {
+    Attaching,
+    Attached,
+    Returning,
+    /// Every device is home; a later hook is a fast no-op.
+    Returned(ReturnReason),
+}
+
+/// A pod whose netns we put devices into.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PodRecord {
+    pub pod_uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The runtime's netns path (`/var/run/netns/<id>`).
+    pub netns_path: PathBuf,
+    pub netns: NetnsId,
+    /// Our pin (bind mount under the state dir); `None` once released.
+    pub pin: Option<PathBuf>,
+    pub phase: PodPhase,
+    pub devices: Vec<DeviceRecord>,
+}
+
+impl PodRecord {
+    /// Whether any device may still be outside the host.
+    #[must_use]
+    pub fn has_devices_out(&self) -> bool {
+        self.devices.iter().any(|d| {
+            matches!(
+                d.state,
+                DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
+            )
+        })
+    }
+}
+
+/// The whole checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub version: u32,
+    /// Prepared plans by pod UID (from NodePrepareResources).
+    #[serde(default)]
+    pub plans: BTreeMap<String, PodPlan>,
+    /// Pods with devices attached or recently returned, by pod UID.
+    #[serde(default)]
+    pub pods: BTreeMap<String, PodRecord>,
+}
+
+/// The state dir: checkpoint file and the pins directory.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating, mode 0700) the state dir.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StateError> {
+        let dir = dir.into();
+        fs::create_dir_all(dir.join("pins")).map_err(|source| StateError::Dir {
+            path: dir.clone(),
+            source,
+        })?;
+        set_private(&dir).map_err(|source| StateError::Dir {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(Self { dir })
+    }
+
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where pins (netns bind mounts) live.
+    #[must_use]
+    pub fn pins_dir(&self) -> PathBuf {
+        self.dir.join("pins")
+    }
+
+    #[must_use]
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(FILE)
+    }
+
+    /// Loads the checkpoint; an absent file is an empty checkpoint.
+    pub fn load(&self) -> Result<Checkpoint, StateError> {
+        let path = self.path();
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(Checkpoint {
+                    version: FORMAT_VERSION,
+                    ..Checkpoint::default()
+                });
+            }
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        let cp: Checkpoint = serde_json::from_slice(&bytes).map_err(|source| StateError::Decode {
+            path: path.clone(),
+            source,
+        })?;
+        if cp.version > FORMAT_VERSION {
+            return Err(StateError::Version {
+                path,
+                found: cp.version,
+            });
+        }
+        Ok(cp)
+    }
+
+    /// Replaces the checkpoint atomically and durably.
+    pub fn save(&self, cp: &Checkpoint) -> Result<(), StateError> {
+        let mut cp_bytes = serde_json::to_vec(cp).map_err(StateError::Encode)?;
+        cp_bytes.push(b'\n');
+        let path = self.path();
+        let tmp = self.dir.join(format!("{FILE}.tmp"));
+        let werr = |source| StateError::Write {
+            path: tmp.clone(),
+            source,
+        };
+        let mut f = File::create(&tmp).map_err(werr)?;
+        f.write_all(&cp_bytes).map_err(werr)?;
+        f.sync_all().map_err(werr)?;
+        drop(f);
+        fs::rename(&tmp, &path).map_err(|source| StateError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| StateError::Write {
+                path: self.dir.clone(),
+                source,
+            })
+    }
+}
+
+fn set_private(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+//! Stand-in NICs for root tests: veth pairs with a full host configuration (MTU, MAC, alias,
+//! altname, GSO/GRO sizes, an address, up), and an independent view of a device's state read
+//! with `ip -j` (not with dranet's own netlink code).
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::kernel::{Veth, sh, unique};
+
+/// A configured stand-in NIC: `veth.a` is the device under test, `veth.b` its peer (stays home).
+pub struct Nic {
+    pub veth: Veth,
+    pub name: String,
+    pub mac: String,
+    pub addr: String,
+}
+
+static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
+impl Nic {
+    /// Creates and configures one.
+    pub fn create() -> Result<Self> {
+        let veth = Veth::create(&unique("drn"), &unique("drq"))?;
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let mac = format!(
+            "02:d7:{:02x}:{:02x}:{:02x}:{:02x}",
+            (pid >> 8) & 0xff,
+            pid & 0xff,
+            (n >> 8) & 0xff,
+            n & 0xff
+        );
+        let addr = format!(
+            "10.{}.{}.{}/24",
+            100 + (pid % 100),
+            n % 250,
+            1 + (pid / 100) % 250
+        );
+        let a = veth.a.clone();
+        sh(&[
+            "ip",
+            "link",
+            "set",
+            &a,
+            "mtu",
+            "1400",
+            "address",
+            &mac,
+            "alias",
+            "dranet test nic",
+        ])?;
+        sh(&[
+            "ip",
+            "link",
+            "set",
+            &a,
+            "gso_max_size",
+            "32768",
+            "gro_max_size",
+            "32768",
+        ])?;
+        sh(&[
+            "ip",
+            "link",
+            "property",
+            "add",
+            "dev",
+            &a,
+            "altname",
+            &format!("{a}-alt"),
+        ])?;
+        sh(&["ip", "addr", "add", &addr, "dev", &a])?;
+        sh(&["ip", "link", "set", &a, "up"])?;
+        sh(&["ip", "link", "set", &veth.b, "up"])?;
+        Ok(Self {
+            name: a,
+            veth,
+            mac,
+            addr,
+        })
+    }
+}
+
+/// The fields of a device dranet promises to restore, read independently with `ip -j`.
+pub fn view(name: &str, netns: Option<&str>) -> Result<Value> {
+    let ns: Vec<&str> = netns.map(|n| vec!["-n", n]).unwrap_or_default();
+    let mut link_args = vec!["ip"];
+    link_args.extend(&ns);
+    link_args.extend(["-j", "-d", "link", "show", "dev", name]);
+    let link: Value = serde_json::from_str(&sh(&link_args)?).context("ip -j link")?;
+    let mut addr_args = vec!["ip"];
+    addr_args.extend(&ns);
+    addr_args.extend(["-j", "addr", "show", "dev", name]);
+    let addr: Value = serde_json::from_str(&sh(&addr_args)?).context("ip -j addr")?;
+    let l = link.get(0).context("no such link")?;
+    let mut addrs: Vec<String> = addr
+        .get(0)
+        .and_then(|a| a["addr_info"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|a| a["scope"] != "link")
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or(""), a["prefixlen"]))
+        .collect();
+    addrs.sort();
+    let up = l["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "UP"));
+    Ok(json!({
+        "ifname": l["ifname"],
+        "mtu": l["mtu"],
+        "address": l["address"],
+        "ifalias": l["ifalias"],
+        "altnames": l["altnames"],
+        "gso_max_size": l["gso_max_size"],
+        "gro_max_size": l["gro_max_size"],
+        "up": up,
+        "addrs": addrs,
+    }))
+}
+
+/// Fails with both views when they differ.
+pub fn assert_same(before: &Value, after: &Value) -> Result<()> {
+    if before != after {
+        bail!("device state not restored:\n before: {before}\n after:  {after}");
+    }
+    Ok(())
+}

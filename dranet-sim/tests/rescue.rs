@@ -1,0 +1,514 @@
+//! Root tests of the rescue core on the real kernel. veth pairs stand in for NICs (a veth is
+//! deleted, not returned, when its netns dies, so these tests keep the netns alive through the
+//! pin and check that dranet brings the device home before anything else can happen to it).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dranet::config::NetworkConfig;
+use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
+use dranet::rescue::{AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef, RescueError};
+use dranet::state::{PodPhase, ReturnReason};
+use dranet::watch::{Watcher, WatcherOptions};
+use dranet_sim::kernel::{PodNetns, host_has, require_root, sh, unique};
+use dranet_sim::nic::{Nic, assert_same, view};
+use serde_json::Value;
+
+/// A state dir removed (with any pins left in it unmounted) at drop.
+struct StateDir(PathBuf);
+
+impl StateDir {
+    fn new(tag: &str) -> Self {
+        Self(std::env::temp_dir().join(unique(&format!("dranet-state-{tag}-"))))
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(self.0.join("pins")) {
+            for e in rd.flatten() {
+                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn device(nic: &Nic, pod_if: &str, uid: &str) -> DevicePlan {
+    let mut config = NetworkConfig::default();
+    config.interface.name = Some(pod_if.to_owned());
+    DevicePlan {
+        device: nic.name.clone(),
+        pool: "node-a".into(),
+        request: "nic".into(),
+        claim: ClaimRef {
+            namespace: "default".into(),
+            name: format!("claim-{uid}"),
+            uid: format!("claim-{uid}"),
+        },
+        host_ifname: Some(nic.name.clone()),
+        pci_address: None,
+        permanent_mac: None,
+        rdma_device: None,
+        config,
+        char_devices: vec![],
+    }
+}
+
+fn plan(uid: &str, devices: Vec<DevicePlan>) -> PodPlan {
+    PodPlan {
+        pod_uid: uid.into(),
+        pod_namespace: "default".into(),
+        pod_name: "p".into(),
+        devices,
+    }
+}
+
+async fn engine(state: &StateDir, watcher: Option<Watcher>) -> Result<Engine> {
+    let opts = EngineOptions {
+        state_dir: state.0.clone(),
+        ..EngineOptions::default()
+    };
+    Ok(Engine::new(opts, watcher).await?)
+}
+
+fn pod(uid: &str) -> PodRef<'_> {
+    PodRef {
+        uid,
+        namespace: "default",
+        name: "p",
+    }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(start.elapsed())
+}
+
+fn in_pod(ns: &PodNetns, name: &str) -> bool {
+    ns.ip(&["link", "show", "dev", name]).is_ok()
+}
+
+#[tokio::test]
+async fn containerd_order_restores_every_field() -> Result<()> {
+    if !require_root("containerd_order_restores_every_field")? {
+        return Ok(());
+    }
+    let state = StateDir::new("ctrd");
+    let ns = PodNetns::create(&unique("dranet-t-ctrd-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-ctrd-");
+    let mut d = device(&nic, "net1", &uid);
+    d.config.interface.mtu = Some(9000);
+    d.config.interface.addresses = vec!["192.168.77.2/24".into()];
+    let e = engine(&state, None).await?;
+    e.set_plan(plan(&uid, vec![d]))?;
+    let out = e.attach_pod(pod(&uid), &ns.path).await?;
+    assert_eq!(
+        out,
+        AttachOutcome::Attached {
+            devices: vec!["net1".into()]
+        }
+    );
+    assert!(!host_has(&nic.name), "device still in the host");
+    let inside = view("net1", Some(&ns.name))?;
+    assert_eq!(inside["mtu"], 9000, "{inside}");
+    assert_eq!(inside["up"], true, "{inside}");
+    assert!(
+        inside["addrs"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "192.168.77.2/24")),
+        "{inside}"
+    );
+    // A retried RunPodSandbox is a no-op.
+    assert_eq!(
+        e.attach_pod(pod(&uid), &ns.path).await?,
+        AttachOutcome::AlreadyAttached
+    );
+
+    let out = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert!(matches!(out, DetachOutcome::Returned { .. }), "{out:?}");
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert!(!in_pod(&ns, "net1"));
+    let again = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert_eq!(
+        again,
+        DetachOutcome::AlreadyReturned {
+            reason: ReturnReason::Hook
+        }
+    );
+    assert!(
+        std::fs::read_dir(state.0.join("pins"))?.next().is_none(),
+        "pin not released"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn crio_order_rescues_before_any_hook() -> Result<()> {
+    if !require_root("crio_order_rescues_before_any_hook")? {
+        return Ok(());
+    }
+    let state = StateDir::new("crio");
+    let mut ns = PodNetns::create(&unique("dranet-t-crio-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-crio-");
+    let watcher = Watcher::start(WatcherOptions::default()).await?;
+    let sub = watcher.subscribe();
+    let e = engine(&state, Some(watcher)).await?;
+    let runner = e.clone();
+    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    assert!(in_pod(&ns, "net1"));
+
+    // CRI-O: umount2(MNT_DETACH) + unlink of the netns bind mount; no StopPodSandbox yet.
+    ns.remove_crio_style()?;
+    let took = wait_for("the device back in the host", Duration::from_secs(3), || {
+        host_has(&nic.name)
+    })
+    .await?;
+    wait_for("the rescue recorded", Duration::from_secs(3), || {
+        e.checkpoint()
+            .pods
+            .get(&uid)
+            .is_some_and(|p| p.phase == PodPhase::Returned(ReturnReason::NetnsTeardown))
+    })
+    .await?;
+    eprintln!("rescued {took:?} after the netns bind mount was removed");
+    assert_same(&before, &view(&nic.name, None)?)?;
+    // The late StopPodSandbox is a fast no-op success.
+    let late = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert_eq!(
+        late,
+        DetachOutcome::AlreadyReturned {
+            reason: ReturnReason::NetnsTeardown
+        }
+    );
+    assert_eq!(e.counters().rescued_by_teardown, 1);
+    events.abort();
+    Ok(())
+}
+
+#[tokio::test]
+async fn rollback_when_the_third_attach_fails() -> Result<()> {
+    if !require_root("rollback_when_the_third_attach_fails")? {
+        return Ok(());
+    }
+    let state = StateDir::new("rb");
+    let ns = PodNetns::create(&unique("dranet-t-rb-"))?;
+    let nics = [Nic::create()?, Nic::create()?, Nic::create()?];
+    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    // The third pod-side name is already taken inside the pod: its move fails for real.
+    ns.ip(&["link", "add", "net3", "type", "veth", "peer", "name", "net3p"])?;
+    let uid = unique("pod-rb-");
+    let e = engine(&state, None).await?;
+    let devs = nics
+        .iter()
+        .zip(["net1", "net2", "net3"])
+        .map(|(n, p)| device(n, p, &uid))
+        .collect();
+    e.set_plan(plan(&uid, devs))?;
+    let err = e.attach_pod(pod(&uid), &ns.path).await.unwrap_err();
+    assert!(matches!(err, RescueError::Link { .. }), "{err}");
+    for (n, b) in nics.iter().zip(&before) {
+        assert_same(b, &view(&n.name, None)?)?;
+    }
+    assert!(!in_pod(&ns, "net1") && !in_pod(&ns, "net2"));
+    // The pod's own net3 was never touched.
+    assert!(in_pod(&ns, "net3"), "the pod's own device must stay in the pod");
+    assert!(!host_has("net3"));
+    let cp = e.checkpoint();
+    assert_eq!(cp.pods[&uid].phase, PodPhase::Returned(ReturnReason::Rollback));
+    assert!(!cp.pods[&uid].has_devices_out());
+    Ok(())
+}
+
+#[tokio::test]
+async fn rollback_when_the_kernel_fails_half_way_through_a_move() -> Result<()> {
+    if !require_root("rollback_when_the_kernel_fails_half_way_through_a_move")? {
+        return Ok(());
+    }
+    let state = StateDir::new("rb2");
+    let ns = PodNetns::create(&unique("dranet-t-rb2-"))?;
+    let nics = [Nic::create()?, Nic::create()?];
+    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let uid = unique("pod-rb2-");
+    let e = engine(&state, None).await?;
+    let mut second = device(&nics[1], "net2", &uid);
+    // veth's max MTU is 65535: the kernel moves and renames the device, then fails the MTU.
+    second.config.interface.mtu = Some(70000);
+    e.set_plan(plan(&uid, vec![device(&nics[0], "net1", &uid), second]))?;
+    let err = e.attach_pod(pod(&uid), &ns.path).await.unwrap_err();
+    assert!(matches!(err, RescueError::Link { .. }), "{err}");
+    for (n, b) in nics.iter().zip(&before) {
+        assert_same(b, &view(&n.name, None)?)?;
+    }
+    assert!(!in_pod(&ns, "net1") && !in_pod(&ns, "net2"));
+    assert!(!e.checkpoint().pods[&uid].has_devices_out());
+    Ok(())
+}
+
+#[tokio::test]
+async fn hostile_netns_paths_are_refused_and_nothing_moves() -> Result<()> {
+    if !require_root("hostile_netns_paths_are_refused_and_nothing_moves")? {
+        return Ok(());
+    }
+    let state = StateDir::new("hostile");
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-hostile-");
+    let e = engine(&state, None).await?;
+    e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
+    let file = state.0.join("regular-file");
+    std::fs::write(&file, b"not a netns")?;
+    let link = state.0.join("symlink-to-file");
+    std::os::unix::fs::symlink(&file, &link)?;
+    let cases: [(&str, PathBuf); 6] = [
+        ("regular file", file.clone()),
+        ("directory", state.0.clone()),
+        ("symlink to a non-netns", link),
+        ("uts namespace", "/proc/self/ns/uts".into()),
+        ("host netns", "/proc/1/ns/net".into()),
+        ("missing", state.0.join("nope")),
+    ];
+    for (what, path) in &cases {
+        let r = e.attach_pod(pod(&uid), path).await;
+        let err = r.err().with_context(|| format!("{what}: accepted"))?;
+        eprintln!("{what}: {err}");
+        assert!(host_has(&nic.name), "{what}: device moved");
+    }
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert!(e.checkpoint().pods.get(&uid).is_none_or(|p| !p.has_devices_out()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_pod_side_names_are_refused_before_any_move() -> Result<()> {
+    if !require_root("invalid_pod_side_names_are_refused_before_any_move")? {
+        return Ok(());
+    }
+    let state = StateDir::new("names");
+    let ns = PodNetns::create(&unique("dranet-t-names-"))?;
+    let nic = Nic::create()?;
+    let e = engine(&state, None).await?;
+    for bad in ["this-name-is-too-long", "a/b", ""] {
+        let uid = unique("pod-names-");
+        let mut d = device(&nic, bad, &uid);
+        if bad.is_empty() {
+            d.host_ifname = None;
+            d.config.interface.name = None;
+        }
+        e.set_plan(plan(&uid, vec![d]))?;
+        let r = e.attach_pod(pod(&uid), &ns.path).await;
+        assert!(r.is_err(), "{bad:?} accepted");
+        assert!(host_has(&nic.name), "{bad:?}: device moved");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn kernel_returned_device_is_repaired() -> Result<()> {
+    if !require_root("kernel_returned_device_is_repaired")? {
+        return Ok(());
+    }
+    let state = StateDir::new("repair");
+    let ns = PodNetns::create(&unique("dranet-t-repair-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-repair-");
+    let watcher = Watcher::start(WatcherOptions {
+        ebpf: false,
+        ..WatcherOptions::default()
+    })
+    .await?;
+    let sub = watcher.subscribe();
+    let e = engine(&state, Some(watcher)).await?;
+    let runner = e.clone();
+    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    // What the kernel does to a physical NIC whose netns dies: back to the host, DOWN, under the
+    // pod-side name, addresses gone.
+    ns.ip(&["link", "set", "net1", "down"])?;
+    ns.ip(&["link", "set", "net1", "netns", "1"])?;
+    wait_for("the repair", Duration::from_secs(3), || {
+        e.checkpoint()
+            .pods
+            .get(&uid)
+            .is_some_and(|p| !p.has_devices_out())
+    })
+    .await?;
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert_eq!(e.counters().repaired_devices, 1);
+    events.abort();
+    Ok(())
+}
+
+#[tokio::test]
+async fn busy_host_name_keeps_the_device_under_a_temporary_name() -> Result<()> {
+    if !require_root("busy_host_name_keeps_the_device_under_a_temporary_name")? {
+        return Ok(());
+    }
+    let state = StateDir::new("busy");
+    let ns = PodNetns::create(&unique("dranet-t-busy-"))?;
+    let nic = Nic::create()?;
+    let uid = unique("pod-busy-");
+    let e = engine(&state, None).await?;
+    e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    // Someone takes the host name while the device is in the pod.
+    let squatter = dranet_sim::kernel::Veth::create(&nic.name, &unique("drs"))?;
+    let out = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    let DetachOutcome::Returned { name_busy, .. } = out else {
+        bail!("{out:?}")
+    };
+    let temp = name_busy.first().context("no temporary name reported")?;
+    let v = view(temp, None)?;
+    assert_eq!(v["mtu"], 1400, "{v}");
+    assert_eq!(v["address"], nic.mac.as_str(), "{v}");
+    assert!(!in_pod(&ns, "net1"));
+    drop(squatter);
+    // The device is safe in the host; clean it up under its temporary name.
+    let _ = sh(&["ip", "link", "del", temp]);
+    Ok(())
+}
+
+// ---- restarts: the driver is SIGKILLed and started again ----
+
+fn child(
+    state: &Path,
+    ns: &PodNetns,
+    uid: &str,
+    pause: Option<usize>,
+    plan: &PodPlan,
+) -> Result<(Child, String)> {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_engine-child"));
+    let mut c = Command::new(&bin)
+        .arg(state)
+        .arg(&ns.path)
+        .arg(uid)
+        .arg(pause.map_or_else(|| "-".to_owned(), |n| n.to_string()))
+        .arg(serde_json::to_string(plan)?)
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawning {}", bin.display()))?;
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().context("stdout")?).read_line(&mut line)?;
+    Ok((c, line))
+}
+
+fn kill(mut c: Child) -> Result<()> {
+    c.kill()?;
+    c.wait()?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigkill_after_attach_then_netns_removed_then_restart_returns_devices() -> Result<()> {
+    if !require_root("sigkill_after_attach_then_netns_removed_then_restart_returns_devices")? {
+        return Ok(());
+    }
+    let state = StateDir::new("kill1");
+    let mut ns = PodNetns::create(&unique("dranet-t-kill1-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-kill1-");
+    let (c, line) = child(
+        &state.0,
+        &ns,
+        &uid,
+        None,
+        &plan(&uid, vec![device(&nic, "net1", &uid)]),
+    )?;
+    assert!(line.starts_with("attached"), "{line}");
+    kill(c)?;
+    // The runtime tears the pod down while dranet is down; the pin keeps the netns alive.
+    ns.remove_crio_style()?;
+    assert!(!host_has(&nic.name));
+    let e = engine(&state, None).await?;
+    let report = e.reconcile().await?;
+    assert_eq!(report.returned, vec![uid.clone()], "{report:?}");
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert_eq!(
+        e.checkpoint().pods[&uid].phase,
+        PodPhase::Returned(ReturnReason::Reconcile)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigkill_after_attach_with_the_pod_alive_readopts_it() -> Result<()> {
+    if !require_root("sigkill_after_attach_with_the_pod_alive_readopts_it")? {
+        return Ok(());
+    }
+    let state = StateDir::new("kill2");
+    let ns = PodNetns::create(&unique("dranet-t-kill2-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-kill2-");
+    let (c, _) = child(
+        &state.0,
+        &ns,
+        &uid,
+        None,
+        &plan(&uid, vec![device(&nic, "net1", &uid)]),
+    )?;
+    kill(c)?;
+    let e = engine(&state, None).await?;
+    let report = e.reconcile().await?;
+    assert_eq!(report.adopted, vec![uid.clone()], "{report:?}");
+    assert!(in_pod(&ns, "net1"));
+    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert_same(&before, &view(&nic.name, None)?)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<()> {
+    if !require_root("sigkill_in_the_middle_of_an_attach_of_three_loses_nothing")? {
+        return Ok(());
+    }
+    let state = StateDir::new("kill3");
+    let ns = PodNetns::create(&unique("dranet-t-kill3-"))?;
+    let nics = [Nic::create()?, Nic::create()?, Nic::create()?];
+    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let uid = unique("pod-kill3-");
+    let devs = nics
+        .iter()
+        .zip(["net1", "net2", "net3"])
+        .map(|(n, p)| device(n, p, &uid))
+        .collect();
+    // Pause after the second device moved, kill there.
+    let (c, line) = child(&state.0, &ns, &uid, Some(1), &plan(&uid, devs))?;
+    assert!(line.starts_with("attaching"), "{line}");
+    wait_for("two devices in the pod", Duration::from_secs(5), || {
+        in_pod(&ns, "net2")
+    })
+    .await?;
+    kill(c)?;
+    assert!(in_pod(&ns, "net1") && in_pod(&ns, "net2") && host_has(&nics[2].name));
+    let e = engine(&state, None).await?;
+    let report = e.reconcile().await?;
+    assert_eq!(report.returned, vec![uid.clone()], "{report:?}");
+    for (n, b) in nics.iter().zip(&before) {
+        assert_same(b, &view(&n.name, None)?)?;
+    }
+    assert!(!in_pod(&ns, "net1") && !in_pod(&ns, "net2"));
+    assert_eq!(
+        e.checkpoint().pods[&uid].phase,
+        PodPhase::Returned(ReturnReason::Rollback)
+    );
+    Ok(())
+}

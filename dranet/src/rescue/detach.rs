@@ -1,0 +1,259 @@
+//! Detach: bring every device of a pod home through its pin and restore its snapshot; then
+//! release the pin. Used by StopPodSandbox, by the probe-triggered rescue, by rollback and by
+//! reconcile: the same code whatever the order.
+
+use tracing::{info, warn};
+
+use super::{DetachOutcome, Engine, Inner, Live, RescueError};
+use crate::link::{self, Netlink, Returned};
+use crate::netns::Pin;
+use crate::state::{DeviceState, PodPhase, ReturnReason};
+
+impl Inner {
+    pub(super) fn live_put(&self, uid: &str, live: Live) {
+        super::lock(&self.live).insert(uid.to_owned(), live);
+    }
+
+    fn live_take(&self, uid: &str) -> Option<Live> {
+        super::lock(&self.live).remove(uid)
+    }
+}
+
+impl Engine {
+    /// Brings every device of the pod home (idempotent: a second call is a fast no-op).
+    pub async fn detach_pod(
+        &self,
+        pod_uid: &str,
+        reason: ReturnReason,
+    ) -> Result<DetachOutcome, RescueError> {
+        let _owner = self.own(pod_uid).await;
+        self.detach_locked(pod_uid, reason).await
+    }
+
+    /// [`Engine::detach_pod`] with the pod's lock already held.
+    pub(super) async fn detach_locked(
+        &self,
+        uid: &str,
+        reason: ReturnReason,
+    ) -> Result<DetachOutcome, RescueError> {
+        let (devices, pin_path) = {
+            let cp = self.cp();
+            let Some(rec) = cp.pods.get(uid) else {
+                return Ok(DetachOutcome::NotOurs);
+            };
+            if let PodPhase::Returned(why) = rec.phase
+                && !rec.has_devices_out()
+            {
+                return Ok(DetachOutcome::AlreadyReturned { reason: why });
+            }
+            (rec.devices.clone(), rec.pin.clone())
+        };
+        let live = match self.inner.live_take(uid) {
+            Some(l) => Some(l),
+            None => pin_path.as_deref().and_then(|p| match Pin::reopen(p) {
+                Ok(pin) => Some(Live { pin, netlink: None }),
+                Err(e) => {
+                    warn!(pod = uid, pin = %p.display(), error = %e, "pin is gone; looking for devices in the host");
+                    None
+                }
+            }),
+        };
+        self.update(|cp| {
+            if let Some(rec) = cp.pods.get_mut(uid) {
+                rec.phase = PodPhase::Returning;
+            }
+        })?;
+        let pod_nl = match &live {
+            Some(Live {
+                netlink: Some(nl), ..
+            }) => Some(nl.clone()),
+            Some(Live { pin, netlink: None }) => match Netlink::in_netns(pin.netns()).await {
+                Ok(nl) => Some(nl),
+                Err(e) => {
+                    warn!(pod = uid, error = %e, "no netlink in the pod netns");
+                    None
+                }
+            },
+            None => None,
+        };
+        let mut home = Vec::new();
+        let mut busy = Vec::new();
+        let mut failed = Vec::new();
+        for (i, d) in devices.iter().enumerate() {
+            if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
+                continue;
+            }
+            let res = match &pod_nl {
+                Some(nl) => {
+                    link::detach(
+                        nl,
+                        &self.inner.host_nl,
+                        &self.inner.host,
+                        &d.pod_ifname,
+                        &d.snapshot,
+                        d.pod_mac.as_deref(),
+                    )
+                    .await
+                }
+                None => {
+                    link::find_and_repair(
+                        &self.inner.host_nl,
+                        &d.snapshot,
+                        Some(&d.pod_ifname),
+                        d.pod_mac.as_deref(),
+                    )
+                    .await
+                }
+            };
+            let state = match res {
+                Ok(Returned::Restored) => {
+                    home.push(d.snapshot.name.clone());
+                    DeviceState::Home
+                }
+                Ok(Returned::NameBusy { temp_name }) => {
+                    busy.push(temp_name.clone());
+                    self.set_temp_name(uid, i, Some(temp_name))?;
+                    DeviceState::HomeNameBusy
+                }
+                Err(e) => {
+                    warn!(pod = uid, device = d.device, error = %e, "device not brought home");
+                    failed.push(e.to_string());
+                    continue;
+                }
+            };
+            self.update(|cp| {
+                if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+                    dev.state = state;
+                }
+            })?;
+        }
+        drop(pod_nl);
+        if let Some(first) = failed.first() {
+            if let Some(l) = live {
+                self.inner.live_put(uid, l);
+            }
+            self.count(|c| c.return_failures += 1);
+            self.inner.metrics.failures.inc();
+            return Err(RescueError::Incomplete {
+                pod: uid.to_owned(),
+                failed: failed.len(),
+                total: devices.len(),
+                first: first.clone(),
+            });
+        }
+        self.finish_return(uid, live, reason)?;
+        info!(pod = uid, ?reason, devices = ?home, name_busy = ?busy, "devices home");
+        Ok(DetachOutcome::Returned {
+            devices: home,
+            name_busy: busy,
+        })
+    }
+
+    /// Every device is home: release the pin, stop watching, record why.
+    pub(super) fn finish_return(
+        &self,
+        uid: &str,
+        live: Option<Live>,
+        reason: ReturnReason,
+    ) -> Result<(), RescueError> {
+        let id = self.cp().pods.get(uid).map(|r| r.netns);
+        if let Some(Live { pin, netlink }) = live {
+            drop(netlink);
+            if let Err(e) = pin.release() {
+                warn!(pod = uid, error = %e, "releasing the pin failed");
+            }
+        }
+        if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
+            w.unwatch_netns(id);
+        }
+        self.update(|cp| {
+            if let Some(rec) = cp.pods.get_mut(uid) {
+                rec.phase = PodPhase::Returned(reason);
+                rec.pin = None;
+            }
+        })?;
+        let m = &self.inner.metrics;
+        match reason {
+            ReturnReason::Hook => {
+                m.returns
+                    .get_or_create(&super::metrics::TriggerLabel {
+                        trigger: "hook".into(),
+                    })
+                    .inc();
+            }
+            ReturnReason::Reconcile => {
+                m.returns
+                    .get_or_create(&super::metrics::TriggerLabel {
+                        trigger: "reconcile".into(),
+                    })
+                    .inc();
+            }
+            ReturnReason::Rollback => {
+                m.rollbacks.inc();
+            }
+            ReturnReason::NetnsTeardown => {}
+        }
+        self.count(|c| match reason {
+            ReturnReason::Hook => c.returned_by_hook += 1,
+            ReturnReason::NetnsTeardown => c.rescued_by_teardown += 1,
+            ReturnReason::Reconcile => c.returned_by_reconcile += 1,
+            ReturnReason::Rollback => {}
+        });
+        Ok(())
+    }
+
+    fn set_temp_name(&self, uid: &str, i: usize, name: Option<String>) -> Result<(), RescueError> {
+        self.update(|cp| {
+            if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+                dev.temp_name = name;
+            }
+        })
+    }
+
+    /// A managed device appeared in the host by itself: restore it (idempotent).
+    pub async fn repair(&self, uid: &str, device: &str, ifindex: u32) -> Result<(), RescueError> {
+        let _owner = self.own(uid).await;
+        let Some((i, d)) = self.cp().pods.get(uid).and_then(|r| {
+            r.devices
+                .iter()
+                .enumerate()
+                .find(|(_, d)| {
+                    d.device == device && matches!(d.state, DeviceState::InPod | DeviceState::Moving)
+                })
+                .map(|(i, d)| (i, d.clone()))
+        }) else {
+            return Ok(());
+        };
+        let res = link::repair(&self.inner.host_nl, ifindex, &d.snapshot)
+            .await
+            .map_err(|source| RescueError::Link {
+                pod: uid.to_owned(),
+                device: device.to_owned(),
+                source,
+            })?;
+        let state = match res {
+            Returned::Restored => DeviceState::Home,
+            Returned::NameBusy { temp_name } => {
+                self.set_temp_name(uid, i, Some(temp_name))?;
+                DeviceState::HomeNameBusy
+            }
+        };
+        self.update(|cp| {
+            if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+                dev.state = state;
+            }
+        })?;
+        self.count(|c| c.repaired_devices += 1);
+        self.inner.metrics.repaired.inc();
+        info!(
+            pod = uid,
+            device, ifindex, "device returned by the kernel: restored"
+        );
+        let all_home = self.cp().pods.get(uid).is_some_and(|r| !r.has_devices_out());
+        if all_home {
+            let live = self.inner.live_take(uid);
+            self.finish_return(uid, live, ReturnReason::NetnsTeardown)?;
+        }
+        Ok(())
+    }
+}

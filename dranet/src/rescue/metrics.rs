@@ -1,0 +1,77 @@
+//! Rescue metrics: returns by trigger, rescue latency, repairs, failures.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Label of the return counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabel {
+    pub trigger: String,
+}
+
+/// The engine's metrics (cheap to clone: shared handles).
+#[derive(Clone, Debug)]
+pub struct RescueMetrics {
+    /// Pods whose devices came home, by what triggered it (hook, netns_unmounted, ...).
+    pub returns: Family<TriggerLabel, Counter>,
+    /// Seconds from the teardown signal to every device home.
+    pub rescue_latency: Histogram,
+    pub attach_latency: Histogram,
+    pub repaired: Counter,
+    pub rollbacks: Counter,
+    pub failures: Counter,
+}
+
+impl Default for RescueMetrics {
+    fn default() -> Self {
+        let buckets = [
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        ];
+        Self {
+            returns: Family::default(),
+            rescue_latency: Histogram::new(buckets),
+            attach_latency: Histogram::new(buckets),
+            repaired: Counter::default(),
+            rollbacks: Counter::default(),
+            failures: Counter::default(),
+        }
+    }
+}
+
+impl RescueMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "dranet_rescue_returns",
+            "Pods whose devices were brought home, by trigger",
+            self.returns.clone(),
+        );
+        r.register(
+            "dranet_rescue_latency_seconds",
+            "Time from a netns teardown signal to every device of the pod home",
+            self.rescue_latency.clone(),
+        );
+        r.register(
+            "dranet_attach_latency_seconds",
+            "Time to move and configure every device of a pod",
+            self.attach_latency.clone(),
+        );
+        r.register(
+            "dranet_devices_repaired",
+            "Devices the kernel returned by itself, restored",
+            self.repaired.clone(),
+        );
+        r.register(
+            "dranet_attach_rollbacks",
+            "Attaches rolled back after a failure",
+            self.rollbacks.clone(),
+        );
+        r.register(
+            "dranet_return_failures",
+            "Detaches that left a device outside the host",
+            self.failures.clone(),
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! Start-up (and lost-event) reconcile: make the checkpoint true again.
+//!
+//! For every pod with devices out:
+//! * attach was interrupted (`Attaching`) → roll back: every device home;
+//! * pin present, runtime's netns path still names the same netns → re-adopt (watch it again);
+//! * pin present, path gone or replaced → the runtime tore the pod down while we were away →
+//!   bring the devices home through the pin;
+//! * pin gone (someone removed it) → the kernel returned or deleted the devices → find them in
+//!   the host and repair.
+//!
+//! Pins in the pins dir that no pod record claims (a crash between pin and checkpoint) are released.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+use tracing::{info, warn};
+
+use super::{Engine, Live, RescueError};
+use crate::netns::{Netns, Pin};
+use crate::state::{PodPhase, ReturnReason};
+
+/// What a reconcile found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReconcileReport {
+    /// Pods whose netns still lives: pinned and watched again.
+    pub adopted: Vec<String>,
+    /// Pods whose devices were brought home.
+    pub returned: Vec<String>,
+    /// Pods whose devices could not all be brought home (retried on the next reconcile).
+    pub failed: Vec<String>,
+    /// Pins nobody claimed, released.
+    pub stray_pins: usize,
+}
+
+impl Engine {
+    /// Reconciles the checkpoint with the kernel.
+    pub async fn reconcile(&self) -> Result<ReconcileReport, RescueError> {
+        let mut report = ReconcileReport::default();
+        let pods: Vec<(String, PodPhase)> = self
+            .cp()
+            .pods
+            .values()
+            .filter(|p| p.has_devices_out() || p.pin.is_some())
+            .map(|p| (p.pod_uid.clone(), p.phase))
+            .collect();
+        for (uid, phase) in pods {
+            let _owner = self.own(&uid).await;
+            match self.reconcile_pod(&uid, phase).await {
+                Ok(true) => report.adopted.push(uid),
+                Ok(false) => report.returned.push(uid),
+                Err(e) => {
+                    warn!(pod = uid, error = %e, "reconcile: devices not all home");
+                    report.failed.push(uid);
+                }
+            }
+        }
+        report.stray_pins = self.release_stray_pins();
+        info!(?report, "reconcile done");
+        Ok(report)
+    }
+
+    /// Returns whether the pod was adopted (still running).
+    async fn reconcile_pod(&self, uid: &str, phase: PodPhase) -> Result<bool, RescueError> {
+        if phase == PodPhase::Attached && self.adopt(uid).await {
+            return Ok(true);
+        }
+        if let PodPhase::Returned(why) = phase {
+            // Devices home, pin left behind (crash before release): release it now.
+            let live = self
+                .cp()
+                .pods
+                .get(uid)
+                .and_then(|r| r.pin.clone())
+                .and_then(|p| Pin::reopen(&p).ok());
+            self.finish_return(uid, live.map(|pin| Live { pin, netlink: None }), why)?;
+            return Ok(false);
+        }
+        let reason = if phase == PodPhase::Attaching {
+            ReturnReason::Rollback
+        } else {
+            ReturnReason::Reconcile
+        };
+        self.detach_locked(uid, reason).await?;
+        Ok(false)
+    }
+
+    /// Re-opens the pin of a pod whose runtime path still names the pinned netns.
+    async fn adopt(&self, uid: &str) -> bool {
+        if super::lock(&self.inner.live).contains_key(uid) {
+            return true;
+        }
+        let Some((path, id, pin_path)) = self
+            .cp()
+            .pods
+            .get(uid)
+            .map(|r| (r.netns_path.clone(), r.netns, r.pin.clone()))
+        else {
+            return false;
+        };
+        let Some(pin) = pin_path.and_then(|p| Pin::reopen(&p).ok()) else {
+            return false;
+        };
+        let alive = Netns::open_path(&path).is_ok_and(|ns| ns.id() == id) && pin.netns().id() == id;
+        if !alive {
+            // Keep the pin for the detach that follows.
+            self.inner.live_put(uid, Live { pin, netlink: None });
+            return false;
+        }
+        if let Some(w) = &self.inner.watcher
+            && let Err(e) = w.watch_netns(&path, id, pin.netns().as_fd()).await
+        {
+            warn!(pod = uid, error = %e, "cannot watch the re-adopted netns");
+        }
+        self.inner.live_put(uid, Live { pin, netlink: None });
+        info!(pod = uid, netns = %id, "pod still running: re-adopted");
+        // The runtime may have removed the path between our check and the watch: re-check.
+        if !path.exists() {
+            return false;
+        }
+        true
+    }
+
+    /// Releases pins no pod record refers to.
+    fn release_stray_pins(&self) -> usize {
+        let claimed: HashSet<_> = self.cp().pods.values().filter_map(|p| p.pin.clone()).collect();
+        let Ok(pins) = Pin::list(&self.inner.store.pins_dir()) else {
+            return 0;
+        };
+        let mut n = 0;
+        for p in pins.into_iter().filter(|p| !claimed.contains(p)) {
+            match Pin::reopen(&p).and_then(Pin::release) {
+                Ok(()) => n += 1,
+                Err(e) => warn!(pin = %p.display(), error = %e, "cannot release a stray pin"),
+            }
+        }
+        n
+    }
+
+    /// Brings every device of every pod home and removes all pins (uninstall).
+    pub async fn release_all(&self) -> Result<ReconcileReport, RescueError> {
+        let mut report = ReconcileReport::default();
+        let uids: Vec<String> = self.cp().pods.keys().cloned().collect();
+        for uid in uids {
+            match self.detach_pod(&uid, ReturnReason::Hook).await {
+                Ok(_) => report.returned.push(uid),
+                Err(e) => {
+                    warn!(pod = uid, error = %e, "release-all: devices not all home");
+                    report.failed.push(uid);
+                }
+            }
+        }
+        report.stray_pins = self.release_stray_pins();
+        Ok(report)
+    }
+}
