@@ -22,6 +22,7 @@ pub mod inventory;
 pub mod link;
 pub mod netns;
 pub mod nri;
+pub mod pci;
 pub mod plan;
 pub mod proto;
 pub mod rdma;

@@ -66,7 +66,10 @@ impl LinkError {
 }
 
 fn nl(what: &'static str) -> impl FnOnce(rtnetlink::Error) -> LinkError {
-    move |source| LinkError::Netlink { what, source: Box::new(source) }
+    move |source| LinkError::Netlink {
+        what,
+        source: Box::new(source),
+    }
 }
 
 /// An rtnetlink connection bound to one netns. Cheap to clone; the connection task ends when
@@ -486,7 +489,10 @@ async fn add_address(nl: &Netlink, index: u32, ip: IpAddr, len: u8) -> Result<()
 }
 
 fn nl_err(what: &'static str, source: rtnetlink::Error) -> LinkError {
-    LinkError::Netlink { what, source: Box::new(source) }
+    LinkError::Netlink {
+        what,
+        source: Box::new(source),
+    }
 }
 
 /// Moves the host device of `snap` into `netns` under the pod-side name with the spec's

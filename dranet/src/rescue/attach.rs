@@ -9,6 +9,7 @@ use super::{AttachOutcome, Engine, Live, RescueError};
 use crate::link::{self, AttachSpec, LinkError, Netlink};
 use crate::netns::{Netns, Pin};
 use crate::plan::DevicePlan;
+use crate::rdma::{self, NetnsMode};
 use crate::state::{DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason};
 
 /// Identity of the pod being attached, as the runtime names it.
@@ -113,12 +114,15 @@ impl Engine {
                 }
                 None => Err(LinkError::NoPodNetlink),
             };
-            if let Err(source) = attached {
-                let err = RescueError::Link {
+            let attached = match attached {
+                Ok(_) => self.attach_rdma(pod.uid, i, d, live.pin.netns()).await,
+                Err(source) => Err(RescueError::Link {
                     pod: pod.uid.to_owned(),
                     device: d.device.clone(),
                     source,
-                };
+                }),
+            };
+            if let Err(err) = attached {
                 warn!(pod = pod.uid, device = d.device, error = %err, "attach failed; rolling back");
                 self.count(|c| {
                     c.attach_failures += 1;
@@ -155,6 +159,39 @@ impl Engine {
         self.count(|c| c.attached_pods += 1);
         info!(pod = pod.uid, netns = %id, devices = ?names, "devices attached");
         Ok(AttachOutcome::Attached { devices: names })
+    }
+
+    /// In exclusive RDMA netns mode, moves the device's RDMA link into the pod too (recorded
+    /// first, so a crash in between still brings it back). In shared mode every netns sees it.
+    async fn attach_rdma(
+        &self,
+        uid: &str,
+        i: usize,
+        d: &DevicePlan,
+        pod_ns: &Netns,
+    ) -> Result<(), RescueError> {
+        let (Some(name), Some(NetnsMode::Exclusive)) = (d.rdma_device.clone(), self.inner.rdma_mode) else {
+            return Ok(());
+        };
+        self.update(|cp| {
+            if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+                dev.rdma_in_pod = true;
+            }
+        })?;
+        let err = |source| RescueError::Rdma {
+            pod: uid.to_owned(),
+            device: name.clone(),
+            source,
+        };
+        let (host, pod_ns) = (
+            self.inner.host.try_clone().map_err(RescueError::Host)?,
+            pod_ns.try_clone().map_err(RescueError::Host)?,
+        );
+        let n = name.clone();
+        tokio::task::spawn_blocking(move || rdma::move_device(&host, &n, &pod_ns))
+            .await
+            .map_err(|_| err(rdma::RdmaError::Decode("the RDMA move task failed".into())))?
+            .map_err(err)
     }
 
     fn already_attached(&self, uid: &str, netns: &Netns) -> Result<Option<AttachOutcome>, RescueError> {
@@ -208,6 +245,7 @@ impl Engine {
                 pci_address: d.pci_address.clone(),
                 permanent_mac: d.permanent_mac.clone(),
                 rdma_device: d.rdma_device.clone(),
+                rdma_in_pod: false,
                 pod_mac: d.config.interface.hardware_addr.clone().filter(|m| !m.is_empty()),
                 snapshot,
                 state: DeviceState::Moving,

@@ -35,6 +35,7 @@ fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
                 pci_address: None,
                 permanent_mac: Some("0c:42:a1:00:00:01".into()),
                 rdma_device: None,
+                rdma_in_pod: false,
                 pod_mac: None,
                 snapshot: snap("eth1", "0c:42:a1:00:00:01"),
                 state,

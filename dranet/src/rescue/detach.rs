@@ -5,9 +5,11 @@
 use tracing::{info, warn};
 
 use super::{DetachOutcome, Engine, Inner, Live, RescueError};
-use crate::link::{self, Netlink, Returned};
+use crate::link::{self, LinkError, Netlink, Returned};
+use crate::netns::Netns;
 use crate::netns::Pin;
-use crate::state::{DeviceState, PodPhase, ReturnReason};
+use crate::state::{DeviceRecord, DeviceState, PodPhase, ReturnReason};
+use crate::{pci, rdma};
 
 impl Inner {
     pub(super) fn live_put(&self, uid: &str, live: Live) {
@@ -80,6 +82,15 @@ impl Engine {
         let mut busy = Vec::new();
         let mut failed = Vec::new();
         for (i, d) in devices.iter().enumerate() {
+            // RDMA first, as the kernel does at netns death: it needs the pod netns alive.
+            if d.rdma_in_pod
+                && let Err(e) = self
+                    .detach_rdma(uid, i, d, live.as_ref().map(|l| l.pin.netns()))
+                    .await
+            {
+                warn!(pod = uid, device = d.device, error = %e, "RDMA link not brought home");
+                failed.push(e.to_string());
+            }
             if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
                 continue;
             }
@@ -104,6 +115,16 @@ impl Engine {
                     )
                     .await
                 }
+            };
+            let res = match res {
+                Err(LinkError::Lost { .. }) if self.inner.opts.pci_rebind && d.pci_address.is_some() => {
+                    self.last_resort(uid, d).await
+                }
+                other => other.map_err(|source| RescueError::Link {
+                    pod: uid.to_owned(),
+                    device: d.device.clone(),
+                    source,
+                }),
             };
             let state = match res {
                 Ok(Returned::Restored) => {
@@ -200,6 +221,79 @@ impl Engine {
             ReturnReason::Rollback => {}
         });
         Ok(())
+    }
+
+    /// Moves an RDMA link back from the pod netns (`None`: the netns is gone, and the kernel
+    /// returns exclusive-mode RDMA devices to the host when it destroys a netns).
+    async fn detach_rdma(
+        &self,
+        uid: &str,
+        i: usize,
+        d: &DeviceRecord,
+        pod_ns: Option<&Netns>,
+    ) -> Result<(), RescueError> {
+        let Some(name) = d.rdma_device.clone() else {
+            return Ok(());
+        };
+        if let Some(pod_ns) = pod_ns {
+            let err = |source| RescueError::Rdma {
+                pod: uid.to_owned(),
+                device: name.clone(),
+                source,
+            };
+            let pod_ns = pod_ns.try_clone().map_err(RescueError::Host)?;
+            let host = self.inner.host.try_clone().map_err(RescueError::Host)?;
+            let n = name.clone();
+            let r = tokio::task::spawn_blocking(move || rdma::move_device(&pod_ns, &n, &host))
+                .await
+                .map_err(|_| err(rdma::RdmaError::Decode("the RDMA move task failed".into())))?;
+            match r {
+                // Not in the pod netns: it never moved (crash between record and move) or is home.
+                Ok(()) | Err(rdma::RdmaError::NotFound(_) | rdma::RdmaError::NoRdma) => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        self.update(|cp| {
+            if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+                dev.rdma_in_pod = false;
+            }
+        })
+    }
+
+    /// `--pci-rebind`: the device is nowhere; rebind its PCI driver so it reappears in the host,
+    /// then restore it.
+    async fn last_resort(&self, uid: &str, d: &DeviceRecord) -> Result<Returned, RescueError> {
+        let pci = d.pci_address.as_deref().unwrap_or_default();
+        let perr = |source| RescueError::Pci {
+            pod: uid.to_owned(),
+            device: d.device.clone(),
+            source,
+        };
+        let lerr = |source| RescueError::Link {
+            pod: uid.to_owned(),
+            device: d.device.clone(),
+            source,
+        };
+        warn!(
+            pod = uid,
+            device = d.device,
+            pci,
+            "device lost: rebinding its PCI driver"
+        );
+        let name = pci::rebind_and_wait(&self.inner.opts.sysfs, pci, std::time::Duration::from_secs(10))
+            .await
+            .map_err(perr)?;
+        let index = self
+            .inner
+            .host_nl
+            .link_by_name(&name)
+            .await
+            .map_err(lerr)?
+            .map(|m| m.header.index)
+            .ok_or_else(|| lerr(LinkError::NotFound(name.clone())))?;
+        link::repair(&self.inner.host_nl, index, &d.snapshot)
+            .await
+            .map_err(lerr)
     }
 
     fn set_temp_name(&self, uid: &str, i: usize, name: Option<String>) -> Result<(), RescueError> {

@@ -86,6 +86,20 @@ pub enum RescueError {
         total: usize,
         first: String,
     },
+    #[error("pod {pod}: RDMA device {device}: {source}")]
+    Rdma {
+        pod: String,
+        device: String,
+        #[source]
+        source: crate::rdma::RdmaError,
+    },
+    #[error("pod {pod}: device {device}: PCI rebind: {source}")]
+    Pci {
+        pod: String,
+        device: String,
+        #[source]
+        source: crate::pci::PciError,
+    },
     #[error("checkpoint: {0}")]
     State(#[from] StateError),
     #[error("host netns: {0}")]
@@ -135,6 +149,8 @@ struct Inner {
     live: Mutex<HashMap<String, Live>>,
     host: Netns,
     host_nl: Netlink,
+    /// RDMA netns mode of the host; `None` without RDMA.
+    rdma_mode: Option<crate::rdma::NetnsMode>,
     watcher: Option<Watcher>,
     counters: Mutex<Counters>,
     metrics: RescueMetrics,
@@ -194,6 +210,14 @@ impl Engine {
         let cp = store.load()?;
         let host = Netns::host().map_err(RescueError::Host)?;
         let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        let rdma_mode = match crate::rdma::host_mode() {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "cannot read the RDMA netns mode; RDMA links will not be moved");
+                None
+            }
+        };
+        info!(?rdma_mode, "RDMA netns mode");
         Ok(Self {
             inner: Arc::new(Inner {
                 opts,
@@ -203,6 +227,7 @@ impl Engine {
                 live: Mutex::new(HashMap::new()),
                 host,
                 host_nl,
+                rdma_mode,
                 watcher,
                 counters: Mutex::new(Counters::default()),
                 metrics: RescueMetrics::default(),

@@ -84,6 +84,9 @@ pub struct DeviceRecord {
     pub pci_address: Option<String>,
     pub permanent_mac: Option<String>,
     pub rdma_device: Option<String>,
+    /// The RDMA link was (or may have been) moved into the pod (exclusive netns mode).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rdma_in_pod: bool,
     /// MAC set inside the pod (config `hardwareAddr`), if any: the kernel returns the device with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_mac: Option<String>,
