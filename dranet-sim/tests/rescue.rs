@@ -512,3 +512,40 @@ async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<(
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn release_all_brings_devices_home_and_removes_pins() -> Result<()> {
+    if !require_root("release_all_brings_devices_home_and_removes_pins")? {
+        return Ok(());
+    }
+    let state = StateDir::new("relall");
+    let ns = PodNetns::create(&unique("dranet-t-relall-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-relall-");
+    let (c, line) = child(
+        &state.0,
+        &ns,
+        &uid,
+        None,
+        &plan(&uid, vec![device(&nic, "net1", &uid)]),
+    )?;
+    assert!(line.starts_with("attached"), "{line}");
+    kill(c)?;
+    let pin = state.0.join("pins").join(&uid);
+    assert!(
+        dranet::netns::is_pinned(&pin),
+        "the pin must outlive the killed driver"
+    );
+    let out = Command::new(dranet_sim::kernel::dranet_bin()?)
+        .args(["release-all", "--json", "--state-dir"])
+        .arg(&state.0)
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(report["returned"][0], uid.as_str(), "{report}");
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert!(!pin.exists(), "release-all must remove the pin");
+    assert!(!in_pod(&ns, "net1"));
+    Ok(())
+}

@@ -3,6 +3,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod release_all;
+pub mod status;
 pub mod trace;
 
 /// dranet: Kubernetes DRA network driver with runtime-independent device return.
@@ -17,6 +19,10 @@ pub struct Cli {
 pub enum Command {
     /// Show the network-namespace teardown timeline live (probe status, then one line per event).
     Trace(trace::TraceArgs),
+    /// Bring every device home and remove every pin (before uninstalling).
+    ReleaseAll(release_all::ReleaseAllArgs),
+    /// Show the checkpoint: pods, pins, devices and their state.
+    Status(status::StatusArgs),
 }
 
 /// Entry point of the binary.
@@ -25,6 +31,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Trace(args) => trace::main(&args),
+        Command::ReleaseAll(args) => release_all::main(&args),
+        Command::Status(args) => status::main(&args),
     }
 }
 
