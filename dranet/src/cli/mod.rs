@@ -4,6 +4,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod release_all;
+pub mod run;
+mod run_sides;
 pub mod status;
 pub mod trace;
 
@@ -17,6 +19,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the node daemon (DaemonSet entry point).
+    Run(run::RunArgs),
     /// Show the network-namespace teardown timeline live (probe status, then one line per event).
     Trace(trace::TraceArgs),
     /// Bring every device home and remove every pin (before uninstalling).
@@ -30,6 +34,7 @@ pub enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run(args) => run::main(&args),
         Command::Trace(args) => trace::main(&args),
         Command::ReleaseAll(args) => release_all::main(&args),
         Command::Status(args) => status::main(&args),

@@ -1,0 +1,193 @@
+//! `dranet run`: the node daemon.
+//!
+//! Start-up order matters: the watcher first (so no teardown is missed), then the engine and its
+//! reconcile (pins re-opened, devices of pods torn down while we were away brought home), then
+//! the event loop, then the runtime (NRI) and kubelet (DRA) sides, then `/healthz` turns ready.
+//! On SIGTERM the hooks stop; pins stay (pods keep running and a restarted dranet re-adopts them).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use clap::{Args, ValueEnum};
+use prometheus_client::registry::Registry;
+use tracing::{error, info, warn};
+
+use crate::http::{Endpoints, Server};
+use crate::rescue::{Engine, EngineOptions};
+use crate::watch::{Watcher, WatcherOptions};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// This node's name (the ResourceSlice pool). Upstream spelling: --hostname-override.
+    #[arg(long, env = "NODE_NAME", alias = "hostname-override")]
+    pub node_name: String,
+    /// DRA driver name (as upstream dranet, so existing claims and DeviceClasses match).
+    #[arg(long, default_value = "dra.net")]
+    pub driver_name: String,
+    /// kubelet root: registration socket in <dir>/plugins_registry, dra.sock in <dir>/plugins/<driver>.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub kubelet_root_dir: PathBuf,
+    /// The runtime's NRI socket (ignored when NRI_PLUGIN_SOCKET hands us a connected fd).
+    #[arg(long, default_value = "/var/run/nri/nri.sock")]
+    pub nri_socket: PathBuf,
+    /// NRI plugin name.
+    #[arg(long, default_value = "dranet")]
+    pub nri_plugin_name: String,
+    /// NRI plugin index (two digits; orders plugins in the runtime).
+    #[arg(long, default_value = "00")]
+    pub nri_plugin_index: String,
+    /// Checkpoint and pins (keep it on tmpfs, shared with the host mount namespace).
+    #[arg(long, default_value = "/run/dranet")]
+    pub state_dir: PathBuf,
+    /// /healthz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:9177")]
+    pub bind_address: String,
+    /// CEL filter over device attributes; empty publishes every device (upstream default hides veth).
+    #[arg(
+        long,
+        default_value = r#"!("dra.net/type" in attributes) || attributes["dra.net/type"].StringValue != "veth""#
+    )]
+    pub filter: String,
+    /// Last resort for a physical NIC lost everywhere: PCI driver unbind/rebind through sysfs.
+    #[arg(long)]
+    pub pci_rebind: bool,
+    /// Write ResourceSlices as JSON files here instead of publishing them to the API server.
+    #[arg(long)]
+    pub slices_dir: Option<PathBuf>,
+    /// kubeconfig (default: in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Do not load the eBPF probes (rtnetlink + inotify only; the pins still protect devices).
+    #[arg(long)]
+    pub no_probes: bool,
+    /// Do not connect to the runtime (tests, dry runs).
+    #[arg(long)]
+    pub no_nri: bool,
+    /// Do not serve kubelet (tests, dry runs).
+    #[arg(long)]
+    pub no_dra: bool,
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// sysfs root (tests).
+    #[arg(long, default_value = "/sys", hide = true)]
+    pub sysfs: PathBuf,
+}
+
+/// The daemon's health and metrics.
+pub(crate) struct Status {
+    ready: AtomicBool,
+    registry: Registry,
+}
+
+impl Endpoints for Status {
+    fn health(&self) -> Result<(), String> {
+        if self.ready.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("starting".into())
+        }
+    }
+
+    fn metrics(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            warn!(error = %e, "encoding metrics");
+        }
+        out
+    }
+}
+
+pub fn main(args: &RunArgs) -> ExitCode {
+    super::init_logging(args.log_format == LogFormat::Json, "info");
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args.clone())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "dranet run failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    info!(node = args.node_name, driver = args.driver_name, state = %args.state_dir.display(), "dranet starting");
+    let watcher = match Watcher::start(WatcherOptions {
+        ebpf: !args.no_probes,
+        ..WatcherOptions::default()
+    })
+    .await
+    {
+        Ok(w) => {
+            for s in w.status() {
+                info!(probe = ?s, "probe");
+            }
+            Some(w)
+        }
+        Err(e) => {
+            warn!(error = %e, "lifecycle watcher unavailable: devices are still pinned and returned by the hooks");
+            None
+        }
+    };
+    let sub = watcher.as_ref().map(Watcher::subscribe);
+    let opts = EngineOptions {
+        state_dir: args.state_dir.clone(),
+        pci_rebind: args.pci_rebind,
+        sysfs: args.sysfs.clone(),
+        pause_after_device: None,
+    };
+    let engine = Engine::new(opts, watcher).await?;
+    let report = engine.reconcile().await?;
+    info!(?report, "start-up reconcile");
+    if let Some(sub) = sub {
+        let e = engine.clone();
+        tokio::spawn(async move { e.run_events(sub).await });
+    }
+    let mut registry = Registry::default();
+    engine.metrics().register(&mut registry);
+    let extra = super::run_sides::start(&args, &engine, &mut registry).await?;
+    let status = Arc::new(Status {
+        ready: AtomicBool::new(false),
+        registry,
+    });
+    let server = Server::bind(&args.bind_address).await?;
+    info!(addr = ?server.local_addr(), "serving /healthz and /metrics");
+    let ep: Arc<dyn Endpoints> = status.clone();
+    tokio::spawn(server.run(ep));
+    status.ready.store(true, Ordering::Relaxed);
+    println!("dranet ready");
+    wait_for_signal().await;
+    info!("stopping: pins stay, so running pods keep their devices and a restarted dranet re-adopts them");
+    extra.stop().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        futures::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
