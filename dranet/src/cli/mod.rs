@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the node daemon (DaemonSet entry point).
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Show the network-namespace teardown timeline live (probe status, then one line per event).
     Trace(trace::TraceArgs),
     /// Bring every device home and remove every pin (before uninstalling).
