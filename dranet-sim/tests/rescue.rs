@@ -549,3 +549,37 @@ async fn release_all_brings_devices_home_and_removes_pins() -> Result<()> {
     assert!(!in_pod(&ns, "net1"));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted() -> Result<()> {
+    if !require_root("a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted")? {
+        return Ok(());
+    }
+    let state = StateDir::new("repin");
+    let ns = PodNetns::create(&unique("dranet-t-repin-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-repin-");
+    let (c, line) = child(
+        &state.0,
+        &ns,
+        &uid,
+        None,
+        &plan(&uid, vec![device(&nic, "net1", &uid)]),
+    )?;
+    assert!(line.starts_with("attached"), "{line}");
+    kill(c)?;
+    // Someone removes the pin while dranet is down; the runtime's netns still lives.
+    let pin = state.0.join("pins").join(&uid);
+    dranet::netns::release_path(&pin)?;
+    assert!(!pin.exists());
+    let e = engine(&state, None).await?;
+    let report = e.reconcile().await?;
+    assert_eq!(report.adopted, vec![uid.clone()], "{report:?}");
+    assert!(dranet::netns::is_pinned(&pin), "the netns must be pinned again");
+    assert!(in_pod(&ns, "net1"));
+    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert!(!pin.exists());
+    Ok(())
+}

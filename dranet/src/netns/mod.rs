@@ -380,6 +380,38 @@ pub fn release_path(path: &Path) -> Result<(), NetnsError> {
     }
 }
 
+/// Finds a live netns by identity: first at the `hints` (the runtime's path, an old pin), then
+/// through every process's `/proc/<pid>/ns/net`. Used when a pin is gone but the netns may live.
+#[must_use]
+pub fn find_by_id(id: NetnsId, hints: &[&Path]) -> Option<Netns> {
+    for h in hints {
+        if let Ok(ns) = Netns::open_path(h)
+            && ns.id() == id
+        {
+            return Some(ns);
+        }
+    }
+    let rd = std::fs::read_dir("/proc").ok()?;
+    for e in rd.filter_map(Result::ok) {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        // Cheap inode check first (stat of the ns link), then the full open + cookie check.
+        let p = PathBuf::from(format!("/proc/{pid}/ns/net"));
+        match nix::sys::stat::stat(&p) {
+            Ok(st) if st.st_ino == id.inode => {}
+            _ => continue,
+        }
+        if let Ok(ns) = Netns::open_path(&p)
+            && ns.id() == id
+        {
+            return Some(ns);
+        }
+    }
+    None
+}
+
 /// Whether `path` currently has a netns mounted on it (used by tests and `dranet status`).
 #[must_use]
 pub fn is_pinned(path: &Path) -> bool {

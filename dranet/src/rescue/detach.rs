@@ -52,13 +52,7 @@ impl Engine {
         };
         let live = match self.inner.live_take(uid) {
             Some(l) => Some(l),
-            None => pin_path.as_deref().and_then(|p| match Pin::reopen(p) {
-                Ok(pin) => Some(Live { pin, netlink: None }),
-                Err(e) => {
-                    warn!(pod = uid, pin = %p.display(), error = %e, "pin is gone; looking for devices in the host");
-                    None
-                }
-            }),
+            None => self.repin(uid, pin_path.as_deref()),
         };
         self.update(|cp| {
             if let Some(rec) = cp.pods.get_mut(uid) {
@@ -168,6 +162,39 @@ impl Engine {
             devices: home,
             name_busy: busy,
         })
+    }
+
+    /// Re-opens the pod's pin; if it is gone, finds the netns by identity (the runtime's path,
+    /// then `/proc/*/ns/net`) and pins it again. `None`: the netns is gone.
+    pub(super) fn repin(&self, uid: &str, pin_path: Option<&std::path::Path>) -> Option<Live> {
+        if let Some(p) = pin_path {
+            match Pin::reopen(p) {
+                Ok(pin) => return Some(Live { pin, netlink: None }),
+                Err(e) => {
+                    warn!(pod = uid, pin = %p.display(), error = %e, "pin is gone; looking for the netns by identity")
+                }
+            }
+        }
+        let (id, path) = self.cp().pods.get(uid).map(|r| (r.netns, r.netns_path.clone()))?;
+        let ns = crate::netns::find_by_id(id, &[&path])?;
+        match Pin::create(&ns, &self.inner.store.pins_dir(), uid) {
+            Ok(pin) => {
+                info!(pod = uid, netns = %id, "netns found alive: pinned again");
+                let p = pin.path().to_owned();
+                if let Err(e) = self.update(|cp| {
+                    if let Some(r) = cp.pods.get_mut(uid) {
+                        r.pin = Some(p);
+                    }
+                }) {
+                    warn!(pod = uid, error = %e, "cannot record the new pin");
+                }
+                Some(Live { pin, netlink: None })
+            }
+            Err(e) => {
+                warn!(pod = uid, error = %e, "cannot pin the netns again");
+                None
+            }
+        }
     }
 
     /// Every device is home: release the pin, stop watching, record why.

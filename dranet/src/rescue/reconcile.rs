@@ -97,7 +97,7 @@ impl Engine {
         else {
             return false;
         };
-        let Some(pin) = pin_path.and_then(|p| Pin::reopen(&p).ok()) else {
+        let Some(Live { pin, .. }) = self.repin(uid, pin_path.as_deref()) else {
             return false;
         };
         let alive = Netns::open_path(&path).is_ok_and(|ns| ns.id() == id) && pin.netns().id() == id;
