@@ -167,6 +167,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ready: AtomicBool::new(false),
         registry,
     });
+    let sock = args.state_dir.join(ACTIVITY_SOCKET);
+    match serve_activity(&sock, engine.clone()) {
+        Ok(()) => info!(socket = %sock.display(), "activity feed for `dranet trace`"),
+        Err(e) => warn!(socket = %sock.display(), error = %e, "no activity feed for `dranet trace`"),
+    }
     let server = Server::bind(&args.bind_address).await?;
     info!(addr = ?server.local_addr(), "serving /healthz and /metrics");
     let ep: Arc<dyn Endpoints> = status.clone();
@@ -176,6 +181,40 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     wait_for_signal().await;
     info!("stopping: pins stay, so running pods keep their devices and a restarted dranet re-adopts them");
     extra.stop().await;
+    Ok(())
+}
+
+/// File name of the activity socket in the state dir.
+pub const ACTIVITY_SOCKET: &str = "events.sock";
+
+/// Serves the engine's activity feed as JSON lines to every client of a root-only unix socket.
+fn serve_activity(path: &std::path::Path, engine: Engine) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::AsyncWriteExt;
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut rx = engine.activity();
+            tokio::spawn(async move {
+                loop {
+                    let a = match rx.recv().await {
+                        Ok(a) => a,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    };
+                    let Ok(mut line) = serde_json::to_string(&a) else {
+                        continue;
+                    };
+                    line.push('\n');
+                    if conn.write_all(line.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
     Ok(())
 }
 

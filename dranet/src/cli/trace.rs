@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::netns::NetnsId;
+use crate::rescue::activity::{Activity, ActivityKind};
 use crate::watch::{self, EventKind, LifecycleEvent, ProbeStatus, Watcher, WatcherOptions};
 
 /// Arguments of `dranet trace`.
@@ -36,6 +37,10 @@ pub struct TraceArgs {
     /// Do not load eBPF probes (rtnetlink + inotify only).
     #[arg(long)]
     pub no_ebpf: bool,
+    /// A running daemon's activity socket: its hook calls and rescues join the timeline, and each
+    /// pod gets an order verdict at the end.
+    #[arg(long, value_name = "PATH", default_value = "/run/dranet/events.sock")]
+    pub daemon_socket: PathBuf,
 }
 
 /// Runs `dranet trace`.
@@ -130,34 +135,235 @@ pub async fn run(args: &TraceArgs, out: &mut dyn std::io::Write) -> Result<(), T
     let watcher = Watcher::start(opts).await?;
     let mut sub = watcher.subscribe();
     print_status(args.json, watcher.status(), watcher.notes(), out)?;
+    let mut daemon = connect_daemon(&args.daemon_socket).await;
+    if !args.json {
+        match &daemon {
+            Some(_) => writeln!(
+                out,
+                "daemon: {} (hooks and rescues shown)",
+                args.daemon_socket.display()
+            )?,
+            None => writeln!(out, "daemon: not running (kernel events only)")?,
+        }
+    }
     let filter = Filter::new(args);
     let start = watch::monotonic_ns();
     let deadline = args
         .duration
         .map(|s| tokio::time::Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    let mut verdicts = Verdicts::default();
     loop {
         let next = async {
+            let daemon_next = async {
+                match daemon.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => futures::future::pending().await,
+                }
+            };
+            let either = async {
+                tokio::select! {
+                    ev = sub.recv() => ev.map(Item::Kernel),
+                    a = daemon_next => Some(a.map_or(Item::DaemonGone, Item::Daemon)),
+                }
+            };
             match deadline {
-                Some(d) => tokio::time::timeout_at(d, sub.recv()).await.ok().flatten(),
+                Some(d) => tokio::time::timeout_at(d, either).await.ok().flatten(),
                 None => tokio::select! {
-                    ev = sub.recv() => ev,
+                    it = either => it,
                     _ = tokio::signal::ctrl_c() => None,
                 },
             }
         };
-        let Some(ev) = next.await else { break };
-        if !filter.accepts(&ev) {
-            continue;
-        }
-        let line = if args.json {
-            json_line(&ev, start)
-        } else {
-            text_line(&ev, start)
+        let Some(item) = next.await else { break };
+        let line = match item {
+            Item::Kernel(ev) => {
+                verdicts.kernel(&ev);
+                if !filter.accepts(&ev) {
+                    continue;
+                }
+                if args.json {
+                    json_line(&ev, start)
+                } else {
+                    text_line(&ev, start)
+                }
+            }
+            Item::Daemon(a) => {
+                verdicts.daemon(&a);
+                if args.json {
+                    json!({"t_us": rel(a.at, start), "daemon": a}).to_string()
+                } else {
+                    activity_line(&a, start)
+                }
+            }
+            Item::DaemonGone => {
+                daemon = None;
+                continue;
+            }
         };
         writeln!(out, "{line}")?;
         out.flush()?;
     }
+    for v in verdicts.lines() {
+        if args.json {
+            writeln!(out, "{}", json!({ "verdict": v }))?;
+        } else {
+            writeln!(out, "verdict: {v}")?;
+        }
+    }
     Ok(())
+}
+
+enum Item {
+    Kernel(LifecycleEvent),
+    Daemon(Activity),
+    DaemonGone,
+}
+
+/// Reads the daemon's activity feed into a channel, if a daemon is listening.
+async fn connect_daemon(path: &std::path::Path) -> Option<tokio::sync::mpsc::Receiver<Activity>> {
+    use tokio::io::AsyncBufReadExt;
+    let conn = tokio::net::UnixStream::connect(path).await.ok()?;
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(conn).lines();
+        while let Ok(Some(l)) = lines.next_line().await {
+            if let Ok(a) = serde_json::from_str::<Activity>(&l)
+                && tx.send(a).await.is_err()
+            {
+                break;
+            }
+        }
+    });
+    Some(rx)
+}
+
+fn rel(at: u64, start: u64) -> i64 {
+    i64::try_from(at).unwrap_or(i64::MAX) - i64::try_from(start).unwrap_or(i64::MAX)
+}
+
+fn activity_line(a: &Activity, start: u64) -> String {
+    let t = rel(a.at, start) / 1000;
+    let who = if a.pod.is_empty() {
+        a.pod_uid.clone()
+    } else {
+        format!("{} ({})", a.pod, a.pod_uid)
+    };
+    let (ev, detail) = match &a.kind {
+        ActivityKind::Hook { name } => ("dranet_hook", format!("{name} pod {who}")),
+        ActivityKind::Attached { devices, took_us } => (
+            "dranet_attached",
+            format!("pod {who} devices {devices:?} took={took_us}µs"),
+        ),
+        ActivityKind::RescueStarted { trigger } => ("dranet_rescue", format!("pod {who} trigger={trigger}")),
+        ActivityKind::Returned {
+            reason,
+            devices,
+            took_us,
+        } => (
+            "dranet_returned",
+            format!("pod {who} devices {devices:?} reason={reason} took={took_us}µs"),
+        ),
+        ActivityKind::Failed { action, error } => ("dranet_failed", format!("pod {who} {action}: {error}")),
+    };
+    format!("{t:>+12}  {ev:<22} {detail}")
+}
+
+/// Per-pod order verdicts: when the runtime removed the netns, when StopPodSandbox came, when
+/// dranet had the devices home.
+#[derive(Default)]
+struct Verdicts {
+    /// netns path → first umount/unlink time.
+    removed: std::collections::HashMap<String, u64>,
+    pods: std::collections::BTreeMap<String, PodTimes>,
+}
+
+#[derive(Default)]
+struct PodTimes {
+    name: String,
+    path: Option<String>,
+    stop: Option<u64>,
+    returned: Option<(u64, usize, String)>,
+}
+
+impl Verdicts {
+    fn kernel(&mut self, ev: &LifecycleEvent) {
+        if let EventKind::NetnsUnmounted { path, ret: 0, .. }
+        | EventKind::NetnsUnlinked { path, ret: 0, .. } = &ev.kind
+        {
+            self.removed.entry(path.clone()).or_insert(ev.time);
+        }
+    }
+
+    fn daemon(&mut self, a: &Activity) {
+        let p = self.pods.entry(a.pod_uid.clone()).or_default();
+        if !a.pod.is_empty() {
+            p.name.clone_from(&a.pod);
+        }
+        if a.netns_path.is_some() {
+            p.path.clone_from(&a.netns_path);
+        }
+        match &a.kind {
+            ActivityKind::Hook { name } if name == "StopPodSandbox" => {
+                p.stop.get_or_insert(a.at);
+            }
+            ActivityKind::Returned { devices, reason, .. } => {
+                p.returned.get_or_insert((a.at, devices.len(), reason.clone()));
+            }
+            _ => {}
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let ms = |a: u64, b: u64| (i128::from(a) - i128::from(b)) as f64 / 1e6;
+        let mut out = Vec::new();
+        for (uid, p) in &self.pods {
+            let Some((ret_at, n, reason)) = &p.returned else {
+                continue;
+            };
+            let removed = p.path.as_ref().and_then(|x| {
+                self.removed
+                    .get(x)
+                    .or_else(|| self.removed.get(crate::rescue::decide::normalize_path(x)))
+            });
+            let name = if p.name.is_empty() {
+                uid.as_str()
+            } else {
+                p.name.as_str()
+            };
+            let order = match (removed, p.stop) {
+                (Some(r), Some(s)) if *r < s => {
+                    format!(
+                        "runtime removed the netns {:.1} ms before StopPodSandbox",
+                        ms(s, *r)
+                    )
+                }
+                (Some(r), Some(s)) => format!(
+                    "StopPodSandbox came {:.1} ms before the netns was removed",
+                    ms(*r, s)
+                ),
+                (Some(_), None) => "runtime removed the netns; no StopPodSandbox seen".to_owned(),
+                (None, Some(_)) => "StopPodSandbox while the netns lived".to_owned(),
+                (None, None) => "no teardown seen".to_owned(),
+            };
+            let back = match (removed, p.stop) {
+                (Some(r), _) if reason == "NetnsTeardown" => {
+                    format!(
+                        "dranet returned {n} device(s) {:.1} ms after the umount",
+                        ms(*ret_at, *r)
+                    )
+                }
+                (_, Some(s)) => {
+                    format!(
+                        "dranet returned {n} device(s) {:.1} ms after StopPodSandbox ({reason})",
+                        ms(*ret_at, s)
+                    )
+                }
+                _ => format!("dranet returned {n} device(s) ({reason})"),
+            };
+            out.push(format!("pod {name}: {order}; {back}"));
+        }
+        out
+    }
 }
 
 fn print_status(

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
+use super::activity::ActivityKind;
 use super::{AttachOutcome, Engine, Live, RescueError};
 use crate::link::{self, AttachSpec, LinkError, Netlink};
 use crate::netns::{Netns, Pin};
@@ -23,6 +24,7 @@ pub struct PodRef<'a> {
 impl Engine {
     /// Moves every planned device of the pod into the netns at `netns_path`.
     pub async fn attach_pod(&self, pod: PodRef<'_>, netns_path: &Path) -> Result<AttachOutcome, RescueError> {
+        let started = std::time::Instant::now();
         let _owner = self.own(pod.uid).await;
         let Some(plan) = self.plan(pod.uid).filter(|p| !p.is_empty()) else {
             return Ok(AttachOutcome::NotOurs);
@@ -124,6 +126,13 @@ impl Engine {
             };
             if let Err(err) = attached {
                 warn!(pod = pod.uid, device = d.device, error = %err, "attach failed; rolling back");
+                self.record(
+                    pod.uid,
+                    ActivityKind::Failed {
+                        action: "attach".into(),
+                        error: err.to_string(),
+                    },
+                );
                 self.count(|c| {
                     c.attach_failures += 1;
                     c.rollbacks += 1;
@@ -157,6 +166,17 @@ impl Engine {
             }
         })?;
         self.count(|c| c.attached_pods += 1);
+        self.inner
+            .metrics
+            .attach_latency
+            .observe(started.elapsed().as_secs_f64());
+        self.record(
+            pod.uid,
+            ActivityKind::Attached {
+                devices: names.clone(),
+                took_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            },
+        );
         info!(pod = pod.uid, netns = %id, devices = ?names, "devices attached");
         Ok(AttachOutcome::Attached { devices: names })
     }

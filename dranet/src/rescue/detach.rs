@@ -4,6 +4,7 @@
 
 use tracing::{info, warn};
 
+use super::activity::ActivityKind;
 use super::{DetachOutcome, Engine, Inner, Live, RescueError};
 use crate::link::{self, LinkError, Netlink, Returned};
 use crate::netns::Netns;
@@ -38,6 +39,7 @@ impl Engine {
         uid: &str,
         reason: ReturnReason,
     ) -> Result<DetachOutcome, RescueError> {
+        let started = std::time::Instant::now();
         let (devices, pin_path) = {
             let cp = self.cp();
             let Some(rec) = cp.pods.get(uid) else {
@@ -148,6 +150,13 @@ impl Engine {
                 self.inner.live_put(uid, l);
             }
             self.count(|c| c.return_failures += 1);
+            self.record(
+                uid,
+                ActivityKind::Failed {
+                    action: "return".into(),
+                    error: first.clone(),
+                },
+            );
             self.inner.metrics.failures.inc();
             return Err(RescueError::Incomplete {
                 pod: uid.to_owned(),
@@ -158,6 +167,14 @@ impl Engine {
         }
         self.finish_return(uid, live, reason)?;
         info!(pod = uid, ?reason, devices = ?home, name_busy = ?busy, "devices home");
+        self.record(
+            uid,
+            ActivityKind::Returned {
+                reason: format!("{reason:?}"),
+                devices: home.iter().chain(&busy).cloned().collect(),
+                took_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            },
+        );
         Ok(DetachOutcome::Returned {
             devices: home,
             name_busy: busy,

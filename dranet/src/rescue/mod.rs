@@ -16,6 +16,7 @@
 //! (and to orphan exclusive-mode RDMA links). On uninstall, `dranet release-all` brings every
 //! device home and removes the pins; a pin left behind by hand only keeps an empty netns alive.
 
+pub mod activity;
 mod attach;
 pub mod decide;
 mod detach;
@@ -154,6 +155,7 @@ struct Inner {
     watcher: Option<Watcher>,
     counters: Mutex<Counters>,
     metrics: RescueMetrics,
+    activity: tokio::sync::broadcast::Sender<activity::Activity>,
 }
 
 /// Running totals, exported as metrics.
@@ -231,6 +233,7 @@ impl Engine {
                 watcher,
                 counters: Mutex::new(Counters::default()),
                 metrics: RescueMetrics::default(),
+                activity: tokio::sync::broadcast::channel(1024).0,
             }),
         })
     }
@@ -244,6 +247,37 @@ impl Engine {
     #[must_use]
     pub fn counters(&self) -> Counters {
         *lock(&self.inner.counters)
+    }
+
+    /// Subscribes to the activity feed (hooks, rescues, returns).
+    #[must_use]
+    pub fn activity(&self) -> tokio::sync::broadcast::Receiver<activity::Activity> {
+        self.inner.activity.subscribe()
+    }
+
+    /// Records one activity (no-op without subscribers).
+    pub fn record(&self, pod_uid: &str, kind: activity::ActivityKind) {
+        if self.inner.activity.receiver_count() == 0 {
+            return;
+        }
+        let (pod, netns_path) = {
+            let cp = self.cp();
+            match (cp.pods.get(pod_uid), cp.plans.get(pod_uid)) {
+                (Some(r), _) => (
+                    format!("{}/{}", r.namespace, r.name),
+                    Some(r.netns_path.display().to_string()),
+                ),
+                (None, Some(p)) => (format!("{}/{}", p.pod_namespace, p.pod_name), None),
+                (None, None) => (String::new(), None),
+            }
+        };
+        let _ = self.inner.activity.send(activity::Activity {
+            at: crate::watch::monotonic_ns(),
+            pod_uid: pod_uid.to_owned(),
+            pod,
+            netns_path,
+            kind,
+        });
     }
 
     /// The engine's Prometheus metrics.
@@ -336,6 +370,12 @@ impl Engine {
         match action {
             Action::Rescue { pod_uid, trigger, at } => {
                 info!(pod = %pod_uid, trigger, "netns teardown started: bringing devices home");
+                self.record(
+                    &pod_uid,
+                    activity::ActivityKind::RescueStarted {
+                        trigger: trigger.to_owned(),
+                    },
+                );
                 match self.detach_pod(&pod_uid, ReturnReason::NetnsTeardown).await {
                     Ok(DetachOutcome::Returned { .. }) => {
                         let took = crate::watch::monotonic_ns().saturating_sub(at);

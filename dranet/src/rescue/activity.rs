@@ -1,0 +1,40 @@
+//! The engine's activity feed: hook calls, rescue decisions and returns, timestamped with the
+//! watcher's clock (CLOCK_MONOTONIC) so `dranet trace` can put them on one timeline with the
+//! kernel events. Served as JSON lines on `<state-dir>/events.sock` (root only) by `dranet run`.
+
+use serde::{Deserialize, Serialize};
+
+/// One thing the daemon did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Activity {
+    /// CLOCK_MONOTONIC, ns.
+    pub at: u64,
+    pub pod_uid: String,
+    /// `namespace/name`, when known.
+    #[serde(default)]
+    pub pod: String,
+    /// The runtime's netns path, when known.
+    #[serde(default)]
+    pub netns_path: Option<String>,
+    pub kind: ActivityKind,
+}
+
+/// What happened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum ActivityKind {
+    /// A runtime hook arrived (RunPodSandbox, StopPodSandbox, RemovePodSandbox, ...).
+    Hook { name: String },
+    /// Devices moved into the pod.
+    Attached { devices: Vec<String>, took_us: u64 },
+    /// The watcher saw the pod's netns being torn down; a rescue starts.
+    RescueStarted { trigger: String },
+    /// Every device of the pod is home.
+    Returned {
+        reason: String,
+        devices: Vec<String>,
+        took_us: u64,
+    },
+    /// A return or attach failed (will be retried where possible).
+    Failed { action: String, error: String },
+}
