@@ -64,6 +64,10 @@ pub enum PrepareError {
         #[source]
         source: ConfigError,
     },
+    #[error("device {device}: VF MTU {mtu} exceeds the PF MTU {pf_mtu}")]
+    VfMtu { device: String, mtu: i32, pf_mtu: u32 },
+    #[error("device {device}: interface.dhcp is not supported by this driver yet")]
+    DhcpUnsupported { device: String },
     #[error("storing the plan of pod {pod_uid}: {detail}")]
     Sink { pod_uid: String, detail: String },
 }
@@ -251,9 +255,12 @@ pub fn plan_claim(
             .ok_or_else(|| PrepareError::UnknownDevice {
                 device: r.device.clone(),
             })?;
-        if dev.ifname.is_none() {
+        let cfg = if dev.ifname.is_none() {
             config::validate_rdma_only(&cfg).map_err(config_err)?;
-        }
+            cfg
+        } else {
+            with_host_state(&r.device, cfg, &dev)?
+        };
         share_ids.insert(r.device.clone(), r.share_id.clone());
         plans.push(DevicePlan {
             device: r.device.clone(),
@@ -274,6 +281,43 @@ pub fn plan_claim(
         plans,
         share_ids,
     }))
+}
+
+/// Netdev-specific prepare steps (upstream `prepareResourceClaim`): VF MTU ≤ PF MTU; without
+/// configured addresses the host's global addresses move along; host routes through the device
+/// are appended unless the config already has one for the same (destination, table).
+fn with_host_state(
+    device: &str,
+    mut cfg: NetworkConfig,
+    dev: &Device,
+) -> Result<NetworkConfig, PrepareError> {
+    if let (Some(mtu), Some(pf_mtu)) = (cfg.interface.mtu, dev.pf_mtu)
+        && u32::try_from(mtu).is_ok_and(|m| m > pf_mtu)
+    {
+        return Err(PrepareError::VfMtu {
+            device: device.to_owned(),
+            mtu,
+            pf_mtu,
+        });
+    }
+    if cfg.interface.dhcp == Some(true) {
+        return Err(PrepareError::DhcpUnsupported {
+            device: device.to_owned(),
+        });
+    }
+    if cfg.interface.addresses.is_empty() {
+        cfg.interface.addresses.clone_from(&dev.addresses);
+    }
+    for r in &dev.routes {
+        let dup = cfg
+            .routes
+            .iter()
+            .any(|c| c.destination == r.destination && c.table == r.table);
+        if !dup {
+            cfg.routes.push(r.clone());
+        }
+    }
+    Ok(cfg)
 }
 
 /// Which opaque config applies to `request`: entries for this driver whose `requests` is empty

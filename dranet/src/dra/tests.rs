@@ -35,6 +35,25 @@ fn inventory() -> SharedInventory {
         Device {
             name: "eth2".into(),
             ifname: Some("eth2".into()),
+            addresses: vec!["10.5.0.2/24".into(), "fd05::2/64".into()],
+            routes: vec![
+                crate::config::RouteConfig {
+                    destination: "10.6.0.0/16".into(),
+                    gateway: "10.5.0.1".into(),
+                    ..Default::default()
+                },
+                crate::config::RouteConfig {
+                    destination: "10.7.0.0/16".into(),
+                    gateway: "10.5.0.1".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Device::default()
+        },
+        Device {
+            name: "vf0".into(),
+            ifname: Some("vf0".into()),
+            pf_mtu: Some(1500),
             ..Device::default()
         },
         Device {
@@ -134,7 +153,13 @@ async fn prepare_applies_config_and_merges_claims_of_a_pod() {
     assert_eq!(eth1.permanent_mac.as_deref(), Some("02:00:00:00:00:01"));
     assert_eq!(eth1.claim.uid, "u1");
     let eth2 = plan.devices.iter().find(|d| d.device == "eth2").unwrap();
-    assert_eq!(eth2.config, crate::config::NetworkConfig::default());
+    assert_eq!(
+        eth2.config.interface.addresses,
+        ["10.5.0.2/24", "fd05::2/64"],
+        "host addresses move along"
+    );
+    assert_eq!(eth2.config.routes.len(), 2, "host routes copied");
+    assert!(eth1.config.interface.addresses.is_empty());
     drop(plans);
 
     p.unprepare("u1").unwrap();
@@ -217,6 +242,51 @@ async fn per_claim_errors() {
     nobody.status.reserved_for.clear();
     claims.insert(nobody);
     assert!(p.prepare(&cref("nb", "u10")).await.unwrap().is_empty());
+}
+
+#[test]
+fn host_state_merge_vf_mtu_and_dhcp() {
+    let inv = inventory();
+    let mk = |device: &str, params: serde_json::Value| {
+        claim(
+            "c",
+            "u",
+            "p",
+            json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": device}]),
+            json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": params}}]),
+        )
+    };
+    let plan = |rc: &ResourceClaim| plan_claim("dra.net", "node-a", &cref("c", "u"), rc, &inv);
+    // User addresses win; a user route with the same destination and table replaces the host's.
+    let rc = mk(
+        "eth2",
+        json!({"interface": {"addresses": ["192.0.2.1/24"]},
+               "routes": [{"destination": "10.6.0.0/16", "gateway": "192.0.2.254"}]}),
+    );
+    let p = plan(&rc).unwrap().unwrap();
+    let cfg = &p.plans[0].config;
+    assert_eq!(cfg.interface.addresses, ["192.0.2.1/24"]);
+    let dests: Vec<(&str, &str)> = cfg
+        .routes
+        .iter()
+        .map(|r| (r.destination.as_str(), r.gateway.as_str()))
+        .collect();
+    assert_eq!(
+        dests,
+        [("10.6.0.0/16", "192.0.2.254"), ("10.7.0.0/16", "10.5.0.1")]
+    );
+
+    assert!(plan(&mk("vf0", json!({"interface": {"mtu": 1500}}))).is_ok());
+    let err = plan(&mk("vf0", json!({"interface": {"mtu": 9000}})))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("VF MTU 9000 exceeds the PF MTU 1500"), "{err}");
+    let err = plan(&mk("eth1", json!({"interface": {"dhcp": true}})))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("dhcp"), "{err}");
 }
 
 #[test]

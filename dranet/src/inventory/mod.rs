@@ -90,6 +90,14 @@ pub struct Device {
     pub mac: Option<String>,
     pub rdma_device: Option<String>,
     pub char_devices: Vec<CharDevice>,
+    /// Current MTU of the netdev.
+    pub mtu: Option<u32>,
+    /// MTU of the physical function, for an SR-IOV VF (a VF's MTU may not exceed it).
+    pub pf_mtu: Option<u32>,
+    /// All global-unicast addresses of the netdev (the attributes are capped at 64 bytes).
+    pub addresses: Vec<String>,
+    /// Host routes through the netdev (see [`LinkRecord::routes`]).
+    pub routes: Vec<crate::config::RouteConfig>,
 }
 
 impl Device {
@@ -190,6 +198,7 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
         match pci_addr.as_ref().and_then(|a| pci.get_mut(a)) {
             Some(d) if d.ifname.is_none() => {
                 set_link(d, link, is_virtual);
+                d.pf_mtu = sysfs.netdev_pf_mtu(&link.name);
                 if d.rdma_device.is_none()
                     && let Some(r) = sysfs.netdev_rdma_device(&link.name)
                 {
@@ -269,6 +278,9 @@ fn set_rdma(d: &mut Device, r: &RdmaInfo) {
 
 fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
     d.ifname = Some(l.name.clone());
+    d.mtu = l.mtu;
+    d.addresses = l.ipv4.iter().chain(&l.ipv6).cloned().collect();
+    d.routes.clone_from(&l.routes);
     d.mac = l.perm_mac.clone().or_else(|| l.mac.clone());
     d.set_str(attr::IF_NAME, l.name.clone());
     if let Some(mac) = &l.mac {

@@ -11,14 +11,17 @@ use futures::TryStreamExt;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage, State};
-use netlink_packet_route::route::{RouteAttribute, RouteMessage, RouteType};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
 use nix::sched::CloneFlags;
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use super::InventoryError;
+use crate::config::RouteConfig;
 
 /// `RT_TABLE_MAIN`.
 const MAIN_TABLE: u32 = 254;
+/// `RT_TABLE_LOCAL`.
+const LOCAL_TABLE: u32 = 255;
 /// Upstream's `DeviceAttributeMaxValueLength`.
 pub const MAX_ATTRIBUTE_LEN: usize = 64;
 
@@ -43,6 +46,10 @@ pub struct LinkRecord {
     /// Global unicast addresses as CIDRs, sorted.
     pub ipv4: Vec<String>,
     pub ipv6: Vec<String>,
+    /// Host routes through this link that a pod gets a copy of (upstream's filter: routes with
+    /// a destination, not in the local table, no IPv6 link-local destination, no IPv6 `proto
+    /// kernel`). The main table is written as table 0.
+    pub routes: Vec<RouteConfig>,
 }
 
 /// The links of a netns and which of them carry the node's default routes (uplinks, with their
@@ -164,6 +171,13 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
             v6.sort();
             r.ipv4 = v4;
             r.ipv6 = v6;
+        }
+    }
+    for route in &routes {
+        if let Some((oif, rc)) = copyable_route(route)
+            && let Some(r) = records.iter_mut().find(|r| r.index == oif)
+        {
+            r.routes.push(rc);
         }
     }
     let uplinks = uplinks(&records, &routes);
@@ -289,6 +303,52 @@ pub fn capped_join(items: &[String]) -> String {
     out
 }
 
+fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+/// A single-path unicast route worth copying into the pod, with its output interface.
+fn copyable_route(r: &RouteMessage) -> Option<(u32, RouteConfig)> {
+    if r.header.kind != RouteType::Unicast {
+        return None;
+    }
+    let mut table = u32::from(r.header.table);
+    let (mut dst, mut gw, mut src, mut oif) = (None, None, None, None);
+    for a in &r.attributes {
+        match a {
+            RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::Destination(d) => dst = route_ip(d),
+            RouteAttribute::Gateway(g) => gw = route_ip(g),
+            RouteAttribute::PrefSource(p) => src = route_ip(p),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            _ => {}
+        }
+    }
+    let dst = dst?;
+    if table == LOCAL_TABLE {
+        return None;
+    }
+    if let IpAddr::V6(v6) = dst
+        && ((v6.segments()[0] & 0xffc0) == 0xfe80 || r.header.protocol == RouteProtocol::Kernel)
+    {
+        return None;
+    }
+    Some((
+        oif?,
+        RouteConfig {
+            destination: format!("{dst}/{}", r.header.destination_prefix_length),
+            gateway: gw.map(|g| g.to_string()).unwrap_or_default(),
+            source: src.map(|s| s.to_string()).unwrap_or_default(),
+            scope: u8::from(r.header.scope),
+            table: if table == MAIN_TABLE { 0 } else { i64::from(table) },
+        },
+    ))
+}
+
 /// Holders of the lowest-metric default route per family in the main table (ECMP ties and
 /// multipath next-hops included), plus all their master descendants (bond slaves, bridge
 /// ports…). macvlan/ipvlan children are not descendants (they have a parent, not a master).
@@ -373,6 +433,63 @@ mod tests {
         assert!(s.split(',').all(|e| items.contains(&e.to_owned())));
         assert_eq!(capped_join(&["a".into(), "b".into()]), "a,b");
         assert_eq!(capped_join(&[]), "");
+    }
+
+    #[test]
+    fn copyable_routes_follow_upstreams_filter() {
+        use netlink_packet_route::route::{RouteHeader, RouteScope};
+        use std::net::{Ipv4Addr, Ipv6Addr};
+        let mk = |dst: Option<IpAddr>, len: u8, table: u8, proto: RouteProtocol| {
+            let mut m = RouteMessage::default();
+            m.header = RouteHeader {
+                address_family: if dst.is_some_and(|d| d.is_ipv6()) {
+                    AddressFamily::Inet6
+                } else {
+                    AddressFamily::Inet
+                },
+                destination_prefix_length: len,
+                table,
+                protocol: proto,
+                scope: RouteScope::Universe,
+                kind: RouteType::Unicast,
+                ..RouteHeader::default()
+            };
+            m.attributes.push(RouteAttribute::Oif(7));
+            if let Some(d) = dst {
+                m.attributes.push(RouteAttribute::Destination(d.into()));
+            }
+            m.attributes.push(RouteAttribute::Gateway(
+                IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)).into(),
+            ));
+            m
+        };
+        let v4 = Some(IpAddr::V4(Ipv4Addr::new(10, 1, 0, 0)));
+        let (oif, rc) = copyable_route(&mk(v4, 16, 254, RouteProtocol::Boot)).unwrap();
+        assert_eq!(oif, 7);
+        assert_eq!(rc.destination, "10.1.0.0/16");
+        assert_eq!(rc.gateway, "10.0.0.1");
+        assert_eq!(rc.table, 0);
+        assert_eq!(
+            copyable_route(&mk(v4, 16, 100, RouteProtocol::Boot))
+                .unwrap()
+                .1
+                .table,
+            100
+        );
+        assert!(
+            copyable_route(&mk(None, 0, 254, RouteProtocol::Boot)).is_none(),
+            "default route"
+        );
+        assert!(
+            copyable_route(&mk(v4, 16, 255, RouteProtocol::Boot)).is_none(),
+            "local table"
+        );
+        let ll = Some(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)));
+        assert!(copyable_route(&mk(ll, 64, 254, RouteProtocol::Boot)).is_none());
+        let v6 = Some(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0)));
+        assert!(copyable_route(&mk(v6, 64, 254, RouteProtocol::Kernel)).is_none());
+        assert!(copyable_route(&mk(v6, 64, 254, RouteProtocol::Static)).is_some());
+        assert!(copyable_route(&mk(v4, 24, 254, RouteProtocol::Kernel)).is_some());
     }
 
     #[test]

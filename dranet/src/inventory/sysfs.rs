@@ -128,6 +128,14 @@ impl Sysfs {
         first_entry(&self.root.join("class/net").join(ifname).join("device/infiniband"))
     }
 
+    /// MTU of the PF of an SR-IOV VF netdev (`device/physfn/net/*/mtu`).
+    #[must_use]
+    pub fn netdev_pf_mtu(&self, ifname: &str) -> Option<u32> {
+        let net = self.root.join("class/net").join(ifname).join("device/physfn/net");
+        let pf = first_entry(&net)?;
+        read_trim(&net.join(pf).join("mtu"))?.parse().ok()
+    }
+
     /// PCI functions of class 0x02 with a usable driver bound, sorted by address.
     #[must_use]
     pub fn network_pci_devices(&self) -> Vec<PciInfo> {

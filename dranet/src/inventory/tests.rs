@@ -76,6 +76,16 @@ fn fixture() -> Fixture {
     write(&root.join("class/infiniband_verbs/uverbs1/ibdev"), "erdma_0\n");
     write(&root.join("class/infiniband_verbs/uverbs1/dev"), "231:193\n");
     write(&root.join("class/misc/rdma_cm/dev"), "10:58\n");
+    write(&nic.join("net/ens1/mtu"), "9000\n");
+    // One of its VFs, netdev ens1v0.
+    let vf = pci_fn(&root, "pci0000:10", "0000:10:1b.1", "0x020000", Some("mlx5_core"));
+    link("../0000:10:1b.0", &vf.join("physfn"));
+    std::fs::create_dir_all(vf.join("net/ens1v0")).unwrap();
+    link("../../../0000:10:1b.1", &vf.join("net/ens1v0/device"));
+    link(
+        "../../devices/pci0000:10/0000:10:1b.1/net/ens1v0",
+        &root.join("class/net/ens1v0"),
+    );
     // A NIC bound to vfio-pci: not allocatable.
     pci_fn(&root, "pci0000:20", "0000:20:00.0", "0x020000", Some("vfio-pci"));
     // A NIC without driver: not allocatable.
@@ -142,6 +152,7 @@ fn netscan() -> NetScan {
             rec(6, "eth0.100", "vlan"),
             slave,
             rec(8, "veth1", "veth"),
+            rec(10, "ens1v0", "device"),
         ],
         uplinks: [5, 7].into(),
     }
@@ -164,7 +175,10 @@ fn sysfs_pci_and_rdma_readers() {
     let sys = Sysfs::new(&fx.root);
     let pcis = sys.network_pci_devices();
     let addrs: Vec<&str> = pcis.iter().map(|p| p.address.as_str()).collect();
-    assert_eq!(addrs, ["0000:10:1b.0", "0000:40:00.0"]);
+    assert_eq!(addrs, ["0000:10:1b.0", "0000:10:1b.1", "0000:40:00.0"]);
+    assert!(pcis[1].is_vf);
+    assert_eq!(sys.netdev_pf_mtu("ens1v0"), Some(9000));
+    assert_eq!(sys.netdev_pf_mtu("ens1"), None);
     let p = &pcis[0];
     assert_eq!(p.vendor_id, "15b3");
     assert_eq!(p.device_id, "101b");
@@ -172,7 +186,7 @@ fn sysfs_pci_and_rdma_readers() {
     assert_eq!(p.pcie_root.as_deref(), Some("pci0000:10"));
     assert_eq!(p.sriov_total_vfs, Some(8));
     assert!(!p.is_vf);
-    assert_eq!(pcis[1].numa_node, None);
+    assert_eq!(pcis[2].numa_node, None);
     assert_eq!(sys.netdev_pci_address("ens1").as_deref(), Some("0000:10:1b.0"));
     assert_eq!(sys.netdev_pci_address("eth0").as_deref(), Some("0000:40:00.0"));
     assert_eq!(sys.netdev_pci_address("dummy1"), None);
@@ -211,10 +225,15 @@ fn devices_merge_pci_rdma_and_netdevs() {
             "dummy1",
             "net-mv2gqmbogeyda",
             "pci-0000-10-1b-0",
+            "pci-0000-10-1b-1",
             "pci-0000-30-00-0",
             "veth1"
         ]
     );
+    let vf = &devs[3];
+    assert_eq!(vf.attributes[attr::IS_SRIOV_VF], AttrValue::Bool(true));
+    assert_eq!(vf.pf_mtu, Some(9000));
+    assert_eq!(vf.ifname.as_deref(), Some("ens1v0"));
 
     let nic = &devs[2];
     let a = &nic.attributes;
@@ -242,8 +261,11 @@ fn devices_merge_pci_rdma_and_netdevs() {
     assert_eq!(nic.mac.as_deref(), Some("b8:ce:f6:00:00:01"));
     assert_eq!(nic.rdma_device.as_deref(), Some("mlx5_0"));
     assert_eq!(nic.char_devices.len(), 4);
+    assert_eq!(nic.addresses, ["192.168.10.2/24"]);
+    assert_eq!(nic.mtu, Some(1500));
+    assert_eq!(nic.pf_mtu, None);
 
-    let ib = &devs[3];
+    let ib = &devs[4];
     assert_eq!(ib.ifname, None);
     assert_eq!(ib.attributes[attr::RDMA_DEVICE], s("erdma_0"));
     assert_eq!(ib.attributes[attr::PCI_ADDRESS], s("0000:30:00.0"));
