@@ -1,2 +1,3 @@
 pub mod kernel;
+pub mod kubelet;
 pub mod nic;

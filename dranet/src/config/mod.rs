@@ -1,5 +1,8 @@
 //! The opaque device configuration of a claim (`opaque.parameters` for driver `dra.net`),
-//! JSON-compatible with upstream dranet (`pkg/apis/types.go`), and its validation.
+//! JSON-compatible with upstream dranet (`pkg/apis/types.go`), and its validation
+//! ([`parse_and_validate`], [`validate_rdma_only`]; rules in `validate.rs`).
+
+mod validate;
 
 use std::collections::BTreeMap;
 
@@ -133,4 +136,32 @@ fn is_zero_u8(v: &u8) -> bool {
 
 fn is_zero_i64(v: &i64) -> bool {
     *v == 0
+}
+
+pub use validate::{
+    ConfigError, FieldError, MAX_INTERFACE_NAME_LEN, MIN_MTU, is_valid_mac, parse_and_validate, validate,
+    validate_rdma_only,
+};
+
+impl NetworkConfig {
+    /// Applies upstream's defaults (`defaults.go`): a VRF with a name and no table gets table
+    /// `FNV-32a(name) % 1000 + 1000`.
+    pub fn apply_defaults(&mut self) {
+        if let Some(vrf) = self.interface.vrf.as_mut()
+            && !vrf.name.is_empty()
+            && vrf.table.is_none()
+        {
+            vrf.table = Some(i64::from(fnv32a(vrf.name.as_bytes()) % 1000 + 1000));
+        }
+    }
+}
+
+/// 32-bit FNV-1a, as Go's `hash/fnv.New32a`.
+pub(crate) fn fnv32a(data: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in data {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
 }

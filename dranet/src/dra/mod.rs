@@ -1,1 +1,17 @@
-//! dra
+//! The DRA kubelet plugin: registration + DRA node service (v1, v1beta1) over unix sockets
+//! ([`KubeletPlugin`]), and Prepare/Unprepare ([`Preparer`]) turning allocated ResourceClaims
+//! into per-pod [`crate::plan::PodPlan`]s for a [`PlanSink`].
+
+pub mod claim;
+mod prepare;
+pub mod proto;
+mod server;
+
+pub use claim::{ClaimError, ClaimSource, KubeClaimSource, MemoryClaimSource, ResourceClaim};
+pub use prepare::{
+    DeviceLookup, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer, device_config, plan_claim,
+};
+pub use server::{DraError, KubeletPlugin, PLUGIN_TYPE, PluginConfig, SUPPORTED_VERSIONS};
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,358 @@
-//! inventory
+//! Discovery of the node's network devices with upstream's attribute names
+//! (`pkg/inventory`): PCI network functions (sysfs), RDMA devices (`class/infiniband`) and the
+//! netdevs of a network namespace (rtnetlink), merged into [`Device`]s named as upstream.
+//!
+//! [`scan`] reads the kernel; [`build_devices`] is the pure merge, testable with a fixture sysfs
+//! tree and synthetic links. Netdevs are skipped when loopback, `cilium_net`, `cilium_host`,
+//! `docker0`, uplinks (default-route holders and their master descendants), or IPoIB with
+//! `move_ib_interfaces == false`; then the CEL filter runs.
+
+mod filter;
+mod names;
+mod netlink;
+mod sysfs;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+
+pub use filter::{DEFAULT_FILTER, Filter};
+pub use names::{base32_lower_nopad, is_dns_label, netdev_device_name, pci_device_name};
+pub use netlink::{LinkRecord, MAX_ATTRIBUTE_LEN, NetScan, NetnsTarget, capped_join, is_global_unicast};
+pub use sysfs::{PciIds, PciInfo, RdmaInfo, Sysfs, is_pci_address, pci_address_of};
+
+use crate::plan::CharDevice;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("rtnetlink {what} failed: {detail}")]
+    Netlink { what: &'static str, detail: String },
+    #[error("the scan thread panicked")]
+    Thread,
+    #[error("invalid CEL filter {expr:?}: {detail}")]
+    Filter { expr: String, detail: String },
+}
+
+/// Attribute names (`pkg/apis/attributes.go`).
+pub mod attr {
+    pub const PCI_ADDRESS: &str = "dra.net/pciAddress";
+    pub const PCI_VENDOR: &str = "dra.net/pciVendor";
+    pub const PCI_DEVICE: &str = "dra.net/pciDevice";
+    pub const PCI_SUBSYSTEM: &str = "dra.net/pciSubsystem";
+    pub const NUMA_NODE: &str = "dra.net/numaNode";
+    pub const IF_NAME: &str = "dra.net/ifName";
+    pub const MAC: &str = "dra.net/mac";
+    pub const MTU: &str = "dra.net/mtu";
+    pub const ENCAPSULATION: &str = "dra.net/encapsulation";
+    pub const ALIAS: &str = "dra.net/alias";
+    pub const STATE: &str = "dra.net/state";
+    pub const TYPE: &str = "dra.net/type";
+    pub const IPV4: &str = "dra.net/ipv4";
+    pub const IPV6: &str = "dra.net/ipv6";
+    pub const SRIOV: &str = "dra.net/sriov";
+    pub const SRIOV_VFS: &str = "dra.net/sriovVfs";
+    pub const IS_SRIOV_VF: &str = "dra.net/isSriovVf";
+    pub const VIRTUAL: &str = "dra.net/virtual";
+    pub const RDMA: &str = "dra.net/rdma";
+    pub const RDMA_DEVICE: &str = "dra.net/rdmaDevice";
+    pub const STD_NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+    pub const STD_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+}
+
+/// A `DeviceAttribute` value; serialises as the API does (`{"string": "…"}`, `{"int": 1}`…).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttrValue {
+    String(String),
+    Int(i64),
+    Bool(bool),
+    Version(String),
+}
+
+/// One allocatable device: its slice name and attributes, plus what Prepare needs to find it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Device {
+    /// DNS label: the ifname, `net-<base32>` or `pci-dddd-bb-dd-f`.
+    pub name: String,
+    pub attributes: BTreeMap<String, AttrValue>,
+    /// Host netdev name (none for RDMA-only devices).
+    pub ifname: Option<String>,
+    pub pci_address: Option<String>,
+    /// Permanent MAC when known, else the current one.
+    pub mac: Option<String>,
+    pub rdma_device: Option<String>,
+    pub char_devices: Vec<CharDevice>,
+    /// Current MTU of the netdev.
+    pub mtu: Option<u32>,
+    /// MTU of the physical function, for an SR-IOV VF (a VF's MTU may not exceed it).
+    pub pf_mtu: Option<u32>,
+    /// All global-unicast addresses of the netdev (the attributes are capped at 64 bytes).
+    pub addresses: Vec<String>,
+    /// Host routes through the netdev (see [`LinkRecord::routes`]).
+    pub routes: Vec<crate::config::RouteConfig>,
+}
+
+impl Device {
+    fn set(&mut self, key: &str, v: AttrValue) {
+        self.attributes.insert(key.to_owned(), v);
+    }
+
+    fn set_str(&mut self, key: &str, v: impl Into<String>) {
+        self.set(key, AttrValue::String(v.into()));
+    }
+}
+
+/// How to scan.
+#[derive(Debug)]
+pub struct ScanOptions {
+    /// Root of the sysfs tree for the PCI and RDMA parts (`/sys`).
+    pub sysfs: Sysfs,
+    /// Netns whose netdevs to list. For [`NetnsTarget::Path`] the per-netdev sysfs lookups are
+    /// skipped (sysfs shows the host's view), so such netdevs are never PCI-merged.
+    pub netns: NetnsTarget,
+    /// `--move-ib-interfaces`: false skips IPoIB netdevs (the device stays RDMA-only).
+    pub move_ib_interfaces: bool,
+    /// Names of `pci.ids`; empty → IDs are published instead.
+    pub pci_ids: PciIds,
+    pub filter: Option<Filter>,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        Self {
+            sysfs: Sysfs::default(),
+            netns: NetnsTarget::Current,
+            move_ib_interfaces: true,
+            pci_ids: PciIds::default(),
+            filter: None,
+        }
+    }
+}
+
+const SKIPPED_NETDEVS: [&str; 3] = ["cilium_net", "cilium_host", "docker0"];
+
+/// Reads the kernel and returns the devices, sorted by name. Blocking.
+pub fn scan(opts: &ScanOptions) -> Result<Vec<Device>, InventoryError> {
+    let net = netlink::scan(&opts.netns)?;
+    Ok(build_devices(&net, opts))
+}
+
+/// Merges sysfs PCI/RDMA devices and netdevs into published devices, sorted by name.
+#[must_use]
+pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
+    let sysfs = &opts.sysfs;
+    let host_view = opts.netns == NetnsTarget::Current;
+    let rdma = sysfs.rdma_devices();
+    let mut pci: BTreeMap<String, Device> = BTreeMap::new();
+    for p in sysfs.network_pci_devices() {
+        let mut d = pci_device(&p, &opts.pci_ids);
+        if let Some(r) = rdma.iter().find(|r| r.pci_address.as_deref() == Some(&p.address)) {
+            set_rdma(&mut d, r);
+        }
+        pci.insert(p.address.clone(), d);
+    }
+    // RDMA devices without a (usable) PCI network function: IB-only devices.
+    for r in &rdma {
+        let addr = r.pci_address.clone();
+        if addr.as_ref().is_some_and(|a| pci.contains_key(a)) {
+            continue;
+        }
+        let mut d = match addr.as_deref().and_then(|a| sysfs.pci_info(a)) {
+            Some(info) => pci_device(&info, &opts.pci_ids),
+            None => Device {
+                name: netdev_device_name(&r.name),
+                ..Device::default()
+            },
+        };
+        set_rdma(&mut d, r);
+        pci.insert(addr.unwrap_or_else(|| r.name.clone()), d);
+    }
+    let mut removed_pci: BTreeSet<String> = BTreeSet::new();
+    let mut netdevs: Vec<Device> = Vec::new();
+    for link in &net.links {
+        if link.loopback || link.name.is_empty() || SKIPPED_NETDEVS.contains(&link.name.as_str()) {
+            continue;
+        }
+        if !opts.move_ib_interfaces && link.kind == "ipoib" {
+            continue;
+        }
+        let pci_addr = host_view.then(|| sysfs.netdev_pci_address(&link.name)).flatten();
+        if net.uplinks.contains(&link.index) {
+            if let Some(a) = pci_addr {
+                removed_pci.insert(a);
+            }
+            continue;
+        }
+        let is_virtual = host_view
+            .then(|| sysfs.netdev_is_virtual(&link.name))
+            .flatten()
+            .unwrap_or(link.kind != "device");
+        match pci_addr.as_ref().and_then(|a| pci.get_mut(a)) {
+            Some(d) if d.ifname.is_none() => {
+                set_link(d, link, is_virtual);
+                d.pf_mtu = sysfs.netdev_pf_mtu(&link.name);
+                if d.rdma_device.is_none()
+                    && let Some(r) = sysfs.netdev_rdma_device(&link.name)
+                {
+                    d.rdma_device = Some(r.clone());
+                    d.set(attr::RDMA, AttrValue::Bool(true));
+                    d.set_str(attr::RDMA_DEVICE, r);
+                }
+            }
+            Some(_) => {} // a second netdev of the same PCI function: the first one wins
+            None => {
+                let mut d = match pci_addr.as_deref().and_then(|a| sysfs.pci_info(a)) {
+                    Some(info) => pci_device(&info, &opts.pci_ids),
+                    None => Device::default(),
+                };
+                d.name = netdev_device_name(&link.name);
+                d.set(attr::RDMA, AttrValue::Bool(false));
+                set_link(&mut d, link, is_virtual);
+                netdevs.push(d);
+            }
+        }
+    }
+    let mut out: Vec<Device> = pci
+        .into_iter()
+        .filter(|(a, _)| !removed_pci.contains(a))
+        .map(|(_, d)| d)
+        .chain(netdevs)
+        .filter(|d| opts.filter.as_ref().is_none_or(|f| f.keep(d)))
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup_by(|a, b| a.name == b.name);
+    out
+}
+
+fn pci_device(p: &PciInfo, ids: &PciIds) -> Device {
+    let mut d = Device {
+        name: pci_device_name(&p.address),
+        pci_address: Some(p.address.clone()),
+        ..Device::default()
+    };
+    d.set_str(attr::PCI_ADDRESS, p.address.clone());
+    let vendor = ids.vendor(&p.vendor_id).unwrap_or(&p.vendor_id);
+    if !vendor.is_empty() {
+        d.set_str(attr::PCI_VENDOR, truncate(vendor));
+    }
+    let product = ids.device(&p.vendor_id, &p.device_id).unwrap_or(&p.device_id);
+    if !product.is_empty() {
+        d.set_str(attr::PCI_DEVICE, truncate(product));
+    }
+    if !p.subsystem_id.is_empty() {
+        d.set_str(attr::PCI_SUBSYSTEM, p.subsystem_id.clone());
+    }
+    if let Some(n) = p.numa_node {
+        d.set(attr::NUMA_NODE, AttrValue::Int(n));
+        d.set(attr::STD_NUMA_NODE, AttrValue::Int(n));
+    }
+    if let Some(root) = &p.pcie_root {
+        d.set_str(attr::STD_PCIE_ROOT, root.clone());
+    }
+    let sriov = p.sriov_total_vfs.unwrap_or(0) > 0;
+    d.set(attr::SRIOV, AttrValue::Bool(sriov));
+    if sriov {
+        d.set(attr::SRIOV_VFS, AttrValue::Int(p.sriov_num_vfs.unwrap_or(0)));
+    }
+    if p.is_vf {
+        d.set(attr::IS_SRIOV_VF, AttrValue::Bool(true));
+    }
+    d.set(attr::RDMA, AttrValue::Bool(false));
+    d
+}
+
+fn set_rdma(d: &mut Device, r: &RdmaInfo) {
+    d.rdma_device = Some(r.name.clone());
+    d.char_devices.clone_from(&r.char_devices);
+    d.set(attr::RDMA, AttrValue::Bool(true));
+    d.set_str(attr::RDMA_DEVICE, r.name.clone());
+}
+
+fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
+    d.ifname = Some(l.name.clone());
+    d.mtu = l.mtu;
+    d.addresses = l.ipv4.iter().chain(&l.ipv6).cloned().collect();
+    d.routes.clone_from(&l.routes);
+    d.mac = l.perm_mac.clone().or_else(|| l.mac.clone());
+    d.set_str(attr::IF_NAME, l.name.clone());
+    if let Some(mac) = &l.mac {
+        d.set_str(attr::MAC, mac.clone());
+    }
+    if let Some(mtu) = l.mtu {
+        d.set(attr::MTU, AttrValue::Int(i64::from(mtu)));
+    }
+    d.set_str(attr::ENCAPSULATION, l.encapsulation.clone());
+    d.set_str(attr::ALIAS, truncate(l.alias.as_deref().unwrap_or("")));
+    d.set_str(attr::STATE, l.operstate.clone());
+    d.set_str(attr::TYPE, l.kind.clone());
+    if !l.ipv4.is_empty() {
+        d.set_str(attr::IPV4, capped_join(&l.ipv4));
+    }
+    if !l.ipv6.is_empty() {
+        d.set_str(attr::IPV6, capped_join(&l.ipv6));
+    }
+    d.set(attr::VIRTUAL, AttrValue::Bool(is_virtual));
+}
+
+/// Cuts a string to at most [`MAX_ATTRIBUTE_LEN`] bytes on a char boundary.
+fn truncate(s: &str) -> String {
+    let mut end = s.len().min(MAX_ATTRIBUTE_LEN);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// The latest inventory, shared between the publisher and Prepare.
+#[derive(Clone, Debug, Default)]
+pub struct SharedInventory {
+    devices: Arc<RwLock<Vec<Device>>>,
+}
+
+impl SharedInventory {
+    #[must_use]
+    pub fn new(devices: Vec<Device>) -> Self {
+        Self {
+            devices: Arc::new(RwLock::new(devices)),
+        }
+    }
+
+    /// Replaces the devices; returns true when they changed.
+    pub fn replace(&self, devices: Vec<Device>) -> bool {
+        let mut g = match self.devices.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let changed = *g != devices;
+        *g = devices;
+        changed
+    }
+
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<Device> {
+        match self.devices.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<Device> {
+        let g = match self.devices.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.iter().find(|d| d.name == name).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,281 @@
-//! slices
+//! ResourceSlices (`resource.k8s.io/v1`) for this node's devices: one pool named after the node,
+//! at most [`MAX_DEVICES_PER_SLICE`] devices per slice (the pool is split across slices with
+//! `resourceSliceCount`), one `generation` for all slices of the pool, bumped on every change.
+//!
+//! [`build_slices`] is pure; a [`Publisher`] puts slices somewhere ([`KubePublisher`]: the API
+//! server, [`DirPublisher`]: one JSON file per slice); [`SliceController`] re-publishes when the
+//! inventory changes ([`diff`]).
+
+mod dir;
+mod kube_api;
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+pub use dir::DirPublisher;
+pub use kube_api::KubePublisher;
+
+use crate::inventory::{AttrValue, Device};
+
+/// Upstream's driver name.
+pub const DEFAULT_DRIVER: &str = "dra.net";
+/// `ResourceSliceMaxDevices` (v1).
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+pub const API_VERSION: &str = "resource.k8s.io/v1";
+pub const KIND: &str = "ResourceSlice";
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum SliceError {
+    #[error("{what} {path}")]
+    Io {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encoding slice {name}")]
+    Json {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("kube API: {what}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// `metadata.ownerReferences[]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnerReference {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<bool>,
+}
+
+/// The part of `ObjectMeta` we write.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_references: Vec<OwnerReference>,
+}
+
+/// `ResourcePool`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourcePool {
+    pub name: String,
+    pub generation: i64,
+    pub resource_slice_count: i64,
+}
+
+/// v1 `Device` (flat, no `basic` wrapper); only the fields dranet uses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SliceDevice {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, AttrValue>,
+}
+
+/// `ResourceSliceSpec`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceSliceSpec {
+    pub driver: String,
+    pub pool: ResourcePool,
+    pub node_name: String,
+    #[serde(default)]
+    pub devices: Vec<SliceDevice>,
+}
+
+/// A `resource.k8s.io/v1` `ResourceSlice`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceSlice {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: ResourceSliceSpec,
+}
+
+/// Label put on every slice so stale ones can be found without a field selector.
+pub const NODE_LABEL: &str = "dra.net/node";
+
+/// Deterministic slice name: `<node>-<driver>-<index>` (a DNS subdomain when the node name is).
+#[must_use]
+pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
+    let mut base = format!("{node}-{driver}");
+    base.truncate(240);
+    format!("{base}-{index}")
+}
+
+/// Splits `devices` into slices of ≤ 128 devices (always at least one slice, possibly empty, so
+/// the pool exists), all with `generation` and the same `resourceSliceCount`.
+#[must_use]
+pub fn build_slices(
+    driver: &str,
+    node: &str,
+    generation: i64,
+    owner: Option<&OwnerReference>,
+    devices: &[Device],
+) -> Vec<ResourceSlice> {
+    let chunks: Vec<&[Device]> = if devices.is_empty() {
+        vec![&[]]
+    } else {
+        devices.chunks(MAX_DEVICES_PER_SLICE).collect()
+    };
+    let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, chunk)| ResourceSlice {
+            api_version: API_VERSION.to_owned(),
+            kind: KIND.to_owned(),
+            metadata: ObjectMeta {
+                name: slice_name(node, driver, i),
+                labels: BTreeMap::from([(NODE_LABEL.to_owned(), node.to_owned())]),
+                owner_references: owner.cloned().into_iter().collect(),
+            },
+            spec: ResourceSliceSpec {
+                driver: driver.to_owned(),
+                pool: ResourcePool {
+                    name: node.to_owned(),
+                    generation,
+                    resource_slice_count: count,
+                },
+                node_name: node.to_owned(),
+                devices: chunk
+                    .iter()
+                    .map(|d| SliceDevice {
+                        name: d.name.clone(),
+                        attributes: d.attributes.clone(),
+                    })
+                    .collect(),
+            },
+        })
+        .collect()
+}
+
+/// What changed between two inventories (by device name).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InventoryDiff {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
+impl InventoryDiff {
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+/// Compares published views (name + attributes) of two inventories.
+#[must_use]
+pub fn diff(old: &[Device], new: &[Device]) -> InventoryDiff {
+    let o: BTreeMap<&str, &BTreeMap<String, AttrValue>> =
+        old.iter().map(|d| (d.name.as_str(), &d.attributes)).collect();
+    let n: BTreeMap<&str, &BTreeMap<String, AttrValue>> =
+        new.iter().map(|d| (d.name.as_str(), &d.attributes)).collect();
+    let mut out = InventoryDiff::default();
+    for (name, attrs) in &n {
+        match o.get(name) {
+            None => out.added.push((*name).to_owned()),
+            Some(prev) if prev != attrs => out.changed.push((*name).to_owned()),
+            Some(_) => {}
+        }
+    }
+    out.removed = o
+        .keys()
+        .filter(|k| !n.contains_key(*k))
+        .map(|k| (*k).to_owned())
+        .collect();
+    out
+}
+
+/// Where slices go. Implementations replace the node's whole set: create/update the given
+/// slices and delete this node's slices of this driver that are not in it.
+pub trait Publisher: Send + Sync {
+    /// Highest pool generation already published for this node (0 if none), so a restarted
+    /// driver continues above it.
+    fn existing_generation<'a>(&'a self) -> BoxFuture<'a, Result<i64, SliceError>>;
+    /// The owner reference to put on slices (the Node), if known.
+    fn owner<'a>(&'a self) -> BoxFuture<'a, Option<OwnerReference>>;
+    fn publish<'a>(&'a self, slices: &'a [ResourceSlice]) -> BoxFuture<'a, Result<(), SliceError>>;
+}
+
+/// Re-publishes the pool when the inventory changes.
+pub struct SliceController<P: Publisher> {
+    publisher: P,
+    driver: String,
+    node: String,
+    generation: Option<i64>,
+    last: Option<Vec<Device>>,
+}
+
+impl<P: Publisher> SliceController<P> {
+    pub fn new(publisher: P, driver: impl Into<String>, node: impl Into<String>) -> Self {
+        Self {
+            publisher,
+            driver: driver.into(),
+            node: node.into(),
+            generation: None,
+            last: None,
+        }
+    }
+
+    #[must_use]
+    pub fn publisher(&self) -> &P {
+        &self.publisher
+    }
+
+    /// Current pool generation (after the first publish).
+    #[must_use]
+    pub fn generation(&self) -> Option<i64> {
+        self.generation
+    }
+
+    /// Publishes `devices` if they differ from the last published set (or nothing was
+    /// published yet); returns whether it published.
+    pub async fn update(&mut self, devices: &[Device]) -> Result<bool, SliceError> {
+        if let Some(last) = &self.last
+            && diff(last, devices).is_empty()
+        {
+            return Ok(false);
+        }
+        self.publish(devices).await?;
+        Ok(true)
+    }
+
+    /// Publishes unconditionally (e.g. after kubelet re-registration wiped the slices).
+    pub async fn publish(&mut self, devices: &[Device]) -> Result<(), SliceError> {
+        let generation = match self.generation {
+            Some(g) => g + 1,
+            None => self.publisher.existing_generation().await? + 1,
+        };
+        let owner = self.publisher.owner().await;
+        let slices = build_slices(&self.driver, &self.node, generation, owner.as_ref(), devices);
+        self.publisher.publish(&slices).await?;
+        self.generation = Some(generation);
+        self.last = Some(devices.to_vec());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

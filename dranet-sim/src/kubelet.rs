@@ -1,0 +1,334 @@
+//! A kubelet stand-in for tests: finds the plugin's registration socket the way the plugin
+//! watcher does (any socket in `<root>/plugins_registry/` not starting with `.`), calls GetInfo
+//! and NotifyRegistrationStatus, then calls NodePrepareResources / NodeUnprepareResources on the
+//! advertised endpoint (v1 or v1beta1), all gRPC over unix sockets. Test support only.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dranet::dra::proto::pluginregistration::registration_client::RegistrationClient;
+use dranet::dra::proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
+use dranet::dra::proto::{v1, v1beta1};
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The DRA services this kubelet speaks (as kubelet ≥ 1.34).
+pub const KUBELET_SUPPORTED: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+
+/// A claim as kubelet names it.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Claim {
+    #[must_use]
+    pub fn new(namespace: &str, name: &str, uid: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+}
+
+/// One device of a prepare response, version-independent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedDevice {
+    pub request_names: Vec<String>,
+    pub pool: String,
+    pub device: String,
+    pub share_id: Option<String>,
+}
+
+/// One claim's prepare result.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrepareResult {
+    pub devices: Vec<PreparedDevice>,
+    pub error: String,
+}
+
+/// The DRA API version to call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraVersion {
+    V1,
+    V1beta1,
+}
+
+/// Opens a gRPC channel over a unix socket.
+pub async fn uds_channel(path: &Path) -> Result<Channel> {
+    let path = path.to_path_buf();
+    let ch = Endpoint::try_from("http://[::]:0")?
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(p).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(s))
+            }
+        }))
+        .await
+        .context("connecting over the unix socket")?;
+    Ok(ch)
+}
+
+/// The kubelet simulator, rooted at a kubelet root dir.
+#[derive(Clone, Debug)]
+pub struct KubeletSim {
+    pub root: PathBuf,
+}
+
+impl KubeletSim {
+    #[must_use]
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    #[must_use]
+    pub fn registry_dir(&self) -> PathBuf {
+        self.root.join("plugins_registry")
+    }
+
+    /// Waits until a registration socket appears and returns its path.
+    pub async fn wait_for_registration_socket(&self, timeout: Duration) -> Result<PathBuf> {
+        let start = Instant::now();
+        loop {
+            if let Ok(rd) = std::fs::read_dir(self.registry_dir()) {
+                for e in rd.flatten() {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    let is_sock = e
+                        .file_type()
+                        .is_ok_and(|t| std::os::unix::fs::FileTypeExt::is_socket(&t));
+                    if is_sock && !name.starts_with('.') {
+                        return Ok(e.path());
+                    }
+                }
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "no registration socket in {} after {timeout:?}",
+                    self.registry_dir().display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// GetInfo + validation + NotifyRegistrationStatus, as kubelet's plugin manager does.
+    pub async fn register(&self, reg_socket: &Path) -> Result<RegisteredPlugin> {
+        let mut client = RegistrationClient::new(uds_channel(reg_socket).await?);
+        let info = client.get_info(InfoRequest {}).await?.into_inner();
+        let verdict = validate(&info);
+        let status = RegistrationStatus {
+            plugin_registered: verdict.is_ok(),
+            error: verdict
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+        };
+        let notified = client.notify_registration_status(status).await;
+        let version = verdict?;
+        notified.context("NotifyRegistrationStatus")?;
+        let channel = uds_channel(Path::new(&info.endpoint)).await?;
+        Ok(RegisteredPlugin {
+            info,
+            version,
+            channel,
+        })
+    }
+
+    /// Reports a failed registration (as kubelet does for a bad plugin); returns the plugin's
+    /// answer.
+    pub async fn reject(&self, reg_socket: &Path, error: &str) -> Result<()> {
+        let mut client = RegistrationClient::new(uds_channel(reg_socket).await?);
+        client
+            .notify_registration_status(RegistrationStatus {
+                plugin_registered: false,
+                error: error.to_owned(),
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+fn validate(info: &PluginInfo) -> Result<DraVersion> {
+    if info.r#type != "DRAPlugin" {
+        bail!("unexpected plugin type {:?}", info.r#type);
+    }
+    if info.name.is_empty() || info.endpoint.is_empty() {
+        bail!("plugin name and endpoint must be set");
+    }
+    let first = info
+        .supported_versions
+        .iter()
+        .find(|v| KUBELET_SUPPORTED.contains(&v.as_str()))
+        .context("none of the plugin's versions is supported")?;
+    Ok(if first == "v1.DRAPlugin" {
+        DraVersion::V1
+    } else {
+        DraVersion::V1beta1
+    })
+}
+
+/// A registered plugin with an open channel to its DRA endpoint.
+pub struct RegisteredPlugin {
+    pub info: PluginInfo,
+    /// The version kubelet picked (the first supported entry of the plugin's list).
+    pub version: DraVersion,
+    channel: Channel,
+}
+
+impl RegisteredPlugin {
+    /// NodePrepareResources with the negotiated version.
+    pub async fn prepare(&self, claims: &[Claim]) -> Result<BTreeMap<String, PrepareResult>> {
+        self.prepare_with(self.version, claims).await
+    }
+
+    pub async fn unprepare(&self, claims: &[Claim]) -> Result<BTreeMap<String, String>> {
+        self.unprepare_with(self.version, claims).await
+    }
+
+    /// NodePrepareResources with an explicit version.
+    pub async fn prepare_with(
+        &self,
+        version: DraVersion,
+        claims: &[Claim],
+    ) -> Result<BTreeMap<String, PrepareResult>> {
+        let out = match version {
+            DraVersion::V1 => {
+                let mut c = v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                let req = v1::NodePrepareResourcesRequest {
+                    claims: claims
+                        .iter()
+                        .map(|c| v1::Claim {
+                            namespace: c.namespace.clone(),
+                            uid: c.uid.clone(),
+                            name: c.name.clone(),
+                        })
+                        .collect(),
+                };
+                c.node_prepare_resources(req)
+                    .await?
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let devices = r
+                            .devices
+                            .into_iter()
+                            .map(|d| PreparedDevice {
+                                request_names: d.request_names,
+                                pool: d.pool_name,
+                                device: d.device_name,
+                                share_id: d.share_id,
+                            })
+                            .collect();
+                        (
+                            uid,
+                            PrepareResult {
+                                devices,
+                                error: r.error,
+                            },
+                        )
+                    })
+                    .collect()
+            }
+            DraVersion::V1beta1 => {
+                let mut c = v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                let req = v1beta1::NodePrepareResourcesRequest {
+                    claims: claims
+                        .iter()
+                        .map(|c| v1beta1::Claim {
+                            namespace: c.namespace.clone(),
+                            uid: c.uid.clone(),
+                            name: c.name.clone(),
+                        })
+                        .collect(),
+                };
+                c.node_prepare_resources(req)
+                    .await?
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let devices = r
+                            .devices
+                            .into_iter()
+                            .map(|d| PreparedDevice {
+                                request_names: d.request_names,
+                                pool: d.pool_name,
+                                device: d.device_name,
+                                share_id: None,
+                            })
+                            .collect();
+                        (
+                            uid,
+                            PrepareResult {
+                                devices,
+                                error: r.error,
+                            },
+                        )
+                    })
+                    .collect()
+            }
+        };
+        Ok(out)
+    }
+
+    /// NodeUnprepareResources with an explicit version; claim UID → error ("" = ok).
+    pub async fn unprepare_with(
+        &self,
+        version: DraVersion,
+        claims: &[Claim],
+    ) -> Result<BTreeMap<String, String>> {
+        let out = match version {
+            DraVersion::V1 => {
+                let mut c = v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                let req = v1::NodeUnprepareResourcesRequest {
+                    claims: claims
+                        .iter()
+                        .map(|c| v1::Claim {
+                            namespace: c.namespace.clone(),
+                            uid: c.uid.clone(),
+                            name: c.name.clone(),
+                        })
+                        .collect(),
+                };
+                c.node_unprepare_resources(req)
+                    .await?
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| (uid, r.error))
+                    .collect()
+            }
+            DraVersion::V1beta1 => {
+                let mut c = v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                let req = v1beta1::NodeUnprepareResourcesRequest {
+                    claims: claims
+                        .iter()
+                        .map(|c| v1beta1::Claim {
+                            namespace: c.namespace.clone(),
+                            uid: c.uid.clone(),
+                            name: c.name.clone(),
+                        })
+                        .collect(),
+                };
+                c.node_unprepare_resources(req)
+                    .await?
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| (uid, r.error))
+                    .collect()
+            }
+        };
+        Ok(out)
+    }
+}

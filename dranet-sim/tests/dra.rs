@@ -1,0 +1,514 @@
+//! DRA side end to end: the kubelet simulator registers the plugin over its unix socket and calls
+//! NodePrepare/NodeUnprepare (v1 and v1beta1); inventory on real links in a unique netns (root);
+//! ResourceSlices split at 128 devices. The test kernel has no `dummy` module, so the links are
+//! veth pairs and bridges.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers panic on setup failure, like the tests"
+)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dranet::dra::{KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer, ResourceClaim};
+use dranet::inventory::{self, AttrValue, Device, NetnsTarget, ScanOptions, SharedInventory, Sysfs};
+use dranet::plan::PodPlan;
+use dranet::slices::{DirPublisher, SliceController};
+use dranet_sim::kernel::{PodNetns, require_root, sh, unique};
+use dranet_sim::kubelet::{Claim, DraVersion, KubeletSim};
+use serde_json::json;
+
+/// Records what Prepare hands to the rescue engine.
+#[derive(Default)]
+struct Recorder {
+    plans: Mutex<BTreeMap<String, PodPlan>>,
+    removed: Mutex<Vec<String>>,
+}
+
+impl PlanSink for Recorder {
+    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
+        self.plans.lock().unwrap().insert(plan.pod_uid.clone(), plan);
+        Ok(())
+    }
+    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
+        self.removed.lock().unwrap().push(claim_uid.to_owned());
+        let mut plans = self.plans.lock().unwrap();
+        for p in plans.values_mut() {
+            p.devices.retain(|d| d.claim.uid != claim_uid);
+        }
+        plans.retain(|_, p| !p.devices.is_empty());
+        Ok(())
+    }
+}
+
+/// A temp dir removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(unique(&format!("dranet-{tag}-")));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn claim_json(
+    name: &str,
+    uid: &str,
+    pod: &str,
+    results: serde_json::Value,
+    config: serde_json::Value,
+) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "status": {
+            "allocation": {"devices": {"results": results, "config": config}},
+            "reservedFor": [{"resource": "pods", "name": format!("{pod}-name"), "uid": pod}]
+        }
+    }))
+    .unwrap()
+}
+
+fn result(request: &str, pool: &str, device: &str) -> serde_json::Value {
+    json!({"request": request, "driver": "dra.net", "pool": pool, "device": device})
+}
+
+struct Harness {
+    _dir: TempDir,
+    cfg: PluginConfig,
+    plugin: Option<KubeletPlugin>,
+    claims: MemoryClaimSource,
+    sink: Arc<Recorder>,
+    kubelet: KubeletSim,
+}
+
+async fn harness() -> Harness {
+    let dir = TempDir::new("kubelet");
+    let cfg = PluginConfig {
+        kubelet_root: dir.0.clone(),
+        driver: "dra.net".into(),
+    };
+    // A stale socket file from a previous run must not prevent start-up.
+    std::fs::create_dir_all(cfg.plugin_dir()).unwrap();
+    std::fs::write(cfg.dra_socket(), b"stale").unwrap();
+    let claims = MemoryClaimSource::new();
+    let sink = Arc::new(Recorder::default());
+    let inv = SharedInventory::new(vec![
+        Device {
+            name: "eth1".into(),
+            ifname: Some("eth1".into()),
+            ..Device::default()
+        },
+        Device {
+            name: "eth2".into(),
+            ifname: Some("eth2".into()),
+            ..Device::default()
+        },
+    ]);
+    let preparer = Arc::new(Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inv),
+        sink.clone(),
+    ));
+    let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
+    let kubelet = KubeletSim::new(&dir.0);
+    Harness {
+        _dir: dir,
+        cfg,
+        plugin: Some(plugin),
+        claims,
+        sink,
+        kubelet,
+    }
+}
+
+#[tokio::test]
+async fn registration_like_kubelet() {
+    let mut h = harness().await;
+    let sock = h
+        .kubelet
+        .wait_for_registration_socket(Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(sock, h.cfg.registration_socket());
+    assert!(sock.ends_with("plugins_registry/dra.net-reg.sock"));
+    let mode = std::fs::metadata(h.cfg.plugin_dir())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o750);
+
+    let reg = h.kubelet.register(&sock).await.unwrap();
+    assert_eq!(reg.info.r#type, "DRAPlugin");
+    assert_eq!(reg.info.name, "dra.net");
+    assert_eq!(PathBuf::from(&reg.info.endpoint), h.cfg.dra_socket());
+    assert_eq!(reg.info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+    assert_eq!(reg.version, DraVersion::V1);
+    let status = h
+        .plugin
+        .as_ref()
+        .unwrap()
+        .registration()
+        .borrow()
+        .clone()
+        .unwrap();
+    assert!(status.plugin_registered);
+
+    // A rejected registration is reported back as an error, as the Go library does.
+    let err = h.kubelet.reject(&sock, "version mismatch").await.unwrap_err();
+    assert!(err.to_string().contains("version mismatch"), "{err}");
+    let status = h
+        .plugin
+        .as_ref()
+        .unwrap()
+        .registration()
+        .borrow()
+        .clone()
+        .unwrap();
+    assert!(!status.plugin_registered);
+
+    h.plugin.take().unwrap().stop().await;
+    assert!(!h.cfg.registration_socket().exists());
+    assert!(!h.cfg.dra_socket().exists());
+}
+
+#[tokio::test]
+async fn prepare_with_config_errors_and_unprepare_v1() {
+    let h = harness().await;
+    let sock = h
+        .kubelet
+        .wait_for_registration_socket(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let reg = h.kubelet.register(&sock).await.unwrap();
+
+    h.claims.insert(claim_json(
+        "good",
+        "uid-good",
+        "pod-1",
+        json!([result("nic", "node-a", "eth1")]),
+        json!([{"source": "FromClaim", "requests": ["nic"],
+                "opaque": {"driver": "dra.net", "parameters": {
+                    "interface": {"name": "net1", "addresses": ["10.9.0.2/24"], "mtu": 1400},
+                    "routes": [{"destination": "10.10.0.0/16", "gateway": "10.9.0.1"}]}}}]),
+    ));
+    h.claims.insert(claim_json(
+        "badcfg",
+        "uid-bad",
+        "pod-1",
+        json!([result("nic", "node-a", "eth2")]),
+        json!([{"source": "FromClaim", "opaque": {"driver": "dra.net",
+                "parameters": {"interface": {"name": "this-name-is-too-long"}}}}]),
+    ));
+    h.claims.insert(claim_json(
+        "otherpool",
+        "uid-pool",
+        "pod-1",
+        json!([result("nic", "node-b", "eth2")]),
+        json!([]),
+    ));
+    let res = reg
+        .prepare(&[
+            Claim::new("default", "good", "uid-good"),
+            Claim::new("default", "badcfg", "uid-bad"),
+            Claim::new("default", "missing", "uid-missing"),
+            Claim::new("default", "otherpool", "uid-pool"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(res.len(), 4, "every claim gets an entry: {res:?}");
+    let good = &res["uid-good"];
+    assert_eq!(good.error, "");
+    assert_eq!(good.devices.len(), 1);
+    assert_eq!(good.devices[0].device, "eth1");
+    assert_eq!(good.devices[0].pool, "node-a");
+    assert_eq!(good.devices[0].request_names, ["nic"]);
+    assert!(
+        res["uid-bad"].error.contains("exceeds maximum length of 15"),
+        "{:?}",
+        res["uid-bad"]
+    );
+    assert!(res["uid-bad"].devices.is_empty());
+    assert!(
+        res["uid-missing"].error.contains("not found"),
+        "{:?}",
+        res["uid-missing"]
+    );
+    assert!(
+        res["uid-pool"].error.contains("pool node-b"),
+        "{:?}",
+        res["uid-pool"]
+    );
+
+    {
+        let plans = h.sink.plans.lock().unwrap();
+        let plan = &plans["pod-1"];
+        assert_eq!(plan.pod_name, "pod-1-name");
+        assert_eq!(plan.devices.len(), 1);
+        let d = &plan.devices[0];
+        assert_eq!(d.pod_ifname(), Some("net1"));
+        assert_eq!(d.config.interface.mtu, Some(1400));
+        assert_eq!(d.config.routes[0].gateway, "10.9.0.1");
+        assert_eq!(d.claim.name, "good");
+    }
+
+    // Repeat is idempotent.
+    let again = reg
+        .prepare(&[Claim::new("default", "good", "uid-good")])
+        .await
+        .unwrap();
+    assert_eq!(again["uid-good"], res["uid-good"]);
+
+    let un = reg
+        .unprepare(&[Claim::new("default", "good", "uid-good")])
+        .await
+        .unwrap();
+    assert_eq!(un["uid-good"], "");
+    assert_eq!(*h.sink.removed.lock().unwrap(), ["uid-good"]);
+    assert!(h.sink.plans.lock().unwrap().is_empty());
+    // Unknown claim: still fine.
+    let un = reg
+        .unprepare(&[Claim::new("default", "x", "uid-x")])
+        .await
+        .unwrap();
+    assert_eq!(un["uid-x"], "");
+}
+
+#[tokio::test]
+async fn v1beta1_and_two_claims_of_one_pod() {
+    let h = harness().await;
+    let sock = h
+        .kubelet
+        .wait_for_registration_socket(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let reg = h.kubelet.register(&sock).await.unwrap();
+    h.claims.insert(claim_json(
+        "a",
+        "uid-a",
+        "pod-2",
+        json!([result("r", "node-a", "eth1")]),
+        json!([]),
+    ));
+    h.claims.insert(claim_json(
+        "b",
+        "uid-b",
+        "pod-2",
+        json!([result("r", "node-a", "eth2")]),
+        json!([]),
+    ));
+    let res = reg
+        .prepare_with(
+            DraVersion::V1beta1,
+            &[
+                Claim::new("default", "a", "uid-a"),
+                Claim::new("default", "b", "uid-b"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(res["uid-a"].error, "");
+    assert_eq!(res["uid-b"].devices[0].device, "eth2");
+    {
+        let plans = h.sink.plans.lock().unwrap();
+        let names: Vec<&str> = plans["pod-2"].devices.iter().map(|d| d.device.as_str()).collect();
+        assert_eq!(names, ["eth1", "eth2"], "devices of both claims merged");
+    }
+    let un = reg
+        .unprepare_with(DraVersion::V1beta1, &[Claim::new("default", "a", "uid-a")])
+        .await
+        .unwrap();
+    assert_eq!(un["uid-a"], "");
+    let plans = h.sink.plans.lock().unwrap();
+    assert_eq!(plans["pod-2"].devices.len(), 1);
+}
+
+/// `ip link del` on drop.
+struct HostLink(String);
+
+impl Drop for HostLink {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.0])
+            .output();
+    }
+}
+
+fn attr<'a>(d: &'a Device, k: &str) -> &'a AttrValue {
+    d.attributes
+        .get(k)
+        .unwrap_or_else(|| panic!("{} has no {k}: {:?}", d.name, d.attributes))
+}
+
+#[test]
+fn inventory_of_a_netns_with_bridge_and_veth() {
+    if !require_root("inventory_of_a_netns_with_bridge_and_veth").unwrap() {
+        return;
+    }
+    let ns = PodNetns::create(&unique("dinv")).unwrap();
+    let br = unique("br");
+    let va = unique("va");
+    let vb = unique("vb");
+    ns.ip(&["link", "add", &br, "type", "bridge"]).unwrap();
+    ns.ip(&[
+        "link",
+        "set",
+        &br,
+        "mtu",
+        "9000",
+        "address",
+        "02:11:22:33:44:55",
+        "up",
+    ])
+    .unwrap();
+    ns.ip(&["addr", "add", "192.0.2.10/24", "dev", &br]).unwrap();
+    ns.ip(&["addr", "add", "2001:db8::10/64", "dev", &br, "nodad"])
+        .unwrap();
+    ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+        .unwrap();
+    let odd = "Odd_Name";
+    ns.ip(&["link", "add", odd, "type", "bridge"]).unwrap();
+
+    let opts = ScanOptions {
+        netns: NetnsTarget::Path(ns.path.clone()),
+        sysfs: Sysfs::new("/nonexistent-sysfs"),
+        ..ScanOptions::default()
+    };
+    let devs = inventory::scan(&opts).unwrap();
+    let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
+    assert!(!names.contains(&"lo"), "{names:?}");
+    let d = devs.iter().find(|d| d.name == br).unwrap();
+    assert_eq!(attr(d, "dra.net/type"), &AttrValue::String("bridge".into()));
+    assert_eq!(attr(d, "dra.net/ifName"), &AttrValue::String(br.clone()));
+    assert_eq!(attr(d, "dra.net/mtu"), &AttrValue::Int(9000));
+    assert_eq!(
+        attr(d, "dra.net/mac"),
+        &AttrValue::String("02:11:22:33:44:55".into())
+    );
+    assert_eq!(
+        attr(d, "dra.net/ipv4"),
+        &AttrValue::String("192.0.2.10/24".into())
+    );
+    assert_eq!(
+        attr(d, "dra.net/ipv6"),
+        &AttrValue::String("2001:db8::10/64".into())
+    );
+    assert_eq!(
+        attr(d, "dra.net/encapsulation"),
+        &AttrValue::String("ether".into())
+    );
+    assert_eq!(attr(d, "dra.net/virtual"), &AttrValue::Bool(true));
+    assert_eq!(attr(d, "dra.net/rdma"), &AttrValue::Bool(false));
+    assert!(matches!(attr(d, "dra.net/state"), AttrValue::String(_)));
+    assert_eq!(d.ifname.as_deref(), Some(br.as_str()));
+    let v = devs.iter().find(|d| d.name == va).unwrap();
+    assert_eq!(attr(v, "dra.net/type"), &AttrValue::String("veth".into()));
+    assert_eq!(attr(v, "dra.net/state"), &AttrValue::String("down".into()));
+    let odd_dev = devs.iter().find(|d| d.ifname.as_deref() == Some(odd)).unwrap();
+    assert_eq!(odd_dev.name, inventory::netdev_device_name(odd));
+    assert!(odd_dev.name.starts_with("net-"));
+
+    // Upstream's default filter drops the veth pair.
+    let filtered = inventory::scan(&ScanOptions {
+        filter: inventory::Filter::compile(inventory::DEFAULT_FILTER).unwrap(),
+        ..opts
+    })
+    .unwrap();
+    assert!(filtered.iter().all(|d| d.name != va && d.name != vb));
+    assert!(filtered.iter().any(|d| d.name == br));
+}
+
+#[test]
+fn inventory_of_the_host_netns_sees_a_new_link() {
+    if !require_root("inventory_of_the_host_netns_sees_a_new_link").unwrap() {
+        return;
+    }
+    let name = unique("hd");
+    sh(&["ip", "link", "add", &name, "type", "bridge"]).unwrap();
+    let _guard = HostLink(name.clone());
+    let devs = inventory::scan(&ScanOptions::default()).unwrap();
+    let d = devs.iter().find(|d| d.name == name).unwrap();
+    assert_eq!(attr(d, "dra.net/type"), &AttrValue::String("bridge".into()));
+    // Real sysfs: a bridge lives under /sys/devices/virtual.
+    assert_eq!(attr(d, "dra.net/virtual"), &AttrValue::Bool(true));
+    assert!(!d.attributes.contains_key("dra.net/pciAddress"));
+}
+
+#[tokio::test]
+async fn slices_of_130_real_links_split_at_128() {
+    if !require_root("slices_of_130_real_links_split_at_128").unwrap() {
+        return;
+    }
+    let ns = PodNetns::create(&unique("dsl")).unwrap();
+    let batch: String = (0..65)
+        .map(|i| format!("link add a{i} type veth peer name b{i}\n"))
+        .collect();
+    let file = TempDir::new("batch");
+    let path = file.0.join("batch");
+    std::fs::write(&path, batch).unwrap();
+    ns.ip(&["-batch", path.to_str().unwrap()]).unwrap();
+    let nspath = ns.path.clone();
+    let devs = tokio::task::spawn_blocking(move || {
+        inventory::scan(&ScanOptions {
+            netns: NetnsTarget::Path(nspath),
+            sysfs: Sysfs::new("/nonexistent-sysfs"),
+            ..ScanOptions::default()
+        })
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        devs.len(),
+        130,
+        "{:?}",
+        devs.iter().map(|d| &d.name).collect::<Vec<_>>()
+    );
+
+    let out = TempDir::new("slices");
+    let publisher = DirPublisher::new(&out.0, "dra.net", "node-a");
+    let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
+    assert!(ctl.update(&devs).await.unwrap());
+    let slices = publisher.read_all().unwrap();
+    assert_eq!(slices.len(), 2);
+    assert_eq!(slices[0].spec.devices.len(), 128);
+    assert_eq!(slices[1].spec.devices.len(), 2);
+    for s in &slices {
+        assert_eq!(s.spec.pool.resource_slice_count, 2);
+        assert_eq!(s.spec.pool.generation, 1);
+        assert_eq!(s.spec.pool.name, "node-a");
+    }
+    // Removing links (5 pairs) re-publishes a single slice with a new generation.
+    let batch: String = (0..5).map(|i| format!("link del a{i}\n")).collect();
+    std::fs::write(&path, batch).unwrap();
+    ns.ip(&["-batch", path.to_str().unwrap()]).unwrap();
+    let nspath = ns.path.clone();
+    let devs = tokio::task::spawn_blocking(move || {
+        inventory::scan(&ScanOptions {
+            netns: NetnsTarget::Path(nspath),
+            sysfs: Sysfs::new("/nonexistent-sysfs"),
+            ..ScanOptions::default()
+        })
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(ctl.update(&devs).await.unwrap());
+    let slices = publisher.read_all().unwrap();
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0].spec.devices.len(), 120);
+    assert_eq!(slices[0].spec.pool.generation, 2);
+}

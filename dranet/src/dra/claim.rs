@@ -1,0 +1,234 @@
+//! The parts of a `resource.k8s.io/v1` ResourceClaim that Prepare reads (own serde types, API
+//! field names), and where claims come from: [`ClaimSource`] ([`KubeClaimSource`] GETs them,
+//! [`MemoryClaimSource`] serves tests).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+/// Errors of claim sources.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error("ResourceClaim {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    #[error("getting ResourceClaim {namespace}/{name}")]
+    Kube {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("decoding ResourceClaim {namespace}/{name}")]
+    Decode {
+        namespace: String,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceClaim {
+    #[serde(default)]
+    pub metadata: ClaimMeta,
+    #[serde(default)]
+    pub status: ClaimStatus,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<AllocationResult>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved_for: Vec<ConsumerReference>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationResult {
+    #[serde(default)]
+    pub devices: DeviceAllocationResult,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceAllocationResult {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<DeviceRequestAllocationResult>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config: Vec<DeviceAllocationConfiguration>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRequestAllocationResult {
+    #[serde(default)]
+    pub request: String,
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub pool: String,
+    #[serde(default)]
+    pub device: String,
+    #[serde(default, rename = "shareID", skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+}
+
+/// `source` is `FromClass` or `FromClaim`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceAllocationConfiguration {
+    #[serde(default)]
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opaque: Option<OpaqueDeviceConfiguration>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpaqueDeviceConfiguration {
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub parameters: serde_json::Value,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerReference {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api_group: String,
+    #[serde(default)]
+    pub resource: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// Where Prepare gets ResourceClaims.
+pub trait ClaimSource: Send + Sync + 'static {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>>;
+}
+
+/// GET `resource.k8s.io/v1` resourceclaims from the API server.
+#[derive(Clone)]
+pub struct KubeClaimSource {
+    client: kube::Client,
+}
+
+impl KubeClaimSource {
+    #[must_use]
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+impl ClaimSource for KubeClaimSource {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>> {
+        Box::pin(async move {
+            use k8s_openapi::api::resource::v1::ResourceClaim as Rc;
+            let api: kube::Api<Rc> = kube::Api::namespaced(self.client.clone(), namespace);
+            let rc = match api.get(name).await {
+                Ok(rc) => rc,
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    return Err(ClaimError::NotFound {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                    });
+                }
+                Err(source) => {
+                    return Err(ClaimError::Kube {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                        source,
+                    });
+                }
+            };
+            let decode = |source| ClaimError::Decode {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                source,
+            };
+            let v = serde_json::to_value(&rc).map_err(decode)?;
+            serde_json::from_value(v).map_err(decode)
+        })
+    }
+}
+
+/// Claims kept in memory, keyed by `namespace/name` (tests, offline runs).
+#[derive(Clone, Debug, Default)]
+pub struct MemoryClaimSource {
+    claims: Arc<RwLock<HashMap<String, ResourceClaim>>>,
+}
+
+impl MemoryClaimSource {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces a claim (keyed by its metadata namespace and name).
+    pub fn insert(&self, claim: ResourceClaim) {
+        let key = format!("{}/{}", claim.metadata.namespace, claim.metadata.name);
+        let mut g = match self.claims.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.insert(key, claim);
+    }
+
+    pub fn remove(&self, namespace: &str, name: &str) {
+        let mut g = match self.claims.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.remove(&format!("{namespace}/{name}"));
+    }
+}
+
+impl ClaimSource for MemoryClaimSource {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>> {
+        Box::pin(async move {
+            let g = match self.claims.read() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            g.get(&format!("{namespace}/{name}"))
+                .cloned()
+                .ok_or_else(|| ClaimError::NotFound {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                })
+        })
+    }
+}

@@ -1,0 +1,353 @@
+//! NodePrepareResources / NodeUnprepareResources logic, independent of the gRPC version:
+//! fetch the claim, take this driver's results in this node's pool, pick and validate the opaque
+//! config per request, look the devices up in the inventory, and hand the pod's merged
+//! [`PodPlan`] (all its claims) to the [`PlanSink`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
+use crate::config::{self, ConfigError, NetworkConfig};
+use crate::inventory::{Device, SharedInventory};
+use crate::plan::{ClaimRef, DevicePlan, PodPlan};
+
+/// Receives the plans (the rescue engine implements it).
+pub trait PlanSink: Send + Sync + 'static {
+    /// Replaces the plan of `plan.pod_uid` (all devices of all its prepared claims).
+    fn set_plan(&self, plan: PodPlan) -> Result<(), String>;
+    /// Forgets the devices of one claim.
+    fn remove_claim(&self, claim_uid: &str) -> Result<(), String>;
+}
+
+/// Finds inventory devices by slice device name.
+pub trait DeviceLookup: Send + Sync + 'static {
+    fn device(&self, name: &str) -> Option<Device>;
+}
+
+impl DeviceLookup for SharedInventory {
+    fn device(&self, name: &str) -> Option<Device> {
+        self.get(name)
+    }
+}
+
+/// Why one claim could not be prepared (goes into the per-claim `error` field).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    #[error("ResourceClaim {namespace}/{name} has UID {found}, kubelet asked for {wanted}")]
+    UidMismatch {
+        namespace: String,
+        name: String,
+        found: String,
+        wanted: String,
+    },
+    #[error("ResourceClaim {namespace}/{name} is not allocated")]
+    NotAllocated { namespace: String, name: String },
+    #[error("driver only supports one pod per claim, {count} consumers reserved")]
+    TooManyConsumers { count: usize },
+    #[error("claim consumer must be a core pod, got {api_group}/{resource}")]
+    NotAPod { api_group: String, resource: String },
+    #[error("device {device} (request {request}) is allocated from pool {pool}, not this node's pool {node}")]
+    WrongPool {
+        device: String,
+        request: String,
+        pool: String,
+        node: String,
+    },
+    #[error("device {device} not found in the node inventory")]
+    UnknownDevice { device: String },
+    #[error("invalid configuration for device {device} (request {request}): {source}")]
+    Config {
+        device: String,
+        request: String,
+        #[source]
+        source: ConfigError,
+    },
+    #[error("device {device}: VF MTU {mtu} exceeds the PF MTU {pf_mtu}")]
+    VfMtu { device: String, mtu: i32, pf_mtu: u32 },
+    #[error("device {device}: interface.dhcp is not supported by this driver yet")]
+    DhcpUnsupported { device: String },
+    #[error("storing the plan of pod {pod_uid}: {detail}")]
+    Sink { pod_uid: String, detail: String },
+}
+
+/// One prepared device, as the response lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedDevice {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    pub share_id: Option<String>,
+}
+
+#[derive(Default)]
+struct PodEntry {
+    namespace: String,
+    name: String,
+    claims: BTreeMap<String, Vec<DevicePlan>>,
+}
+
+#[derive(Default)]
+struct State {
+    pods: HashMap<String, PodEntry>,
+    claim_pod: HashMap<String, String>,
+}
+
+/// Prepares and unprepares claims for one driver on one node.
+pub struct Preparer {
+    driver: String,
+    node: String,
+    claims: Arc<dyn ClaimSource>,
+    devices: Arc<dyn DeviceLookup>,
+    sink: Arc<dyn PlanSink>,
+    state: Mutex<State>,
+}
+
+impl Preparer {
+    pub fn new(
+        driver: impl Into<String>,
+        node: impl Into<String>,
+        claims: Arc<dyn ClaimSource>,
+        devices: Arc<dyn DeviceLookup>,
+        sink: Arc<dyn PlanSink>,
+    ) -> Self {
+        Self {
+            driver: driver.into(),
+            node: node.into(),
+            claims,
+            devices,
+            sink,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    #[must_use]
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
+    /// Prepares one claim; idempotent (a repeat replaces the claim's devices with the same).
+    pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let rc = self.claims.get(&claim.namespace, &claim.name).await?;
+        let Some(planned) = plan_claim(&self.driver, &self.node, claim, &rc, self.devices.as_ref())? else {
+            return Ok(Vec::new());
+        };
+        let prepared = planned
+            .plans
+            .iter()
+            .map(|p| PreparedDevice {
+                request: p.request.clone(),
+                pool: p.pool.clone(),
+                device: p.device.clone(),
+                share_id: planned.share_ids.get(&p.device).cloned().flatten(),
+            })
+            .collect();
+        let mut st = match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let entry = st.pods.entry(planned.pod_uid.clone()).or_default();
+        entry.namespace.clone_from(&claim.namespace);
+        entry.name.clone_from(&planned.pod_name);
+        entry.claims.insert(claim.uid.clone(), planned.plans);
+        let plan = PodPlan {
+            pod_uid: planned.pod_uid.clone(),
+            pod_namespace: entry.namespace.clone(),
+            pod_name: entry.name.clone(),
+            devices: entry.claims.values().flatten().cloned().collect(),
+        };
+        st.claim_pod.insert(claim.uid.clone(), planned.pod_uid.clone());
+        drop(st);
+        self.sink.set_plan(plan).map_err(|detail| PrepareError::Sink {
+            pod_uid: planned.pod_uid,
+            detail,
+        })?;
+        Ok(prepared)
+    }
+
+    /// Unprepares one claim; unknown claims succeed (idempotent).
+    pub fn unprepare(&self, claim_uid: &str) -> Result<(), PrepareError> {
+        let mut st = match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let pod = st.claim_pod.remove(claim_uid);
+        if let Some(pod) = &pod {
+            let empty = st.pods.get_mut(pod).is_some_and(|e| {
+                e.claims.remove(claim_uid);
+                e.claims.is_empty()
+            });
+            if empty {
+                st.pods.remove(pod);
+            }
+        }
+        drop(st);
+        self.sink
+            .remove_claim(claim_uid)
+            .map_err(|detail| PrepareError::Sink {
+                pod_uid: pod.unwrap_or_default(),
+                detail,
+            })
+    }
+}
+
+/// The plans of one claim and the pod they belong to.
+pub struct PlannedClaim {
+    pub pod_uid: String,
+    pub pod_name: String,
+    pub plans: Vec<DevicePlan>,
+    share_ids: HashMap<String, Option<String>>,
+}
+
+/// Pure part of Prepare. `Ok(None)` when the claim is reserved for nobody (no-op, as upstream).
+pub fn plan_claim(
+    driver: &str,
+    node: &str,
+    claim: &ClaimRef,
+    rc: &ResourceClaim,
+    devices: &dyn DeviceLookup,
+) -> Result<Option<PlannedClaim>, PrepareError> {
+    if rc.metadata.uid != claim.uid {
+        return Err(PrepareError::UidMismatch {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            found: rc.metadata.uid.clone(),
+            wanted: claim.uid.clone(),
+        });
+    }
+    let Some(alloc) = &rc.status.allocation else {
+        return Err(PrepareError::NotAllocated {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+        });
+    };
+    let consumer = match rc.status.reserved_for.as_slice() {
+        [] => return Ok(None),
+        [one] => one,
+        more => return Err(PrepareError::TooManyConsumers { count: more.len() }),
+    };
+    if !consumer.api_group.is_empty() || consumer.resource != "pods" {
+        return Err(PrepareError::NotAPod {
+            api_group: consumer.api_group.clone(),
+            resource: consumer.resource.clone(),
+        });
+    }
+    let mut plans = Vec::new();
+    let mut share_ids = HashMap::new();
+    for r in alloc.devices.results.iter().filter(|r| r.driver == driver) {
+        if r.pool != node {
+            return Err(PrepareError::WrongPool {
+                device: r.device.clone(),
+                request: r.request.clone(),
+                pool: r.pool.clone(),
+                node: node.to_owned(),
+            });
+        }
+        let config_err = |source| PrepareError::Config {
+            device: r.device.clone(),
+            request: r.request.clone(),
+            source,
+        };
+        let cfg = device_config(driver, &r.request, &alloc.devices.config).map_err(config_err)?;
+        let dev = devices
+            .device(&r.device)
+            .ok_or_else(|| PrepareError::UnknownDevice {
+                device: r.device.clone(),
+            })?;
+        let cfg = if dev.ifname.is_none() {
+            config::validate_rdma_only(&cfg).map_err(config_err)?;
+            cfg
+        } else {
+            with_host_state(&r.device, cfg, &dev)?
+        };
+        share_ids.insert(r.device.clone(), r.share_id.clone());
+        plans.push(DevicePlan {
+            device: r.device.clone(),
+            pool: r.pool.clone(),
+            request: r.request.clone(),
+            claim: claim.clone(),
+            host_ifname: dev.ifname.clone(),
+            pci_address: dev.pci_address.clone(),
+            permanent_mac: dev.mac.clone(),
+            rdma_device: dev.rdma_device.clone(),
+            config: cfg,
+            char_devices: dev.char_devices.clone(),
+        });
+    }
+    Ok(Some(PlannedClaim {
+        pod_uid: consumer.uid.clone(),
+        pod_name: consumer.name.clone(),
+        plans,
+        share_ids,
+    }))
+}
+
+/// Netdev-specific prepare steps (upstream `prepareResourceClaim`): VF MTU ≤ PF MTU; without
+/// configured addresses the host's global addresses move along; host routes through the device
+/// are appended unless the config already has one for the same (destination, table).
+fn with_host_state(
+    device: &str,
+    mut cfg: NetworkConfig,
+    dev: &Device,
+) -> Result<NetworkConfig, PrepareError> {
+    if let (Some(mtu), Some(pf_mtu)) = (cfg.interface.mtu, dev.pf_mtu)
+        && u32::try_from(mtu).is_ok_and(|m| m > pf_mtu)
+    {
+        return Err(PrepareError::VfMtu {
+            device: device.to_owned(),
+            mtu,
+            pf_mtu,
+        });
+    }
+    if cfg.interface.dhcp == Some(true) {
+        return Err(PrepareError::DhcpUnsupported {
+            device: device.to_owned(),
+        });
+    }
+    if cfg.interface.addresses.is_empty() {
+        cfg.interface.addresses.clone_from(&dev.addresses);
+    }
+    for r in &dev.routes {
+        let dup = cfg
+            .routes
+            .iter()
+            .any(|c| c.destination == r.destination && c.table == r.table);
+        if !dup {
+            cfg.routes.push(r.clone());
+        }
+    }
+    Ok(cfg)
+}
+
+/// Which opaque config applies to `request`: entries for this driver whose `requests` is empty
+/// or names the request, class configs before claim configs; the most specific one (the last
+/// in that order) wins. Upstream takes the first matching entry of the list; the API server
+/// lists class entries first, so a claim that sets its own config gets it here, not the
+/// class default.
+pub fn device_config(
+    driver: &str,
+    request: &str,
+    configs: &[DeviceAllocationConfiguration],
+) -> Result<NetworkConfig, ConfigError> {
+    let matching = |c: &&DeviceAllocationConfiguration| {
+        c.opaque.as_ref().is_some_and(|o| o.driver == driver)
+            && (c.requests.is_empty()
+                || c.requests
+                    .iter()
+                    .any(|r| r == request || request.split('/').next() == Some(r.as_str())))
+    };
+    let chosen = configs
+        .iter()
+        .filter(|c| c.source == "FromClass")
+        .chain(configs.iter().filter(|c| c.source != "FromClass"))
+        .rfind(matching);
+    let Some(opaque) = chosen.and_then(|c| c.opaque.as_ref()) else {
+        return Ok(NetworkConfig::default());
+    };
+    if opaque.parameters.is_null() {
+        return Ok(NetworkConfig::default());
+    }
+    let raw = opaque.parameters.to_string();
+    config::parse_and_validate(raw.as_bytes())
+}

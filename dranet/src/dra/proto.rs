@@ -1,0 +1,17 @@
+//! Generated gRPC code for the kubelet APIs (see `build.rs`).
+#![allow(clippy::all, clippy::pedantic, missing_docs)]
+
+pub mod pluginregistration {
+    include!(concat!(env!("OUT_DIR"), "/pluginregistration.rs"));
+}
+
+pub mod v1 {
+    include!(concat!(env!("OUT_DIR"), "/k8s.io.kubelet.pkg.apis.dra.v1.rs"));
+}
+
+pub mod v1beta1 {
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs"
+    ));
+}

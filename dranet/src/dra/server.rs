@@ -1,0 +1,326 @@
+//! The kubelet plugin over unix sockets: the registration service on
+//! `<kubelet-root>/plugins_registry/<driver>-reg.sock` and the DRA node service (v1 and v1beta1)
+//! on `<kubelet-root>/plugins/<driver>/dra.sock`. Per-claim failures go into the per-claim
+//! `error` field; the RPC itself succeeds.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use super::prepare::{PreparedDevice, Preparer};
+use super::proto::pluginregistration::registration_server::{Registration, RegistrationServer};
+use super::proto::pluginregistration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use super::proto::{v1, v1beta1};
+use crate::plan::ClaimRef;
+
+/// `PluginInfo.type` of DRA drivers.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+/// Services offered, best first (kubelet takes the first it supports).
+pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+
+/// Errors of the plugin servers.
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    #[error("{what} {path}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where the sockets go.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// `--kubelet-root-dir` (`/var/lib/kubelet`).
+    pub kubelet_root: PathBuf,
+    pub driver: String,
+}
+
+impl PluginConfig {
+    #[must_use]
+    pub fn registration_socket(&self) -> PathBuf {
+        self.kubelet_root
+            .join("plugins_registry")
+            .join(format!("{}-reg.sock", self.driver))
+    }
+
+    #[must_use]
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.kubelet_root.join("plugins").join(&self.driver)
+    }
+
+    #[must_use]
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir().join("dra.sock")
+    }
+}
+
+/// A running plugin; [`KubeletPlugin::stop`] stops the servers and removes the sockets.
+pub struct KubeletPlugin {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+    sockets: Vec<PathBuf>,
+    status: watch::Receiver<Option<RegistrationStatus>>,
+}
+
+impl KubeletPlugin {
+    /// Binds both sockets (DRA first, so the endpoint exists when kubelet sees the registration
+    /// socket) and serves them.
+    pub async fn start(cfg: &PluginConfig, preparer: Arc<Preparer>) -> Result<Self, DraError> {
+        let dra_path = cfg.dra_socket();
+        let reg_path = cfg.registration_socket();
+        make_dir(&cfg.plugin_dir())?;
+        if let Some(parent) = reg_path.parent() {
+            make_dir(parent)?;
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let (status_tx, status) = watch::channel(None);
+
+        let dra = bind(&dra_path)?;
+        let mut rx = stop_rx.clone();
+        let dra_task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(v1::dra_plugin_server::DraPluginServer::new(V1(preparer.clone())))
+                .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(
+                    preparer,
+                )))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(dra), async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                }),
+        );
+
+        let reg = bind(&reg_path)?;
+        let registrar = Registrar {
+            info: PluginInfo {
+                r#type: PLUGIN_TYPE.to_owned(),
+                name: cfg.driver.clone(),
+                endpoint: dra_path.display().to_string(),
+                supported_versions: SUPPORTED_VERSIONS.iter().map(|s| (*s).to_owned()).collect(),
+            },
+            status: status_tx,
+        };
+        let mut rx = stop_rx;
+        let reg_task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(registrar))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(reg), async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                }),
+        );
+        tracing::info!(registration = %reg_path.display(), dra = %dra_path.display(), "kubelet plugin serving");
+        Ok(Self {
+            stop,
+            tasks: vec![dra_task, reg_task],
+            sockets: vec![reg_path, dra_path],
+            status,
+        })
+    }
+
+    /// The last registration status kubelet reported.
+    #[must_use]
+    pub fn registration(&self) -> watch::Receiver<Option<RegistrationStatus>> {
+        self.status.clone()
+    }
+
+    /// Stops serving and removes the sockets (registration first, so kubelet deregisters).
+    pub async fn stop(mut self) {
+        for s in &self.sockets {
+            let _ = std::fs::remove_file(s);
+        }
+        let _ = self.stop.send(true);
+        for t in self.tasks.drain(..) {
+            match t.await {
+                Ok(Err(e)) => tracing::warn!(error = %e, "kubelet plugin server ended with an error"),
+                Err(e) => tracing::warn!(error = %e, "kubelet plugin server task failed"),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+}
+
+fn make_dir(dir: &Path) -> Result<(), DraError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(dir)
+        .map_err(|source| DraError::Io {
+            what: "creating",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(|source| DraError::Io {
+        what: "chmod 0750",
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Removes a stale socket and binds a fresh one.
+fn bind(path: &Path) -> Result<UnixListener, DraError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "removed stale socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(DraError::Io {
+                what: "removing stale socket",
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
+    UnixListener::bind(path).map_err(|source| DraError::Io {
+        what: "binding",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+struct Registrar {
+    info: PluginInfo,
+    status: watch::Sender<Option<RegistrationStatus>>,
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let st = req.into_inner();
+        let registered = st.plugin_registered;
+        let error = st.error.clone();
+        self.status.send_replace(Some(st));
+        if registered {
+            tracing::info!(driver = %self.info.name, "registered with kubelet");
+            Ok(Response::new(RegistrationStatusResponse {}))
+        } else {
+            tracing::error!(driver = %self.info.name, %error, "kubelet rejected the registration");
+            Err(Status::internal(format!("plugin registration failed: {error}")))
+        }
+    }
+}
+
+/// Runs Prepare for every claim, one result per claim UID.
+async fn prepare_all(
+    p: &Preparer,
+    claims: Vec<ClaimRef>,
+) -> Vec<(String, Result<Vec<PreparedDevice>, String>)> {
+    let mut out = Vec::with_capacity(claims.len());
+    for c in claims {
+        let res = p.prepare(&c).await.map_err(|e| {
+            tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "prepare failed");
+            e.to_string()
+        });
+        out.push((c.uid, res));
+    }
+    out
+}
+
+fn unprepare_all(p: &Preparer, uids: Vec<String>) -> Vec<(String, String)> {
+    uids.into_iter()
+        .map(|uid| {
+            let err = p.unprepare(&uid).err().map(|e| e.to_string()).unwrap_or_default();
+            (uid, err)
+        })
+        .collect()
+}
+
+/// Prepared device → the version's response message.
+trait FromPrepared {
+    fn from_prepared(d: PreparedDevice) -> Self;
+}
+
+impl FromPrepared for v1::Device {
+    fn from_prepared(d: PreparedDevice) -> Self {
+        Self {
+            request_names: vec![d.request],
+            pool_name: d.pool,
+            device_name: d.device,
+            cdi_device_ids: Vec::new(),
+            share_id: d.share_id,
+        }
+    }
+}
+
+impl FromPrepared for v1beta1::Device {
+    fn from_prepared(d: PreparedDevice) -> Self {
+        Self {
+            request_names: vec![d.request],
+            pool_name: d.pool,
+            device_name: d.device,
+            cdi_device_ids: Vec::new(),
+        }
+    }
+}
+
+macro_rules! dra_service {
+    ($ty:ident, $m:ident) => {
+        struct $ty(Arc<Preparer>);
+
+        #[tonic::async_trait]
+        impl $m::dra_plugin_server::DraPlugin for $ty {
+            async fn node_prepare_resources(
+                &self,
+                req: Request<$m::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$m::NodePrepareResourcesResponse>, Status> {
+                let claims = req
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef {
+                        namespace: c.namespace,
+                        name: c.name,
+                        uid: c.uid,
+                    })
+                    .collect();
+                let results = prepare_all(&self.0, claims).await;
+                let claims = results
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let resp = match r {
+                            Ok(devs) => $m::NodePrepareResourceResponse {
+                                devices: devs.into_iter().map(FromPrepared::from_prepared).collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => $m::NodePrepareResourceResponse {
+                                devices: Vec::new(),
+                                error,
+                            },
+                        };
+                        (uid, resp)
+                    })
+                    .collect();
+                Ok(Response::new($m::NodePrepareResourcesResponse { claims }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                req: Request<$m::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$m::NodeUnprepareResourcesResponse>, Status> {
+                let uids = req.into_inner().claims.into_iter().map(|c| c.uid).collect();
+                let claims = unprepare_all(&self.0, uids)
+                    .into_iter()
+                    .map(|(uid, error)| (uid, $m::NodeUnprepareResourceResponse { error }))
+                    .collect();
+                Ok(Response::new($m::NodeUnprepareResourcesResponse { claims }))
+            }
+        }
+    };
+}
+
+dra_service!(V1, v1);
+dra_service!(V1beta1, v1beta1);

@@ -1,0 +1,320 @@
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+
+use super::*;
+use crate::inventory::{Device, SharedInventory};
+use crate::plan::{ClaimRef, PodPlan};
+
+#[derive(Default)]
+struct Recorder {
+    plans: Mutex<BTreeMap<String, PodPlan>>,
+    removed: Mutex<Vec<String>>,
+}
+
+impl PlanSink for Recorder {
+    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
+        self.plans.lock().unwrap().insert(plan.pod_uid.clone(), plan);
+        Ok(())
+    }
+    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
+        self.removed.lock().unwrap().push(claim_uid.to_owned());
+        Ok(())
+    }
+}
+
+fn inventory() -> SharedInventory {
+    SharedInventory::new(vec![
+        Device {
+            name: "eth1".into(),
+            ifname: Some("eth1".into()),
+            mac: Some("02:00:00:00:00:01".into()),
+            ..Device::default()
+        },
+        Device {
+            name: "eth2".into(),
+            ifname: Some("eth2".into()),
+            addresses: vec!["10.5.0.2/24".into(), "fd05::2/64".into()],
+            routes: vec![
+                crate::config::RouteConfig {
+                    destination: "10.6.0.0/16".into(),
+                    gateway: "10.5.0.1".into(),
+                    ..Default::default()
+                },
+                crate::config::RouteConfig {
+                    destination: "10.7.0.0/16".into(),
+                    gateway: "10.5.0.1".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Device::default()
+        },
+        Device {
+            name: "vf0".into(),
+            ifname: Some("vf0".into()),
+            pf_mtu: Some(1500),
+            ..Device::default()
+        },
+        Device {
+            name: "pci-0000-30-00-0".into(),
+            pci_address: Some("0000:30:00.0".into()),
+            rdma_device: Some("erdma_0".into()),
+            ..Device::default()
+        },
+    ])
+}
+
+fn claim(
+    name: &str,
+    uid: &str,
+    pod_uid: &str,
+    results: serde_json::Value,
+    config: serde_json::Value,
+) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "status": {
+            "allocation": {"devices": {"results": results, "config": config}},
+            "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": pod_uid}]
+        }
+    }))
+    .unwrap()
+}
+
+fn cref(name: &str, uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+fn setup() -> (Preparer, MemoryClaimSource, Arc<Recorder>) {
+    let claims = MemoryClaimSource::new();
+    let rec = Arc::new(Recorder::default());
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inventory()),
+        rec.clone(),
+    );
+    (p, claims, rec)
+}
+
+#[tokio::test]
+async fn prepare_applies_config_and_merges_claims_of_a_pod() {
+    let (p, claims, rec) = setup();
+    claims.insert(claim(
+        "c1",
+        "u1",
+        "pod-1",
+        json!([
+            {"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"},
+            {"request": "gpu", "driver": "gpu.example.com", "pool": "elsewhere", "device": "gpu0"}
+        ]),
+        json!([
+            {"source": "FromClass", "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 1400}}}},
+            {"source": "FromClaim", "requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "net1", "mtu": 9000}}}},
+            {"source": "FromClaim", "opaque": {"driver": "gpu.example.com", "parameters": {"whatever": true}}}
+        ]),
+    ));
+    claims.insert(claim(
+        "c2",
+        "u2",
+        "pod-1",
+        json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": "eth2"}]),
+        json!([]),
+    ));
+    let devs = p.prepare(&cref("c1", "u1")).await.unwrap();
+    assert_eq!(devs.len(), 1, "the GPU result belongs to another driver");
+    assert_eq!(devs[0].device, "eth1");
+    assert_eq!(devs[0].pool, "node-a");
+    assert_eq!(devs[0].request, "nic");
+    p.prepare(&cref("c2", "u2")).await.unwrap();
+    // Idempotent.
+    p.prepare(&cref("c2", "u2")).await.unwrap();
+
+    let plans = rec.plans.lock().unwrap();
+    let plan = &plans["pod-1"];
+    assert_eq!(plan.pod_name, "pod-a");
+    assert_eq!(plan.pod_namespace, "ns");
+    assert_eq!(plan.devices.len(), 2);
+    let eth1 = plan.devices.iter().find(|d| d.device == "eth1").unwrap();
+    assert_eq!(eth1.config.interface.name.as_deref(), Some("net1"));
+    assert_eq!(
+        eth1.config.interface.mtu,
+        Some(9000),
+        "claim config beats class config"
+    );
+    assert_eq!(eth1.pod_ifname(), Some("net1"));
+    assert_eq!(eth1.host_ifname.as_deref(), Some("eth1"));
+    assert_eq!(eth1.permanent_mac.as_deref(), Some("02:00:00:00:00:01"));
+    assert_eq!(eth1.claim.uid, "u1");
+    let eth2 = plan.devices.iter().find(|d| d.device == "eth2").unwrap();
+    assert_eq!(
+        eth2.config.interface.addresses,
+        ["10.5.0.2/24", "fd05::2/64"],
+        "host addresses move along"
+    );
+    assert_eq!(eth2.config.routes.len(), 2, "host routes copied");
+    assert!(eth1.config.interface.addresses.is_empty());
+    drop(plans);
+
+    p.unprepare("u1").unwrap();
+    p.unprepare("u1").unwrap();
+    assert_eq!(*rec.removed.lock().unwrap(), ["u1", "u1"]);
+}
+
+#[tokio::test]
+async fn per_claim_errors() {
+    let (p, claims, _rec) = setup();
+    let err = p.prepare(&cref("missing", "u0")).await.unwrap_err();
+    assert!(
+        matches!(err, PrepareError::Claim(ClaimError::NotFound { .. })),
+        "{err}"
+    );
+
+    claims.insert(claim(
+        "bad",
+        "u3",
+        "pod-2",
+        json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}]),
+        json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 10}}}}]),
+    ));
+    let err = p.prepare(&cref("bad", "u3")).await.unwrap_err().to_string();
+    assert!(err.contains("interface.mtu: must be at least 68"), "{err}");
+
+    let err = p.prepare(&cref("bad", "other-uid")).await.unwrap_err();
+    assert!(matches!(err, PrepareError::UidMismatch { .. }), "{err}");
+
+    claims.insert(claim(
+        "pool",
+        "u4",
+        "pod-2",
+        json!([{"request": "nic", "driver": "dra.net", "pool": "node-b", "device": "eth1"}]),
+        json!([]),
+    ));
+    let err = p.prepare(&cref("pool", "u4")).await.unwrap_err().to_string();
+    assert!(err.contains("pool node-b, not this node's pool node-a"), "{err}");
+
+    claims.insert(claim(
+        "nodev",
+        "u5",
+        "pod-2",
+        json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth9"}]),
+        json!([]),
+    ));
+    let err = p.prepare(&cref("nodev", "u5")).await.unwrap_err().to_string();
+    assert!(err.contains("device eth9 not found"), "{err}");
+
+    claims.insert(claim(
+        "rdma",
+        "u6",
+        "pod-2",
+        json!([{"request": "ib", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-30-00-0"}]),
+        json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "ib0"}}}}]),
+    ));
+    let err = p.prepare(&cref("rdma", "u6")).await.unwrap_err().to_string();
+    assert!(err.contains("not supported for RDMA-only devices"), "{err}");
+
+    let mut unalloc = claim("un", "u7", "pod-2", json!([]), json!([]));
+    unalloc.status.allocation = None;
+    claims.insert(unalloc);
+    let err = p.prepare(&cref("un", "u7")).await.unwrap_err();
+    assert!(matches!(err, PrepareError::NotAllocated { .. }), "{err}");
+
+    let mut two = claim("two", "u8", "pod-2", json!([]), json!([]));
+    two.status.reserved_for.push(two.status.reserved_for[0].clone());
+    claims.insert(two);
+    let err = p.prepare(&cref("two", "u8")).await.unwrap_err().to_string();
+    assert!(err.contains("one pod per claim"), "{err}");
+
+    let mut nopod = claim("np", "u9", "pod-2", json!([]), json!([]));
+    nopod.status.reserved_for[0].resource = "jobs".into();
+    nopod.status.reserved_for[0].api_group = "batch".into();
+    claims.insert(nopod);
+    let err = p.prepare(&cref("np", "u9")).await.unwrap_err().to_string();
+    assert!(err.contains("core pod"), "{err}");
+
+    let mut nobody = claim("nb", "u10", "pod-2", json!([]), json!([]));
+    nobody.status.reserved_for.clear();
+    claims.insert(nobody);
+    assert!(p.prepare(&cref("nb", "u10")).await.unwrap().is_empty());
+}
+
+#[test]
+fn host_state_merge_vf_mtu_and_dhcp() {
+    let inv = inventory();
+    let mk = |device: &str, params: serde_json::Value| {
+        claim(
+            "c",
+            "u",
+            "p",
+            json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": device}]),
+            json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": params}}]),
+        )
+    };
+    let plan = |rc: &ResourceClaim| plan_claim("dra.net", "node-a", &cref("c", "u"), rc, &inv);
+    // User addresses win; a user route with the same destination and table replaces the host's.
+    let rc = mk(
+        "eth2",
+        json!({"interface": {"addresses": ["192.0.2.1/24"]},
+               "routes": [{"destination": "10.6.0.0/16", "gateway": "192.0.2.254"}]}),
+    );
+    let p = plan(&rc).unwrap().unwrap();
+    let cfg = &p.plans[0].config;
+    assert_eq!(cfg.interface.addresses, ["192.0.2.1/24"]);
+    let dests: Vec<(&str, &str)> = cfg
+        .routes
+        .iter()
+        .map(|r| (r.destination.as_str(), r.gateway.as_str()))
+        .collect();
+    assert_eq!(
+        dests,
+        [("10.6.0.0/16", "192.0.2.254"), ("10.7.0.0/16", "10.5.0.1")]
+    );
+
+    assert!(plan(&mk("vf0", json!({"interface": {"mtu": 1500}}))).is_ok());
+    let err = plan(&mk("vf0", json!({"interface": {"mtu": 9000}})))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("VF MTU 9000 exceeds the PF MTU 1500"), "{err}");
+    let err = plan(&mk("eth1", json!({"interface": {"dhcp": true}})))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("dhcp"), "{err}");
+}
+
+#[test]
+fn config_selection() {
+    let cfgs: Vec<claim::DeviceAllocationConfiguration> = serde_json::from_value(json!([
+        {"source": "FromClaim", "requests": ["a"], "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "a0"}}}},
+        {"source": "FromClass", "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "cls"}}}},
+        {"source": "FromClaim", "requests": ["b"], "opaque": {"driver": "other", "parameters": {"interface": {"name": "zz"}}}}
+    ]))
+    .unwrap();
+    let name = |req: &str| device_config("dra.net", req, &cfgs).unwrap().interface.name;
+    assert_eq!(name("a").as_deref(), Some("a0"));
+    assert_eq!(
+        name("a/sub").as_deref(),
+        Some("a0"),
+        "subrequest matches its parent"
+    );
+    assert_eq!(name("b").as_deref(), Some("cls"));
+    assert!(
+        device_config("dra.net", "x", &[])
+            .unwrap()
+            .interface
+            .name
+            .is_none()
+    );
+    let bad: Vec<claim::DeviceAllocationConfiguration> = serde_json::from_value(json!([
+        {"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"nope": 1}}}
+    ]))
+    .unwrap();
+    assert!(device_config("dra.net", "x", &bad).is_err());
+}

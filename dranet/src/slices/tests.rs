@@ -1,0 +1,138 @@
+use super::*;
+
+fn devices(n: usize) -> Vec<Device> {
+    (0..n)
+        .map(|i| Device {
+            name: format!("dev{i:04}"),
+            attributes: BTreeMap::from([
+                (
+                    "dra.net/ifName".to_owned(),
+                    AttrValue::String(format!("dev{i:04}")),
+                ),
+                ("dra.net/mtu".to_owned(), AttrValue::Int(1500)),
+                ("dra.net/rdma".to_owned(), AttrValue::Bool(false)),
+                ("dra.net/fw".to_owned(), AttrValue::Version("1.2.3".into())),
+            ]),
+            ..Device::default()
+        })
+        .collect()
+}
+
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "dranet-slices-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ))
+}
+
+struct RmDir(std::path::PathBuf);
+impl Drop for RmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn split_at_128() {
+    for (n, want) in [
+        (0, vec![0]),
+        (1, vec![1]),
+        (128, vec![128]),
+        (129, vec![128, 1]),
+        (300, vec![128, 128, 44]),
+    ] {
+        let slices = build_slices("dra.net", "node-a", 7, None, &devices(n));
+        let sizes: Vec<usize> = slices.iter().map(|s| s.spec.devices.len()).collect();
+        assert_eq!(sizes, want, "{n} devices");
+        for (i, s) in slices.iter().enumerate() {
+            assert_eq!(s.spec.pool.resource_slice_count, want.len() as i64);
+            assert_eq!(s.spec.pool.generation, 7);
+            assert_eq!(s.spec.pool.name, "node-a");
+            assert_eq!(s.spec.node_name, "node-a");
+            assert_eq!(s.spec.driver, "dra.net");
+            assert_eq!(s.metadata.name, format!("node-a-dra.net-{i}"));
+        }
+    }
+}
+
+#[test]
+fn json_has_the_api_field_names() {
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: "node-a".into(),
+        uid: "u-1".into(),
+        controller: Some(true),
+    };
+    let slices = build_slices("dra.net", "node-a", 3, Some(&owner), &devices(1));
+    let v = serde_json::to_value(&slices[0]).unwrap();
+    assert_eq!(v["apiVersion"], "resource.k8s.io/v1");
+    assert_eq!(v["kind"], "ResourceSlice");
+    assert_eq!(v["metadata"]["name"], "node-a-dra.net-0");
+    assert_eq!(v["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(v["spec"]["pool"]["resourceSliceCount"], 1);
+    assert_eq!(v["spec"]["pool"]["generation"], 3);
+    assert_eq!(v["spec"]["nodeName"], "node-a");
+    let d = &v["spec"]["devices"][0];
+    assert_eq!(d["name"], "dev0000");
+    assert_eq!(d["attributes"]["dra.net/ifName"]["string"], "dev0000");
+    assert_eq!(d["attributes"]["dra.net/mtu"]["int"], 1500);
+    assert_eq!(d["attributes"]["dra.net/rdma"]["bool"], false);
+    assert_eq!(d["attributes"]["dra.net/fw"]["version"], "1.2.3");
+    assert!(d.get("basic").is_none());
+}
+
+#[test]
+fn diff_reports_added_removed_changed() {
+    let old = devices(3);
+    let mut new = devices(4);
+    new.remove(0);
+    new[0]
+        .attributes
+        .insert("dra.net/mtu".into(), AttrValue::Int(9000));
+    // Non-published fields do not count as a change.
+    new[1].ifname = Some("x".into());
+    let d = diff(&old, &new);
+    assert_eq!(d.added, ["dev0003"]);
+    assert_eq!(d.removed, ["dev0000"]);
+    assert_eq!(d.changed, ["dev0001"]);
+    assert!(diff(&old, &old).is_empty());
+}
+
+#[tokio::test]
+async fn controller_republishes_on_change_into_a_dir() {
+    let dir = RmDir(tmpdir("ctl"));
+    let publisher = DirPublisher::new(&dir.0, "dra.net", "node-a");
+    // A foreign file in the same dir is left alone.
+    std::fs::create_dir_all(&dir.0).unwrap();
+    std::fs::write(dir.0.join("other-node-dra.net-0.json"), "{}").unwrap();
+    let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
+
+    assert!(ctl.update(&devices(130)).await.unwrap());
+    let files = publisher.read_all().unwrap();
+    assert_eq!(files.len(), 2);
+    assert_eq!(files[0].spec.devices.len(), 128);
+    assert_eq!(files[1].spec.devices.len(), 2);
+    assert_eq!(ctl.generation(), Some(1));
+
+    assert!(!ctl.update(&devices(130)).await.unwrap(), "no change, no publish");
+    assert_eq!(ctl.generation(), Some(1));
+
+    assert!(ctl.update(&devices(5)).await.unwrap());
+    let files = publisher.read_all().unwrap();
+    assert_eq!(files.len(), 1, "stale slice file removed");
+    assert_eq!(files[0].spec.pool.generation, 2);
+    assert_eq!(files[0].spec.pool.resource_slice_count, 1);
+    assert!(dir.0.join("other-node-dra.net-0.json").exists());
+
+    // A restarted controller continues above the published generation.
+    let mut again = SliceController::new(publisher.clone(), "dra.net", "node-a");
+    assert!(again.update(&devices(5)).await.unwrap());
+    assert_eq!(again.generation(), Some(3));
+}
