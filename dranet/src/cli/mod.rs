@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 pub mod release_all;
 pub mod run;
+mod run_nri;
 mod run_sides;
 pub mod status;
 pub mod trace;

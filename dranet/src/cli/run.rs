@@ -62,6 +62,10 @@ pub struct RunArgs {
     /// Write ResourceSlices as JSON files here instead of publishing them to the API server.
     #[arg(long)]
     pub slices_dir: Option<PathBuf>,
+    /// Read ResourceClaims from <dir>/<namespace>/<name>.json instead of the API server (no cluster:
+    /// demos, the node simulator).
+    #[arg(long, env = "DRANET_CLAIMS_DIR")]
+    pub claims_dir: Option<PathBuf>,
     /// kubeconfig (default: in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -84,16 +88,16 @@ pub struct RunArgs {
 /// The daemon's health and metrics.
 pub(crate) struct Status {
     ready: AtomicBool,
+    sides: Arc<super::run_sides::Readiness>,
     registry: Registry,
 }
 
 impl Endpoints for Status {
     fn health(&self) -> Result<(), String> {
-        if self.ready.load(Ordering::Relaxed) {
-            Ok(())
-        } else {
-            Err("starting".into())
+        if !self.ready.load(Ordering::Relaxed) {
+            return Err("starting".into());
         }
+        self.sides.check()
     }
 
     fn metrics(&self) -> String {
@@ -128,7 +132,7 @@ pub fn main(args: &RunArgs) -> ExitCode {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    info!(node = args.node_name, driver = args.driver_name, state = %args.state_dir.display(), "dranet starting");
+    info!(config = ?args, "dranet starting");
     let watcher = match Watcher::start(WatcherOptions {
         ebpf: !args.no_probes,
         ..WatcherOptions::default()
@@ -165,6 +169,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let extra = super::run_sides::start(&args, &engine, &mut registry).await?;
     let status = Arc::new(Status {
         ready: AtomicBool::new(false),
+        sides: extra.readiness.clone(),
         registry,
     });
     let sock = args.state_dir.join(ACTIVITY_SOCKET);

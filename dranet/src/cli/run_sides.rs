@@ -1,17 +1,288 @@
-//! The runtime (NRI) and kubelet (DRA) sides of `dranet run`.
+//! The kubelet (DRA + ResourceSlices) and runtime (NRI) sides of `dranet run`.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
+use tracing::{info, warn};
 
 use super::run::RunArgs;
+use crate::dra::claim::{ClaimError, ClaimSource, ResourceClaim};
+use crate::dra::{KubeClaimSource, KubeletPlugin, PlanSink, PluginConfig, Preparer};
+use crate::inventory::{Device, ScanOptions, SharedInventory};
+use crate::plan::PodPlan;
 use crate::rescue::Engine;
+use crate::slices::{Publisher, SliceController};
 
-/// Running sides, stopped on shutdown.
-pub struct Sides {}
-
-impl Sides {
-    pub async fn stop(self) {}
+/// Readiness of the sides, for `/healthz`.
+#[derive(Default)]
+pub struct Readiness {
+    pub dra_registered: AtomicBool,
+    pub nri_connected: AtomicBool,
+    pub dra_enabled: bool,
+    pub nri_enabled: bool,
 }
 
-pub async fn start(_args: &RunArgs, _engine: &Engine, _registry: &mut Registry) -> anyhow::Result<Sides> {
-    Ok(Sides {})
+impl Readiness {
+    pub fn check(&self) -> Result<(), String> {
+        let mut missing = Vec::new();
+        if self.dra_enabled && !self.dra_registered.load(Ordering::Relaxed) {
+            missing.push("kubelet has not registered the DRA plugin");
+        }
+        if self.nri_enabled && !self.nri_connected.load(Ordering::Relaxed) {
+            missing.push("not connected to the runtime's NRI socket");
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(missing.join("; "))
+        }
+    }
+}
+
+/// Running sides, stopped on shutdown.
+pub struct Sides {
+    pub readiness: Arc<Readiness>,
+    plugin: Option<KubeletPlugin>,
+    nri_stop: Option<tokio::sync::watch::Sender<bool>>,
+    nri_task: Option<tokio::task::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Sides {
+    pub async fn stop(self) {
+        if let Some(tx) = self.nri_stop {
+            let _ = tx.send(true);
+        }
+        if let Some(t) = self.nri_task {
+            // Hooks in flight finish; the plugin returns when the connection is closed.
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        if let Some(p) = self.plugin {
+            p.stop().await;
+        }
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Where slices go: the API server, or a directory (`--slices-dir`).
+enum AnyPublisher {
+    Dir(crate::slices::DirPublisher),
+    Kube(crate::slices::KubePublisher),
+}
+
+impl Publisher for AnyPublisher {
+    fn existing_generation<'a>(&'a self) -> BoxFuture<'a, Result<i64, crate::slices::SliceError>> {
+        match self {
+            Self::Dir(p) => p.existing_generation(),
+            Self::Kube(p) => p.existing_generation(),
+        }
+    }
+
+    fn owner<'a>(&'a self) -> BoxFuture<'a, Option<crate::slices::OwnerReference>> {
+        match self {
+            Self::Dir(p) => p.owner(),
+            Self::Kube(p) => p.owner(),
+        }
+    }
+
+    fn publish<'a>(
+        &'a self,
+        slices: &'a [crate::slices::ResourceSlice],
+    ) -> BoxFuture<'a, Result<(), crate::slices::SliceError>> {
+        match self {
+            Self::Dir(p) => p.publish(slices),
+            Self::Kube(p) => p.publish(slices),
+        }
+    }
+}
+
+/// The rescue engine as the DRA side's plan store.
+struct EngineSink(Engine);
+
+impl PlanSink for EngineSink {
+    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
+        self.0.set_plan(plan).map_err(|e| e.to_string())
+    }
+
+    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
+        self.0.remove_claim(claim_uid).map_err(|e| e.to_string())
+    }
+}
+
+/// `--claims-dir`: ResourceClaims read from `<dir>/<namespace>/<name>.json` (no API server: the
+/// node simulator and the demo write them there, as the scheduler would have allocated them).
+struct FileClaimSource {
+    dir: PathBuf,
+}
+
+impl ClaimSource for FileClaimSource {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>> {
+        Box::pin(async move {
+            let safe = |s: &str| !s.is_empty() && !s.contains('/') && s != "." && s != "..";
+            let not_found = || ClaimError::NotFound {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            };
+            if !safe(namespace) || !safe(name) {
+                return Err(not_found());
+            }
+            let path = self.dir.join(namespace).join(format!("{name}.json"));
+            let bytes = tokio::fs::read(&path).await.map_err(|_| not_found())?;
+            serde_json::from_slice(&bytes).map_err(|source| ClaimError::Decode {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                source,
+            })
+        })
+    }
+}
+
+/// Starts inventory + slices, the kubelet plugin and the NRI plugin.
+pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> anyhow::Result<Sides> {
+    let readiness = Arc::new(Readiness {
+        dra_enabled: !args.no_dra,
+        nri_enabled: !args.no_nri,
+        ..Readiness::default()
+    });
+    let mut sides = Sides {
+        readiness: readiness.clone(),
+        plugin: None,
+        nri_stop: None,
+        nri_task: None,
+        tasks: Vec::new(),
+    };
+    let inventory = SharedInventory::new(Vec::new());
+    if !args.no_dra {
+        let kube = if args.slices_dir.is_some() && args.claims_dir.is_some() {
+            None
+        } else {
+            Some(kube_client(args).await?)
+        };
+        let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
+        let scan_opts = Arc::new(ScanOptions {
+            sysfs: crate::inventory::Sysfs::new(&args.sysfs),
+            filter,
+            ..ScanOptions::default()
+        });
+        let devices = scan(&scan_opts, engine, &BTreeMap::new()).await?;
+        info!(devices = devices.len(), "inventory");
+        inventory.replace(devices.clone());
+        let publisher = match (&args.slices_dir, &kube) {
+            (Some(dir), _) => AnyPublisher::Dir(crate::slices::DirPublisher::new(
+                dir,
+                &args.driver_name,
+                &args.node_name,
+            )),
+            (None, Some(client)) => AnyPublisher::Kube(crate::slices::KubePublisher::new(
+                client.clone(),
+                &args.driver_name,
+                &args.node_name,
+            )),
+            (None, None) => anyhow::bail!("no place to publish ResourceSlices"),
+        };
+        let mut slices = SliceController::new(publisher, args.driver_name.clone(), args.node_name.clone());
+        slices
+            .update(&devices)
+            .await
+            .context("publishing ResourceSlices")?;
+        let (inv, eng, opts) = (inventory.clone(), engine.clone(), scan_opts.clone());
+        sides.tasks.push(tokio::spawn(async move {
+            let mut last: BTreeMap<String, Device> =
+                devices.into_iter().map(|d| (d.name.clone(), d)).collect();
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                match scan(&opts, &eng, &last).await {
+                    Ok(devs) => {
+                        inv.replace(devs.clone());
+                        if let Err(e) = slices.update(&devs).await {
+                            warn!(error = %e, "re-publishing ResourceSlices");
+                        }
+                        last = devs.into_iter().map(|d| (d.name.clone(), d)).collect();
+                    }
+                    Err(e) => warn!(error = %e, "inventory scan"),
+                }
+            }
+        }));
+        let claims: Arc<dyn ClaimSource> = match (&args.claims_dir, kube) {
+            (Some(dir), _) => Arc::new(FileClaimSource { dir: dir.clone() }),
+            (None, Some(client)) => Arc::new(KubeClaimSource::new(client)),
+            (None, None) => anyhow::bail!("no source of ResourceClaims"),
+        };
+        let preparer = Arc::new(Preparer::new(
+            args.driver_name.clone(),
+            args.node_name.clone(),
+            claims,
+            Arc::new(inventory.clone()),
+            Arc::new(EngineSink(engine.clone())),
+        ));
+        let cfg = PluginConfig {
+            kubelet_root: args.kubelet_root_dir.clone(),
+            driver: args.driver_name.clone(),
+        };
+        let plugin = KubeletPlugin::start(&cfg, preparer).await?;
+        info!(registration = %cfg.registration_socket().display(), dra = %cfg.dra_socket().display(), "kubelet plugin serving");
+        let mut status = plugin.registration();
+        let r = readiness.clone();
+        sides.tasks.push(tokio::spawn(async move {
+            loop {
+                let registered = status.borrow().as_ref().is_some_and(|s| s.plugin_registered);
+                r.dra_registered.store(registered, Ordering::Relaxed);
+                if status.changed().await.is_err() {
+                    break;
+                }
+            }
+        }));
+        sides.plugin = Some(plugin);
+    }
+    super::run_nri::start(args, engine, registry, &mut sides).await?;
+    Ok(sides)
+}
+
+async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
+    let cfg = match &args.kubeconfig {
+        Some(p) => {
+            let kc =
+                kube::config::Kubeconfig::read_from(p).with_context(|| format!("reading {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and not in a cluster")?,
+    };
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+/// Scans the host; devices that are in a pod right now (gone from the host netns) keep their last
+/// published entry, so a running pod's device does not vanish from the pool.
+async fn scan(
+    opts: &Arc<ScanOptions>,
+    engine: &Engine,
+    last: &BTreeMap<String, Device>,
+) -> anyhow::Result<Vec<Device>> {
+    let o = opts.clone();
+    let mut devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
+    let cp = engine.checkpoint();
+    for rec in cp.pods.values().filter(|p| p.has_devices_out()) {
+        for d in &rec.devices {
+            if !devs.iter().any(|x| x.name == d.device)
+                && let Some(prev) = last.get(&d.device)
+            {
+                devs.push(prev.clone());
+            }
+        }
+    }
+    devs.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(devs)
 }
