@@ -296,11 +296,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             .to_string();
         }
-        if let Some(tap) = &opts.tap {
-            if let Ok(mut t) = tap.lock() {
-                t.extend_from_slice(&hdr);
-                t.extend_from_slice(&payload);
-            }
+        if let Some(tap) = &opts.tap
+            && let Ok(mut t) = tap.lock()
+        {
+            t.extend_from_slice(&hdr);
+            t.extend_from_slice(&payload);
         }
         stats.frames_in.fetch_add(1, Ordering::Relaxed);
         stats.max_frame_in.fetch_max(len as u64, Ordering::Relaxed);

@@ -379,10 +379,10 @@ impl Client {
     }
 
     fn forget(&self, id: u32) {
-        if let Ok(mut p) = self.pending.lock() {
-            if let Some(m) = p.as_mut() {
-                m.remove(&id);
-            }
+        if let Ok(mut p) = self.pending.lock()
+            && let Some(m) = p.as_mut()
+        {
+            m.remove(&id);
         }
     }
 
