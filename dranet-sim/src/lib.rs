@@ -1,1 +1,2 @@
 pub mod kernel;
+pub mod nri_runtime;
