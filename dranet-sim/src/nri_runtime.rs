@@ -179,6 +179,17 @@ impl NriRuntime {
         Ok(Self { inner, path, accept })
     }
 
+    /// Serves an already connected stream, as a runtime does for a plugin it launched itself
+    /// (the other end goes to the plugin in `NRI_PLUGIN_SOCKET`).
+    pub fn attach(&self, stream: UnixStream) {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            if let Err(why) = handshake(stream, &inner).await {
+                lock(&inner.log).errors.push(why);
+            }
+        });
+    }
+
     /// The socket path.
     #[must_use]
     pub fn socket(&self) -> &Path {

@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 #[derive(Debug, Clone, PartialEq)]
 enum Call {
     Run(Pod),
+    RunDone(String),
     Stop(Pod),
     Remove(Pod),
     Create(Pod, ContainerInfo),
@@ -37,6 +38,7 @@ struct Recorder {
     calls: Mutex<Vec<Call>>,
     fail_run: Mutex<Option<&'static str>>,
     fail_stop: Mutex<bool>,
+    delay_run: Mutex<Option<Duration>>,
     devices: Mutex<Vec<LinuxDevice>>,
 }
 
@@ -52,6 +54,11 @@ impl Recorder {
 impl PodHooks for Recorder {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
         self.push(Call::Run(pod.clone()));
+        let delay = *self.delay_run.lock().unwrap();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+            self.push(Call::RunDone(pod.uid.clone()));
+        }
         match *self.fail_run.lock().unwrap() {
             Some("reject") => Err(HookError::Rejected {
                 pod: pod.uid,
@@ -566,5 +573,32 @@ async fn create_container_dedups_devices() {
                 name: "c-c1".into()
             }
         ))
+    );
+}
+
+#[tokio::test]
+async fn slow_hook_times_out_but_is_not_cancelled() {
+    let rcfg = RuntimeConfig {
+        request_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let h = harness(rcfg, "00").await;
+    *h.hooks.delay_run.lock().unwrap() = Some(Duration::from_millis(800));
+    let e = h.rt.run_pod_sandbox(&sandbox("slow", "/n")).await.unwrap_err();
+    assert!(
+        e.code() == Some(code::DEADLINE_EXCEEDED) || e.code().is_none(),
+        "{e:?}"
+    );
+    assert_eq!(
+        h.rt.errors().len(),
+        1,
+        "the runtime drops a plugin that timed out"
+    );
+    h.rt.wait_ready(2, WAIT).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        h.hooks.calls().contains(&Call::RunDone("slow".into())),
+        "{:?}",
+        h.hooks.calls()
     );
 }
