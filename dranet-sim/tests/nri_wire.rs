@@ -602,3 +602,30 @@ async fn slow_hook_times_out_but_is_not_cancelled() {
         h.hooks.calls()
     );
 }
+
+#[tokio::test]
+async fn plugin_waits_for_a_late_runtime() {
+    let dir = std::env::temp_dir().join(format!("dranet-nri-late-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("nri.sock");
+    let _ = std::fs::remove_file(&socket);
+    let hooks = Arc::new(Recorder::default());
+    let metrics = NriMetrics::default();
+    let cfg = PluginConfig {
+        socket: socket.clone(),
+        metrics: metrics.clone(),
+        ..PluginConfig::default()
+    };
+    let (stop, stop_rx) = watch::channel(false);
+    let plugin = tokio::spawn(dranet::nri::run(cfg, hooks.clone(), stop_rx));
+    // No socket yet: the plugin retries (100, 200, 400 ms …).
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(metrics.registrations(), 0);
+    let rt = NriRuntime::start(&socket, RuntimeConfig::default()).unwrap();
+    rt.wait_ready(1, WAIT).await.unwrap();
+    assert_eq!(metrics.registrations(), 1);
+    stop.send(true).unwrap();
+    assert!(tokio::time::timeout(WAIT, plugin).await.unwrap().unwrap().is_ok());
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+}

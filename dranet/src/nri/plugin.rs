@@ -313,8 +313,13 @@ pub async fn run<H: PodHooks>(
             () = tokio::time::sleep(backoff) => {}
             () = stopped(&mut shutdown) => return Ok(()),
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        backoff = next_backoff(backoff);
     }
+}
+
+/// 100 ms, 200 ms, 400 ms, … capped at 5 s.
+fn next_backoff(d: Duration) -> Duration {
+    (d * 2).min(BACKOFF_MAX)
 }
 
 async fn stopped(rx: &mut watch::Receiver<bool>) {
@@ -588,6 +593,18 @@ mod tests {
     fn event_mask_is_0xf() {
         assert_eq!(EVENTS, 0xF);
         assert_eq!(event_bit(pb::Event::CreateContainer), 8);
+    }
+
+    #[test]
+    fn backoff_doubles_to_five_seconds() {
+        let mut d = BACKOFF_START;
+        let mut seen = vec![d];
+        for _ in 0..8 {
+            d = next_backoff(d);
+            seen.push(d);
+        }
+        let ms: Vec<u128> = seen.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
     }
 
     #[test]
