@@ -38,6 +38,17 @@ pub enum Dialect {
     StateChange,
 }
 
+/// Which runtime's habits to imitate where they differ on the wire (protocols.md §1.10). The
+/// order of kernel work around the hooks (CRI-O removes the netns *before* StopPodSandbox,
+/// containerd after) is the test's to reproduce; this only shapes what the messages carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// RemovePodSandbox carries no network namespace path.
+    Containerd,
+    /// RemovePodSandbox still carries the (by then dead) path.
+    Crio,
+}
+
 /// How the initial Synchronize is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncMode {
@@ -51,6 +62,7 @@ pub enum SyncMode {
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     pub dialect: Dialect,
+    pub flavor: Flavor,
     /// How our messages are cut into mux frames.
     pub split: Split,
     /// Fail the trunk on a received frame over 4096 bytes (as a Go peer does).
@@ -69,6 +81,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             dialect: Dialect::Dedicated,
+            flavor: Flavor::Containerd,
             split: Split::Go,
             strict_frames: true,
             sync: SyncMode::Auto,
@@ -345,12 +358,23 @@ impl NriRuntime {
             .await
     }
 
-    /// NRI RemovePodSandbox.
+    /// NRI RemovePodSandbox. With [`Flavor::Containerd`] the network namespace path is blanked,
+    /// as containerd sends none on remove; [`Flavor::Crio`] sends the pod as given (CRI-O keeps
+    /// the old, dead path).
     ///
     /// # Errors
     /// As [`NriRuntime::run_pod_sandbox`].
     pub async fn remove_pod_sandbox(&self, pod: &pb::PodSandbox) -> Result<(), RuntimeError> {
-        self.pod_event(pb::Event::RemovePodSandbox, "RemovePodSandbox", pod)
+        let flavor = lock(&self.inner.cfg).flavor;
+        let mut pod = pod.clone();
+        if flavor == Flavor::Containerd
+            && let Some(l) = pod.linux.as_mut()
+        {
+            for ns in l.namespaces.iter_mut().filter(|n| n.r#type == "network") {
+                ns.path.clear();
+            }
+        }
+        self.pod_event(pb::Event::RemovePodSandbox, "RemovePodSandbox", &pod)
             .await
     }
 

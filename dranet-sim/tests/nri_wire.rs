@@ -18,7 +18,7 @@ use dranet::nri::pb::nri as pb;
 use dranet::nri::plugin::PLUGIN_SERVICE;
 use dranet::nri::ttrpc::code;
 use dranet::nri::{NriMetrics, PluginConfig};
-use dranet_sim::nri_runtime::{Dialect, NriRuntime, RuntimeConfig, SyncMode, SyncRecord};
+use dranet_sim::nri_runtime::{Dialect, Flavor, NriRuntime, RuntimeConfig, SyncMode, SyncRecord};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -628,4 +628,33 @@ async fn plugin_waits_for_a_late_runtime() {
     assert!(tokio::time::timeout(WAIT, plugin).await.unwrap().unwrap().is_ok());
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn remove_carries_the_netns_path_per_flavor() {
+    let p = sandbox("u1", "/var/run/netns/cni-1");
+    let h = harness(
+        RuntimeConfig {
+            flavor: Flavor::Containerd,
+            ..Default::default()
+        },
+        "00",
+    )
+    .await;
+    h.rt.remove_pod_sandbox(&p).await.unwrap();
+    assert_eq!(h.hooks.calls().last(), Some(&Call::Remove(pod("u1", None))));
+    let h = harness(
+        RuntimeConfig {
+            flavor: Flavor::Crio,
+            dialect: Dialect::StateChange,
+            ..Default::default()
+        },
+        "00",
+    )
+    .await;
+    h.rt.remove_pod_sandbox(&p).await.unwrap();
+    assert_eq!(
+        h.hooks.calls().last(),
+        Some(&Call::Remove(pod("u1", Some("/var/run/netns/cni-1"))))
+    );
 }
