@@ -4,12 +4,17 @@
 //! * [`ttrpc`] — the unary subset of ttrpc (10-byte header, Request/Response envelope) on a mux
 //!   connection: a server with dispatch on (service, method) and a client with timeouts;
 //! * [`hooks`] — the API the driver implements ([`hooks::PodHooks`]);
-//! * [`plugin`] — registration, Configure, Synchronize, the pod hooks in both dialects,
-//!   reconnect with backoff, metrics.
+//! * [`plugin`] — dial (or the inherited `NRI_PLUGIN_SOCKET`), RegisterPlugin, wait for
+//!   Configure, reconnect with backoff (100 ms doubling to 5 s);
+//! * `service` — the Plugin service: Configure (event mask 0xF), chunked Synchronize, the pod
+//!   hooks in both dialects (dedicated RPCs and `StateChange`), CreateContainer devices;
+//! * [`metrics`] — hook calls, errors and latency by hook ([`NriMetrics`]).
 
 pub mod hooks;
+pub mod metrics;
 pub mod mux;
 pub mod plugin;
+mod service;
 pub mod ttrpc;
 
 pub use plugin::{NriError, NriMetrics, PluginConfig, run};

@@ -7,29 +7,22 @@
 //! other method answers `UNIMPLEMENTED`. When the runtime closes the connection we reconnect
 //! with backoff (100 ms doubling to 5 s) and register again.
 
-use std::collections::HashSet;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::Bytes;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
-use prost::Message;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::hooks::{ContainerInfo, HookError, LinuxDevice, Pod, PodHooks};
+use super::hooks::PodHooks;
+pub use super::metrics::{HookLabels, NriMetrics};
 use super::mux::{Mux, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-use super::pb::google::rpc::Status;
 use super::pb::nri as pb;
-use super::ttrpc::{self, CallResult, Client, Service, TtrpcError, code};
+use super::service::PluginService;
+use super::ttrpc::{self, Client, TtrpcError};
 
 /// Fully qualified name of the service the plugin serves.
 pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
@@ -117,100 +110,6 @@ impl Default for PluginConfig {
             request_timeout: Duration::from_secs(2),
             metrics: NriMetrics::default(),
         }
-    }
-}
-
-/// Label set of the hook metrics.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HookLabels {
-    /// NRI method: RunPodSandbox, StopPodSandbox, RemovePodSandbox, CreateContainer,
-    /// Synchronize, Shutdown.
-    pub hook: &'static str,
-}
-
-fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
-}
-
-/// Metrics of the NRI plugin (cheap to clone; clones share the values).
-#[derive(Debug, Clone)]
-pub struct NriMetrics {
-    hook_calls: Family<HookLabels, Counter>,
-    hook_errors: Family<HookLabels, Counter>,
-    hook_latency: Family<HookLabels, Histogram, fn() -> Histogram>,
-    registrations: Counter,
-    connection_losses: Counter,
-}
-
-impl Default for NriMetrics {
-    fn default() -> Self {
-        Self {
-            hook_calls: Family::default(),
-            hook_errors: Family::default(),
-            hook_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
-            registrations: Counter::default(),
-            connection_losses: Counter::default(),
-        }
-    }
-}
-
-impl NriMetrics {
-    /// Registers every metric (names prefixed `nri_`).
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "nri_hook_calls",
-            "NRI hook calls by hook",
-            self.hook_calls.clone(),
-        );
-        registry.register(
-            "nri_hook_errors",
-            "NRI hook calls that failed, by hook",
-            self.hook_errors.clone(),
-        );
-        registry.register(
-            "nri_hook_duration_seconds",
-            "Time spent in NRI hooks, by hook",
-            self.hook_latency.clone(),
-        );
-        registry.register(
-            "nri_registrations",
-            "Successful NRI registrations",
-            self.registrations.clone(),
-        );
-        registry.register(
-            "nri_connection_losses",
-            "NRI connections lost or failed (each one is retried)",
-            self.connection_losses.clone(),
-        );
-    }
-
-    /// Calls of `hook` so far.
-    #[must_use]
-    pub fn hook_calls(&self, hook: &'static str) -> u64 {
-        self.hook_calls.get_or_create(&HookLabels { hook }).get()
-    }
-
-    /// Failed calls of `hook` so far.
-    #[must_use]
-    pub fn hook_errors(&self, hook: &'static str) -> u64 {
-        self.hook_errors.get_or_create(&HookLabels { hook }).get()
-    }
-
-    /// Successful registrations so far.
-    #[must_use]
-    pub fn registrations(&self) -> u64 {
-        self.registrations.get()
-    }
-
-    fn observe(&self, hook: &'static str, start: Instant, failed: bool) {
-        let l = HookLabels { hook };
-        self.hook_calls.get_or_create(&l).inc();
-        if failed {
-            self.hook_errors.get_or_create(&l).inc();
-        }
-        self.hook_latency
-            .get_or_create(&l)
-            .observe(start.elapsed().as_secs_f64());
     }
 }
 
@@ -394,199 +293,8 @@ async fn session<H: PodHooks>(
     }
 }
 
-#[derive(Default)]
-struct SyncBuf {
-    pods: Vec<Pod>,
-    containers: Vec<ContainerInfo>,
-}
-
-struct PluginService<H> {
-    hooks: Arc<H>,
-    metrics: NriMetrics,
-    sync: Mutex<SyncBuf>,
-    /// (runtime name, version) once Configure arrived.
-    configured: watch::Sender<Option<(String, String)>>,
-}
-
-fn decode<M: Message + Default>(payload: Bytes) -> Result<M, Status> {
-    M::decode(payload)
-        .map_err(|e| ttrpc::status(code::INVALID_ARGUMENT, format!("cannot decode request: {e}")))
-}
-
-fn reply<M: Message>(m: &M) -> CallResult {
-    Ok(Bytes::from(m.encode_to_vec()))
-}
-
-fn hook_status(e: &HookError) -> Status {
-    let c = match e {
-        HookError::Failed { .. } => code::UNKNOWN,
-        HookError::Rejected { .. } => code::FAILED_PRECONDITION,
-    };
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    ttrpc::status(c, msg)
-}
-
-/// Keeps the first device per path, in order.
-fn dedup_devices(devs: Vec<LinuxDevice>) -> Vec<LinuxDevice> {
-    let mut seen = HashSet::new();
-    devs.into_iter().filter(|d| seen.insert(d.path.clone())).collect()
-}
-
-impl<H: PodHooks> PluginService<H> {
-    async fn run_pod(&self, pod: Option<pb::PodSandbox>) -> Result<(), Status> {
-        let pod = Pod::from(&pod.unwrap_or_default());
-        let start = Instant::now();
-        let r = self.hooks.run_pod_sandbox(pod.clone()).await;
-        self.metrics.observe("RunPodSandbox", start, r.is_err());
-        match r {
-            Ok(outcome) => {
-                debug!(pod = %pod.uid, ?outcome, "RunPodSandbox");
-                Ok(())
-            }
-            Err(e) => {
-                warn!(pod = %pod.uid, error = %hook_status(&e).message, "RunPodSandbox failed");
-                Err(hook_status(&e))
-            }
-        }
-    }
-
-    /// Stop and Remove are best effort: errors are logged and counted, the runtime gets OK.
-    async fn stop_or_remove(&self, hook: &'static str, pod: Option<pb::PodSandbox>) {
-        let pod = Pod::from(&pod.unwrap_or_default());
-        let start = Instant::now();
-        let r = if hook == "StopPodSandbox" {
-            self.hooks.stop_pod_sandbox(pod.clone()).await
-        } else {
-            self.hooks.remove_pod_sandbox(pod.clone()).await
-        };
-        self.metrics.observe(hook, start, r.is_err());
-        match r {
-            Ok(outcome) => debug!(pod = %pod.uid, hook, ?outcome, "pod hook done"),
-            Err(e) => {
-                warn!(pod = %pod.uid, hook, error = %hook_status(&e).message, "pod hook failed (ignored)")
-            }
-        }
-    }
-
-    async fn create_container(&self, req: pb::CreateContainerRequest) -> CallResult {
-        let pod = Pod::from(&req.pod.unwrap_or_default());
-        let c = ContainerInfo::from(&req.container.unwrap_or_default());
-        let start = Instant::now();
-        let r = self.hooks.create_container(pod.clone(), c).await;
-        self.metrics.observe("CreateContainer", start, r.is_err());
-        let devices = dedup_devices(r.map_err(|e| {
-            warn!(pod = %pod.uid, error = %hook_status(&e).message, "CreateContainer failed");
-            hook_status(&e)
-        })?);
-        let adjust = (!devices.is_empty()).then(|| pb::ContainerAdjustment {
-            linux: Some(pb::LinuxContainerAdjustment {
-                devices: devices.iter().map(pb::LinuxDevice::from).collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        reply(&pb::CreateContainerResponse {
-            adjust,
-            update: Vec::new(),
-            evict: Vec::new(),
-        })
-    }
-
-    async fn synchronize(&self, req: pb::SynchronizeRequest) -> CallResult {
-        let (pods, containers) = {
-            let mut buf = self
-                .sync
-                .lock()
-                .map_err(|_| ttrpc::status(code::INTERNAL, "sync state poisoned"))?;
-            buf.pods.extend(req.pods.iter().map(Pod::from));
-            buf.containers
-                .extend(req.containers.iter().map(ContainerInfo::from));
-            if req.more {
-                debug!(pods = buf.pods.len(), "Synchronize: chunk buffered");
-                return reply(&pb::SynchronizeResponse {
-                    update: Vec::new(),
-                    more: true,
-                });
-            }
-            let b = std::mem::take(&mut *buf);
-            (b.pods, b.containers)
-        };
-        info!(pods = pods.len(), containers = containers.len(), "Synchronize");
-        let start = Instant::now();
-        self.hooks.synchronize(pods, containers).await;
-        self.metrics.observe("Synchronize", start, false);
-        reply(&pb::SynchronizeResponse {
-            update: Vec::new(),
-            more: false,
-        })
-    }
-
-    async fn state_change(&self, ev: pb::StateChangeEvent) -> CallResult {
-        match pb::Event::try_from(ev.event) {
-            Ok(pb::Event::RunPodSandbox) => self.run_pod(ev.pod).await?,
-            Ok(pb::Event::StopPodSandbox) => self.stop_or_remove("StopPodSandbox", ev.pod).await,
-            Ok(pb::Event::RemovePodSandbox) => self.stop_or_remove("RemovePodSandbox", ev.pod).await,
-            other => debug!(event = ?other, "StateChange: not ours"),
-        }
-        reply(&pb::Empty {})
-    }
-}
-
-impl<H: PodHooks> Service for PluginService<H> {
-    async fn call(self: Arc<Self>, service: String, method: String, payload: Bytes) -> CallResult {
-        if service != PLUGIN_SERVICE {
-            return Err(ttrpc::unimplemented(&service, &method));
-        }
-        match method.as_str() {
-            "Configure" => {
-                let req: pb::ConfigureRequest = decode(payload)?;
-                debug!(runtime = %req.runtime_name, version = %req.runtime_version,
-                       request_timeout_ms = req.request_timeout, "Configure");
-                self.configured
-                    .send_replace(Some((req.runtime_name, req.runtime_version)));
-                reply(&pb::ConfigureResponse {
-                    events: EVENTS,
-                    request_timeout: 0,
-                })
-            }
-            "Synchronize" => self.synchronize(decode(payload)?).await,
-            "Shutdown" => {
-                let start = Instant::now();
-                self.hooks.shutdown().await;
-                self.metrics.observe("Shutdown", start, false);
-                reply(&pb::Empty {})
-            }
-            "RunPodSandbox" => {
-                let req: pb::RunPodSandboxRequest = decode(payload)?;
-                self.run_pod(req.pod).await?;
-                reply(&pb::RunPodSandboxResponse {})
-            }
-            "StopPodSandbox" => {
-                let req: pb::StopPodSandboxRequest = decode(payload)?;
-                self.stop_or_remove("StopPodSandbox", req.pod).await;
-                reply(&pb::StopPodSandboxResponse {})
-            }
-            "RemovePodSandbox" => {
-                let req: pb::RemovePodSandboxRequest = decode(payload)?;
-                self.stop_or_remove("RemovePodSandbox", req.pod).await;
-                reply(&pb::RemovePodSandboxResponse {})
-            }
-            "CreateContainer" => self.create_container(decode(payload)?).await,
-            "StateChange" => self.state_change(decode(payload)?).await,
-            _ => Err(ttrpc::unimplemented(&service, &method)),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::hooks::DeviceKind;
     use super::*;
 
     #[test]
@@ -616,59 +324,5 @@ mod tests {
         let d = PluginConfig::default();
         assert_eq!((d.name.as_str(), d.index.as_str()), ("dranet", "00"));
         assert_eq!(d.socket, PathBuf::from("/var/run/nri/nri.sock"));
-    }
-
-    #[test]
-    fn dedup_keeps_first_per_path() {
-        let dev = |path: &str, minor| LinuxDevice {
-            path: path.into(),
-            kind: DeviceKind::Char,
-            major: 231,
-            minor,
-            file_mode: None,
-            uid: None,
-            gid: None,
-        };
-        let out = dedup_devices(vec![dev("/a", 1), dev("/b", 2), dev("/a", 3)]);
-        assert_eq!(out, vec![dev("/a", 1), dev("/b", 2)]);
-    }
-
-    #[test]
-    fn hook_error_status_carries_the_chain() {
-        let e = HookError::Failed {
-            pod: "u1".into(),
-            action: "attach",
-            source: "no such device".into(),
-        };
-        let st = hook_status(&e);
-        assert_eq!(st.code, code::UNKNOWN);
-        assert_eq!(st.message, "pod u1: attach failed: no such device");
-        let r = HookError::Rejected {
-            pod: "u2".into(),
-            reason: "hostNetwork".into(),
-        };
-        assert_eq!(hook_status(&r).code, code::FAILED_PRECONDITION);
-    }
-
-    #[test]
-    fn metrics_encode() {
-        let m = NriMetrics::default();
-        let mut reg = Registry::default();
-        m.register(&mut reg);
-        m.observe("RunPodSandbox", Instant::now(), true);
-        assert_eq!(
-            (m.hook_calls("RunPodSandbox"), m.hook_errors("RunPodSandbox")),
-            (1, 1)
-        );
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
-        assert!(
-            out.contains("nri_hook_calls_total{hook=\"RunPodSandbox\"} 1"),
-            "{out}"
-        );
-        assert!(
-            out.contains("nri_hook_duration_seconds_count{hook=\"RunPodSandbox\"} 1"),
-            "{out}"
-        );
     }
 }
