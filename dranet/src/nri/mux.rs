@@ -11,6 +11,11 @@
 //! writer with [`Split::Go`] and can cut messages anywhere with [`Split::Pattern`] or
 //! [`Split::Random`]. Receiving: each connection is a byte stream; frame boundaries mean nothing
 //! to the layer above, which reassembles its own messages.
+//!
+//! Limit to keep in mind: the Go reader queues at most 256 frames per connection, so a single
+//! plugin → runtime message of more than ~1 MiB (256 × 4096) could overflow it if the runtime's
+//! ttrpc reader lags. Everything the plugin sends today (registration, small responses) is far
+//! below that.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
