@@ -1,0 +1,328 @@
+//! The NRI plugin: connect, register, serve the Plugin service, reconnect.
+//!
+//! One session per connection: RegisterPlugin (conn 2, we are the client) → the runtime calls
+//! Configure (we answer the event mask [`EVENTS`]) → Synchronize (possibly in chunks with `more`)
+//! → pod and container hooks. Both dialects are served: the dedicated RunPodSandbox /
+//! StopPodSandbox / RemovePodSandbox RPCs of NRI ≥ 0.12 and the older `StateChange` event; every
+//! other method answers `UNIMPLEMENTED`. When the runtime closes the connection we reconnect
+//! with backoff (100 ms doubling to 5 s) and register again.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::hooks::PodHooks;
+pub use super::metrics::{HookLabels, NriMetrics};
+use super::mux::{Mux, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use super::pb::nri as pb;
+use super::service::PluginService;
+use super::ttrpc::{self, Client, TtrpcError};
+
+/// Fully qualified name of the service the plugin serves.
+pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
+/// Fully qualified name of the service the runtime serves.
+pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
+/// Environment variable with an already connected socket fd (runtime-launched plugins).
+pub const ENV_PLUGIN_SOCKET: &str = "NRI_PLUGIN_SOCKET";
+/// Environment variable overriding the plugin name (runtime-launched plugins).
+pub const ENV_PLUGIN_NAME: &str = "NRI_PLUGIN_NAME";
+/// Environment variable overriding the plugin index (runtime-launched plugins).
+pub const ENV_PLUGIN_IDX: &str = "NRI_PLUGIN_IDX";
+
+/// The mask bit of an event: `1 << (event - 1)`.
+#[must_use]
+pub const fn event_bit(e: pb::Event) -> i32 {
+    1 << (e as i32 - 1)
+}
+
+/// Events dranet subscribes to: RunPodSandbox, StopPodSandbox, RemovePodSandbox,
+/// CreateContainer (0xF).
+pub const EVENTS: i32 = event_bit(pb::Event::RunPodSandbox)
+    | event_bit(pb::Event::StopPodSandbox)
+    | event_bit(pb::Event::RemovePodSandbox)
+    | event_bit(pb::Event::CreateContainer);
+
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Errors of the NRI plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum NriError {
+    /// The configuration cannot be registered (the runtime would refuse it).
+    #[error("invalid NRI plugin {field}: {value:?}")]
+    InvalidConfig { field: &'static str, value: String },
+    /// `NRI_PLUGIN_SOCKET` is not a usable fd.
+    #[error("unusable {ENV_PLUGIN_SOCKET}={value:?}")]
+    InheritedSocket {
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Dialling the runtime's socket failed.
+    #[error("cannot connect to the NRI socket {}", path.display())]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// RegisterPlugin failed.
+    #[error("RegisterPlugin failed")]
+    Register(#[source] TtrpcError),
+    /// The runtime did not call Configure in time.
+    #[error("no Configure from the runtime within {0:?}")]
+    NotConfigured(Duration),
+    /// The runtime closed the connection during the handshake.
+    #[error("the runtime closed the connection during registration: {0}")]
+    ClosedDuringHandshake(String),
+}
+
+/// Plugin settings.
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    /// The runtime's NRI socket.
+    pub socket: PathBuf,
+    /// Plugin name (`[a-zA-Z0-9_.+-]+`).
+    pub name: String,
+    /// Invocation index: two digits; plugins run in ascending order.
+    pub index: String,
+    /// Time allowed for RegisterPlugin and for the runtime's Configure after it.
+    pub registration_timeout: Duration,
+    /// Timeout of our calls to the runtime.
+    pub request_timeout: Duration,
+    /// Where the plugin counts its hook calls (clone one registered with [`NriMetrics::register`]).
+    pub metrics: NriMetrics,
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from("/var/run/nri/nri.sock"),
+            name: "dranet".into(),
+            // The Go dranet registers as index 00: first in the runtime's plugin order.
+            index: "00".into(),
+            registration_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(2),
+            metrics: NriMetrics::default(),
+        }
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c))
+}
+
+fn valid_index(s: &str) -> bool {
+    s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+static INHERITED_TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// The connected socket a runtime passes to a plugin it launched (once per process).
+fn inherited_socket() -> Result<Option<UnixStream>, NriError> {
+    let Ok(value) = std::env::var(ENV_PLUGIN_SOCKET) else {
+        return Ok(None);
+    };
+    if INHERITED_TAKEN.swap(true, Ordering::SeqCst) {
+        return Ok(None);
+    }
+    let bad = |source| NriError::InheritedSocket {
+        value: value.clone(),
+        source,
+    };
+    let fd: i32 = value
+        .trim()
+        .parse()
+        .map_err(|_| bad(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    if fd < 0 {
+        return Err(bad(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
+    }
+    // SAFETY: the runtime started this process with `fd` open and connected for this plugin;
+    // nothing else in the process owns it, and INHERITED_TAKEN makes sure it is wrapped once.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let std_stream = std::os::unix::net::UnixStream::from(owned);
+    std_stream.set_nonblocking(true).map_err(bad)?;
+    UnixStream::from_std(std_stream).map(Some).map_err(bad)
+}
+
+/// Runs the plugin until `shutdown` turns true (or its sender is dropped): connects (or uses
+/// the fd in `NRI_PLUGIN_SOCKET`), registers, serves the hooks, and reconnects with backoff
+/// whenever the runtime goes away.
+///
+/// # Errors
+/// Only [`NriError::InvalidConfig`] and [`NriError::InheritedSocket`]: connection trouble is
+/// retried, not returned.
+pub async fn run<H: PodHooks>(
+    mut cfg: PluginConfig,
+    hooks: Arc<H>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), NriError> {
+    if let Ok(n) = std::env::var(ENV_PLUGIN_NAME) {
+        cfg.name = n;
+    }
+    if let Ok(i) = std::env::var(ENV_PLUGIN_IDX) {
+        cfg.index = i;
+    }
+    if !valid_name(&cfg.name) {
+        return Err(NriError::InvalidConfig {
+            field: "name",
+            value: cfg.name,
+        });
+    }
+    if !valid_index(&cfg.index) {
+        return Err(NriError::InvalidConfig {
+            field: "index",
+            value: cfg.index,
+        });
+    }
+    let mut inherited = inherited_socket()?;
+    let mut backoff = BACKOFF_START;
+    loop {
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        let stream = match inherited.take() {
+            Some(s) => Ok(s),
+            None => UnixStream::connect(&cfg.socket)
+                .await
+                .map_err(|source| NriError::Connect {
+                    path: cfg.socket.clone(),
+                    source,
+                }),
+        };
+        let end = match stream {
+            Ok(s) => session(s, &cfg, &hooks, &mut shutdown).await,
+            Err(e) => Err(e),
+        };
+        match end {
+            Ok(SessionEnd::Shutdown) => return Ok(()),
+            Ok(SessionEnd::Lost(why)) => {
+                warn!(reason = %why, "NRI connection lost; reconnecting");
+                backoff = BACKOFF_START;
+            }
+            Err(e) => debug!(error = %e, retry_in = ?backoff, "NRI connection attempt failed"),
+        }
+        cfg.metrics.connection_losses.inc();
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stopped(&mut shutdown) => return Ok(()),
+        }
+        backoff = next_backoff(backoff);
+    }
+}
+
+/// 100 ms, 200 ms, 400 ms, … capped at 5 s.
+fn next_backoff(d: Duration) -> Duration {
+    (d * 2).min(BACKOFF_MAX)
+}
+
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    // A dropped sender also means stop: nobody can ask for a clean shutdown any more.
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+enum SessionEnd {
+    Shutdown,
+    /// The connection was registered and configured, then lost.
+    Lost(String),
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn session<H: PodHooks>(
+    stream: UnixStream,
+    cfg: &PluginConfig,
+    hooks: &Arc<H>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<SessionEnd, NriError> {
+    let mut mux = Mux::new(stream, MuxOptions::default());
+    let plugin_conn = mux.open(PLUGIN_SERVICE_CONN);
+    let runtime_conn = mux.open(RUNTIME_SERVICE_CONN);
+    let trunk = mux.start();
+    let (configured_tx, mut configured) = watch::channel(None);
+    let svc = Arc::new(PluginService {
+        hooks: hooks.clone(),
+        metrics: cfg.metrics.clone(),
+        sync: Mutex::default(),
+        configured: configured_tx,
+    });
+    let _server = AbortOnDrop(tokio::spawn(ttrpc::serve(plugin_conn, svc)));
+    let client = Client::new(runtime_conn);
+    let req = pb::RegisterPluginRequest {
+        plugin_name: cfg.name.clone(),
+        plugin_idx: cfg.index.clone(),
+        nri_version: String::new(),
+    };
+    let handshake = async {
+        client
+            .call_msg::<_, pb::Empty>(RUNTIME_SERVICE, "RegisterPlugin", &req, cfg.registration_timeout)
+            .await
+            .map_err(NriError::Register)?;
+        tokio::time::timeout(cfg.registration_timeout, configured.wait_for(Option::is_some))
+            .await
+            .map_err(|_| NriError::NotConfigured(cfg.registration_timeout))?
+            .map(|v| v.clone())
+            .map_err(|_| NriError::ClosedDuringHandshake("server ended".into()))
+    };
+    let runtime = tokio::select! {
+        r = handshake => r?,
+        why = trunk.closed() => return Err(NriError::ClosedDuringHandshake(why)),
+        () = stopped(shutdown) => return Ok(SessionEnd::Shutdown),
+    };
+    cfg.metrics.registrations.inc();
+    if let Some((name, version)) = runtime {
+        info!(runtime = %name, version = %version, plugin = %cfg.name, index = %cfg.index, "NRI plugin registered");
+    }
+    tokio::select! {
+        why = trunk.closed() => Ok(SessionEnd::Lost(why)),
+        () = stopped(shutdown) => {
+            trunk.close();
+            Ok(SessionEnd::Shutdown)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_mask_is_0xf() {
+        assert_eq!(EVENTS, 0xF);
+        assert_eq!(event_bit(pb::Event::CreateContainer), 8);
+    }
+
+    #[test]
+    fn backoff_doubles_to_five_seconds() {
+        let mut d = BACKOFF_START;
+        let mut seen = vec![d];
+        for _ in 0..8 {
+            d = next_backoff(d);
+            seen.push(d);
+        }
+        let ms: Vec<u128> = seen.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+    }
+
+    #[test]
+    fn names_and_indexes() {
+        assert!(valid_name("dranet") && valid_name("dra.net") && valid_name("a_b+c-1"));
+        assert!(!valid_name("") && !valid_name("bad name") && !valid_name("x/y"));
+        assert!(valid_index("00") && valid_index("99"));
+        assert!(!valid_index("0") && !valid_index("100") && !valid_index("a1"));
+        let d = PluginConfig::default();
+        assert_eq!((d.name.as_str(), d.index.as_str()), ("dranet", "00"));
+        assert_eq!(d.socket, PathBuf::from("/var/run/nri/nri.sock"));
+    }
+}

@@ -1,0 +1,246 @@
+//! The Plugin service (mux connection 1): Configure, Synchronize (chunked), Shutdown, the pod
+//! hooks in both dialects (dedicated RPCs and `StateChange`) and CreateContainer.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use prost::Message;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::hooks::{ContainerInfo, HookError, LinuxDevice, Pod, PodHooks};
+use super::metrics::NriMetrics;
+use super::pb::google::rpc::Status;
+use super::pb::nri as pb;
+use super::plugin::{EVENTS, PLUGIN_SERVICE};
+use super::ttrpc::{self, CallResult, Service, code};
+
+#[derive(Default)]
+pub(super) struct SyncBuf {
+    pods: Vec<Pod>,
+    containers: Vec<ContainerInfo>,
+}
+
+pub(super) struct PluginService<H> {
+    pub(super) hooks: Arc<H>,
+    pub(super) metrics: NriMetrics,
+    pub(super) sync: Mutex<SyncBuf>,
+    /// (runtime name, version) once Configure arrived.
+    pub(super) configured: watch::Sender<Option<(String, String)>>,
+}
+
+fn decode<M: Message + Default>(payload: Bytes) -> Result<M, Status> {
+    M::decode(payload)
+        .map_err(|e| ttrpc::status(code::INVALID_ARGUMENT, format!("cannot decode request: {e}")))
+}
+
+fn reply<M: Message>(m: &M) -> CallResult {
+    Ok(Bytes::from(m.encode_to_vec()))
+}
+
+fn hook_status(e: &HookError) -> Status {
+    let c = match e {
+        HookError::Failed { .. } => code::UNKNOWN,
+        HookError::Rejected { .. } => code::FAILED_PRECONDITION,
+    };
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    ttrpc::status(c, msg)
+}
+
+/// Keeps the first device per path, in order.
+fn dedup_devices(devs: Vec<LinuxDevice>) -> Vec<LinuxDevice> {
+    let mut seen = HashSet::new();
+    devs.into_iter().filter(|d| seen.insert(d.path.clone())).collect()
+}
+
+impl<H: PodHooks> PluginService<H> {
+    async fn run_pod(&self, pod: Option<pb::PodSandbox>) -> Result<(), Status> {
+        let pod = Pod::from(&pod.unwrap_or_default());
+        let start = Instant::now();
+        let r = self.hooks.run_pod_sandbox(pod.clone()).await;
+        self.metrics.observe("RunPodSandbox", start, r.is_err());
+        match r {
+            Ok(outcome) => {
+                debug!(pod = %pod.uid, ?outcome, "RunPodSandbox");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(pod = %pod.uid, error = %hook_status(&e).message, "RunPodSandbox failed");
+                Err(hook_status(&e))
+            }
+        }
+    }
+
+    /// Stop and Remove are best effort: errors are logged and counted, the runtime gets OK.
+    async fn stop_or_remove(&self, hook: &'static str, pod: Option<pb::PodSandbox>) {
+        let pod = Pod::from(&pod.unwrap_or_default());
+        let start = Instant::now();
+        let r = if hook == "StopPodSandbox" {
+            self.hooks.stop_pod_sandbox(pod.clone()).await
+        } else {
+            self.hooks.remove_pod_sandbox(pod.clone()).await
+        };
+        self.metrics.observe(hook, start, r.is_err());
+        match r {
+            Ok(outcome) => debug!(pod = %pod.uid, hook, ?outcome, "pod hook done"),
+            Err(e) => {
+                warn!(pod = %pod.uid, hook, error = %hook_status(&e).message, "pod hook failed (ignored)")
+            }
+        }
+    }
+
+    async fn create_container(&self, req: pb::CreateContainerRequest) -> CallResult {
+        let pod = Pod::from(&req.pod.unwrap_or_default());
+        let c = ContainerInfo::from(&req.container.unwrap_or_default());
+        let start = Instant::now();
+        let r = self.hooks.create_container(pod.clone(), c).await;
+        self.metrics.observe("CreateContainer", start, r.is_err());
+        let devices = dedup_devices(r.map_err(|e| {
+            warn!(pod = %pod.uid, error = %hook_status(&e).message, "CreateContainer failed");
+            hook_status(&e)
+        })?);
+        let adjust = (!devices.is_empty()).then(|| pb::ContainerAdjustment {
+            linux: Some(pb::LinuxContainerAdjustment {
+                devices: devices.iter().map(pb::LinuxDevice::from).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        reply(&pb::CreateContainerResponse {
+            adjust,
+            update: Vec::new(),
+            evict: Vec::new(),
+        })
+    }
+
+    async fn synchronize(&self, req: pb::SynchronizeRequest) -> CallResult {
+        let (pods, containers) = {
+            let mut buf = self
+                .sync
+                .lock()
+                .map_err(|_| ttrpc::status(code::INTERNAL, "sync state poisoned"))?;
+            buf.pods.extend(req.pods.iter().map(Pod::from));
+            buf.containers
+                .extend(req.containers.iter().map(ContainerInfo::from));
+            if req.more {
+                debug!(pods = buf.pods.len(), "Synchronize: chunk buffered");
+                return reply(&pb::SynchronizeResponse {
+                    update: Vec::new(),
+                    more: true,
+                });
+            }
+            let b = std::mem::take(&mut *buf);
+            (b.pods, b.containers)
+        };
+        info!(pods = pods.len(), containers = containers.len(), "Synchronize");
+        let start = Instant::now();
+        self.hooks.synchronize(pods, containers).await;
+        self.metrics.observe("Synchronize", start, false);
+        reply(&pb::SynchronizeResponse {
+            update: Vec::new(),
+            more: false,
+        })
+    }
+
+    async fn state_change(&self, ev: pb::StateChangeEvent) -> CallResult {
+        match pb::Event::try_from(ev.event) {
+            Ok(pb::Event::RunPodSandbox) => self.run_pod(ev.pod).await?,
+            Ok(pb::Event::StopPodSandbox) => self.stop_or_remove("StopPodSandbox", ev.pod).await,
+            Ok(pb::Event::RemovePodSandbox) => self.stop_or_remove("RemovePodSandbox", ev.pod).await,
+            other => debug!(event = ?other, "StateChange: not ours"),
+        }
+        reply(&pb::Empty {})
+    }
+}
+
+impl<H: PodHooks> Service for PluginService<H> {
+    async fn call(self: Arc<Self>, service: String, method: String, payload: Bytes) -> CallResult {
+        if service != PLUGIN_SERVICE {
+            return Err(ttrpc::unimplemented(&service, &method));
+        }
+        match method.as_str() {
+            "Configure" => {
+                let req: pb::ConfigureRequest = decode(payload)?;
+                debug!(runtime = %req.runtime_name, version = %req.runtime_version,
+                       request_timeout_ms = req.request_timeout, "Configure");
+                self.configured
+                    .send_replace(Some((req.runtime_name, req.runtime_version)));
+                reply(&pb::ConfigureResponse {
+                    events: EVENTS,
+                    request_timeout: 0,
+                })
+            }
+            "Synchronize" => self.synchronize(decode(payload)?).await,
+            "Shutdown" => {
+                let start = Instant::now();
+                self.hooks.shutdown().await;
+                self.metrics.observe("Shutdown", start, false);
+                reply(&pb::Empty {})
+            }
+            "RunPodSandbox" => {
+                let req: pb::RunPodSandboxRequest = decode(payload)?;
+                self.run_pod(req.pod).await?;
+                reply(&pb::RunPodSandboxResponse {})
+            }
+            "StopPodSandbox" => {
+                let req: pb::StopPodSandboxRequest = decode(payload)?;
+                self.stop_or_remove("StopPodSandbox", req.pod).await;
+                reply(&pb::StopPodSandboxResponse {})
+            }
+            "RemovePodSandbox" => {
+                let req: pb::RemovePodSandboxRequest = decode(payload)?;
+                self.stop_or_remove("RemovePodSandbox", req.pod).await;
+                reply(&pb::RemovePodSandboxResponse {})
+            }
+            "CreateContainer" => self.create_container(decode(payload)?).await,
+            "StateChange" => self.state_change(decode(payload)?).await,
+            _ => Err(ttrpc::unimplemented(&service, &method)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::hooks::DeviceKind;
+    use super::*;
+
+    #[test]
+    fn dedup_keeps_first_per_path() {
+        let dev = |path: &str, minor| LinuxDevice {
+            path: path.into(),
+            kind: DeviceKind::Char,
+            major: 231,
+            minor,
+            file_mode: None,
+            uid: None,
+            gid: None,
+        };
+        let out = dedup_devices(vec![dev("/a", 1), dev("/b", 2), dev("/a", 3)]);
+        assert_eq!(out, vec![dev("/a", 1), dev("/b", 2)]);
+    }
+
+    #[test]
+    fn hook_error_status_carries_the_chain() {
+        let e = HookError::Failed {
+            pod: "u1".into(),
+            action: "attach",
+            source: "no such device".into(),
+        };
+        let st = hook_status(&e);
+        assert_eq!(st.code, code::UNKNOWN);
+        assert_eq!(st.message, "pod u1: attach failed: no such device");
+        let r = HookError::Rejected {
+            pod: "u2".into(),
+            reason: "hostNetwork".into(),
+        };
+        assert_eq!(hook_status(&r).code, code::FAILED_PRECONDITION);
+    }
+}
