@@ -1,4 +1,5 @@
 pub mod kernel;
 pub mod kubelet;
 pub mod nic;
+pub mod node;
 pub mod nri_runtime;

@@ -17,6 +17,7 @@
 pub mod cli;
 pub mod config;
 pub mod dra;
+pub mod driver;
 pub mod http;
 pub mod inventory;
 pub mod link;

@@ -1,16 +1,52 @@
-//! The NRI side of `dranet run` (wired once the NRI plugin lands).
+//! The NRI side of `dranet run`: the plugin, with the rescue engine behind its hooks.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
+use tracing::{error, info};
 
 use super::run::RunArgs;
 use super::run_sides::Sides;
+use crate::driver::Driver;
+use crate::nri::{NriMetrics, PluginConfig};
 use crate::rescue::Engine;
 
 pub async fn start(
-    _args: &RunArgs,
-    _engine: &Engine,
-    _registry: &mut Registry,
-    _sides: &mut Sides,
+    args: &RunArgs,
+    engine: &Engine,
+    registry: &mut Registry,
+    sides: &mut Sides,
 ) -> anyhow::Result<()> {
+    let driver = Arc::new(Driver::new(engine.clone()));
+    driver.metrics().register(registry);
+    if args.no_nri {
+        return Ok(());
+    }
+    let metrics = NriMetrics::default();
+    metrics.register(registry);
+    let cfg = PluginConfig {
+        socket: args.nri_socket.clone(),
+        name: args.nri_plugin_name.clone(),
+        index: args.nri_plugin_index.clone(),
+        metrics: metrics.clone(),
+        ..PluginConfig::default()
+    };
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    info!(socket = %cfg.socket.display(), name = cfg.name, index = cfg.index, "NRI plugin starting");
+    sides.nri_task = Some(tokio::spawn(async move {
+        if let Err(e) = crate::nri::run(cfg, driver, rx).await {
+            error!(error = %e, "NRI plugin stopped");
+        }
+    }));
+    sides.nri_stop = Some(tx);
+    let r = sides.readiness.clone();
+    sides.tasks.push(tokio::spawn(async move {
+        loop {
+            r.nri_connected.store(metrics.connected(), Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }));
     Ok(())
 }

@@ -49,9 +49,9 @@ impl Readiness {
 pub struct Sides {
     pub readiness: Arc<Readiness>,
     plugin: Option<KubeletPlugin>,
-    nri_stop: Option<tokio::sync::watch::Sender<bool>>,
-    nri_task: Option<tokio::task::JoinHandle<()>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub(super) nri_stop: Option<tokio::sync::watch::Sender<bool>>,
+    pub(super) nri_task: Option<tokio::task::JoinHandle<()>>,
+    pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Sides {
@@ -100,6 +100,39 @@ impl Publisher for AnyPublisher {
         match self {
             Self::Dir(p) => p.publish(slices),
             Self::Kube(p) => p.publish(slices),
+        }
+    }
+}
+
+/// Device lookup for Prepare: a device missing from the last scan (it came home from a pod a
+/// moment ago, or appeared since) triggers one immediate rescan instead of a failed claim.
+struct RescanOnMiss {
+    inventory: SharedInventory,
+    opts: Arc<ScanOptions>,
+}
+
+impl crate::dra::DeviceLookup for RescanOnMiss {
+    fn device(&self, name: &str) -> Option<Device> {
+        if let Some(d) = self.inventory.get(name) {
+            return Some(d);
+        }
+        let scanned = tokio::task::block_in_place(|| crate::inventory::scan(&self.opts));
+        match scanned {
+            Ok(devs) => {
+                let found = devs.iter().find(|d| d.name == name).cloned();
+                if found.is_some() {
+                    let mut all = self.inventory.snapshot();
+                    all.retain(|d| !devs.iter().any(|n| n.name == d.name));
+                    all.extend(devs);
+                    all.sort_by(|a, b| a.name.cmp(&b.name));
+                    self.inventory.replace(all);
+                }
+                found
+            }
+            Err(e) => {
+                warn!(error = %e, "inventory rescan");
+                None
+            }
         }
     }
 }
@@ -224,7 +257,10 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             args.driver_name.clone(),
             args.node_name.clone(),
             claims,
-            Arc::new(inventory.clone()),
+            Arc::new(RescanOnMiss {
+                inventory: inventory.clone(),
+                opts: scan_opts.clone(),
+            }),
             Arc::new(EngineSink(engine.clone())),
         ));
         let cfg = PluginConfig {

@@ -309,6 +309,17 @@ fn with_host_state(
         cfg.interface.addresses.clone_from(&dev.addresses);
     }
     for r in &dev.routes {
+        // A preferred source the pod's device will not have (the config gave it other
+        // addresses) makes the kernel refuse the route: such host routes do not apply.
+        if !r.source.is_empty()
+            && !cfg
+                .interface
+                .addresses
+                .iter()
+                .any(|a| a.split('/').next() == Some(r.source.as_str()))
+        {
+            continue;
+        }
         let dup = cfg
             .routes
             .iter()

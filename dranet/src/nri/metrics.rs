@@ -29,6 +29,8 @@ pub struct NriMetrics {
     hook_latency: Family<HookLabels, Histogram, fn() -> Histogram>,
     pub(super) registrations: Counter,
     pub(super) connection_losses: Counter,
+    /// Registered and not yet disconnected.
+    pub(super) connected: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for NriMetrics {
@@ -39,6 +41,7 @@ impl Default for NriMetrics {
             hook_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             registrations: Counter::default(),
             connection_losses: Counter::default(),
+            connected: std::sync::Arc::default(),
         }
     }
 }
@@ -83,6 +86,12 @@ impl NriMetrics {
     #[must_use]
     pub fn hook_errors(&self, hook: &'static str) -> u64 {
         self.hook_errors.get_or_create(&HookLabels { hook }).get()
+    }
+
+    /// Whether the plugin is registered with a runtime right now.
+    #[must_use]
+    pub fn connected(&self) -> bool {
+        self.connected.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Successful registrations so far.

@@ -208,6 +208,7 @@ pub async fn run<H: PodHooks>(
             Err(e) => debug!(error = %e, retry_in = ?backoff, "NRI connection attempt failed"),
         }
         cfg.metrics.connection_losses.inc();
+        cfg.metrics.connected.store(false, Ordering::Relaxed);
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
             () = stopped(&mut shutdown) => return Ok(()),
@@ -281,6 +282,7 @@ async fn session<H: PodHooks>(
         () = stopped(shutdown) => return Ok(SessionEnd::Shutdown),
     };
     cfg.metrics.registrations.inc();
+    cfg.metrics.connected.store(true, Ordering::Relaxed);
     if let Some((name, version)) = runtime {
         info!(runtime = %name, version = %version, plugin = %cfg.name, index = %cfg.index, "NRI plugin registered");
     }

@@ -1,0 +1,286 @@
+//! Node simulator: the real `dranet run` binary between a simulated kubelet (registration +
+//! DRA gRPC over unix sockets, claims from local files) and a simulated runtime (the NRI
+//! harness), with real pod netns and veth pairs standing in for NICs. Test support only.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use dranet::nri::pb::nri as pb;
+use serde_json::json;
+
+use crate::kernel::{dranet_bin, unique};
+use crate::kubelet::{Claim, KubeletSim, RegisteredPlugin};
+use crate::nri_runtime::{NriRuntime, RuntimeConfig};
+
+/// How to run the node.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub runtime: RuntimeConfig,
+    /// Load the eBPF probes in the daemon.
+    pub probes: bool,
+    /// Extra `dranet run` arguments.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self {
+            runtime: RuntimeConfig::default(),
+            probes: true,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A running simulated node.
+pub struct Node {
+    pub dir: PathBuf,
+    pub runtime: NriRuntime,
+    pub kubelet: KubeletSim,
+    pub plugin: Option<RegisteredPlugin>,
+    opts: NodeOptions,
+    child: Option<Child>,
+    sessions: u64,
+}
+
+impl Node {
+    /// Starts the runtime harness, then `dranet run`, registers it with the kubelet simulator
+    /// and waits until the runtime saw it register.
+    pub async fn start(opts: NodeOptions) -> Result<Self> {
+        let dir = std::env::temp_dir().join(unique("dranet-node-"));
+        std::fs::create_dir_all(dir.join("claims"))?;
+        let runtime = NriRuntime::start(dir.join("nri.sock"), opts.runtime.clone())?;
+        let kubelet = KubeletSim::new(dir.join("kubelet"));
+        let mut node = Self {
+            dir,
+            runtime,
+            kubelet,
+            plugin: None,
+            opts,
+            child: None,
+            sessions: 0,
+        };
+        node.spawn().await?;
+        Ok(node)
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    async fn spawn(&mut self) -> Result<()> {
+        let bin = dranet_bin()?;
+        // kubelet reacts to the *creation* of a registration socket: forget a killed daemon's
+        // stale one, so we wait for the new process to create its own.
+        if let Ok(rd) = std::fs::read_dir(self.kubelet.registry_dir()) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let mut cmd = Command::new(&bin);
+        cmd.arg("run")
+            .args([
+                "--node-name",
+                "sim-node",
+                "--filter",
+                "",
+                "--bind-address",
+                "127.0.0.1:0",
+            ])
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--kubelet-root-dir")
+            .arg(self.dir.join("kubelet"))
+            .arg("--nri-socket")
+            .arg(self.dir.join("nri.sock"))
+            .arg("--slices-dir")
+            .arg(self.dir.join("slices"))
+            .arg("--claims-dir")
+            .arg(self.dir.join("claims"))
+            .args(&self.opts.extra_args)
+            .env(
+                "RUST_LOG",
+                std::env::var("DRANET_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if !self.opts.probes {
+            cmd.arg("--no-probes");
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let stdout = child.stdout.take().context("daemon stdout")?;
+        let ready = tokio::task::spawn_blocking(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let found = lines
+                .by_ref()
+                .any(|l| l.is_ok_and(|l| l.starts_with("dranet ready")));
+            // Keep draining so the daemon never blocks on a full pipe.
+            std::thread::spawn(move || for _ in lines {});
+            found
+        });
+        self.child = Some(child);
+        let reg = self
+            .kubelet
+            .wait_for_registration_socket(Duration::from_secs(20))
+            .await?;
+        self.plugin = Some(self.kubelet.register(&reg).await?);
+        self.sessions += 1;
+        self.runtime
+            .wait_ready(self.sessions, Duration::from_secs(20))
+            .await?;
+        if !tokio::time::timeout(Duration::from_secs(20), ready)
+            .await
+            .context("daemon never printed ready")??
+        {
+            bail!("the daemon exited before it was ready");
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs the daemon (no cleanup of any kind).
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        self.plugin = None;
+        Ok(())
+    }
+
+    /// SIGTERM, wait for the graceful exit.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id())?);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+            c.wait()?;
+        }
+        self.plugin = None;
+        Ok(())
+    }
+
+    /// Starts the daemon again (after [`Node::kill`] or [`Node::stop`]).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.kill()?;
+        self.spawn().await
+    }
+
+    /// Writes an allocated ResourceClaim for `pod_uid` with `devices` (slice device name, config)
+    /// where the daemon reads claims (`--claims-dir`), as the scheduler would have allocated it.
+    pub fn write_claim(
+        &self,
+        claim: &Claim,
+        pod_uid: &str,
+        devices: &[(String, serde_json::Value)],
+    ) -> Result<()> {
+        let results: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, (d, _))| json!({"request": format!("nic{i}"), "driver": "dra.net", "pool": "sim-node", "device": d}))
+            .collect();
+        let config: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, (_, c))| {
+                json!({"source": "FromClaim", "requests": [format!("nic{i}")], "opaque": {"driver": "dra.net", "parameters": c}})
+            })
+            .collect();
+        let obj = json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+            "status": {
+                "allocation": {"devices": {"results": results, "config": config}},
+                "reservedFor": [{"resource": "pods", "name": format!("pod-{pod_uid}"), "uid": pod_uid}]
+            }
+        });
+        let dir = self.dir.join("claims").join(&claim.namespace);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(
+            dir.join(format!("{}.json", claim.name)),
+            serde_json::to_vec_pretty(&obj)?,
+        )?;
+        Ok(())
+    }
+
+    /// NodePrepareResources for one claim; fails on a per-claim error.
+    pub async fn prepare(&self, claim: &Claim) -> Result<()> {
+        let plugin = self.plugin.as_ref().context("daemon not registered")?;
+        let r = plugin.prepare(std::slice::from_ref(claim)).await?;
+        let res = r.get(&claim.uid).context("no result for the claim")?;
+        if !res.error.is_empty() {
+            bail!("prepare {}: {}", claim.name, res.error);
+        }
+        Ok(())
+    }
+
+    /// NodeUnprepareResources for one claim.
+    pub async fn unprepare(&self, claim: &Claim) -> Result<()> {
+        let plugin = self.plugin.as_ref().context("daemon not registered")?;
+        let r = plugin.unprepare(std::slice::from_ref(claim)).await?;
+        if let Some(e) = r.get(&claim.uid).filter(|e| !e.is_empty()) {
+            bail!("unprepare {}: {e}", claim.name);
+        }
+        Ok(())
+    }
+
+    /// Open file descriptors of the daemon.
+    pub fn daemon_fds(&self) -> Result<usize> {
+        let pid = self.child.as_ref().context("daemon not running")?.id();
+        Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+    }
+
+    /// Resident memory of the daemon, KiB.
+    pub fn daemon_rss_kib(&self) -> Result<u64> {
+        let pid = self.child.as_ref().context("daemon not running")?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("VmRSS")
+    }
+
+    /// Pins currently held in the state dir.
+    pub fn pins(&self) -> Vec<PathBuf> {
+        dranet::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.kill();
+        // Bring anything still out home and drop the pins before removing the directory.
+        if let Ok(bin) = dranet_bin() {
+            let _ = Command::new(bin)
+                .arg("release-all")
+                .arg("--state-dir")
+                .arg(self.state_dir())
+                .output();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A pod sandbox as the runtime reports it.
+#[must_use]
+pub fn sandbox(uid: &str, netns: &Path) -> pb::PodSandbox {
+    pb::PodSandbox {
+        id: format!("sb-{uid}"),
+        name: format!("pod-{uid}"),
+        uid: uid.into(),
+        namespace: "default".into(),
+        linux: Some(pb::LinuxPodSandbox {
+            namespaces: vec![pb::LinuxNamespace {
+                r#type: "network".into(),
+                path: netns.display().to_string(),
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

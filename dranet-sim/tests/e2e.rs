@@ -1,0 +1,333 @@
+//! End to end, as root, on the real kernel: the `dranet run` binary between the kubelet simulator
+//! and the NRI runtime harness, veth pairs standing in for NICs. Both teardown orders × {1, 4}
+//! devices × {driver alive; driver SIGKILLed and restarted while the pod runs; driver down while
+//! the pod is deleted}, plus a soak.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::kubelet::Claim;
+use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::node::{Node, NodeOptions, sandbox};
+use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+use serde_json::{Value, json};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Order {
+    /// StopPodSandbox while the netns lives, then the netns goes, then RemovePodSandbox.
+    Containerd,
+    /// The netns is unmounted and unlinked first; StopPodSandbox comes late.
+    Crio,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Driver {
+    Alive,
+    /// SIGKILL + restart while the pod runs, before the teardown.
+    RestartedWhileRunning,
+    /// SIGKILL before the teardown; started again after it.
+    DownDuringTeardown,
+}
+
+fn opts(order: Order) -> NodeOptions {
+    let flavor = if order == Order::Crio {
+        Flavor::Crio
+    } else {
+        Flavor::Containerd
+    };
+    NodeOptions {
+        runtime: RuntimeConfig {
+            flavor,
+            ..RuntimeConfig::default()
+        },
+        ..NodeOptions::default()
+    }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(start.elapsed())
+}
+
+fn in_pod(ns: &PodNetns, name: &str) -> bool {
+    ns.ip(&["link", "show", "dev", name]).is_ok()
+}
+
+/// One pod with `nics`, through its whole life, in `order`, with the driver doing `driver`.
+async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver) -> Result<()> {
+    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let uid = unique("e2e-pod-");
+    let mut ns = PodNetns::create(&unique("dranet-e2e-"))?;
+    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    let devices: Vec<(String, Value)> = nics
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                dranet::inventory::netdev_device_name(&n.name),
+                json!({"interface": {"name": format!("net{i}"), "addresses": [format!("192.168.{}.2/24", 60 + i)]}}),
+            )
+        })
+        .collect();
+    node.write_claim(&claim, &uid, &devices)?;
+    node.prepare(&claim).await?;
+    let pod = sandbox(&uid, &ns.path);
+    node.runtime
+        .run_pod_sandbox(&pod)
+        .await
+        .context("RunPodSandbox")?;
+    // What the runtime reports in Synchronize after a plugin (re)connects.
+    node.runtime.set_state(vec![pod.clone()], vec![]);
+    for (i, n) in nics.iter().enumerate() {
+        assert!(
+            !host_has(&n.name),
+            "{} still in the host after RunPodSandbox",
+            n.name
+        );
+        let v = ns.ip(&["-j", "addr", "show", "dev", &format!("net{i}")])?;
+        assert!(
+            v.contains(&format!("192.168.{}.2", 60 + i)),
+            "net{i} has no address in the pod: {v}"
+        );
+    }
+    if driver == Driver::RestartedWhileRunning {
+        node.restart().await?;
+        for i in 0..nics.len() {
+            assert!(
+                in_pod(&ns, &format!("net{i}")),
+                "restart must not disturb a running pod"
+            );
+        }
+    }
+    if driver == Driver::DownDuringTeardown {
+        node.kill()?;
+    }
+    match order {
+        Order::Containerd => {
+            if driver != Driver::DownDuringTeardown {
+                node.runtime
+                    .stop_pod_sandbox(&pod)
+                    .await
+                    .context("StopPodSandbox")?;
+                for n in nics {
+                    assert!(host_has(&n.name), "{} not home after StopPodSandbox", n.name);
+                }
+            }
+            ns.remove_crio_style()?;
+            if driver == Driver::DownDuringTeardown {
+                node.restart().await?;
+            }
+            node.runtime
+                .remove_pod_sandbox(&pod)
+                .await
+                .context("RemovePodSandbox")?;
+            node.runtime.set_state(vec![], vec![]);
+        }
+        Order::Crio => {
+            ns.remove_crio_style()?;
+            if driver == Driver::DownDuringTeardown {
+                node.restart().await?;
+            }
+            // Before any hook: the rescue (or the restart's reconcile) brings them home.
+            for n in nics {
+                wait_for(
+                    &format!("{} home before StopPodSandbox", n.name),
+                    Duration::from_secs(5),
+                    || host_has(&n.name),
+                )
+                .await?;
+            }
+            node.runtime
+                .stop_pod_sandbox(&pod)
+                .await
+                .context("StopPodSandbox")?;
+            node.runtime
+                .remove_pod_sandbox(&pod)
+                .await
+                .context("RemovePodSandbox")?;
+            node.runtime.set_state(vec![], vec![]);
+        }
+    }
+    for (n, b) in nics.iter().zip(&before) {
+        // Restores finish right after the move home.
+        let mut last = Ok(());
+        for _ in 0..100 {
+            last = assert_same(b, &view(&n.name, None)?);
+            if last.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        last.with_context(|| format!("{} not restored", n.name))?;
+    }
+    node.unprepare(&claim).await?;
+    assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    Ok(())
+}
+
+async fn case(order: Order, n: usize, driver: Driver) -> Result<()> {
+    let test = format!("e2e {order:?} {n} {driver:?}");
+    if !require_root(&test)? {
+        return Ok(());
+    }
+    let nics: Vec<Nic> = (0..n).map(|_| Nic::create()).collect::<Result<_>>()?;
+    let mut node = Node::start(opts(order)).await?;
+    life_cycle(&mut node, &nics, order, driver)
+        .await
+        .with_context(|| test.clone())?;
+    node.stop()?;
+    Ok(())
+}
+
+macro_rules! cases {
+    ($($name:ident: $order:ident, $n:expr, $driver:ident;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() -> Result<()> {
+            case(Order::$order, $n, Driver::$driver).await
+        }
+    )*};
+}
+
+cases! {
+    containerd_1_alive: Containerd, 1, Alive;
+    containerd_4_alive: Containerd, 4, Alive;
+    containerd_1_restarted_while_running: Containerd, 1, RestartedWhileRunning;
+    containerd_4_restarted_while_running: Containerd, 4, RestartedWhileRunning;
+    containerd_1_down_during_teardown: Containerd, 1, DownDuringTeardown;
+    containerd_4_down_during_teardown: Containerd, 4, DownDuringTeardown;
+    crio_1_alive: Crio, 1, Alive;
+    crio_4_alive: Crio, 4, Alive;
+    crio_1_restarted_while_running: Crio, 1, RestartedWhileRunning;
+    crio_4_restarted_while_running: Crio, 4, RestartedWhileRunning;
+    crio_1_down_during_teardown: Crio, 1, DownDuringTeardown;
+    crio_4_down_during_teardown: Crio, 4, DownDuringTeardown;
+}
+
+/// A pod whose StopPodSandbox never comes: the rescue alone brings the devices home.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_hook_missing_entirely() -> Result<()> {
+    if !require_root("stop_hook_missing_entirely")? {
+        return Ok(());
+    }
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let node = Node::start(opts(Order::Crio)).await?;
+    let uid = unique("e2e-nostop-");
+    let mut ns = PodNetns::create(&unique("dranet-e2e-"))?;
+    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    node.write_claim(
+        &claim,
+        &uid,
+        &[(dranet::inventory::netdev_device_name(&nic.name), json!({}))],
+    )?;
+    node.prepare(&claim).await?;
+    node.runtime.run_pod_sandbox(&sandbox(&uid, &ns.path)).await?;
+    assert!(!host_has(&nic.name));
+    ns.remove_crio_style()?;
+    wait_for("device home without any hook", Duration::from_secs(5), || {
+        host_has(&nic.name)
+    })
+    .await?;
+    let mut last = Ok(());
+    for _ in 0..100 {
+        last = assert_same(&before, &view(&nic.name, None)?);
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    last?;
+    wait_for("pin released", Duration::from_secs(2), || node.pins().is_empty()).await?;
+    Ok(())
+}
+
+/// The runtime drops the connection mid-run: the plugin reconnects and later pods still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_disconnect_then_later_pods_work() -> Result<()> {
+    if !require_root("runtime_disconnect_then_later_pods_work")? {
+        return Ok(());
+    }
+    let nic = Nic::create()?;
+    let mut node = Node::start(opts(Order::Containerd)).await?;
+    node.runtime.disconnect();
+    node.runtime.wait_ready(2, Duration::from_secs(10)).await?;
+    life_cycle(
+        &mut node,
+        std::slice::from_ref(&nic),
+        Order::Containerd,
+        Driver::Alive,
+    )
+    .await?;
+    Ok(())
+}
+
+/// 200 pod life cycles, random order, random driver restarts: nothing leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_200_life_cycles() -> Result<()> {
+    if !require_root("soak_200_life_cycles")? {
+        return Ok(());
+    }
+    let rounds: usize = std::env::var("DRANET_SOAK_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let nics: Vec<Nic> = (0..2).map(|_| Nic::create()).collect::<Result<_>>()?;
+    let mut node = Node::start(NodeOptions::default()).await?;
+    let netns_before = std::fs::read_dir("/run/netns").map(|d| d.count()).unwrap_or(0);
+    // Warm up, then take the baseline footprint.
+    life_cycle(&mut node, &nics, Order::Containerd, Driver::Alive).await?;
+    let (mut fds0, mut rss0) = (node.daemon_fds()?, node.daemon_rss_kib()?);
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
+    let mut rand = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut restarts = 0;
+    for round in 0..rounds {
+        let order = if rand() % 2 == 0 {
+            Order::Containerd
+        } else {
+            Order::Crio
+        };
+        let driver = match rand() % 20 {
+            0 => Driver::RestartedWhileRunning,
+            1 => Driver::DownDuringTeardown,
+            _ => Driver::Alive,
+        };
+        if driver != Driver::Alive {
+            restarts += 1;
+        }
+        let n = 1 + (rand() % 2) as usize;
+        life_cycle(&mut node, &nics[..n], order, driver)
+            .await
+            .with_context(|| format!("round {round}: {order:?} {n} {driver:?}"))?;
+        if driver != Driver::Alive {
+            // A new process: new baseline.
+            life_cycle(&mut node, &nics, Order::Containerd, Driver::Alive).await?;
+            (fds0, rss0) = (node.daemon_fds()?, node.daemon_rss_kib()?);
+        }
+    }
+    let (fds, rss) = (node.daemon_fds()?, node.daemon_rss_kib()?);
+    let netns_after = std::fs::read_dir("/run/netns").map(|d| d.count()).unwrap_or(0);
+    eprintln!("soak: {rounds} rounds, {restarts} restarts; fds {fds0} -> {fds}; rss {rss0} -> {rss} KiB");
+    assert!(node.pins().is_empty(), "leaked pins: {:?}", node.pins());
+    assert!(
+        netns_after <= netns_before,
+        "leaked netns: {netns_before} -> {netns_after}"
+    );
+    assert!(fds <= fds0 + 2, "fd leak: {fds0} -> {fds}");
+    assert!(rss <= rss0 + 8 * 1024, "memory grows: {rss0} -> {rss} KiB");
+    for n in &nics {
+        assert!(host_has(&n.name));
+    }
+    Ok(())
+}

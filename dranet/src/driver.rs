@@ -1,0 +1,273 @@
+//! The runtime's pod hooks (NRI) on top of the rescue engine: RunPodSandbox attaches,
+//! StopPodSandbox / RemovePodSandbox detach (a no-op when the engine already rescued the pod),
+//! CreateContainer injects the RDMA character devices, Synchronize returns devices of pods the
+//! runtime no longer knows. Every hook is counted under upstream dranet's metric names.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tracing::{info, warn};
+
+use crate::nri::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
+use crate::rescue::activity::ActivityKind;
+use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef};
+use crate::state::ReturnReason;
+
+/// Labels of upstream's `dranet_driver_nri_plugin_requests_*` metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabels {
+    pub method: String,
+    pub status: String,
+}
+
+/// Upstream dranet's NRI metrics, same names and labels.
+#[derive(Clone)]
+pub struct HookMetrics {
+    pub requests: Family<HookLabels, Counter>,
+    pub latency: Family<HookLabels, Histogram>,
+}
+
+impl Default for HookMetrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(|| {
+                Histogram::new([
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
+                ])
+            }),
+        }
+    }
+}
+
+impl HookMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "dranet_driver_nri_plugin_requests",
+            "NRI hook calls by method and status",
+            self.requests.clone(),
+        );
+        r.register(
+            "dranet_driver_nri_plugin_requests_latency_seconds",
+            "NRI hook latency by method and status",
+            self.latency.clone(),
+        );
+    }
+
+    fn observe(&self, method: &str, status: &str, start: Instant) {
+        let l = HookLabels {
+            method: method.to_owned(),
+            status: status.to_owned(),
+        };
+        self.requests.get_or_create(&l).inc();
+        self.latency
+            .get_or_create(&l)
+            .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+fn status_of<T>(r: &Result<Outcome, T>) -> &'static str {
+    match r {
+        Ok(Outcome::Applied) => "success",
+        Ok(Outcome::Noop) => "noop",
+        Err(_) => "failed",
+    }
+}
+
+/// The driver's NRI side.
+#[derive(Clone)]
+pub struct Driver {
+    engine: Engine,
+    metrics: HookMetrics,
+}
+
+impl Driver {
+    #[must_use]
+    pub fn new(engine: Engine) -> Self {
+        Self {
+            engine,
+            metrics: HookMetrics::default(),
+        }
+    }
+
+    #[must_use]
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    #[must_use]
+    pub fn metrics(&self) -> &HookMetrics {
+        &self.metrics
+    }
+
+    async fn detach(&self, pod: &Pod, hook: &'static str) -> Result<Outcome, HookError> {
+        let start = Instant::now();
+        self.engine.record(
+            &pod.uid,
+            ActivityKind::Hook {
+                name: hook.to_owned(),
+            },
+        );
+        let r = match self.engine.detach_pod(&pod.uid, ReturnReason::Hook).await {
+            Ok(DetachOutcome::Returned { devices, name_busy }) => {
+                info!(
+                    pod = pod.uid,
+                    hook,
+                    ?devices,
+                    ?name_busy,
+                    took_us = start.elapsed().as_micros(),
+                    "devices returned"
+                );
+                Ok(Outcome::Applied)
+            }
+            Ok(DetachOutcome::AlreadyReturned { reason }) => {
+                info!(pod = pod.uid, hook, ?reason, "devices already home");
+                Ok(Outcome::Noop)
+            }
+            Ok(DetachOutcome::NotOurs) => Ok(Outcome::Noop),
+            Err(e) => {
+                warn!(pod = pod.uid, hook, error = %e, "devices not all home; the engine retries");
+                Err(HookError::Failed {
+                    pod: pod.uid.clone(),
+                    action: hook,
+                    source: Box::new(e),
+                })
+            }
+        };
+        self.metrics.observe(hook, status_of(&r), start);
+        r
+    }
+
+    async fn attach(&self, pod: &Pod) -> Result<Outcome, HookError> {
+        let Some(netns) = pod.netns.as_deref() else {
+            if self.engine.plan(&pod.uid).is_some_and(|p| !p.is_empty()) {
+                return Err(HookError::Rejected {
+                    pod: pod.uid.clone(),
+                    reason: "devices are allocated to a pod without its own network namespace (hostNetwork)"
+                        .into(),
+                });
+            }
+            return Ok(Outcome::Noop);
+        };
+        let start = Instant::now();
+        let r = self
+            .engine
+            .attach_pod(
+                PodRef {
+                    uid: &pod.uid,
+                    namespace: &pod.namespace,
+                    name: &pod.name,
+                },
+                netns,
+            )
+            .await;
+        match r {
+            Ok(AttachOutcome::Attached { devices }) => {
+                info!(
+                    pod = pod.uid,
+                    ?devices,
+                    took_us = start.elapsed().as_micros(),
+                    "RunPodSandbox: attached"
+                );
+                Ok(Outcome::Applied)
+            }
+            Ok(AttachOutcome::AlreadyAttached | AttachOutcome::NotOurs) => Ok(Outcome::Noop),
+            Err(e) => Err(HookError::Failed {
+                pod: pod.uid.clone(),
+                action: "attach",
+                source: Box::new(e),
+            }),
+        }
+    }
+
+    /// The RDMA character devices of the pod's devices, deduplicated by path.
+    fn char_devices(&self, pod: &Pod) -> Vec<LinuxDevice> {
+        let Some(plan) = self.engine.plan(&pod.uid) else {
+            return Vec::new();
+        };
+        let mut seen = HashSet::new();
+        plan.iter()
+            .flat_map(|d| d.char_devices.iter())
+            .filter(|c| seen.insert(c.path.clone()))
+            .map(|c| LinuxDevice {
+                path: c.path.clone(),
+                kind: if c.kind == "b" {
+                    DeviceKind::Block
+                } else {
+                    DeviceKind::Char
+                },
+                major: c.major,
+                minor: c.minor,
+                file_mode: Some(0o666),
+                uid: Some(0),
+                gid: Some(0),
+            })
+            .collect()
+    }
+}
+
+impl PodHooks for Driver {
+    async fn run_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
+        let start = Instant::now();
+        self.engine.record(
+            &pod.uid,
+            ActivityKind::Hook {
+                name: "RunPodSandbox".into(),
+            },
+        );
+        let r = self.attach(&pod).await;
+        self.metrics.observe("RunPodSandbox", status_of(&r), start);
+        r
+    }
+
+    async fn stop_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
+        self.detach(&pod, "StopPodSandbox").await
+    }
+
+    async fn remove_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
+        let out = self.detach(&pod, "RemovePodSandbox").await?;
+        if let Err(e) = self.engine.forget_pod(&pod.uid) {
+            warn!(pod = pod.uid, error = %e, "cannot drop the pod record");
+        }
+        Ok(out)
+    }
+
+    async fn create_container(
+        &self,
+        pod: Pod,
+        _container: ContainerInfo,
+    ) -> Result<Vec<LinuxDevice>, HookError> {
+        let start = Instant::now();
+        let devs = self.char_devices(&pod);
+        self.metrics.observe(
+            "CreateContainer",
+            if devs.is_empty() { "noop" } else { "success" },
+            start,
+        );
+        Ok(devs)
+    }
+
+    async fn synchronize(&self, pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {
+        let running: HashSet<String> = pods.into_iter().map(|p| p.uid).collect();
+        for uid in self.engine.pods_with_devices_out() {
+            if !running.contains(&uid) {
+                info!(
+                    pod = uid,
+                    "the runtime no longer knows this pod: bringing its devices home"
+                );
+                if let Err(e) = self.engine.detach_pod(&uid, ReturnReason::Reconcile).await {
+                    warn!(pod = uid, error = %e, "devices of a vanished pod not all home");
+                }
+            }
+        }
+    }
+
+    async fn shutdown(&self) {
+        info!("the runtime is shutting down; pins keep pod netns reachable until we reconnect");
+    }
+}
