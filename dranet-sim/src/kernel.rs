@@ -185,20 +185,25 @@ pub fn identity(f: &File) -> Result<dranet::netns::NetnsId> {
 /// Path of the `dranet` binary next to the running test binary, built on demand.
 pub fn dranet_bin() -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test binary has no target dir")?
-        .to_path_buf();
-    let bin = dir.join("dranet");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "dranet", "--bin", "dranet"])
-            .status()?;
-        if !status.success() {
-            bail!("building the dranet binary failed");
+    let here = exe.parent().context("binary has no directory")?;
+    // A binary in target/<profile>/ has it next to it; a test in target/<profile>/deps/ one up.
+    for dir in [Some(here), here.parent()].into_iter().flatten() {
+        let bin = dir.join("dranet");
+        if bin.is_file() {
+            return Ok(bin);
         }
     }
-    Ok(bin)
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-p", "dranet", "--bin", "dranet"])
+        .status()?;
+    if !status.success() {
+        bail!("building the dranet binary failed");
+    }
+    let bin = here.parent().map(|p| p.join("dranet")).context("no target dir")?;
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Ok(here.join("dranet"))
+    }
 }
