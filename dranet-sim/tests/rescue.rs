@@ -583,3 +583,47 @@ async fn a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted() -> Result<(
     assert!(!pin.exists());
     Ok(())
 }
+
+#[tokio::test]
+async fn addresses_routes_rules_and_neighbors_are_applied_in_the_pod() -> Result<()> {
+    if !require_root("addresses_routes_rules_and_neighbors_are_applied_in_the_pod")? {
+        return Ok(());
+    }
+    let state = StateDir::new("cfg");
+    let ns = PodNetns::create(&unique("dranet-t-cfg-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-cfg-");
+    let mut d = device(&nic, "net1", &uid);
+    d.config = serde_json::from_value(serde_json::json!({
+        "interface": {"name": "net1", "addresses": ["192.168.77.2/24"], "mtu": 1300, "hardwareAddr": "02:aa:bb:cc:dd:ee"},
+        "routes": [{"destination": "10.77.0.0/16", "gateway": "192.168.77.1"}, {"destination": "10.78.0.0/16", "gateway": "192.168.77.1", "table": 100}],
+        "rules": [{"priority": 100, "source": "192.168.77.0/24", "table": 100}],
+        "neighbors": [{"destination": "192.168.77.1", "hardwareAddr": "02:11:22:33:44:55"}]
+    }))?;
+    let e = engine(&state, None).await?;
+    e.set_plan(plan(&uid, vec![d]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    let v = view("net1", Some(&ns.name))?;
+    assert_eq!(v["mtu"], 1300, "{v}");
+    assert_eq!(v["address"], "02:aa:bb:cc:dd:ee", "{v}");
+    assert_eq!(v["addrs"][0], "192.168.77.2/24", "{v}");
+    assert!(v["up"].as_bool().unwrap_or(false), "{v}");
+    let routes = ns.ip(&["route", "show"])?;
+    assert!(
+        routes.contains("10.77.0.0/16 via 192.168.77.1 dev net1"),
+        "{routes}"
+    );
+    let t100 = ns.ip(&["route", "show", "table", "100"])?;
+    assert!(t100.contains("10.78.0.0/16 via 192.168.77.1"), "{t100}");
+    let rules = ns.ip(&["rule", "show"])?;
+    assert!(rules.contains("100:\tfrom 192.168.77.0/24 lookup 100"), "{rules}");
+    let neigh = ns.ip(&["neigh", "show", "dev", "net1"])?;
+    assert!(
+        neigh.contains("192.168.77.1 lladdr 02:11:22:33:44:55 PERMANENT"),
+        "{neigh}"
+    );
+    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert_same(&before, &view(&nic.name, None)?)?;
+    Ok(())
+}

@@ -367,6 +367,120 @@ pub struct AttachSpec {
     pub gro_ipv4_max_size: Option<u32>,
     pub addresses: Vec<(IpAddr, u8)>,
     pub routes: Vec<RouteConfig>,
+    pub rules: Vec<Rule>,
+    /// Permanent neighbour entries: IP → MAC.
+    pub neighbors: Vec<(IpAddr, Vec<u8>)>,
+}
+
+/// A policy routing rule inside the pod (validated from `RuleConfig`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rule {
+    pub priority: Option<u32>,
+    pub source: Option<(IpAddr, u8)>,
+    pub destination: Option<(IpAddr, u8)>,
+    pub table: u32,
+}
+
+fn prefix(s: &str) -> Result<Option<(IpAddr, u8)>, LinkError> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    if s.contains('/') {
+        return parse_cidr(s).map(Some);
+    }
+    let ip: IpAddr = s.parse().map_err(|_| LinkError::InvalidAddress(s.to_owned()))?;
+    Ok(Some((ip, if ip.is_ipv4() { 32 } else { 128 })))
+}
+
+fn rule_of(r: &crate::config::RuleConfig) -> Result<Rule, LinkError> {
+    let bad = |why: &str| LinkError::InvalidRoute(format!("rule {r:?}: {why}"));
+    let source = prefix(&r.source).map_err(|_| bad("source"))?;
+    let destination = prefix(&r.destination).map_err(|_| bad("destination"))?;
+    if let (Some((a, _)), Some((b, _))) = (source, destination)
+        && a.is_ipv4() != b.is_ipv4()
+    {
+        return Err(bad("source and destination of different families"));
+    }
+    let table = if r.table == 0 {
+        254
+    } else {
+        u32::try_from(r.table).map_err(|_| bad("table"))?
+    };
+    let priority = if r.priority == 0 {
+        None
+    } else {
+        Some(u32::try_from(r.priority).map_err(|_| bad("priority"))?)
+    };
+    Ok(Rule {
+        priority,
+        source,
+        destination,
+        table,
+    })
+}
+
+async fn add_rule(nl: &Netlink, r: &Rule) -> Result<(), LinkError> {
+    use netlink_packet_route::rule::RuleAction;
+    let v6 = r.source.or(r.destination).is_some_and(|(ip, _)| ip.is_ipv6());
+    let res = if v6 {
+        let mut q = nl
+            .handle
+            .rule()
+            .add()
+            .v6()
+            .table_id(r.table)
+            .action(RuleAction::ToTable);
+        if let Some(p) = r.priority {
+            q = q.priority(p);
+        }
+        if let Some((IpAddr::V6(ip), len)) = r.source {
+            q = q.source_prefix(ip, len);
+        }
+        if let Some((IpAddr::V6(ip), len)) = r.destination {
+            q = q.destination_prefix(ip, len);
+        }
+        q.execute().await
+    } else {
+        let mut q = nl
+            .handle
+            .rule()
+            .add()
+            .v4()
+            .table_id(r.table)
+            .action(RuleAction::ToTable);
+        if let Some(p) = r.priority {
+            q = q.priority(p);
+        }
+        if let Some((IpAddr::V4(ip), len)) = r.source {
+            q = q.source_prefix(ip, len);
+        }
+        if let Some((IpAddr::V4(ip), len)) = r.destination {
+            q = q.destination_prefix(ip, len);
+        }
+        q.execute().await
+    };
+    match res {
+        Ok(()) => Ok(()),
+        Err(e) if errno_of(&e) == Some(libc::EEXIST) => Ok(()),
+        Err(e) => Err(nl_err("add rule", e)),
+    }
+}
+
+async fn add_neighbor(nl: &Netlink, index: u32, ip: IpAddr, mac: &[u8]) -> Result<(), LinkError> {
+    use netlink_packet_route::neighbour::NeighbourState;
+    match nl
+        .handle
+        .neighbours()
+        .add(index, ip)
+        .link_layer_address(mac)
+        .state(NeighbourState::Permanent)
+        .replace()
+        .execute()
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e) => Err(nl_err("add neighbour", e)),
+    }
 }
 
 fn positive(v: Option<i32>) -> Option<u32> {
@@ -391,6 +505,24 @@ impl AttachSpec {
         for r in &d.config.routes {
             route_message(r, 0)?;
         }
+        let rules = d
+            .config
+            .rules
+            .iter()
+            .map(rule_of)
+            .collect::<Result<Vec<_>, _>>()?;
+        let neighbors = d
+            .config
+            .neighbors
+            .iter()
+            .map(|n| {
+                let ip: IpAddr = n
+                    .destination
+                    .parse()
+                    .map_err(|_| LinkError::InvalidAddress(n.destination.clone()))?;
+                Ok((ip, parse_mac(&n.hardware_addr)?))
+            })
+            .collect::<Result<Vec<_>, LinkError>>()?;
         Ok(Self {
             pod_ifname: pod_ifname.to_owned(),
             mtu: positive(i.mtu),
@@ -401,6 +533,8 @@ impl AttachSpec {
             gro_ipv4_max_size: positive(i.gro_ipv4_max_size),
             addresses,
             routes: d.config.routes.clone(),
+            rules,
+            neighbors,
         })
     }
 }
@@ -554,6 +688,12 @@ pub async fn attach(
             Err(e) if errno_of(&e) == Some(libc::EEXIST) => {}
             Err(e) => return Err(nl_err("add route", e)),
         }
+    }
+    for r in &spec.rules {
+        add_rule(pod_nl, r).await?;
+    }
+    for (ip, mac) in &spec.neighbors {
+        add_neighbor(pod_nl, index, *ip, mac).await?;
     }
     Ok(index)
 }
