@@ -10,6 +10,8 @@
 //!   hooks in both dialects (dedicated RPCs and `StateChange`), CreateContainer devices;
 //! * [`metrics`] — hook calls, errors and latency by hook ([`NriMetrics`]).
 
+#[doc(hidden)]
+pub mod fuzz;
 pub mod hooks;
 pub mod metrics;
 pub mod mux;
