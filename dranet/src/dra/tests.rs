@@ -318,3 +318,41 @@ fn config_selection() {
     .unwrap();
     assert!(device_config("dra.net", "x", &bad).is_err());
 }
+
+#[tokio::test]
+async fn kube_claim_source_gets_and_decodes() {
+    use crate::slices::kube_mock::{client, status};
+    let (client, log) = client(|req| match req.uri.as_str() {
+        "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c1" => (
+            200,
+            json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c1", "namespace": "ns", "uid": "u1"},
+                "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "dra.net"}}]}},
+                "status": {
+                    "allocation": {"devices": {
+                        "results": [{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}],
+                        "config": [{"source": "FromClaim", "requests": ["nic"],
+                                    "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "net1"}}}}]
+                    }},
+                    "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "pod-1"}]
+                }
+            }),
+        ),
+        _ => (404, status(404, "NotFound")),
+    });
+    let src = KubeClaimSource::new(client);
+    let rc = src.get("ns", "c1").await.unwrap();
+    assert_eq!(rc.metadata.uid, "u1");
+    let alloc = rc.status.allocation.as_ref().unwrap();
+    assert_eq!(alloc.devices.results[0].device, "eth1");
+    assert_eq!(alloc.devices.config[0].source, "FromClaim");
+    assert_eq!(
+        alloc.devices.config[0].opaque.as_ref().unwrap().parameters["interface"]["name"],
+        "net1"
+    );
+    assert_eq!(rc.status.reserved_for[0].uid, "pod-1");
+    let err = src.get("ns", "nope").await.unwrap_err();
+    assert!(matches!(err, ClaimError::NotFound { .. }), "{err}");
+    assert_eq!(log.lock().unwrap().len(), 2);
+}

@@ -278,4 +278,6 @@ impl<P: Publisher> SliceController<P> {
 }
 
 #[cfg(test)]
+pub(crate) mod kube_mock;
+#[cfg(test)]
 mod tests;

@@ -136,3 +136,80 @@ async fn controller_republishes_on_change_into_a_dir() {
     assert!(again.update(&devices(5)).await.unwrap());
     assert_eq!(again.generation(), Some(3));
 }
+
+#[tokio::test]
+async fn kube_publisher_applies_owns_and_prunes() {
+    use super::kube_mock::{client, status};
+    use serde_json::json;
+    let (client, log) = client(
+        |req| match (req.method.as_str(), req.uri.split('?').next().unwrap_or("")) {
+            ("GET", "/api/v1/nodes/node-a") => (
+                200,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "uid": "node-uid"}}),
+            ),
+            ("GET", "/apis/resource.k8s.io/v1/resourceslices") => (
+                200,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
+                "items": [
+                  {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                   "metadata": {"name": "node-a-dra.net-0"}, "spec": {"pool": {"generation": 4}}},
+                  {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                   "metadata": {"name": "node-a-dra.net-5"}, "spec": {"pool": {"generation": 4}}}
+                ]}),
+            ),
+            ("PATCH", _) => (200, req.body.clone()),
+            ("DELETE", p) if p.ends_with("node-a-dra.net-5") => (
+                200,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-a-dra.net-5"}}),
+            ),
+            _ => (404, status(404, "NotFound")),
+        },
+    );
+    let publisher = KubePublisher::new(client, "dra.net", "node-a");
+    let mut ctl = SliceController::new(publisher, "dra.net", "node-a");
+    ctl.publish(&devices(3)).await.unwrap();
+    assert_eq!(
+        ctl.generation(),
+        Some(5),
+        "continues above the published generation"
+    );
+
+    let log = log.lock().unwrap();
+    let lists: Vec<_> = log
+        .iter()
+        .filter(|r| r.method == "GET" && r.uri.contains("resourceslices"))
+        .collect();
+    assert!(!lists.is_empty());
+    assert!(
+        lists[0]
+            .uri
+            .contains("fieldSelector=spec.nodeName%3Dnode-a%2Cspec.driver%3Ddra.net"),
+        "{}",
+        lists[0].uri
+    );
+    let patches: Vec<_> = log.iter().filter(|r| r.method == "PATCH").collect();
+    assert_eq!(patches.len(), 1);
+    assert!(
+        patches[0]
+            .uri
+            .starts_with("/apis/resource.k8s.io/v1/resourceslices/node-a-dra.net-0?")
+    );
+    assert!(
+        patches[0].uri.contains("fieldManager=dra.net"),
+        "{}",
+        patches[0].uri
+    );
+    assert!(patches[0].uri.contains("force=true"), "{}", patches[0].uri);
+    let body = &patches[0].body;
+    assert_eq!(body["spec"]["pool"]["generation"], 5);
+    assert_eq!(body["spec"]["devices"].as_array().unwrap().len(), 3);
+    assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "node-uid");
+    assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "Node");
+    let deletes: Vec<&str> = log
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| r.uri.as_str())
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(deletes[0].starts_with("/apis/resource.k8s.io/v1/resourceslices/node-a-dra.net-5"));
+}
