@@ -8,6 +8,7 @@
 
 mod dir;
 mod kube_api;
+mod run;
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,9 @@ use serde::{Deserialize, Serialize};
 
 pub use dir::DirPublisher;
 pub use kube_api::KubePublisher;
+pub use run::{
+    DEFAULT_MAX_INTERVAL, DEFAULT_MIN_INTERVAL, LoopTiming, RescanHandle, link_events, publish_loop,
+};
 
 use crate::inventory::{AttrValue, Device};
 

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use super::*;
 
 fn devices(n: usize) -> Vec<Device> {
@@ -212,4 +214,76 @@ async fn kube_publisher_applies_owns_and_prunes() {
         .collect();
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert!(deletes[0].starts_with("/apis/resource.k8s.io/v1/resourceslices/node-a-dra.net-5"));
+}
+
+#[tokio::test]
+async fn publish_loop_rescans_on_request_and_forces_republish() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    let dir = RmDir(tmpdir("loop"));
+    let publisher = DirPublisher::new(&dir.0, "dra.net", "node-a");
+    let ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
+    let scans = Arc::new(AtomicUsize::new(0));
+    let count = Arc::new(AtomicUsize::new(3));
+    let (s2, c2) = (scans.clone(), count.clone());
+    let scan = move || {
+        s2.fetch_add(1, Ordering::SeqCst);
+        Ok(devices(c2.load(Ordering::SeqCst)))
+    };
+    let inv = crate::inventory::SharedInventory::default();
+    let handle = RescanHandle::new();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let timing = LoopTiming {
+        min_interval: Duration::from_millis(10),
+        max_interval: Duration::from_secs(3600),
+    };
+    let task = tokio::spawn(publish_loop(
+        scan,
+        inv.clone(),
+        ctl,
+        handle.clone(),
+        timing,
+        stop_rx,
+    ));
+    let wait_gen = |g: i64| {
+        let publisher = publisher.clone();
+        async move {
+            for _ in 0..200 {
+                if publisher
+                    .read_all()
+                    .unwrap()
+                    .first()
+                    .map(|s| s.spec.pool.generation)
+                    == Some(g)
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("generation {g} never published");
+        }
+    };
+    wait_gen(1).await;
+    assert_eq!(inv.snapshot().len(), 3);
+    count.store(5, Ordering::SeqCst);
+    handle.request_rescan();
+    wait_gen(2).await;
+    assert_eq!(publisher.read_all().unwrap()[0].spec.devices.len(), 5);
+    // No change: a rescan does not publish; a forced one does.
+    handle.request_rescan();
+    let before = scans.load(Ordering::SeqCst);
+    for _ in 0..200 {
+        if scans.load(Ordering::SeqCst) > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(publisher.read_all().unwrap()[0].spec.pool.generation, 2);
+    handle.request_republish();
+    wait_gen(3).await;
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
