@@ -3,7 +3,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod inventory;
 pub mod trace;
+pub mod validate_config;
 
 /// dranet: Kubernetes DRA network driver with runtime-independent device return.
 #[derive(Parser, Debug)]
@@ -17,6 +19,10 @@ pub struct Cli {
 pub enum Command {
     /// Show the network-namespace teardown timeline live (probe status, then one line per event).
     Trace(trace::TraceArgs),
+    /// Check an opaque device config (claim `parameters`) with the rules Prepare applies.
+    ValidateConfig(validate_config::ValidateConfigArgs),
+    /// Scan the node's network devices once; print them (or the ResourceSlices) as JSON.
+    Inventory(inventory::InventoryArgs),
 }
 
 /// Entry point of the binary.
@@ -25,6 +31,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Trace(args) => trace::main(&args),
+        Command::ValidateConfig(args) => validate_config::main(&args),
+        Command::Inventory(args) => inventory::main(&args),
     }
 }
 
