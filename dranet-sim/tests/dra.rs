@@ -151,6 +151,11 @@ async fn registration_like_kubelet() {
         & 0o777;
     assert_eq!(mode, 0o750);
 
+    let registrations = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r2 = registrations.clone();
+    let _watch = h.plugin.as_ref().unwrap().on_registered(move || {
+        r2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
     let reg = h.kubelet.register(&sock).await.unwrap();
     assert_eq!(reg.info.r#type, "DRAPlugin");
     assert_eq!(reg.info.name, "dra.net");

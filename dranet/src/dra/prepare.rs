@@ -57,6 +57,8 @@ pub enum PrepareError {
     },
     #[error("device {device} not found in the node inventory")]
     UnknownDevice { device: String },
+    #[error("device {device} has no network interface and no RDMA device on the host")]
+    NoInterface { device: String },
     #[error("invalid configuration for device {device} (request {request}): {source}")]
     Config {
         device: String,
@@ -166,6 +168,30 @@ impl Preparer {
         Ok(prepared)
     }
 
+    /// Seeds the per-pod state from plans that survived a restart (the checkpoint), so a claim
+    /// prepared later for the same pod is merged with them instead of replacing them.
+    pub fn restore(&self, plans: impl IntoIterator<Item = PodPlan>) {
+        let mut st = match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        for plan in plans {
+            let entry = st.pods.entry(plan.pod_uid.clone()).or_default();
+            entry.namespace.clone_from(&plan.pod_namespace);
+            entry.name.clone_from(&plan.pod_name);
+            let mut claims: Vec<String> = Vec::new();
+            for d in plan.devices {
+                if !claims.contains(&d.claim.uid) {
+                    claims.push(d.claim.uid.clone());
+                }
+                entry.claims.entry(d.claim.uid.clone()).or_default().push(d);
+            }
+            for c in claims {
+                st.claim_pod.insert(c, plan.pod_uid.clone());
+            }
+        }
+    }
+
     /// Unprepares one claim; unknown claims succeed (idempotent).
     pub fn unprepare(&self, claim_uid: &str) -> Result<(), PrepareError> {
         let mut st = match self.state.lock() {
@@ -256,6 +282,11 @@ pub fn plan_claim(
                 device: r.device.clone(),
             })?;
         let cfg = if dev.ifname.is_none() {
+            if dev.rdma_device.is_none() {
+                return Err(PrepareError::NoInterface {
+                    device: r.device.clone(),
+                });
+            }
             config::validate_rdma_only(&cfg).map_err(config_err)?;
             cfg
         } else {

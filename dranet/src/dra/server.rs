@@ -132,6 +132,24 @@ impl KubeletPlugin {
         self.status.clone()
     }
 
+    /// Calls `f` each time kubelet reports a successful registration. kubelet deletes the
+    /// node's ResourceSlices when it starts, so the driver re-publishes from here
+    /// (`RescanHandle::request_republish`).
+    pub fn on_registered(&self, f: impl Fn() + Send + 'static) -> JoinHandle<()> {
+        let mut rx = self.status.clone();
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let ok = rx
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_some_and(|s| s.plugin_registered);
+                if ok {
+                    f();
+                }
+            }
+        })
+    }
+
     /// Stops serving and removes the sockets (registration first, so kubelet deregisters).
     pub async fn stop(mut self) {
         for s in &self.sockets {

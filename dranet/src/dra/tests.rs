@@ -289,6 +289,70 @@ fn host_state_merge_vf_mtu_and_dhcp() {
     assert!(err.contains("dhcp"), "{err}");
 }
 
+#[tokio::test]
+async fn restored_plans_are_merged_not_replaced() {
+    let (p, claims, rec) = setup();
+    claims.insert(claim(
+        "c1",
+        "u1",
+        "pod-1",
+        json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}]),
+        json!([]),
+    ));
+    p.prepare(&cref("c1", "u1")).await.unwrap();
+    let saved: Vec<PodPlan> = rec.plans.lock().unwrap().values().cloned().collect();
+
+    // "Restart": a new preparer, seeded from the checkpoint, prepares a second claim of the pod.
+    let rec2 = Arc::new(Recorder::default());
+    let p2 = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inventory()),
+        rec2.clone(),
+    );
+    p2.restore(saved);
+    claims.insert(claim(
+        "c2",
+        "u2",
+        "pod-1",
+        json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth2"}]),
+        json!([]),
+    ));
+    p2.prepare(&cref("c2", "u2")).await.unwrap();
+    let plans = rec2.plans.lock().unwrap();
+    let devs: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(devs, ["eth1", "eth2"]);
+    drop(plans);
+    drop(p);
+}
+
+#[tokio::test]
+async fn pci_device_without_netdev_or_rdma_is_an_error() {
+    let claims = MemoryClaimSource::new();
+    let inv = SharedInventory::new(vec![Device {
+        name: "pci-0000-10-00-0".into(),
+        pci_address: Some("0000:10:00.0".into()),
+        ..Device::default()
+    }]);
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inv),
+        Arc::new(Recorder::default()),
+    );
+    claims.insert(claim(
+        "c",
+        "u",
+        "pod",
+        json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-10-00-0"}]),
+        json!([]),
+    ));
+    let err = p.prepare(&cref("c", "u")).await.unwrap_err().to_string();
+    assert!(err.contains("no network interface"), "{err}");
+}
+
 #[test]
 fn config_selection() {
     let cfgs: Vec<claim::DeviceAllocationConfiguration> = serde_json::from_value(json!([
