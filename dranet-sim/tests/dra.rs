@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dranet::dra::{KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer, ResourceClaim};
+use dranet::dra::{
+    DraMetrics, KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer, ResourceClaim,
+};
 use dranet::inventory::{self, AttrValue, Device, NetnsTarget, ScanOptions, SharedInventory, Sysfs};
 use dranet::plan::PodPlan;
 use dranet::slices::{DirPublisher, SliceController};
@@ -90,6 +92,7 @@ struct Harness {
     claims: MemoryClaimSource,
     sink: Arc<Recorder>,
     kubelet: KubeletSim,
+    metrics: DraMetrics,
 }
 
 async fn harness() -> Harness {
@@ -115,13 +118,17 @@ async fn harness() -> Harness {
             ..Device::default()
         },
     ]);
-    let preparer = Arc::new(Preparer::new(
-        "dra.net",
-        "node-a",
-        Arc::new(claims.clone()),
-        Arc::new(inv),
-        sink.clone(),
-    ));
+    let metrics = DraMetrics::default();
+    let preparer = Arc::new(
+        Preparer::new(
+            "dra.net",
+            "node-a",
+            Arc::new(claims.clone()),
+            Arc::new(inv),
+            sink.clone(),
+        )
+        .with_metrics(metrics.clone()),
+    );
     let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
     let kubelet = KubeletSim::new(&dir.0);
     Harness {
@@ -131,6 +138,7 @@ async fn harness() -> Harness {
         claims,
         sink,
         kubelet,
+        metrics,
     }
 }
 
@@ -257,6 +265,8 @@ async fn prepare_with_config_errors_and_unprepare_v1() {
         "{:?}",
         res["uid-pool"]
     );
+    assert_eq!(h.metrics.requests("PrepareResourceClaims", "failed"), 1);
+    assert_eq!(h.metrics.requests("PrepareResourceClaims", "success"), 0);
 
     {
         let plans = h.sink.plans.lock().unwrap();

@@ -3,11 +3,13 @@
 //! into per-pod [`crate::plan::PodPlan`]s for a [`PlanSink`].
 
 pub mod claim;
+pub mod metrics;
 mod prepare;
 pub mod proto;
 mod server;
 
 pub use claim::{ClaimError, ClaimSource, KubeClaimSource, MemoryClaimSource, ResourceClaim};
+pub use metrics::DraMetrics;
 pub use prepare::{
     DeviceLookup, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer, device_config, plan_claim,
 };

@@ -104,6 +104,7 @@ pub struct Preparer {
     devices: Arc<dyn DeviceLookup>,
     sink: Arc<dyn PlanSink>,
     state: Mutex<State>,
+    metrics: Option<super::DraMetrics>,
 }
 
 impl Preparer {
@@ -121,7 +122,20 @@ impl Preparer {
             devices,
             sink,
             state: Mutex::new(State::default()),
+            metrics: None,
         }
+    }
+
+    /// Records request counts and latency in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: super::DraMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    #[must_use]
+    pub fn metrics(&self) -> Option<&super::DraMetrics> {
+        self.metrics.as_ref()
     }
 
     #[must_use]

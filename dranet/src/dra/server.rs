@@ -237,6 +237,7 @@ async fn prepare_all(
     p: &Preparer,
     claims: Vec<ClaimRef>,
 ) -> Vec<(String, Result<Vec<PreparedDevice>, String>)> {
+    let start = std::time::Instant::now();
     let mut out = Vec::with_capacity(claims.len());
     for c in claims {
         let res = p.prepare(&c).await.map_err(|e| {
@@ -245,16 +246,27 @@ async fn prepare_all(
         });
         out.push((c.uid, res));
     }
+    if let Some(m) = p.metrics() {
+        let ok = out.iter().all(|(_, r)| r.is_ok());
+        m.observe(super::metrics::PREPARE, ok, start.elapsed());
+    }
     out
 }
 
 fn unprepare_all(p: &Preparer, uids: Vec<String>) -> Vec<(String, String)> {
-    uids.into_iter()
+    let start = std::time::Instant::now();
+    let out: Vec<(String, String)> = uids
+        .into_iter()
         .map(|uid| {
             let err = p.unprepare(&uid).err().map(|e| e.to_string()).unwrap_or_default();
             (uid, err)
         })
-        .collect()
+        .collect();
+    if let Some(m) = p.metrics() {
+        let ok = out.iter().all(|(_, e)| e.is_empty());
+        m.observe(super::metrics::UNPREPARE, ok, start.elapsed());
+    }
+    out
 }
 
 /// Prepared device → the version's response message.

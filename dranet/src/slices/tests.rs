@@ -114,9 +114,13 @@ async fn controller_republishes_on_change_into_a_dir() {
     // A foreign file in the same dir is left alone.
     std::fs::create_dir_all(&dir.0).unwrap();
     std::fs::write(dir.0.join("other-node-dra.net-0.json"), "{}").unwrap();
-    let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
+    let metrics = SliceMetrics::default();
+    let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a").with_metrics(metrics.clone());
 
     assert!(ctl.update(&devices(130)).await.unwrap());
+    assert_eq!(metrics.devices("total"), 130);
+    assert_eq!(metrics.devices("rdma"), 0);
+    assert!(metrics.last_published() > 1.0e9);
     let files = publisher.read_all().unwrap();
     assert_eq!(files.len(), 2);
     assert_eq!(files[0].spec.devices.len(), 128);
