@@ -527,3 +527,120 @@ async fn slices_of_130_real_links_split_at_128() {
     assert_eq!(slices[0].spec.devices.len(), 120);
     assert_eq!(slices[0].spec.pool.generation, 2);
 }
+
+#[tokio::test]
+async fn prepare_copies_real_host_addresses_routes_rules_and_neighbours() {
+    if !require_root("prepare_copies_real_host_addresses_routes_rules_and_neighbours").unwrap() {
+        return;
+    }
+    let ns = PodNetns::create(&unique("dhs")).unwrap();
+    let (a, b) = (unique("ha"), unique("hb"));
+    ns.ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])
+        .unwrap();
+    ns.ip(&["link", "set", &a, "up"]).unwrap();
+    ns.ip(&["link", "set", &b, "up"]).unwrap();
+    ns.ip(&["addr", "add", "198.51.100.2/24", "dev", &a]).unwrap();
+    ns.ip(&[
+        "route",
+        "add",
+        "203.0.113.0/24",
+        "via",
+        "198.51.100.1",
+        "dev",
+        &a,
+        "table",
+        "100",
+    ])
+    .unwrap();
+    ns.ip(&["route", "add", "192.0.2.128/25", "via", "198.51.100.1", "dev", &a])
+        .unwrap();
+    ns.ip(&[
+        "rule",
+        "add",
+        "from",
+        "198.51.100.0/24",
+        "lookup",
+        "100",
+        "priority",
+        "1000",
+    ])
+    .unwrap();
+    ns.ip(&[
+        "neigh",
+        "add",
+        "198.51.100.9",
+        "lladdr",
+        "02:aa:bb:cc:dd:ee",
+        "dev",
+        &a,
+        "nud",
+        "permanent",
+    ])
+    .unwrap();
+
+    let nspath = ns.path.clone();
+    let devs = tokio::task::spawn_blocking(move || {
+        inventory::scan(&ScanOptions {
+            netns: NetnsTarget::Path(nspath),
+            sysfs: Sysfs::new("/nonexistent-sysfs"),
+            ..ScanOptions::default()
+        })
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let dev = devs.iter().find(|d| d.name == a).unwrap().clone();
+    assert_eq!(dev.addresses, ["198.51.100.2/24"]);
+    assert!(
+        dev.routes
+            .iter()
+            .any(|r| r.destination == "203.0.113.0/24" && r.table == 100)
+    );
+    assert!(
+        dev.routes
+            .iter()
+            .any(|r| r.destination == "192.0.2.128/25" && r.table == 0)
+    );
+    assert_eq!(dev.rules.len(), 1, "{:?}", dev.rules);
+    assert_eq!(dev.rules[0].source, "198.51.100.0/24");
+    assert_eq!(dev.rules[0].priority, 1000);
+    assert_eq!(dev.neighbors.len(), 1);
+    assert_eq!(dev.neighbors[0].hardware_addr, "02:aa:bb:cc:dd:ee");
+
+    let claims = MemoryClaimSource::new();
+    claims.insert(claim_json(
+        "hs",
+        "uid-hs",
+        "pod-hs",
+        json!([result("nic", "node-a", &a)]),
+        json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "eth9"}}}}]),
+    ));
+    let sink = Arc::new(Recorder::default());
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims),
+        Arc::new(SharedInventory::new(devs)),
+        sink.clone(),
+    );
+    p.prepare(&dranet::plan::ClaimRef {
+        namespace: "default".into(),
+        name: "hs".into(),
+        uid: "uid-hs".into(),
+    })
+    .await
+    .unwrap();
+    let plans = sink.plans.lock().unwrap();
+    let cfg = &plans["pod-hs"].devices[0].config;
+    assert_eq!(cfg.interface.name.as_deref(), Some("eth9"));
+    assert_eq!(cfg.interface.addresses, ["198.51.100.2/24"]);
+    assert!(
+        cfg.routes
+            .iter()
+            .any(|r| r.destination == "203.0.113.0/24" && r.gateway == "198.51.100.1")
+    );
+    assert_eq!(cfg.rules.len(), 1);
+    assert_eq!(cfg.neighbors[0].destination, "198.51.100.9");
+    // The merged config is still valid by the user-facing rules.
+    dranet::config::validate(cfg).unwrap();
+}

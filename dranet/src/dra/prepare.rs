@@ -330,7 +330,8 @@ pub fn plan_claim(
 
 /// Netdev-specific prepare steps (upstream `prepareResourceClaim`): VF MTU ≤ PF MTU; without
 /// configured addresses the host's global addresses move along; host routes through the device
-/// are appended unless the config already has one for the same (destination, table).
+/// are appended unless the config already has one for the same (destination, table); host rules
+/// for those routes' tables (not with a VRF) and permanent neighbours are appended too.
 fn with_host_state(
     device: &str,
     mut cfg: NetworkConfig,
@@ -360,6 +361,19 @@ fn with_host_state(
             .any(|c| c.destination == r.destination && c.table == r.table);
         if !dup {
             cfg.routes.push(r.clone());
+        }
+    }
+    // Rules are not supported with a VRF (its table takes all the routes).
+    if cfg.interface.vrf.is_none() {
+        for r in &dev.rules {
+            if !cfg.rules.contains(r) {
+                cfg.rules.push(r.clone());
+            }
+        }
+    }
+    for n in &dev.neighbors {
+        if !cfg.neighbors.iter().any(|c| c.destination == n.destination) {
+            cfg.neighbors.push(n.clone());
         }
     }
     Ok(cfg)

@@ -98,6 +98,10 @@ pub struct Device {
     pub addresses: Vec<String>,
     /// Host routes through the netdev (see [`LinkRecord::routes`]).
     pub routes: Vec<crate::config::RouteConfig>,
+    /// Host rules that look up one of the tables of [`Device::routes`].
+    pub rules: Vec<crate::config::RuleConfig>,
+    /// Permanent neighbour entries on the netdev.
+    pub neighbors: Vec<crate::config::NeighborConfig>,
 }
 
 impl Device {
@@ -227,6 +231,15 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
         .chain(netdevs)
         .filter(|d| opts.filter.as_ref().is_none_or(|f| f.keep(d)))
         .collect();
+    for d in &mut out {
+        let tables: BTreeSet<i64> = d.routes.iter().map(|r| r.table).filter(|t| *t != 0).collect();
+        d.rules = net
+            .rules
+            .iter()
+            .filter(|r| tables.contains(&r.table))
+            .cloned()
+            .collect();
+    }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out.dedup_by(|a, b| a.name == b.name);
     out
@@ -281,6 +294,7 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
     d.mtu = l.mtu;
     d.addresses = l.ipv4.iter().chain(&l.ipv6).cloned().collect();
     d.routes.clone_from(&l.routes);
+    d.neighbors.clone_from(&l.neighbors);
     d.mac = l.perm_mac.clone().or_else(|| l.mac.clone());
     d.set_str(attr::IF_NAME, l.name.clone());
     if let Some(mac) = &l.mac {

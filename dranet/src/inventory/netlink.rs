@@ -15,8 +15,14 @@ use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, Ro
 use nix::sched::CloneFlags;
 use rtnetlink::{Handle, RouteMessageBuilder};
 
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use rtnetlink::IpVersion;
+
 use super::InventoryError;
-use crate::config::RouteConfig;
+use crate::config::{NeighborConfig, RouteConfig, RuleConfig};
 
 /// `RT_TABLE_MAIN`.
 const MAIN_TABLE: u32 = 254;
@@ -50,6 +56,8 @@ pub struct LinkRecord {
     /// a destination, not in the local table, no IPv6 link-local destination, no IPv6 `proto
     /// kernel`). The main table is written as table 0.
     pub routes: Vec<RouteConfig>,
+    /// Permanent neighbour entries on this link (upstream copies them into the pod).
+    pub neighbors: Vec<NeighborConfig>,
 }
 
 /// The links of a netns and which of them carry the node's default routes (uplinks, with their
@@ -58,6 +66,8 @@ pub struct LinkRecord {
 pub struct NetScan {
     pub links: Vec<LinkRecord>,
     pub uplinks: BTreeSet<u32>,
+    /// Policy-routing rules that look up a table other than main, local or default.
+    pub rules: Vec<RuleConfig>,
 }
 
 /// Which network namespace to read.
@@ -150,6 +160,24 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
         .await
         .map_err(nl_err("IPv6 route dump"))?;
     routes.extend(v6);
+    let mut rules: Vec<RuleMessage> = Vec::new();
+    for v in [IpVersion::V4, IpVersion::V6] {
+        let part: Vec<RuleMessage> = handle
+            .rule()
+            .get(v)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl_err("rule dump"))?;
+        rules.extend(part);
+    }
+    let neighbours: Vec<NeighbourMessage> = handle
+        .neighbours()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl_err("neighbour dump"))?;
 
     let mut records: Vec<LinkRecord> = links.iter().map(link_record).collect();
     let mut by_index: BTreeMap<u32, (Vec<String>, Vec<String>)> = BTreeMap::new();
@@ -180,10 +208,18 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
             r.routes.push(rc);
         }
     }
+    for n in &neighbours {
+        if let Some(nc) = permanent_neighbor(n)
+            && let Some(r) = records.iter_mut().find(|r| r.index == n.header.ifindex)
+        {
+            r.neighbors.push(nc);
+        }
+    }
     let uplinks = uplinks(&records, &routes);
     Ok(NetScan {
         links: records,
         uplinks,
+        rules: rules.iter().filter_map(table_rule).collect(),
     })
 }
 
@@ -347,6 +383,54 @@ fn copyable_route(r: &RouteMessage) -> Option<(u32, RouteConfig)> {
             table: if table == MAIN_TABLE { 0 } else { i64::from(table) },
         },
     ))
+}
+
+/// A permanent ARP/NDP entry with a MAC.
+fn permanent_neighbor(n: &NeighbourMessage) -> Option<NeighborConfig> {
+    if n.header.state != NeighbourState::Permanent {
+        return None;
+    }
+    let mut dst = None;
+    let mut mac = None;
+    for a in &n.attributes {
+        match a {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => dst = Some(v4.to_string()),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => dst = Some(v6.to_string()),
+            NeighbourAttribute::LinkLayerAddress(l) => mac = mac_string(l),
+            _ => {}
+        }
+    }
+    Some(NeighborConfig {
+        destination: dst?,
+        hardware_addr: mac?,
+    })
+}
+
+/// A `lookup <table>` rule for a table other than main (254), local (255) or default (253).
+fn table_rule(r: &RuleMessage) -> Option<RuleConfig> {
+    if r.header.action != RuleAction::ToTable {
+        return None;
+    }
+    let mut table = u32::from(r.header.table);
+    let (mut prio, mut src, mut dst) = (0, None, None);
+    for a in &r.attributes {
+        match a {
+            RuleAttribute::Table(t) => table = *t,
+            RuleAttribute::Priority(p) => prio = *p,
+            RuleAttribute::Source(ip) => src = Some(format!("{ip}/{}", r.header.src_len)),
+            RuleAttribute::Destination(ip) => dst = Some(format!("{ip}/{}", r.header.dst_len)),
+            _ => {}
+        }
+    }
+    if table == 0 || (253..=255).contains(&table) {
+        return None;
+    }
+    Some(RuleConfig {
+        priority: i64::from(prio),
+        source: src.unwrap_or_default(),
+        destination: dst.unwrap_or_default(),
+        table: i64::from(table),
+    })
 }
 
 /// Holders of the lowest-metric default route per family in the main table (ECMP ties and
