@@ -394,6 +394,23 @@ fn inventory_of_a_netns_with_bridge_and_veth() {
         .unwrap();
     ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
         .unwrap();
+    // A classic BPF filter on the veth's ingress: dra.net/ebpf must report it.
+    let tc = |args: &[&str]| {
+        let mut full = vec!["ip", "netns", "exec", ns.name.as_str(), "tc"];
+        full.extend_from_slice(args);
+        sh(&full).unwrap();
+    };
+    tc(&["qdisc", "add", "dev", &va, "clsact"]);
+    tc(&[
+        "filter",
+        "add",
+        "dev",
+        &va,
+        "ingress",
+        "bpf",
+        "bytecode",
+        "1,6 0 0 0,",
+    ]);
     let odd = "Odd_Name";
     ns.ip(&["link", "add", odd, "type", "bridge"]).unwrap();
 
@@ -432,6 +449,10 @@ fn inventory_of_a_netns_with_bridge_and_veth() {
     let v = devs.iter().find(|d| d.name == va).unwrap();
     assert_eq!(attr(v, "dra.net/type"), &AttrValue::String("veth".into()));
     assert_eq!(attr(v, "dra.net/state"), &AttrValue::String("down".into()));
+    assert_eq!(attr(v, "dra.net/ebpf"), &AttrValue::Bool(true));
+    let peer = devs.iter().find(|d| d.name == vb).unwrap();
+    assert_eq!(attr(peer, "dra.net/ebpf"), &AttrValue::Bool(false));
+    assert_eq!(attr(d, "dra.net/ebpf"), &AttrValue::Bool(false));
     let odd_dev = devs.iter().find(|d| d.ifname.as_deref() == Some(odd)).unwrap();
     assert_eq!(odd_dev.name, inventory::netdev_device_name(odd));
     assert!(odd_dev.name.starts_with("net-"));

@@ -63,6 +63,9 @@ pub mod attr {
     pub const VIRTUAL: &str = "dra.net/virtual";
     pub const RDMA: &str = "dra.net/rdma";
     pub const RDMA_DEVICE: &str = "dra.net/rdmaDevice";
+    pub const EBPF: &str = "dra.net/ebpf";
+    pub const TC_FILTER_NAMES: &str = "dra.net/tcFilterNames";
+    pub const TCX_PROGRAM_NAMES: &str = "dra.net/tcxProgramNames";
     pub const STD_NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
     pub const STD_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 }
@@ -314,6 +317,13 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
         d.set_str(attr::IPV6, capped_join(&l.ipv6));
     }
     d.set(attr::VIRTUAL, AttrValue::Bool(is_virtual));
+    d.set(attr::EBPF, AttrValue::Bool(l.ebpf));
+    if !l.tc_filter_names.is_empty() {
+        d.set_str(attr::TC_FILTER_NAMES, capped_join(&l.tc_filter_names));
+    }
+    if !l.tcx_program_names.is_empty() {
+        d.set_str(attr::TCX_PROGRAM_NAMES, capped_join(&l.tcx_program_names));
+    }
 }
 
 /// Cuts a string to at most [`MAX_ATTRIBUTE_LEN`] bytes on a char boundary.

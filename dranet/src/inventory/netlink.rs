@@ -15,10 +15,13 @@ use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, Ro
 use nix::sched::CloneFlags;
 use rtnetlink::{Handle, RouteMessageBuilder};
 
+use aya::programs::SchedClassifier;
+use aya::programs::tc::TcAttachType;
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcMessage, TcOption};
 use rtnetlink::IpVersion;
 
 use super::InventoryError;
@@ -58,6 +61,13 @@ pub struct LinkRecord {
     pub routes: Vec<RouteConfig>,
     /// Permanent neighbour entries on this link (upstream copies them into the pod).
     pub neighbors: Vec<NeighborConfig>,
+    /// A TC BPF filter (ingress or egress) or a TCX program is attached.
+    pub ebpf: bool,
+    /// Names of attached TC BPF filters (sorted, unique; unnamed classic filters count for
+    /// [`LinkRecord::ebpf`] only).
+    pub tc_filter_names: Vec<String>,
+    /// Names of attached TCX programs (sorted, unique).
+    pub tcx_program_names: Vec<String>,
 }
 
 /// The links of a netns and which of them carry the node's default routes (uplinks, with their
@@ -214,6 +224,9 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
         {
             r.neighbors.push(nc);
         }
+    }
+    for r in records.iter_mut().filter(|r| !r.loopback) {
+        ebpf_programs(handle, r).await;
     }
     let uplinks = uplinks(&records, &routes);
     Ok(NetScan {
@@ -385,6 +398,67 @@ fn copyable_route(r: &RouteMessage) -> Option<(u32, RouteConfig)> {
     ))
 }
 
+/// TC BPF filters (ingress, egress) and TCX programs of a link, best effort: a link without a
+/// clsact qdisc or a kernel without TCX simply has none.
+async fn ebpf_programs(handle: &Handle, r: &mut LinkRecord) {
+    let Ok(index) = i32::try_from(r.index) else {
+        return;
+    };
+    let mut filters = Vec::new();
+    for egress in [false, true] {
+        let mut tf = handle.traffic_filter(index);
+        let req = if egress {
+            tf.get().egress()
+        } else {
+            tf.get().ingress()
+        };
+        if let Ok(msgs) = req.execute().try_collect::<Vec<TcMessage>>().await {
+            filters.extend(msgs);
+        }
+    }
+    let (any_filter, names) = bpf_filter_names(&filters);
+    let mut tcx: Vec<String> = Vec::new();
+    for at in [TcAttachType::Ingress, TcAttachType::Egress] {
+        if let Ok((_, progs)) = SchedClassifier::query_tcx(&r.name, at) {
+            tcx.extend(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)));
+        }
+    }
+    tcx.sort();
+    tcx.dedup();
+    r.ebpf = any_filter || !tcx.is_empty();
+    r.tc_filter_names = names;
+    r.tcx_program_names = tcx;
+}
+
+/// Whether any filter is a `bpf` one, and the program names of those that carry one.
+fn bpf_filter_names(filters: &[TcMessage]) -> (bool, Vec<String>) {
+    let mut any = false;
+    let mut names = Vec::new();
+    for f in filters {
+        let is_bpf = f
+            .attributes
+            .iter()
+            .any(|a| matches!(a, TcAttribute::Kind(k) if k == "bpf"));
+        if !is_bpf {
+            continue;
+        }
+        for a in &f.attributes {
+            if let TcAttribute::Options(opts) = a {
+                for o in opts {
+                    if let TcOption::Bpf(TcFilterBpfOption::ProgName(n)) = o {
+                        names.push(n.clone());
+                    }
+                }
+            }
+        }
+        // A dump lists the chain head (kind only) and then each filter with its options.
+        any = true;
+    }
+    names.sort();
+    names.dedup();
+    (any, names)
+}
+
 /// A permanent ARP/NDP entry with a MAC.
 fn permanent_neighbor(n: &NeighbourMessage) -> Option<NeighborConfig> {
     if n.header.state != NeighbourState::Permanent {
@@ -517,6 +591,31 @@ mod tests {
         assert!(s.split(',').all(|e| items.contains(&e.to_owned())));
         assert_eq!(capped_join(&["a".into(), "b".into()]), "a,b");
         assert_eq!(capped_join(&[]), "");
+    }
+
+    #[test]
+    fn bpf_filter_names_from_tc_dumps() {
+        let msg = |kind: &str, name: Option<&str>| {
+            let mut m = TcMessage::default();
+            m.attributes.push(TcAttribute::Kind(kind.to_owned()));
+            if let Some(n) = name {
+                m.attributes.push(TcAttribute::Options(vec![TcOption::Bpf(
+                    TcFilterBpfOption::ProgName(n.to_owned()),
+                )]));
+            }
+            m
+        };
+        assert_eq!(bpf_filter_names(&[]), (false, vec![]));
+        assert_eq!(bpf_filter_names(&[msg("u32", None)]), (false, vec![]));
+        assert_eq!(bpf_filter_names(&[msg("bpf", None)]), (true, vec![]));
+        assert_eq!(
+            bpf_filter_names(&[
+                msg("bpf", Some("tc_b")),
+                msg("bpf", Some("tc_a")),
+                msg("bpf", Some("tc_b"))
+            ]),
+            (true, vec!["tc_a".to_owned(), "tc_b".to_owned()])
+        );
     }
 
     #[test]
