@@ -8,9 +8,11 @@
 //! `move_ib_interfaces == false`; then the CEL filter runs.
 
 mod filter;
+mod host_state;
 mod names;
 mod netlink;
 mod sysfs;
+mod tc;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};

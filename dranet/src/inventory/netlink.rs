@@ -1,4 +1,5 @@
-//! Netdevs, addresses and default routes of one network namespace over rtnetlink. The socket is
+//! Netdevs, addresses, routes, rules, neighbours and attached eBPF programs of one network
+//! namespace over rtnetlink. The socket is
 //! opened on a dedicated thread that first joins the target netns (a netlink socket stays bound
 //! to the netns it was created in), so tokio workers never change namespace.
 
@@ -8,29 +9,17 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use futures::TryStreamExt;
-use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage, State};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
+use netlink_packet_route::neighbour::NeighbourMessage;
+use netlink_packet_route::route::RouteMessage;
+use netlink_packet_route::rule::RuleMessage;
 use nix::sched::CloneFlags;
-use rtnetlink::{Handle, RouteMessageBuilder};
-
-use aya::programs::SchedClassifier;
-use aya::programs::tc::TcAttachType;
-use netlink_packet_route::neighbour::{
-    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
-};
-use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
-use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcMessage, TcOption};
-use rtnetlink::IpVersion;
+use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
 use super::InventoryError;
 use crate::config::{NeighborConfig, RouteConfig, RuleConfig};
 
-/// `RT_TABLE_MAIN`.
-const MAIN_TABLE: u32 = 254;
-/// `RT_TABLE_LOCAL`.
-const LOCAL_TABLE: u32 = 255;
 /// Upstream's `DeviceAttributeMaxValueLength`.
 pub const MAX_ATTRIBUTE_LEN: usize = 64;
 
@@ -212,31 +201,31 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
         }
     }
     for route in &routes {
-        if let Some((oif, rc)) = copyable_route(route)
+        if let Some((oif, rc)) = super::host_state::copyable_route(route)
             && let Some(r) = records.iter_mut().find(|r| r.index == oif)
         {
             r.routes.push(rc);
         }
     }
     for n in &neighbours {
-        if let Some(nc) = permanent_neighbor(n)
+        if let Some(nc) = super::host_state::permanent_neighbor(n)
             && let Some(r) = records.iter_mut().find(|r| r.index == n.header.ifindex)
         {
             r.neighbors.push(nc);
         }
     }
     for r in records.iter_mut().filter(|r| !r.loopback) {
-        ebpf_programs(handle, r).await;
+        super::tc::ebpf_programs(handle, r).await;
     }
-    let uplinks = uplinks(&records, &routes);
+    let uplinks = super::host_state::uplinks(&records, &routes);
     Ok(NetScan {
         links: records,
         uplinks,
-        rules: rules.iter().filter_map(table_rule).collect(),
+        rules: rules.iter().filter_map(super::host_state::table_rule).collect(),
     })
 }
 
-fn mac_string(bytes: &[u8]) -> Option<String> {
+pub(super) fn mac_string(bytes: &[u8]) -> Option<String> {
     (!bytes.is_empty() && bytes.iter().any(|b| *b != 0)).then(|| {
         bytes
             .iter()
@@ -352,213 +341,6 @@ pub fn capped_join(items: &[String]) -> String {
     out
 }
 
-fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
-    match a {
-        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
-        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
-        _ => None,
-    }
-}
-
-/// A single-path unicast route worth copying into the pod, with its output interface.
-fn copyable_route(r: &RouteMessage) -> Option<(u32, RouteConfig)> {
-    if r.header.kind != RouteType::Unicast {
-        return None;
-    }
-    let mut table = u32::from(r.header.table);
-    let (mut dst, mut gw, mut src, mut oif) = (None, None, None, None);
-    for a in &r.attributes {
-        match a {
-            RouteAttribute::Table(t) => table = *t,
-            RouteAttribute::Destination(d) => dst = route_ip(d),
-            RouteAttribute::Gateway(g) => gw = route_ip(g),
-            RouteAttribute::PrefSource(p) => src = route_ip(p),
-            RouteAttribute::Oif(i) => oif = Some(*i),
-            _ => {}
-        }
-    }
-    let dst = dst?;
-    if table == LOCAL_TABLE {
-        return None;
-    }
-    if let IpAddr::V6(v6) = dst
-        && ((v6.segments()[0] & 0xffc0) == 0xfe80 || r.header.protocol == RouteProtocol::Kernel)
-    {
-        return None;
-    }
-    Some((
-        oif?,
-        RouteConfig {
-            destination: format!("{dst}/{}", r.header.destination_prefix_length),
-            gateway: gw.map(|g| g.to_string()).unwrap_or_default(),
-            source: src.map(|s| s.to_string()).unwrap_or_default(),
-            scope: u8::from(r.header.scope),
-            table: if table == MAIN_TABLE { 0 } else { i64::from(table) },
-        },
-    ))
-}
-
-/// TC BPF filters (ingress, egress) and TCX programs of a link, best effort: a link without a
-/// clsact qdisc or a kernel without TCX simply has none.
-async fn ebpf_programs(handle: &Handle, r: &mut LinkRecord) {
-    let Ok(index) = i32::try_from(r.index) else {
-        return;
-    };
-    let mut filters = Vec::new();
-    for egress in [false, true] {
-        let mut tf = handle.traffic_filter(index);
-        let req = if egress {
-            tf.get().egress()
-        } else {
-            tf.get().ingress()
-        };
-        if let Ok(msgs) = req.execute().try_collect::<Vec<TcMessage>>().await {
-            filters.extend(msgs);
-        }
-    }
-    let (any_filter, names) = bpf_filter_names(&filters);
-    let mut tcx: Vec<String> = Vec::new();
-    for at in [TcAttachType::Ingress, TcAttachType::Egress] {
-        if let Ok((_, progs)) = SchedClassifier::query_tcx(&r.name, at) {
-            tcx.extend(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)));
-        }
-    }
-    tcx.sort();
-    tcx.dedup();
-    r.ebpf = any_filter || !tcx.is_empty();
-    r.tc_filter_names = names;
-    r.tcx_program_names = tcx;
-}
-
-/// Whether any filter is a `bpf` one, and the program names of those that carry one.
-fn bpf_filter_names(filters: &[TcMessage]) -> (bool, Vec<String>) {
-    let mut any = false;
-    let mut names = Vec::new();
-    for f in filters {
-        let is_bpf = f
-            .attributes
-            .iter()
-            .any(|a| matches!(a, TcAttribute::Kind(k) if k == "bpf"));
-        if !is_bpf {
-            continue;
-        }
-        for a in &f.attributes {
-            if let TcAttribute::Options(opts) = a {
-                for o in opts {
-                    if let TcOption::Bpf(TcFilterBpfOption::ProgName(n)) = o {
-                        names.push(n.clone());
-                    }
-                }
-            }
-        }
-        // A dump lists the chain head (kind only) and then each filter with its options.
-        any = true;
-    }
-    names.sort();
-    names.dedup();
-    (any, names)
-}
-
-/// A permanent ARP/NDP entry with a MAC.
-fn permanent_neighbor(n: &NeighbourMessage) -> Option<NeighborConfig> {
-    if n.header.state != NeighbourState::Permanent {
-        return None;
-    }
-    let mut dst = None;
-    let mut mac = None;
-    for a in &n.attributes {
-        match a {
-            NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => dst = Some(v4.to_string()),
-            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => dst = Some(v6.to_string()),
-            NeighbourAttribute::LinkLayerAddress(l) => mac = mac_string(l),
-            _ => {}
-        }
-    }
-    Some(NeighborConfig {
-        destination: dst?,
-        hardware_addr: mac?,
-    })
-}
-
-/// A `lookup <table>` rule for a table other than main (254), local (255) or default (253).
-fn table_rule(r: &RuleMessage) -> Option<RuleConfig> {
-    if r.header.action != RuleAction::ToTable {
-        return None;
-    }
-    let mut table = u32::from(r.header.table);
-    let (mut prio, mut src, mut dst) = (0, None, None);
-    for a in &r.attributes {
-        match a {
-            RuleAttribute::Table(t) => table = *t,
-            RuleAttribute::Priority(p) => prio = *p,
-            RuleAttribute::Source(ip) => src = Some(format!("{ip}/{}", r.header.src_len)),
-            RuleAttribute::Destination(ip) => dst = Some(format!("{ip}/{}", r.header.dst_len)),
-            _ => {}
-        }
-    }
-    if table == 0 || (253..=255).contains(&table) {
-        return None;
-    }
-    Some(RuleConfig {
-        priority: i64::from(prio),
-        source: src.unwrap_or_default(),
-        destination: dst.unwrap_or_default(),
-        table: i64::from(table),
-    })
-}
-
-/// Holders of the lowest-metric default route per family in the main table (ECMP ties and
-/// multipath next-hops included), plus all their master descendants (bond slaves, bridge
-/// ports…). macvlan/ipvlan children are not descendants (they have a parent, not a master).
-fn uplinks(links: &[LinkRecord], routes: &[RouteMessage]) -> BTreeSet<u32> {
-    let mut best: BTreeMap<u8, (u32, BTreeSet<u32>)> = BTreeMap::new();
-    for r in routes {
-        if r.header.destination_prefix_length != 0 || r.header.kind != RouteType::Unicast {
-            continue;
-        }
-        let mut table = u32::from(r.header.table);
-        let mut metric = 0;
-        let mut oifs = BTreeSet::new();
-        for a in &r.attributes {
-            match a {
-                RouteAttribute::Table(t) => table = *t,
-                RouteAttribute::Priority(p) => metric = *p,
-                RouteAttribute::Oif(i) => {
-                    oifs.insert(*i);
-                }
-                RouteAttribute::MultiPath(hops) => oifs.extend(hops.iter().map(|h| h.interface_index)),
-                _ => {}
-            }
-        }
-        if table != MAIN_TABLE || oifs.is_empty() {
-            continue;
-        }
-        let fam = match r.header.address_family {
-            AddressFamily::Inet => 4,
-            AddressFamily::Inet6 => 6,
-            _ => continue,
-        };
-        let e = best.entry(fam).or_insert((metric, BTreeSet::new()));
-        if metric < e.0 {
-            *e = (metric, oifs);
-        } else if metric == e.0 {
-            e.1.extend(oifs);
-        }
-    }
-    let mut set: BTreeSet<u32> = best.into_values().flat_map(|(_, s)| s).collect();
-    loop {
-        let before = set.len();
-        for l in links {
-            if l.master.is_some_and(|m| set.contains(&m)) {
-                set.insert(l.index);
-            }
-        }
-        if set.len() == before {
-            return set;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,132 +373,5 @@ mod tests {
         assert!(s.split(',').all(|e| items.contains(&e.to_owned())));
         assert_eq!(capped_join(&["a".into(), "b".into()]), "a,b");
         assert_eq!(capped_join(&[]), "");
-    }
-
-    #[test]
-    fn bpf_filter_names_from_tc_dumps() {
-        let msg = |kind: &str, name: Option<&str>| {
-            let mut m = TcMessage::default();
-            m.attributes.push(TcAttribute::Kind(kind.to_owned()));
-            if let Some(n) = name {
-                m.attributes.push(TcAttribute::Options(vec![TcOption::Bpf(
-                    TcFilterBpfOption::ProgName(n.to_owned()),
-                )]));
-            }
-            m
-        };
-        assert_eq!(bpf_filter_names(&[]), (false, vec![]));
-        assert_eq!(bpf_filter_names(&[msg("u32", None)]), (false, vec![]));
-        assert_eq!(bpf_filter_names(&[msg("bpf", None)]), (true, vec![]));
-        assert_eq!(
-            bpf_filter_names(&[
-                msg("bpf", Some("tc_b")),
-                msg("bpf", Some("tc_a")),
-                msg("bpf", Some("tc_b"))
-            ]),
-            (true, vec!["tc_a".to_owned(), "tc_b".to_owned()])
-        );
-    }
-
-    #[test]
-    fn copyable_routes_follow_upstreams_filter() {
-        use netlink_packet_route::route::{RouteHeader, RouteScope};
-        use std::net::{Ipv4Addr, Ipv6Addr};
-        let mk = |dst: Option<IpAddr>, len: u8, table: u8, proto: RouteProtocol| {
-            let mut m = RouteMessage::default();
-            m.header = RouteHeader {
-                address_family: if dst.is_some_and(|d| d.is_ipv6()) {
-                    AddressFamily::Inet6
-                } else {
-                    AddressFamily::Inet
-                },
-                destination_prefix_length: len,
-                table,
-                protocol: proto,
-                scope: RouteScope::Universe,
-                kind: RouteType::Unicast,
-                ..RouteHeader::default()
-            };
-            m.attributes.push(RouteAttribute::Oif(7));
-            if let Some(d) = dst {
-                m.attributes.push(RouteAttribute::Destination(d.into()));
-            }
-            m.attributes.push(RouteAttribute::Gateway(
-                IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)).into(),
-            ));
-            m
-        };
-        let v4 = Some(IpAddr::V4(Ipv4Addr::new(10, 1, 0, 0)));
-        let (oif, rc) = copyable_route(&mk(v4, 16, 254, RouteProtocol::Boot)).unwrap();
-        assert_eq!(oif, 7);
-        assert_eq!(rc.destination, "10.1.0.0/16");
-        assert_eq!(rc.gateway, "10.0.0.1");
-        assert_eq!(rc.table, 0);
-        assert_eq!(
-            copyable_route(&mk(v4, 16, 100, RouteProtocol::Boot))
-                .unwrap()
-                .1
-                .table,
-            100
-        );
-        assert!(
-            copyable_route(&mk(None, 0, 254, RouteProtocol::Boot)).is_none(),
-            "default route"
-        );
-        assert!(
-            copyable_route(&mk(v4, 16, 255, RouteProtocol::Boot)).is_none(),
-            "local table"
-        );
-        let ll = Some(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)));
-        assert!(copyable_route(&mk(ll, 64, 254, RouteProtocol::Boot)).is_none());
-        let v6 = Some(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0)));
-        assert!(copyable_route(&mk(v6, 64, 254, RouteProtocol::Kernel)).is_none());
-        assert!(copyable_route(&mk(v6, 64, 254, RouteProtocol::Static)).is_some());
-        assert!(copyable_route(&mk(v4, 24, 254, RouteProtocol::Kernel)).is_some());
-    }
-
-    #[test]
-    fn uplinks_follow_lowest_metric_and_masters() {
-        use netlink_packet_route::route::RouteHeader;
-        let mk = |oif: u32, metric: u32| {
-            let mut m = RouteMessage::default();
-            m.header = RouteHeader {
-                address_family: AddressFamily::Inet,
-                table: 254,
-                kind: RouteType::Unicast,
-                ..RouteHeader::default()
-            };
-            m.attributes = vec![RouteAttribute::Oif(oif), RouteAttribute::Priority(metric)];
-            m
-        };
-        let links = vec![
-            LinkRecord {
-                index: 2,
-                ..Default::default()
-            },
-            LinkRecord {
-                index: 3,
-                master: Some(2),
-                ..Default::default()
-            },
-            LinkRecord {
-                index: 4,
-                master: Some(3),
-                ..Default::default()
-            },
-            LinkRecord {
-                index: 5,
-                ..Default::default()
-            },
-            LinkRecord {
-                index: 6,
-                ..Default::default()
-            },
-        ];
-        let set = uplinks(&links, &[mk(5, 200), mk(2, 100)]);
-        assert_eq!(set, BTreeSet::from([2, 3, 4]));
-        let set = uplinks(&links, &[mk(5, 100), mk(6, 100)]);
-        assert_eq!(set, BTreeSet::from([5, 6]));
-        assert!(uplinks(&links, &[]).is_empty());
     }
 }
