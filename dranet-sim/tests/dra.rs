@@ -93,6 +93,7 @@ struct Harness {
     sink: Arc<Recorder>,
     kubelet: KubeletSim,
     metrics: DraMetrics,
+    plugin_dir_mode: u32,
 }
 
 async fn harness() -> Harness {
@@ -104,6 +105,7 @@ async fn harness() -> Harness {
     // A stale socket file from a previous run must not prevent start-up.
     std::fs::create_dir_all(cfg.plugin_dir()).unwrap();
     std::fs::write(cfg.dra_socket(), b"stale").unwrap();
+    let plugin_dir_mode = std::fs::metadata(cfg.plugin_dir()).unwrap().permissions().mode() & 0o777;
     let claims = MemoryClaimSource::new();
     let sink = Arc::new(Recorder::default());
     let inv = SharedInventory::new(vec![
@@ -139,6 +141,7 @@ async fn harness() -> Harness {
         sink,
         kubelet,
         metrics,
+        plugin_dir_mode,
     }
 }
 
@@ -152,12 +155,11 @@ async fn registration_like_kubelet() {
         .unwrap();
     assert_eq!(sock, h.cfg.registration_socket());
     assert!(sock.ends_with("plugins_registry/dra.net-reg.sock"));
-    let mode = std::fs::metadata(h.cfg.plugin_dir())
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!(mode, 0o750);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    // Created by the plugin: 0750.
+    assert_eq!(mode(&h.cfg.kubelet_root.join("plugins_registry")), 0o750);
+    // Existed already (the stale socket was put there): its mode is left alone.
+    assert_eq!(mode(&h.cfg.plugin_dir()), h.plugin_dir_mode);
 
     let registrations = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let r2 = registrations.clone();

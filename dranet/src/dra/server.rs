@@ -166,21 +166,26 @@ impl KubeletPlugin {
     }
 }
 
+/// Creates `dir` (and missing parents) with mode 0750; an existing directory (kubelet's own
+/// `plugins_registry`, say) keeps its mode.
 fn make_dir(dir: &Path) -> Result<(), DraError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let io = |what: &'static str| {
+        move |source| DraError::Io {
+            what,
+            path: dir.to_path_buf(),
+            source,
+        }
+    };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o750)
         .create(dir)
-        .map_err(|source| DraError::Io {
-            what: "creating",
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(|source| DraError::Io {
-        what: "chmod 0750",
-        path: dir.to_path_buf(),
-        source,
-    })
+        .map_err(io("creating"))?;
+    // The umask may have cleared bits of 0750.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(io("chmod 0750"))
 }
 
 /// Removes a stale socket and binds a fresh one.
