@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
 use crate::config::{self, ConfigError, NetworkConfig};
-use crate::inventory::{Device, SharedInventory};
+use futures::future::BoxFuture;
+
+use crate::inventory::{Device, InventoryError, SharedInventory};
 use crate::plan::{ClaimRef, DevicePlan, PodPlan};
 
 /// Receives the plans (the rescue engine implements it).
@@ -22,6 +24,52 @@ pub trait PlanSink: Send + Sync + 'static {
 /// Finds inventory devices by slice device name.
 pub trait DeviceLookup: Send + Sync + 'static {
     fn device(&self, name: &str) -> Option<Device>;
+
+    /// Called when an allocated device is missing, before giving up: a lookup backed by a
+    /// periodic scan rescans here (a device released and re-claimed before the next scan,
+    /// google/dranet#253). The default does nothing.
+    fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// A [`SharedInventory`] that rescans once when a device is missing.
+pub struct RescanOnMiss {
+    inventory: SharedInventory,
+    scan: Arc<dyn Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync>,
+}
+
+impl RescanOnMiss {
+    /// `scan` is blocking (it runs on the blocking pool) and its result replaces the
+    /// inventory's devices.
+    pub fn new(
+        inventory: SharedInventory,
+        scan: impl Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            inventory,
+            scan: Arc::new(scan),
+        }
+    }
+}
+
+impl DeviceLookup for RescanOnMiss {
+    fn device(&self, name: &str) -> Option<Device> {
+        self.inventory.get(name)
+    }
+
+    fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let scan = self.scan.clone();
+            match tokio::task::spawn_blocking(move || scan()).await {
+                Ok(Ok(devices)) => {
+                    self.inventory.replace(devices);
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "rescan for a missing device failed"),
+                Err(e) => tracing::warn!(error = %e, "rescan task failed"),
+            }
+        })
+    }
 }
 
 impl DeviceLookup for SharedInventory {
@@ -146,6 +194,15 @@ impl Preparer {
     /// Prepares one claim; idempotent (a repeat replaces the claim's devices with the same).
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
         let rc = self.claims.get(&claim.namespace, &claim.name).await?;
+        let missing = rc.status.allocation.as_ref().is_some_and(|a| {
+            a.devices
+                .results
+                .iter()
+                .any(|r| r.driver == self.driver && self.devices.device(&r.device).is_none())
+        });
+        if missing {
+            self.devices.refresh().await;
+        }
         let Some(planned) = plan_claim(&self.driver, &self.node, claim, &rc, self.devices.as_ref())? else {
             return Ok(Vec::new());
         };

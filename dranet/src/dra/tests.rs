@@ -420,3 +420,50 @@ async fn kube_claim_source_gets_and_decodes() {
     assert!(matches!(err, ClaimError::NotFound { .. }), "{err}");
     assert_eq!(log.lock().unwrap().len(), 2);
 }
+
+#[tokio::test]
+async fn missing_device_triggers_one_rescan() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let claims = MemoryClaimSource::new();
+    let scans = Arc::new(AtomicUsize::new(0));
+    let s2 = scans.clone();
+    let lookup = RescanOnMiss::new(SharedInventory::default(), move || {
+        s2.fetch_add(1, Ordering::SeqCst);
+        Ok(vec![Device {
+            name: "late0".into(),
+            ifname: Some("late0".into()),
+            ..Device::default()
+        }])
+    });
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(lookup),
+        Arc::new(Recorder::default()),
+    );
+    claims.insert(claim(
+        "c",
+        "u",
+        "pod",
+        json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": "late0"}]),
+        json!([]),
+    ));
+    let devs = p.prepare(&cref("c", "u")).await.unwrap();
+    assert_eq!(devs[0].device, "late0");
+    assert_eq!(scans.load(Ordering::SeqCst), 1);
+    // Now known: no further scan.
+    p.prepare(&cref("c", "u")).await.unwrap();
+    assert_eq!(scans.load(Ordering::SeqCst), 1);
+    // Still missing after the rescan: an error, after exactly one more scan.
+    claims.insert(claim(
+        "d",
+        "v",
+        "pod",
+        json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": "never"}]),
+        json!([]),
+    ));
+    let err = p.prepare(&cref("d", "v")).await.unwrap_err();
+    assert!(matches!(err, PrepareError::UnknownDevice { .. }), "{err}");
+    assert_eq!(scans.load(Ordering::SeqCst), 2);
+}
