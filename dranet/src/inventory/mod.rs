@@ -129,7 +129,8 @@ pub struct ScanOptions {
     pub netns: NetnsTarget,
     /// `--move-ib-interfaces`: false skips IPoIB netdevs (the device stays RDMA-only).
     pub move_ib_interfaces: bool,
-    /// Names of `pci.ids`; empty → IDs are published instead.
+    /// Vendor/device names (default: [`PciIds::load_default`]); unknown IDs are published as
+    /// 4-digit hex.
     pub pci_ids: PciIds,
     pub filter: Option<Filter>,
 }
@@ -140,7 +141,7 @@ impl Default for ScanOptions {
             sysfs: Sysfs::default(),
             netns: NetnsTarget::Current,
             move_ib_interfaces: true,
-            pci_ids: PciIds::default(),
+            pci_ids: PciIds::load_default(),
             filter: None,
         }
     }

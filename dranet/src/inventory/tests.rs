@@ -180,6 +180,7 @@ fn netscan() -> NetScan {
 fn opts(fx: &Fixture) -> ScanOptions {
     ScanOptions {
         sysfs: Sysfs::new(&fx.root),
+        pci_ids: PciIds::default(),
         ..ScanOptions::default()
     }
 }
@@ -334,6 +335,15 @@ fn pci_ids_names_are_used() {
     let nic = devs.iter().find(|d| d.name == "pci-0000-10-1b-0").unwrap();
     assert_eq!(nic.attributes[attr::PCI_VENDOR], s("Mellanox Technologies"));
     assert_eq!(nic.attributes[attr::PCI_DEVICE], s("MT28908 Family [ConnectX-6]"));
+}
+
+#[test]
+fn builtin_vendor_names() {
+    let ids = PciIds::builtin();
+    assert_eq!(ids.vendor("15b3"), Some("Mellanox Technologies"));
+    assert_eq!(ids.vendor("1d0f"), Some("Amazon.com, Inc."));
+    assert_eq!(ids.vendor("abcd"), None);
+    assert_eq!(ids.device("15b3", "101b"), None);
 }
 
 #[test]
