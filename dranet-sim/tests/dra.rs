@@ -667,3 +667,49 @@ async fn prepare_copies_real_host_addresses_routes_rules_and_neighbours() {
     // The merged config is still valid by the user-facing rules.
     dranet::config::validate(cfg).unwrap();
 }
+
+#[tokio::test]
+async fn restart_over_stale_sockets_of_a_crashed_driver() {
+    let dir = TempDir::new("stale");
+    let cfg = PluginConfig {
+        kubelet_root: dir.0.clone(),
+        driver: "dra.net".into(),
+    };
+    std::fs::create_dir_all(cfg.plugin_dir()).unwrap();
+    std::fs::create_dir_all(cfg.registration_socket().parent().unwrap()).unwrap();
+    // A crashed driver leaves bound-but-dead sockets behind.
+    drop(std::os::unix::net::UnixListener::bind(cfg.dra_socket()).unwrap());
+    drop(std::os::unix::net::UnixListener::bind(cfg.registration_socket()).unwrap());
+    assert!(std::os::unix::net::UnixStream::connect(cfg.dra_socket()).is_err());
+
+    let claims = MemoryClaimSource::new();
+    claims.insert(claim_json(
+        "c",
+        "uid-c",
+        "pod-c",
+        json!([result("nic", "node-a", "eth1")]),
+        json!([]),
+    ));
+    let preparer = Arc::new(Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims),
+        Arc::new(SharedInventory::new(vec![Device {
+            name: "eth1".into(),
+            ifname: Some("eth1".into()),
+            ..Device::default()
+        }])),
+        Arc::new(Recorder::default()),
+    ));
+    let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
+    let kubelet = KubeletSim::new(&dir.0);
+    let sock = kubelet
+        .wait_for_registration_socket(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let reg = kubelet.register(&sock).await.unwrap();
+    let res = reg.prepare(&[Claim::new("default", "c", "uid-c")]).await.unwrap();
+    assert_eq!(res["uid-c"].error, "");
+    assert_eq!(res["uid-c"].devices[0].device, "eth1");
+    plugin.stop().await;
+}
