@@ -713,3 +713,24 @@ async fn restart_over_stale_sockets_of_a_crashed_driver() {
     assert_eq!(res["uid-c"].devices[0].device, "eth1");
     plugin.stop().await;
 }
+
+#[tokio::test]
+async fn failed_start_leaves_no_dra_socket() {
+    let dir = TempDir::new("fail");
+    let cfg = PluginConfig {
+        kubelet_root: dir.0.clone(),
+        driver: "dra.net".into(),
+    };
+    // Something that is not a socket sits where the registration socket goes.
+    std::fs::create_dir_all(cfg.registration_socket()).unwrap();
+    let preparer = Arc::new(Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(MemoryClaimSource::new()),
+        Arc::new(SharedInventory::default()),
+        Arc::new(Recorder::default()),
+    ));
+    let err = KubeletPlugin::start(&cfg, preparer).await.err().unwrap();
+    assert!(err.to_string().contains("removing stale socket"), "{err}");
+    assert!(!cfg.dra_socket().exists());
+}

@@ -99,7 +99,16 @@ impl KubeletPlugin {
                 }),
         );
 
-        let reg = bind(&reg_path)?;
+        let reg = match bind(&reg_path) {
+            Ok(l) => l,
+            Err(e) => {
+                // Do not leave the DRA server running without a way to stop it.
+                let _ = stop.send(true);
+                let _ = dra_task.await;
+                let _ = std::fs::remove_file(&dra_path);
+                return Err(e);
+            }
+        };
         let registrar = Registrar {
             info: PluginInfo {
                 r#type: PLUGIN_TYPE.to_owned(),
