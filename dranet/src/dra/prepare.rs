@@ -220,6 +220,10 @@ impl Preparer {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
+        if planned.plans.is_empty() && !st.pods.contains_key(&planned.pod_uid) {
+            // Nothing of ours in this claim and nothing known for the pod: no plan to store.
+            return Ok(prepared);
+        }
         let entry = st.pods.entry(planned.pod_uid.clone()).or_default();
         entry.namespace.clone_from(&claim.namespace);
         entry.name.clone_from(&planned.pod_name);

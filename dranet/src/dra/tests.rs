@@ -467,3 +467,17 @@ async fn missing_device_triggers_one_rescan() {
     assert!(matches!(err, PrepareError::UnknownDevice { .. }), "{err}");
     assert_eq!(scans.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn claim_without_our_devices_stores_no_plan() {
+    let (p, claims, rec) = setup();
+    claims.insert(claim(
+        "gpu",
+        "ug",
+        "pod-g",
+        json!([{"request": "gpu", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu0"}]),
+        json!([]),
+    ));
+    assert!(p.prepare(&cref("gpu", "ug")).await.unwrap().is_empty());
+    assert!(rec.plans.lock().unwrap().is_empty());
+}
