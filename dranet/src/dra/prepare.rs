@@ -234,12 +234,23 @@ impl Preparer {
             pod_name: entry.name.clone(),
             devices: entry.claims.values().flatten().cloned().collect(),
         };
+        // Handed over under the lock: two claims of one pod prepared at once must not store
+        // their merged plans out of order.
+        if let Err(detail) = self.sink.set_plan(plan) {
+            // Roll back, so a later claim of the pod does not merge devices never stored.
+            let empty = st.pods.get_mut(&planned.pod_uid).is_some_and(|e| {
+                e.claims.remove(&claim.uid);
+                e.claims.is_empty()
+            });
+            if empty {
+                st.pods.remove(&planned.pod_uid);
+            }
+            return Err(PrepareError::Sink {
+                pod_uid: planned.pod_uid,
+                detail,
+            });
+        }
         st.claim_pod.insert(claim.uid.clone(), planned.pod_uid.clone());
-        drop(st);
-        self.sink.set_plan(plan).map_err(|detail| PrepareError::Sink {
-            pod_uid: planned.pod_uid,
-            detail,
-        })?;
         Ok(prepared)
     }
 

@@ -126,7 +126,7 @@ impl KubeletPlugin {
                     let _ = rx.wait_for(|s| *s).await;
                 }),
         );
-        tracing::info!(registration = %reg_path.display(), dra = %dra_path.display(), "kubelet plugin serving");
+        tracing::debug!(registration = %reg_path.display(), dra = %dra_path.display(), "kubelet plugin serving");
         Ok(Self {
             stop,
             tasks: vec![dra_task, reg_task],

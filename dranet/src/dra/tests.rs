@@ -481,3 +481,54 @@ async fn claim_without_our_devices_stores_no_plan() {
     assert!(p.prepare(&cref("gpu", "ug")).await.unwrap().is_empty());
     assert!(rec.plans.lock().unwrap().is_empty());
 }
+
+/// A sink that refuses the first `fail` plans.
+struct Flaky {
+    fail: Mutex<usize>,
+    inner: Recorder,
+}
+
+impl PlanSink for Flaky {
+    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
+        let mut f = self.fail.lock().unwrap();
+        if *f > 0 {
+            *f -= 1;
+            return Err("checkpoint full".into());
+        }
+        self.inner.set_plan(plan)
+    }
+    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
+        self.inner.remove_claim(claim_uid)
+    }
+}
+
+#[tokio::test]
+async fn sink_failure_is_a_claim_error_and_is_rolled_back() {
+    let claims = MemoryClaimSource::new();
+    let sink = Arc::new(Flaky {
+        fail: Mutex::new(1),
+        inner: Recorder::default(),
+    });
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inventory()),
+        sink.clone(),
+    );
+    for (name, uid, dev) in [("c1", "u1", "eth1"), ("c2", "u2", "eth2")] {
+        claims.insert(claim(
+            name,
+            uid,
+            "pod-1",
+            json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": dev}]),
+            json!([]),
+        ));
+    }
+    let err = p.prepare(&cref("c1", "u1")).await.unwrap_err().to_string();
+    assert!(err.contains("checkpoint full"), "{err}");
+    p.prepare(&cref("c2", "u2")).await.unwrap();
+    let plans = sink.inner.plans.lock().unwrap();
+    let devs: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(devs, ["eth2"], "the failed claim's device was not merged");
+}
