@@ -14,6 +14,9 @@ use dranet::dra::proto::{v1, v1beta1};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// kubelet's `defaultClientCallTimeout` for DRA calls.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(45);
+
 /// The DRA services this kubelet speaks (as kubelet ≥ 1.34).
 pub const KUBELET_SUPPORTED: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 
@@ -64,6 +67,7 @@ pub async fn uds_channel(path: &Path) -> Result<Channel> {
     let path = path.to_path_buf();
     let ch = Endpoint::try_from("http://[::]:0")?
         .connect_timeout(Duration::from_secs(5))
+        .timeout(CALL_TIMEOUT)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = path.clone();
             async move {

@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dranet::dra::{KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer, ResourceClaim};
+use dranet::dra::{
+    DraMetrics, KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer, ResourceClaim,
+};
 use dranet::inventory::{self, AttrValue, Device, NetnsTarget, ScanOptions, SharedInventory, Sysfs};
 use dranet::plan::PodPlan;
 use dranet::slices::{DirPublisher, SliceController};
@@ -90,6 +92,8 @@ struct Harness {
     claims: MemoryClaimSource,
     sink: Arc<Recorder>,
     kubelet: KubeletSim,
+    metrics: DraMetrics,
+    plugin_dir_mode: u32,
 }
 
 async fn harness() -> Harness {
@@ -101,6 +105,7 @@ async fn harness() -> Harness {
     // A stale socket file from a previous run must not prevent start-up.
     std::fs::create_dir_all(cfg.plugin_dir()).unwrap();
     std::fs::write(cfg.dra_socket(), b"stale").unwrap();
+    let plugin_dir_mode = std::fs::metadata(cfg.plugin_dir()).unwrap().permissions().mode() & 0o777;
     let claims = MemoryClaimSource::new();
     let sink = Arc::new(Recorder::default());
     let inv = SharedInventory::new(vec![
@@ -115,13 +120,17 @@ async fn harness() -> Harness {
             ..Device::default()
         },
     ]);
-    let preparer = Arc::new(Preparer::new(
-        "dra.net",
-        "node-a",
-        Arc::new(claims.clone()),
-        Arc::new(inv),
-        sink.clone(),
-    ));
+    let metrics = DraMetrics::default();
+    let preparer = Arc::new(
+        Preparer::new(
+            "dra.net",
+            "node-a",
+            Arc::new(claims.clone()),
+            Arc::new(inv),
+            sink.clone(),
+        )
+        .with_metrics(metrics.clone()),
+    );
     let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
     let kubelet = KubeletSim::new(&dir.0);
     Harness {
@@ -131,6 +140,8 @@ async fn harness() -> Harness {
         claims,
         sink,
         kubelet,
+        metrics,
+        plugin_dir_mode,
     }
 }
 
@@ -144,13 +155,17 @@ async fn registration_like_kubelet() {
         .unwrap();
     assert_eq!(sock, h.cfg.registration_socket());
     assert!(sock.ends_with("plugins_registry/dra.net-reg.sock"));
-    let mode = std::fs::metadata(h.cfg.plugin_dir())
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!(mode, 0o750);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    // Created by the plugin: 0750.
+    assert_eq!(mode(&h.cfg.kubelet_root.join("plugins_registry")), 0o750);
+    // Existed already (the stale socket was put there): its mode is left alone.
+    assert_eq!(mode(&h.cfg.plugin_dir()), h.plugin_dir_mode);
 
+    let registrations = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r2 = registrations.clone();
+    let _watch = h.plugin.as_ref().unwrap().on_registered(move || {
+        r2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
     let reg = h.kubelet.register(&sock).await.unwrap();
     assert_eq!(reg.info.r#type, "DRAPlugin");
     assert_eq!(reg.info.name, "dra.net");
@@ -252,6 +267,8 @@ async fn prepare_with_config_errors_and_unprepare_v1() {
         "{:?}",
         res["uid-pool"]
     );
+    assert_eq!(h.metrics.requests("PrepareResourceClaims", "failed"), 1);
+    assert_eq!(h.metrics.requests("PrepareResourceClaims", "success"), 0);
 
     {
         let plans = h.sink.plans.lock().unwrap();
@@ -379,6 +396,23 @@ fn inventory_of_a_netns_with_bridge_and_veth() {
         .unwrap();
     ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
         .unwrap();
+    // A classic BPF filter on the veth's ingress: dra.net/ebpf must report it.
+    let tc = |args: &[&str]| {
+        let mut full = vec!["ip", "netns", "exec", ns.name.as_str(), "tc"];
+        full.extend_from_slice(args);
+        sh(&full).unwrap();
+    };
+    tc(&["qdisc", "add", "dev", &va, "clsact"]);
+    tc(&[
+        "filter",
+        "add",
+        "dev",
+        &va,
+        "ingress",
+        "bpf",
+        "bytecode",
+        "1,6 0 0 0,",
+    ]);
     let odd = "Odd_Name";
     ns.ip(&["link", "add", odd, "type", "bridge"]).unwrap();
 
@@ -417,6 +451,10 @@ fn inventory_of_a_netns_with_bridge_and_veth() {
     let v = devs.iter().find(|d| d.name == va).unwrap();
     assert_eq!(attr(v, "dra.net/type"), &AttrValue::String("veth".into()));
     assert_eq!(attr(v, "dra.net/state"), &AttrValue::String("down".into()));
+    assert_eq!(attr(v, "dra.net/ebpf"), &AttrValue::Bool(true));
+    let peer = devs.iter().find(|d| d.name == vb).unwrap();
+    assert_eq!(attr(peer, "dra.net/ebpf"), &AttrValue::Bool(false));
+    assert_eq!(attr(d, "dra.net/ebpf"), &AttrValue::Bool(false));
     let odd_dev = devs.iter().find(|d| d.ifname.as_deref() == Some(odd)).unwrap();
     assert_eq!(odd_dev.name, inventory::netdev_device_name(odd));
     assert!(odd_dev.name.starts_with("net-"));
@@ -511,4 +549,188 @@ async fn slices_of_130_real_links_split_at_128() {
     assert_eq!(slices.len(), 1);
     assert_eq!(slices[0].spec.devices.len(), 120);
     assert_eq!(slices[0].spec.pool.generation, 2);
+}
+
+#[tokio::test]
+async fn prepare_copies_real_host_addresses_routes_rules_and_neighbours() {
+    if !require_root("prepare_copies_real_host_addresses_routes_rules_and_neighbours").unwrap() {
+        return;
+    }
+    let ns = PodNetns::create(&unique("dhs")).unwrap();
+    let (a, b) = (unique("ha"), unique("hb"));
+    ns.ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])
+        .unwrap();
+    ns.ip(&["link", "set", &a, "up"]).unwrap();
+    ns.ip(&["link", "set", &b, "up"]).unwrap();
+    ns.ip(&["addr", "add", "198.51.100.2/24", "dev", &a]).unwrap();
+    ns.ip(&[
+        "route",
+        "add",
+        "203.0.113.0/24",
+        "via",
+        "198.51.100.1",
+        "dev",
+        &a,
+        "table",
+        "100",
+    ])
+    .unwrap();
+    ns.ip(&["route", "add", "192.0.2.128/25", "via", "198.51.100.1", "dev", &a])
+        .unwrap();
+    ns.ip(&[
+        "rule",
+        "add",
+        "from",
+        "198.51.100.0/24",
+        "lookup",
+        "100",
+        "priority",
+        "1000",
+    ])
+    .unwrap();
+    ns.ip(&[
+        "neigh",
+        "add",
+        "198.51.100.9",
+        "lladdr",
+        "02:aa:bb:cc:dd:ee",
+        "dev",
+        &a,
+        "nud",
+        "permanent",
+    ])
+    .unwrap();
+
+    let nspath = ns.path.clone();
+    let devs = tokio::task::spawn_blocking(move || {
+        inventory::scan(&ScanOptions {
+            netns: NetnsTarget::Path(nspath),
+            sysfs: Sysfs::new("/nonexistent-sysfs"),
+            ..ScanOptions::default()
+        })
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let dev = devs.iter().find(|d| d.name == a).unwrap().clone();
+    assert_eq!(dev.addresses, ["198.51.100.2/24"]);
+    assert!(
+        dev.routes
+            .iter()
+            .any(|r| r.destination == "203.0.113.0/24" && r.table == 100)
+    );
+    assert!(
+        dev.routes
+            .iter()
+            .any(|r| r.destination == "192.0.2.128/25" && r.table == 0)
+    );
+    assert_eq!(dev.rules.len(), 1, "{:?}", dev.rules);
+    assert_eq!(dev.rules[0].source, "198.51.100.0/24");
+    assert_eq!(dev.rules[0].priority, 1000);
+    assert_eq!(dev.neighbors.len(), 1);
+    assert_eq!(dev.neighbors[0].hardware_addr, "02:aa:bb:cc:dd:ee");
+
+    let claims = MemoryClaimSource::new();
+    claims.insert(claim_json(
+        "hs",
+        "uid-hs",
+        "pod-hs",
+        json!([result("nic", "node-a", &a)]),
+        json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "eth9"}}}}]),
+    ));
+    let sink = Arc::new(Recorder::default());
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims),
+        Arc::new(SharedInventory::new(devs)),
+        sink.clone(),
+    );
+    p.prepare(&dranet::plan::ClaimRef {
+        namespace: "default".into(),
+        name: "hs".into(),
+        uid: "uid-hs".into(),
+    })
+    .await
+    .unwrap();
+    let plans = sink.plans.lock().unwrap();
+    let cfg = &plans["pod-hs"].devices[0].config;
+    assert_eq!(cfg.interface.name.as_deref(), Some("eth9"));
+    assert_eq!(cfg.interface.addresses, ["198.51.100.2/24"]);
+    assert!(
+        cfg.routes
+            .iter()
+            .any(|r| r.destination == "203.0.113.0/24" && r.gateway == "198.51.100.1")
+    );
+    assert_eq!(cfg.rules.len(), 1);
+    assert_eq!(cfg.neighbors[0].destination, "198.51.100.9");
+    // The merged config is still valid by the user-facing rules.
+    dranet::config::validate(cfg).unwrap();
+}
+
+#[tokio::test]
+async fn restart_over_stale_sockets_of_a_crashed_driver() {
+    let dir = TempDir::new("stale");
+    let cfg = PluginConfig {
+        kubelet_root: dir.0.clone(),
+        driver: "dra.net".into(),
+    };
+    std::fs::create_dir_all(cfg.plugin_dir()).unwrap();
+    std::fs::create_dir_all(cfg.registration_socket().parent().unwrap()).unwrap();
+    // A crashed driver leaves bound-but-dead sockets behind.
+    drop(std::os::unix::net::UnixListener::bind(cfg.dra_socket()).unwrap());
+    drop(std::os::unix::net::UnixListener::bind(cfg.registration_socket()).unwrap());
+    assert!(std::os::unix::net::UnixStream::connect(cfg.dra_socket()).is_err());
+
+    let claims = MemoryClaimSource::new();
+    claims.insert(claim_json(
+        "c",
+        "uid-c",
+        "pod-c",
+        json!([result("nic", "node-a", "eth1")]),
+        json!([]),
+    ));
+    let preparer = Arc::new(Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims),
+        Arc::new(SharedInventory::new(vec![Device {
+            name: "eth1".into(),
+            ifname: Some("eth1".into()),
+            ..Device::default()
+        }])),
+        Arc::new(Recorder::default()),
+    ));
+    let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
+    let kubelet = KubeletSim::new(&dir.0);
+    let sock = kubelet
+        .wait_for_registration_socket(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let reg = kubelet.register(&sock).await.unwrap();
+    let res = reg.prepare(&[Claim::new("default", "c", "uid-c")]).await.unwrap();
+    assert_eq!(res["uid-c"].error, "");
+    assert_eq!(res["uid-c"].devices[0].device, "eth1");
+    plugin.stop().await;
+}
+
+#[tokio::test]
+async fn failed_start_leaves_no_dra_socket() {
+    let dir = TempDir::new("fail");
+    let cfg = PluginConfig {
+        kubelet_root: dir.0.clone(),
+        driver: "dra.net".into(),
+    };
+    // Something that is not a socket sits where the registration socket goes.
+    std::fs::create_dir_all(cfg.registration_socket()).unwrap();
+    let preparer = Arc::new(Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(MemoryClaimSource::new()),
+        Arc::new(SharedInventory::default()),
+        Arc::new(Recorder::default()),
+    ));
+    let err = KubeletPlugin::start(&cfg, preparer).await.err().unwrap();
+    assert!(err.to_string().contains("removing stale socket"), "{err}");
+    assert!(!cfg.dra_socket().exists());
 }

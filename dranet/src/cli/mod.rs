@@ -8,7 +8,9 @@ pub mod run;
 mod run_nri;
 mod run_sides;
 pub mod status;
+pub mod inventory;
 pub mod trace;
+pub mod validate_config;
 
 /// dranet: Kubernetes DRA network driver with runtime-independent device return.
 #[derive(Parser, Debug)]
@@ -28,6 +30,10 @@ pub enum Command {
     ReleaseAll(release_all::ReleaseAllArgs),
     /// Show the checkpoint: pods, pins, devices and their state.
     Status(status::StatusArgs),
+    /// Check an opaque device config (claim `parameters`) with the rules Prepare applies.
+    ValidateConfig(validate_config::ValidateConfigArgs),
+    /// Scan the node's network devices once; print them (or the ResourceSlices) as JSON.
+    Inventory(inventory::InventoryArgs),
 }
 
 /// Entry point of the binary.
@@ -39,6 +45,8 @@ pub fn main() -> ExitCode {
         Command::Trace(args) => trace::main(&args),
         Command::ReleaseAll(args) => release_all::main(&args),
         Command::Status(args) => status::main(&args),
+        Command::ValidateConfig(args) => validate_config::main(&args),
+        Command::Inventory(args) => inventory::main(&args),
     }
 }
 

@@ -14,13 +14,29 @@ use serde::{Deserialize, Serialize};
 pub struct NetworkConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
-    #[serde(default, skip_serializing_if = "InterfaceConfig::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "InterfaceConfig::is_empty"
+    )]
     pub interface: InterfaceConfig,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub routes: Vec<RouteConfig>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub rules: Vec<RuleConfig>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub neighbors: Vec<NeighborConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ethtool: Option<EthtoolConfig>,
@@ -34,7 +50,11 @@ pub struct InterfaceConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// CIDRs added after the move.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub addresses: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhcp: Option<bool>,
@@ -74,7 +94,7 @@ impl InterfaceConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct VrfConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<i64>,
@@ -84,15 +104,31 @@ pub struct VrfConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RouteConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub destination: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub gateway: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub source: String,
-    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_zero_u8"
+    )]
     pub scope: u8,
-    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_zero_i64"
+    )]
     pub table: i64,
 }
 
@@ -100,13 +136,29 @@ pub struct RouteConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RuleConfig {
-    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_zero_i64"
+    )]
     pub priority: i64,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub source: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub destination: String,
-    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_zero_i64"
+    )]
     pub table: i64,
 }
 
@@ -114,9 +166,9 @@ pub struct RuleConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NeighborConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub destination: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub hardware_addr: String,
 }
 
@@ -124,10 +176,27 @@ pub struct NeighborConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EthtoolConfig {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub features: BTreeMap<String, bool>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub private_flags: BTreeMap<String, bool>,
+}
+
+/// JSON `null` decodes to the zero value, as Go's `encoding/json` does for non-pointer fields.
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
 fn is_zero_u8(v: &u8) -> bool {

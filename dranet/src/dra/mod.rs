@@ -3,13 +3,16 @@
 //! into per-pod [`crate::plan::PodPlan`]s for a [`PlanSink`].
 
 pub mod claim;
+pub mod metrics;
 mod prepare;
 pub mod proto;
 mod server;
 
 pub use claim::{ClaimError, ClaimSource, KubeClaimSource, MemoryClaimSource, ResourceClaim};
+pub use metrics::DraMetrics;
 pub use prepare::{
-    DeviceLookup, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer, device_config, plan_claim,
+    DeviceLookup, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer, RescanOnMiss,
+    device_config, plan_claim,
 };
 pub use server::{DraError, KubeletPlugin, PLUGIN_TYPE, PluginConfig, SUPPORTED_VERSIONS};
 

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
 use crate::config::{self, ConfigError, NetworkConfig};
-use crate::inventory::{Device, SharedInventory};
+use futures::future::BoxFuture;
+
+use crate::inventory::{Device, InventoryError, SharedInventory};
 use crate::plan::{ClaimRef, DevicePlan, PodPlan};
 
 /// Receives the plans (the rescue engine implements it).
@@ -22,6 +24,52 @@ pub trait PlanSink: Send + Sync + 'static {
 /// Finds inventory devices by slice device name.
 pub trait DeviceLookup: Send + Sync + 'static {
     fn device(&self, name: &str) -> Option<Device>;
+
+    /// Called when an allocated device is missing, before giving up: a lookup backed by a
+    /// periodic scan rescans here (a device released and re-claimed before the next scan,
+    /// google/dranet#253). The default does nothing.
+    fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// A [`SharedInventory`] that rescans once when a device is missing.
+pub struct RescanOnMiss {
+    inventory: SharedInventory,
+    scan: Arc<dyn Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync>,
+}
+
+impl RescanOnMiss {
+    /// `scan` is blocking (it runs on the blocking pool) and its result replaces the
+    /// inventory's devices.
+    pub fn new(
+        inventory: SharedInventory,
+        scan: impl Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            inventory,
+            scan: Arc::new(scan),
+        }
+    }
+}
+
+impl DeviceLookup for RescanOnMiss {
+    fn device(&self, name: &str) -> Option<Device> {
+        self.inventory.get(name)
+    }
+
+    fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let scan = self.scan.clone();
+            match tokio::task::spawn_blocking(move || scan()).await {
+                Ok(Ok(devices)) => {
+                    self.inventory.replace(devices);
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "rescan for a missing device failed"),
+                Err(e) => tracing::warn!(error = %e, "rescan task failed"),
+            }
+        })
+    }
 }
 
 impl DeviceLookup for SharedInventory {
@@ -57,6 +105,8 @@ pub enum PrepareError {
     },
     #[error("device {device} not found in the node inventory")]
     UnknownDevice { device: String },
+    #[error("device {device} has no network interface and no RDMA device on the host")]
+    NoInterface { device: String },
     #[error("invalid configuration for device {device} (request {request}): {source}")]
     Config {
         device: String,
@@ -102,6 +152,7 @@ pub struct Preparer {
     devices: Arc<dyn DeviceLookup>,
     sink: Arc<dyn PlanSink>,
     state: Mutex<State>,
+    metrics: Option<super::DraMetrics>,
 }
 
 impl Preparer {
@@ -119,7 +170,20 @@ impl Preparer {
             devices,
             sink,
             state: Mutex::new(State::default()),
+            metrics: None,
         }
+    }
+
+    /// Records request counts and latency in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: super::DraMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    #[must_use]
+    pub fn metrics(&self) -> Option<&super::DraMetrics> {
+        self.metrics.as_ref()
     }
 
     #[must_use]
@@ -130,6 +194,15 @@ impl Preparer {
     /// Prepares one claim; idempotent (a repeat replaces the claim's devices with the same).
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
         let rc = self.claims.get(&claim.namespace, &claim.name).await?;
+        let missing = rc.status.allocation.as_ref().is_some_and(|a| {
+            a.devices
+                .results
+                .iter()
+                .any(|r| r.driver == self.driver && self.devices.device(&r.device).is_none())
+        });
+        if missing {
+            self.devices.refresh().await;
+        }
         let Some(planned) = plan_claim(&self.driver, &self.node, claim, &rc, self.devices.as_ref())? else {
             return Ok(Vec::new());
         };
@@ -147,6 +220,10 @@ impl Preparer {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
+        if planned.plans.is_empty() && !st.pods.contains_key(&planned.pod_uid) {
+            // Nothing of ours in this claim and nothing known for the pod: no plan to store.
+            return Ok(prepared);
+        }
         let entry = st.pods.entry(planned.pod_uid.clone()).or_default();
         entry.namespace.clone_from(&claim.namespace);
         entry.name.clone_from(&planned.pod_name);
@@ -157,13 +234,48 @@ impl Preparer {
             pod_name: entry.name.clone(),
             devices: entry.claims.values().flatten().cloned().collect(),
         };
+        // Handed over under the lock: two claims of one pod prepared at once must not store
+        // their merged plans out of order.
+        if let Err(detail) = self.sink.set_plan(plan) {
+            // Roll back, so a later claim of the pod does not merge devices never stored.
+            let empty = st.pods.get_mut(&planned.pod_uid).is_some_and(|e| {
+                e.claims.remove(&claim.uid);
+                e.claims.is_empty()
+            });
+            if empty {
+                st.pods.remove(&planned.pod_uid);
+            }
+            return Err(PrepareError::Sink {
+                pod_uid: planned.pod_uid,
+                detail,
+            });
+        }
         st.claim_pod.insert(claim.uid.clone(), planned.pod_uid.clone());
-        drop(st);
-        self.sink.set_plan(plan).map_err(|detail| PrepareError::Sink {
-            pod_uid: planned.pod_uid,
-            detail,
-        })?;
         Ok(prepared)
+    }
+
+    /// Seeds the per-pod state from plans that survived a restart (the checkpoint), so a claim
+    /// prepared later for the same pod is merged with them instead of replacing them.
+    pub fn restore(&self, plans: impl IntoIterator<Item = PodPlan>) {
+        let mut st = match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        for plan in plans {
+            let entry = st.pods.entry(plan.pod_uid.clone()).or_default();
+            entry.namespace.clone_from(&plan.pod_namespace);
+            entry.name.clone_from(&plan.pod_name);
+            let mut claims: Vec<String> = Vec::new();
+            for d in plan.devices {
+                if !claims.contains(&d.claim.uid) {
+                    claims.push(d.claim.uid.clone());
+                }
+                entry.claims.entry(d.claim.uid.clone()).or_default().push(d);
+            }
+            for c in claims {
+                st.claim_pod.insert(c, plan.pod_uid.clone());
+            }
+        }
     }
 
     /// Unprepares one claim; unknown claims succeed (idempotent).
@@ -256,6 +368,11 @@ pub fn plan_claim(
                 device: r.device.clone(),
             })?;
         let cfg = if dev.ifname.is_none() {
+            if dev.rdma_device.is_none() {
+                return Err(PrepareError::NoInterface {
+                    device: r.device.clone(),
+                });
+            }
             config::validate_rdma_only(&cfg).map_err(config_err)?;
             cfg
         } else {
@@ -285,7 +402,8 @@ pub fn plan_claim(
 
 /// Netdev-specific prepare steps (upstream `prepareResourceClaim`): VF MTU ≤ PF MTU; without
 /// configured addresses the host's global addresses move along; host routes through the device
-/// are appended unless the config already has one for the same (destination, table).
+/// are appended unless the config already has one for the same (destination, table); host rules
+/// for those routes' tables (not with a VRF) and permanent neighbours are appended too.
 fn with_host_state(
     device: &str,
     mut cfg: NetworkConfig,
@@ -326,6 +444,19 @@ fn with_host_state(
             .any(|c| c.destination == r.destination && c.table == r.table);
         if !dup {
             cfg.routes.push(r.clone());
+        }
+    }
+    // Rules are not supported with a VRF (its table takes all the routes).
+    if cfg.interface.vrf.is_none() {
+        for r in &dev.rules {
+            if !cfg.rules.contains(r) {
+                cfg.rules.push(r.clone());
+            }
+        }
+    }
+    for n in &dev.neighbors {
+        if !cfg.neighbors.iter().any(|c| c.destination == n.destination) {
+            cfg.neighbors.push(n.clone());
         }
     }
     Ok(cfg)

@@ -99,7 +99,16 @@ impl KubeletPlugin {
                 }),
         );
 
-        let reg = bind(&reg_path)?;
+        let reg = match bind(&reg_path) {
+            Ok(l) => l,
+            Err(e) => {
+                // Do not leave the DRA server running without a way to stop it.
+                let _ = stop.send(true);
+                let _ = dra_task.await;
+                let _ = std::fs::remove_file(&dra_path);
+                return Err(e);
+            }
+        };
         let registrar = Registrar {
             info: PluginInfo {
                 r#type: PLUGIN_TYPE.to_owned(),
@@ -117,7 +126,7 @@ impl KubeletPlugin {
                     let _ = rx.wait_for(|s| *s).await;
                 }),
         );
-        tracing::info!(registration = %reg_path.display(), dra = %dra_path.display(), "kubelet plugin serving");
+        tracing::debug!(registration = %reg_path.display(), dra = %dra_path.display(), "kubelet plugin serving");
         Ok(Self {
             stop,
             tasks: vec![dra_task, reg_task],
@@ -130,6 +139,24 @@ impl KubeletPlugin {
     #[must_use]
     pub fn registration(&self) -> watch::Receiver<Option<RegistrationStatus>> {
         self.status.clone()
+    }
+
+    /// Calls `f` each time kubelet reports a successful registration. kubelet deletes the
+    /// node's ResourceSlices when it starts, so the driver re-publishes from here
+    /// (`RescanHandle::request_republish`).
+    pub fn on_registered(&self, f: impl Fn() + Send + 'static) -> JoinHandle<()> {
+        let mut rx = self.status.clone();
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let ok = rx
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_some_and(|s| s.plugin_registered);
+                if ok {
+                    f();
+                }
+            }
+        })
     }
 
     /// Stops serving and removes the sockets (registration first, so kubelet deregisters).
@@ -148,21 +175,26 @@ impl KubeletPlugin {
     }
 }
 
+/// Creates `dir` (and missing parents) with mode 0750; an existing directory (kubelet's own
+/// `plugins_registry`, say) keeps its mode.
 fn make_dir(dir: &Path) -> Result<(), DraError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let io = |what: &'static str| {
+        move |source| DraError::Io {
+            what,
+            path: dir.to_path_buf(),
+            source,
+        }
+    };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o750)
         .create(dir)
-        .map_err(|source| DraError::Io {
-            what: "creating",
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(|source| DraError::Io {
-        what: "chmod 0750",
-        path: dir.to_path_buf(),
-        source,
-    })
+        .map_err(io("creating"))?;
+    // The umask may have cleared bits of 0750.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(io("chmod 0750"))
 }
 
 /// Removes a stale socket and binds a fresh one.
@@ -219,6 +251,7 @@ async fn prepare_all(
     p: &Preparer,
     claims: Vec<ClaimRef>,
 ) -> Vec<(String, Result<Vec<PreparedDevice>, String>)> {
+    let start = std::time::Instant::now();
     let mut out = Vec::with_capacity(claims.len());
     for c in claims {
         let res = p.prepare(&c).await.map_err(|e| {
@@ -227,16 +260,27 @@ async fn prepare_all(
         });
         out.push((c.uid, res));
     }
+    if let Some(m) = p.metrics() {
+        let ok = out.iter().all(|(_, r)| r.is_ok());
+        m.observe(super::metrics::PREPARE, ok, start.elapsed());
+    }
     out
 }
 
 fn unprepare_all(p: &Preparer, uids: Vec<String>) -> Vec<(String, String)> {
-    uids.into_iter()
+    let start = std::time::Instant::now();
+    let out: Vec<(String, String)> = uids
+        .into_iter()
         .map(|uid| {
             let err = p.unprepare(&uid).err().map(|e| e.to_string()).unwrap_or_default();
             (uid, err)
         })
-        .collect()
+        .collect();
+    if let Some(m) = p.metrics() {
+        let ok = out.iter().all(|(_, e)| e.is_empty());
+        m.observe(super::metrics::UNPREPARE, ok, start.elapsed());
+    }
+    out
 }
 
 /// Prepared device → the version's response message.

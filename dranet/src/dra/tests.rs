@@ -289,6 +289,70 @@ fn host_state_merge_vf_mtu_and_dhcp() {
     assert!(err.contains("dhcp"), "{err}");
 }
 
+#[tokio::test]
+async fn restored_plans_are_merged_not_replaced() {
+    let (p, claims, rec) = setup();
+    claims.insert(claim(
+        "c1",
+        "u1",
+        "pod-1",
+        json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}]),
+        json!([]),
+    ));
+    p.prepare(&cref("c1", "u1")).await.unwrap();
+    let saved: Vec<PodPlan> = rec.plans.lock().unwrap().values().cloned().collect();
+
+    // "Restart": a new preparer, seeded from the checkpoint, prepares a second claim of the pod.
+    let rec2 = Arc::new(Recorder::default());
+    let p2 = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inventory()),
+        rec2.clone(),
+    );
+    p2.restore(saved);
+    claims.insert(claim(
+        "c2",
+        "u2",
+        "pod-1",
+        json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth2"}]),
+        json!([]),
+    ));
+    p2.prepare(&cref("c2", "u2")).await.unwrap();
+    let plans = rec2.plans.lock().unwrap();
+    let devs: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(devs, ["eth1", "eth2"]);
+    drop(plans);
+    drop(p);
+}
+
+#[tokio::test]
+async fn pci_device_without_netdev_or_rdma_is_an_error() {
+    let claims = MemoryClaimSource::new();
+    let inv = SharedInventory::new(vec![Device {
+        name: "pci-0000-10-00-0".into(),
+        pci_address: Some("0000:10:00.0".into()),
+        ..Device::default()
+    }]);
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inv),
+        Arc::new(Recorder::default()),
+    );
+    claims.insert(claim(
+        "c",
+        "u",
+        "pod",
+        json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-10-00-0"}]),
+        json!([]),
+    ));
+    let err = p.prepare(&cref("c", "u")).await.unwrap_err().to_string();
+    assert!(err.contains("no network interface"), "{err}");
+}
+
 #[test]
 fn config_selection() {
     let cfgs: Vec<claim::DeviceAllocationConfiguration> = serde_json::from_value(json!([
@@ -317,4 +381,154 @@ fn config_selection() {
     ]))
     .unwrap();
     assert!(device_config("dra.net", "x", &bad).is_err());
+}
+
+#[tokio::test]
+async fn kube_claim_source_gets_and_decodes() {
+    use crate::slices::kube_mock::{client, status};
+    let (client, log) = client(|req| match req.uri.as_str() {
+        "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c1" => (
+            200,
+            json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c1", "namespace": "ns", "uid": "u1"},
+                "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "dra.net"}}]}},
+                "status": {
+                    "allocation": {"devices": {
+                        "results": [{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}],
+                        "config": [{"source": "FromClaim", "requests": ["nic"],
+                                    "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "net1"}}}}]
+                    }},
+                    "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "pod-1"}]
+                }
+            }),
+        ),
+        _ => (404, status(404, "NotFound")),
+    });
+    let src = KubeClaimSource::new(client);
+    let rc = src.get("ns", "c1").await.unwrap();
+    assert_eq!(rc.metadata.uid, "u1");
+    let alloc = rc.status.allocation.as_ref().unwrap();
+    assert_eq!(alloc.devices.results[0].device, "eth1");
+    assert_eq!(alloc.devices.config[0].source, "FromClaim");
+    assert_eq!(
+        alloc.devices.config[0].opaque.as_ref().unwrap().parameters["interface"]["name"],
+        "net1"
+    );
+    assert_eq!(rc.status.reserved_for[0].uid, "pod-1");
+    let err = src.get("ns", "nope").await.unwrap_err();
+    assert!(matches!(err, ClaimError::NotFound { .. }), "{err}");
+    assert_eq!(log.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn missing_device_triggers_one_rescan() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let claims = MemoryClaimSource::new();
+    let scans = Arc::new(AtomicUsize::new(0));
+    let s2 = scans.clone();
+    let lookup = RescanOnMiss::new(SharedInventory::default(), move || {
+        s2.fetch_add(1, Ordering::SeqCst);
+        Ok(vec![Device {
+            name: "late0".into(),
+            ifname: Some("late0".into()),
+            ..Device::default()
+        }])
+    });
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(lookup),
+        Arc::new(Recorder::default()),
+    );
+    claims.insert(claim(
+        "c",
+        "u",
+        "pod",
+        json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": "late0"}]),
+        json!([]),
+    ));
+    let devs = p.prepare(&cref("c", "u")).await.unwrap();
+    assert_eq!(devs[0].device, "late0");
+    assert_eq!(scans.load(Ordering::SeqCst), 1);
+    // Now known: no further scan.
+    p.prepare(&cref("c", "u")).await.unwrap();
+    assert_eq!(scans.load(Ordering::SeqCst), 1);
+    // Still missing after the rescan: an error, after exactly one more scan.
+    claims.insert(claim(
+        "d",
+        "v",
+        "pod",
+        json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": "never"}]),
+        json!([]),
+    ));
+    let err = p.prepare(&cref("d", "v")).await.unwrap_err();
+    assert!(matches!(err, PrepareError::UnknownDevice { .. }), "{err}");
+    assert_eq!(scans.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn claim_without_our_devices_stores_no_plan() {
+    let (p, claims, rec) = setup();
+    claims.insert(claim(
+        "gpu",
+        "ug",
+        "pod-g",
+        json!([{"request": "gpu", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu0"}]),
+        json!([]),
+    ));
+    assert!(p.prepare(&cref("gpu", "ug")).await.unwrap().is_empty());
+    assert!(rec.plans.lock().unwrap().is_empty());
+}
+
+/// A sink that refuses the first `fail` plans.
+struct Flaky {
+    fail: Mutex<usize>,
+    inner: Recorder,
+}
+
+impl PlanSink for Flaky {
+    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
+        let mut f = self.fail.lock().unwrap();
+        if *f > 0 {
+            *f -= 1;
+            return Err("checkpoint full".into());
+        }
+        self.inner.set_plan(plan)
+    }
+    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
+        self.inner.remove_claim(claim_uid)
+    }
+}
+
+#[tokio::test]
+async fn sink_failure_is_a_claim_error_and_is_rolled_back() {
+    let claims = MemoryClaimSource::new();
+    let sink = Arc::new(Flaky {
+        fail: Mutex::new(1),
+        inner: Recorder::default(),
+    });
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inventory()),
+        sink.clone(),
+    );
+    for (name, uid, dev) in [("c1", "u1", "eth1"), ("c2", "u2", "eth2")] {
+        claims.insert(claim(
+            name,
+            uid,
+            "pod-1",
+            json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": dev}]),
+            json!([]),
+        ));
+    }
+    let err = p.prepare(&cref("c1", "u1")).await.unwrap_err().to_string();
+    assert!(err.contains("checkpoint full"), "{err}");
+    p.prepare(&cref("c2", "u2")).await.unwrap();
+    let plans = sink.inner.plans.lock().unwrap();
+    let devs: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(devs, ["eth2"], "the failed claim's device was not merged");
 }

@@ -8,9 +8,11 @@
 //! `move_ib_interfaces == false`; then the CEL filter runs.
 
 mod filter;
+mod host_state;
 mod names;
 mod netlink;
 mod sysfs;
+mod tc;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
@@ -63,6 +65,9 @@ pub mod attr {
     pub const VIRTUAL: &str = "dra.net/virtual";
     pub const RDMA: &str = "dra.net/rdma";
     pub const RDMA_DEVICE: &str = "dra.net/rdmaDevice";
+    pub const EBPF: &str = "dra.net/ebpf";
+    pub const TC_FILTER_NAMES: &str = "dra.net/tcFilterNames";
+    pub const TCX_PROGRAM_NAMES: &str = "dra.net/tcxProgramNames";
     pub const STD_NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
     pub const STD_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 }
@@ -98,6 +103,10 @@ pub struct Device {
     pub addresses: Vec<String>,
     /// Host routes through the netdev (see [`LinkRecord::routes`]).
     pub routes: Vec<crate::config::RouteConfig>,
+    /// Host rules that look up one of the tables of [`Device::routes`].
+    pub rules: Vec<crate::config::RuleConfig>,
+    /// Permanent neighbour entries on the netdev.
+    pub neighbors: Vec<crate::config::NeighborConfig>,
 }
 
 impl Device {
@@ -120,7 +129,8 @@ pub struct ScanOptions {
     pub netns: NetnsTarget,
     /// `--move-ib-interfaces`: false skips IPoIB netdevs (the device stays RDMA-only).
     pub move_ib_interfaces: bool,
-    /// Names of `pci.ids`; empty → IDs are published instead.
+    /// Vendor/device names (default: [`PciIds::load_default`]); unknown IDs are published as
+    /// 4-digit hex.
     pub pci_ids: PciIds,
     pub filter: Option<Filter>,
 }
@@ -131,7 +141,7 @@ impl Default for ScanOptions {
             sysfs: Sysfs::default(),
             netns: NetnsTarget::Current,
             move_ib_interfaces: true,
-            pci_ids: PciIds::default(),
+            pci_ids: PciIds::load_default(),
             filter: None,
         }
     }
@@ -227,6 +237,15 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
         .chain(netdevs)
         .filter(|d| opts.filter.as_ref().is_none_or(|f| f.keep(d)))
         .collect();
+    for d in &mut out {
+        let tables: BTreeSet<i64> = d.routes.iter().map(|r| r.table).filter(|t| *t != 0).collect();
+        d.rules = net
+            .rules
+            .iter()
+            .filter(|r| tables.contains(&r.table))
+            .cloned()
+            .collect();
+    }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out.dedup_by(|a, b| a.name == b.name);
     out
@@ -281,6 +300,7 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
     d.mtu = l.mtu;
     d.addresses = l.ipv4.iter().chain(&l.ipv6).cloned().collect();
     d.routes.clone_from(&l.routes);
+    d.neighbors.clone_from(&l.neighbors);
     d.mac = l.perm_mac.clone().or_else(|| l.mac.clone());
     d.set_str(attr::IF_NAME, l.name.clone());
     if let Some(mac) = &l.mac {
@@ -300,6 +320,13 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
         d.set_str(attr::IPV6, capped_join(&l.ipv6));
     }
     d.set(attr::VIRTUAL, AttrValue::Bool(is_virtual));
+    d.set(attr::EBPF, AttrValue::Bool(l.ebpf));
+    if !l.tc_filter_names.is_empty() {
+        d.set_str(attr::TC_FILTER_NAMES, capped_join(&l.tc_filter_names));
+    }
+    if !l.tcx_program_names.is_empty() {
+        d.set_str(attr::TCX_PROGRAM_NAMES, capped_join(&l.tcx_program_names));
+    }
 }
 
 /// Cuts a string to at most [`MAX_ATTRIBUTE_LEN`] bytes on a char boundary.

@@ -1,4 +1,5 @@
-//! Netdevs, addresses and default routes of one network namespace over rtnetlink. The socket is
+//! Netdevs, addresses, routes, rules, neighbours and attached eBPF programs of one network
+//! namespace over rtnetlink. The socket is
 //! opened on a dedicated thread that first joins the target netns (a netlink socket stays bound
 //! to the netns it was created in), so tokio workers never change namespace.
 
@@ -8,20 +9,17 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use futures::TryStreamExt;
-use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage, State};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
+use netlink_packet_route::neighbour::NeighbourMessage;
+use netlink_packet_route::route::RouteMessage;
+use netlink_packet_route::rule::RuleMessage;
 use nix::sched::CloneFlags;
-use rtnetlink::{Handle, RouteMessageBuilder};
+use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
 use super::InventoryError;
-use crate::config::RouteConfig;
+use crate::config::{NeighborConfig, RouteConfig, RuleConfig};
 
-/// `RT_TABLE_MAIN`.
-const MAIN_TABLE: u32 = 254;
-/// `RT_TABLE_LOCAL`.
-const LOCAL_TABLE: u32 = 255;
 /// Upstream's `DeviceAttributeMaxValueLength`.
 pub const MAX_ATTRIBUTE_LEN: usize = 64;
 
@@ -50,6 +48,15 @@ pub struct LinkRecord {
     /// a destination, not in the local table, no IPv6 link-local destination, no IPv6 `proto
     /// kernel`). The main table is written as table 0.
     pub routes: Vec<RouteConfig>,
+    /// Permanent neighbour entries on this link (upstream copies them into the pod).
+    pub neighbors: Vec<NeighborConfig>,
+    /// A TC BPF filter (ingress or egress) or a TCX program is attached.
+    pub ebpf: bool,
+    /// Names of attached TC BPF filters (sorted, unique; unnamed classic filters count for
+    /// [`LinkRecord::ebpf`] only).
+    pub tc_filter_names: Vec<String>,
+    /// Names of attached TCX programs (sorted, unique).
+    pub tcx_program_names: Vec<String>,
 }
 
 /// The links of a netns and which of them carry the node's default routes (uplinks, with their
@@ -58,6 +65,8 @@ pub struct LinkRecord {
 pub struct NetScan {
     pub links: Vec<LinkRecord>,
     pub uplinks: BTreeSet<u32>,
+    /// Policy-routing rules that look up a table other than main, local or default.
+    pub rules: Vec<RuleConfig>,
 }
 
 /// Which network namespace to read.
@@ -150,6 +159,24 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
         .await
         .map_err(nl_err("IPv6 route dump"))?;
     routes.extend(v6);
+    let mut rules: Vec<RuleMessage> = Vec::new();
+    for v in [IpVersion::V4, IpVersion::V6] {
+        let part: Vec<RuleMessage> = handle
+            .rule()
+            .get(v)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl_err("rule dump"))?;
+        rules.extend(part);
+    }
+    let neighbours: Vec<NeighbourMessage> = handle
+        .neighbours()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl_err("neighbour dump"))?;
 
     let mut records: Vec<LinkRecord> = links.iter().map(link_record).collect();
     let mut by_index: BTreeMap<u32, (Vec<String>, Vec<String>)> = BTreeMap::new();
@@ -174,20 +201,31 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
         }
     }
     for route in &routes {
-        if let Some((oif, rc)) = copyable_route(route)
+        if let Some((oif, rc)) = super::host_state::copyable_route(route)
             && let Some(r) = records.iter_mut().find(|r| r.index == oif)
         {
             r.routes.push(rc);
         }
     }
-    let uplinks = uplinks(&records, &routes);
+    for n in &neighbours {
+        if let Some(nc) = super::host_state::permanent_neighbor(n)
+            && let Some(r) = records.iter_mut().find(|r| r.index == n.header.ifindex)
+        {
+            r.neighbors.push(nc);
+        }
+    }
+    for r in records.iter_mut().filter(|r| !r.loopback) {
+        super::tc::ebpf_programs(handle, r).await;
+    }
+    let uplinks = super::host_state::uplinks(&records, &routes);
     Ok(NetScan {
         links: records,
         uplinks,
+        rules: rules.iter().filter_map(super::host_state::table_rule).collect(),
     })
 }
 
-fn mac_string(bytes: &[u8]) -> Option<String> {
+pub(super) fn mac_string(bytes: &[u8]) -> Option<String> {
     (!bytes.is_empty() && bytes.iter().any(|b| *b != 0)).then(|| {
         bytes
             .iter()
@@ -303,104 +341,6 @@ pub fn capped_join(items: &[String]) -> String {
     out
 }
 
-fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
-    match a {
-        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
-        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
-        _ => None,
-    }
-}
-
-/// A single-path unicast route worth copying into the pod, with its output interface.
-fn copyable_route(r: &RouteMessage) -> Option<(u32, RouteConfig)> {
-    if r.header.kind != RouteType::Unicast {
-        return None;
-    }
-    let mut table = u32::from(r.header.table);
-    let (mut dst, mut gw, mut src, mut oif) = (None, None, None, None);
-    for a in &r.attributes {
-        match a {
-            RouteAttribute::Table(t) => table = *t,
-            RouteAttribute::Destination(d) => dst = route_ip(d),
-            RouteAttribute::Gateway(g) => gw = route_ip(g),
-            RouteAttribute::PrefSource(p) => src = route_ip(p),
-            RouteAttribute::Oif(i) => oif = Some(*i),
-            _ => {}
-        }
-    }
-    let dst = dst?;
-    if table == LOCAL_TABLE {
-        return None;
-    }
-    if let IpAddr::V6(v6) = dst
-        && ((v6.segments()[0] & 0xffc0) == 0xfe80 || r.header.protocol == RouteProtocol::Kernel)
-    {
-        return None;
-    }
-    Some((
-        oif?,
-        RouteConfig {
-            destination: format!("{dst}/{}", r.header.destination_prefix_length),
-            gateway: gw.map(|g| g.to_string()).unwrap_or_default(),
-            source: src.map(|s| s.to_string()).unwrap_or_default(),
-            scope: u8::from(r.header.scope),
-            table: if table == MAIN_TABLE { 0 } else { i64::from(table) },
-        },
-    ))
-}
-
-/// Holders of the lowest-metric default route per family in the main table (ECMP ties and
-/// multipath next-hops included), plus all their master descendants (bond slaves, bridge
-/// ports…). macvlan/ipvlan children are not descendants (they have a parent, not a master).
-fn uplinks(links: &[LinkRecord], routes: &[RouteMessage]) -> BTreeSet<u32> {
-    let mut best: BTreeMap<u8, (u32, BTreeSet<u32>)> = BTreeMap::new();
-    for r in routes {
-        if r.header.destination_prefix_length != 0 || r.header.kind != RouteType::Unicast {
-            continue;
-        }
-        let mut table = u32::from(r.header.table);
-        let mut metric = 0;
-        let mut oifs = BTreeSet::new();
-        for a in &r.attributes {
-            match a {
-                RouteAttribute::Table(t) => table = *t,
-                RouteAttribute::Priority(p) => metric = *p,
-                RouteAttribute::Oif(i) => {
-                    oifs.insert(*i);
-                }
-                RouteAttribute::MultiPath(hops) => oifs.extend(hops.iter().map(|h| h.interface_index)),
-                _ => {}
-            }
-        }
-        if table != MAIN_TABLE || oifs.is_empty() {
-            continue;
-        }
-        let fam = match r.header.address_family {
-            AddressFamily::Inet => 4,
-            AddressFamily::Inet6 => 6,
-            _ => continue,
-        };
-        let e = best.entry(fam).or_insert((metric, BTreeSet::new()));
-        if metric < e.0 {
-            *e = (metric, oifs);
-        } else if metric == e.0 {
-            e.1.extend(oifs);
-        }
-    }
-    let mut set: BTreeSet<u32> = best.into_values().flat_map(|(_, s)| s).collect();
-    loop {
-        let before = set.len();
-        for l in links {
-            if l.master.is_some_and(|m| set.contains(&m)) {
-                set.insert(l.index);
-            }
-        }
-        if set.len() == before {
-            return set;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,107 +373,5 @@ mod tests {
         assert!(s.split(',').all(|e| items.contains(&e.to_owned())));
         assert_eq!(capped_join(&["a".into(), "b".into()]), "a,b");
         assert_eq!(capped_join(&[]), "");
-    }
-
-    #[test]
-    fn copyable_routes_follow_upstreams_filter() {
-        use netlink_packet_route::route::{RouteHeader, RouteScope};
-        use std::net::{Ipv4Addr, Ipv6Addr};
-        let mk = |dst: Option<IpAddr>, len: u8, table: u8, proto: RouteProtocol| {
-            let mut m = RouteMessage::default();
-            m.header = RouteHeader {
-                address_family: if dst.is_some_and(|d| d.is_ipv6()) {
-                    AddressFamily::Inet6
-                } else {
-                    AddressFamily::Inet
-                },
-                destination_prefix_length: len,
-                table,
-                protocol: proto,
-                scope: RouteScope::Universe,
-                kind: RouteType::Unicast,
-                ..RouteHeader::default()
-            };
-            m.attributes.push(RouteAttribute::Oif(7));
-            if let Some(d) = dst {
-                m.attributes.push(RouteAttribute::Destination(d.into()));
-            }
-            m.attributes.push(RouteAttribute::Gateway(
-                IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)).into(),
-            ));
-            m
-        };
-        let v4 = Some(IpAddr::V4(Ipv4Addr::new(10, 1, 0, 0)));
-        let (oif, rc) = copyable_route(&mk(v4, 16, 254, RouteProtocol::Boot)).unwrap();
-        assert_eq!(oif, 7);
-        assert_eq!(rc.destination, "10.1.0.0/16");
-        assert_eq!(rc.gateway, "10.0.0.1");
-        assert_eq!(rc.table, 0);
-        assert_eq!(
-            copyable_route(&mk(v4, 16, 100, RouteProtocol::Boot))
-                .unwrap()
-                .1
-                .table,
-            100
-        );
-        assert!(
-            copyable_route(&mk(None, 0, 254, RouteProtocol::Boot)).is_none(),
-            "default route"
-        );
-        assert!(
-            copyable_route(&mk(v4, 16, 255, RouteProtocol::Boot)).is_none(),
-            "local table"
-        );
-        let ll = Some(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)));
-        assert!(copyable_route(&mk(ll, 64, 254, RouteProtocol::Boot)).is_none());
-        let v6 = Some(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0)));
-        assert!(copyable_route(&mk(v6, 64, 254, RouteProtocol::Kernel)).is_none());
-        assert!(copyable_route(&mk(v6, 64, 254, RouteProtocol::Static)).is_some());
-        assert!(copyable_route(&mk(v4, 24, 254, RouteProtocol::Kernel)).is_some());
-    }
-
-    #[test]
-    fn uplinks_follow_lowest_metric_and_masters() {
-        use netlink_packet_route::route::RouteHeader;
-        let mk = |oif: u32, metric: u32| {
-            let mut m = RouteMessage::default();
-            m.header = RouteHeader {
-                address_family: AddressFamily::Inet,
-                table: 254,
-                kind: RouteType::Unicast,
-                ..RouteHeader::default()
-            };
-            m.attributes = vec![RouteAttribute::Oif(oif), RouteAttribute::Priority(metric)];
-            m
-        };
-        let links = vec![
-            LinkRecord {
-                index: 2,
-                ..Default::default()
-            },
-            LinkRecord {
-                index: 3,
-                master: Some(2),
-                ..Default::default()
-            },
-            LinkRecord {
-                index: 4,
-                master: Some(3),
-                ..Default::default()
-            },
-            LinkRecord {
-                index: 5,
-                ..Default::default()
-            },
-            LinkRecord {
-                index: 6,
-                ..Default::default()
-            },
-        ];
-        let set = uplinks(&links, &[mk(5, 200), mk(2, 100)]);
-        assert_eq!(set, BTreeSet::from([2, 3, 4]));
-        let set = uplinks(&links, &[mk(5, 100), mk(6, 100)]);
-        assert_eq!(set, BTreeSet::from([5, 6]));
-        assert!(uplinks(&links, &[]).is_empty());
     }
 }

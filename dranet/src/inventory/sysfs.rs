@@ -269,19 +269,43 @@ pub struct PciIds {
 }
 
 impl PciIds {
-    /// Loads the first readable of the usual locations; empty if none.
+    /// Loads `$PCIDB_PATH/pci.ids` (as upstream exports it) or the first readable of the usual
+    /// locations; without any, a small built-in table of common NIC vendors.
     #[must_use]
     pub fn load_default() -> Self {
-        for p in [
+        let env = std::env::var_os("PCIDB_PATH").map(|d| PathBuf::from(d).join("pci.ids"));
+        let usual = [
             "/usr/share/hwdata/pci.ids",
             "/usr/share/misc/pci.ids",
             "/usr/share/pci.ids",
-        ] {
-            if let Ok(text) = fs::read_to_string(p) {
+        ];
+        for p in env.into_iter().chain(usual.iter().map(PathBuf::from)) {
+            if let Ok(text) = fs::read_to_string(&p) {
                 return Self::parse(&text);
             }
         }
-        Self::default()
+        Self::builtin()
+    }
+
+    /// Vendor names (as `pci.ids` spells them) of common NIC vendors; no device names.
+    #[must_use]
+    pub fn builtin() -> Self {
+        const VENDORS: [(&str, &str); 8] = [
+            ("8086", "Intel Corporation"),
+            ("15b3", "Mellanox Technologies"),
+            ("14e4", "Broadcom Inc. and subsidiaries"),
+            ("1d0f", "Amazon.com, Inc."),
+            ("1ae0", "Google, Inc."),
+            ("1af4", "Red Hat, Inc."),
+            ("10de", "NVIDIA Corporation"),
+            ("1414", "Microsoft Corporation"),
+        ];
+        let mut ids = Self::default();
+        for (id, name) in VENDORS {
+            ids.vendors
+                .insert(id.to_owned(), (name.to_owned(), BTreeMap::new()));
+        }
+        ids
     }
 
     /// Parses the `pci.ids` format (vendor lines, tab-indented device lines).

@@ -138,6 +138,12 @@ fn netscan() -> NetScan {
     let mut ens1 = rec(2, "ens1", "device");
     ens1.ipv4 = vec!["192.168.10.2/24".into()];
     ens1.perm_mac = Some("b8:ce:f6:00:00:01".into());
+    ens1.routes = vec![crate::config::RouteConfig {
+        destination: "10.20.0.0/16".into(),
+        gateway: "192.168.10.1".into(),
+        table: 100,
+        ..Default::default()
+    }];
     let mut eth0 = rec(5, "eth0", "device");
     eth0.ipv4 = vec!["10.0.0.5/24".into()];
     let mut slave = rec(7, "bondslave", "veth");
@@ -155,12 +161,26 @@ fn netscan() -> NetScan {
             rec(10, "ens1v0", "device"),
         ],
         uplinks: [5, 7].into(),
+        rules: vec![
+            crate::config::RuleConfig {
+                priority: 100,
+                source: "192.168.10.0/24".into(),
+                table: 100,
+                ..Default::default()
+            },
+            crate::config::RuleConfig {
+                priority: 200,
+                table: 200,
+                ..Default::default()
+            },
+        ],
     }
 }
 
 fn opts(fx: &Fixture) -> ScanOptions {
     ScanOptions {
         sysfs: Sysfs::new(&fx.root),
+        pci_ids: PciIds::default(),
         ..ScanOptions::default()
     }
 }
@@ -262,6 +282,8 @@ fn devices_merge_pci_rdma_and_netdevs() {
     assert_eq!(nic.rdma_device.as_deref(), Some("mlx5_0"));
     assert_eq!(nic.char_devices.len(), 4);
     assert_eq!(nic.addresses, ["192.168.10.2/24"]);
+    assert_eq!(nic.rules.len(), 1, "only rules for the tables of its routes");
+    assert_eq!(nic.rules[0].table, 100);
     assert_eq!(nic.mtu, Some(1500));
     assert_eq!(nic.pf_mtu, None);
 
@@ -313,6 +335,15 @@ fn pci_ids_names_are_used() {
     let nic = devs.iter().find(|d| d.name == "pci-0000-10-1b-0").unwrap();
     assert_eq!(nic.attributes[attr::PCI_VENDOR], s("Mellanox Technologies"));
     assert_eq!(nic.attributes[attr::PCI_DEVICE], s("MT28908 Family [ConnectX-6]"));
+}
+
+#[test]
+fn builtin_vendor_names() {
+    let ids = PciIds::builtin();
+    assert_eq!(ids.vendor("15b3"), Some("Mellanox Technologies"));
+    assert_eq!(ids.vendor("1d0f"), Some("Amazon.com, Inc."));
+    assert_eq!(ids.vendor("abcd"), None);
+    assert_eq!(ids.device("15b3", "101b"), None);
 }
 
 #[test]

@@ -8,6 +8,8 @@
 
 mod dir;
 mod kube_api;
+mod metrics;
+mod run;
 
 use std::collections::BTreeMap;
 
@@ -16,6 +18,10 @@ use serde::{Deserialize, Serialize};
 
 pub use dir::DirPublisher;
 pub use kube_api::KubePublisher;
+pub use metrics::SliceMetrics;
+pub use run::{
+    DEFAULT_MAX_INTERVAL, DEFAULT_MIN_INTERVAL, LoopTiming, RescanHandle, link_events, publish_loop,
+};
 
 use crate::inventory::{AttrValue, Device};
 
@@ -226,6 +232,7 @@ pub struct SliceController<P: Publisher> {
     node: String,
     generation: Option<i64>,
     last: Option<Vec<Device>>,
+    metrics: Option<SliceMetrics>,
 }
 
 impl<P: Publisher> SliceController<P> {
@@ -236,7 +243,15 @@ impl<P: Publisher> SliceController<P> {
             node: node.into(),
             generation: None,
             last: None,
+            metrics: None,
         }
+    }
+
+    /// Records publications in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: SliceMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     #[must_use]
@@ -271,11 +286,16 @@ impl<P: Publisher> SliceController<P> {
         let owner = self.publisher.owner().await;
         let slices = build_slices(&self.driver, &self.node, generation, owner.as_ref(), devices);
         self.publisher.publish(&slices).await?;
+        if let Some(m) = &self.metrics {
+            m.published(devices);
+        }
         self.generation = Some(generation);
         self.last = Some(devices.to_vec());
         Ok(())
     }
 }
 
+#[cfg(test)]
+pub(crate) mod kube_mock;
 #[cfg(test)]
 mod tests;

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use super::*;
 
 fn devices(n: usize) -> Vec<Device> {
@@ -112,9 +114,13 @@ async fn controller_republishes_on_change_into_a_dir() {
     // A foreign file in the same dir is left alone.
     std::fs::create_dir_all(&dir.0).unwrap();
     std::fs::write(dir.0.join("other-node-dra.net-0.json"), "{}").unwrap();
-    let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
+    let metrics = SliceMetrics::default();
+    let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a").with_metrics(metrics.clone());
 
     assert!(ctl.update(&devices(130)).await.unwrap());
+    assert_eq!(metrics.devices("total"), 130);
+    assert_eq!(metrics.devices("rdma"), 0);
+    assert!(metrics.last_published() > 1.0e9);
     let files = publisher.read_all().unwrap();
     assert_eq!(files.len(), 2);
     assert_eq!(files[0].spec.devices.len(), 128);
@@ -135,4 +141,153 @@ async fn controller_republishes_on_change_into_a_dir() {
     let mut again = SliceController::new(publisher.clone(), "dra.net", "node-a");
     assert!(again.update(&devices(5)).await.unwrap());
     assert_eq!(again.generation(), Some(3));
+}
+
+#[tokio::test]
+async fn kube_publisher_applies_owns_and_prunes() {
+    use super::kube_mock::{client, status};
+    use serde_json::json;
+    let (client, log) = client(
+        |req| match (req.method.as_str(), req.uri.split('?').next().unwrap_or("")) {
+            ("GET", "/api/v1/nodes/node-a") => (
+                200,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "uid": "node-uid"}}),
+            ),
+            ("GET", "/apis/resource.k8s.io/v1/resourceslices") => (
+                200,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
+                "items": [
+                  {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                   "metadata": {"name": "node-a-dra.net-0"}, "spec": {"pool": {"generation": 4}}},
+                  {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                   "metadata": {"name": "node-a-dra.net-5"}, "spec": {"pool": {"generation": 4}}}
+                ]}),
+            ),
+            ("PATCH", _) => (200, req.body.clone()),
+            ("DELETE", p) if p.ends_with("node-a-dra.net-5") => (
+                200,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-a-dra.net-5"}}),
+            ),
+            _ => (404, status(404, "NotFound")),
+        },
+    );
+    let publisher = KubePublisher::new(client, "dra.net", "node-a");
+    let mut ctl = SliceController::new(publisher, "dra.net", "node-a");
+    ctl.publish(&devices(3)).await.unwrap();
+    assert_eq!(
+        ctl.generation(),
+        Some(5),
+        "continues above the published generation"
+    );
+
+    let log = log.lock().unwrap();
+    let lists: Vec<_> = log
+        .iter()
+        .filter(|r| r.method == "GET" && r.uri.contains("resourceslices"))
+        .collect();
+    assert!(!lists.is_empty());
+    assert!(
+        lists[0]
+            .uri
+            .contains("fieldSelector=spec.nodeName%3Dnode-a%2Cspec.driver%3Ddra.net"),
+        "{}",
+        lists[0].uri
+    );
+    let patches: Vec<_> = log.iter().filter(|r| r.method == "PATCH").collect();
+    assert_eq!(patches.len(), 1);
+    assert!(
+        patches[0]
+            .uri
+            .starts_with("/apis/resource.k8s.io/v1/resourceslices/node-a-dra.net-0?")
+    );
+    assert!(
+        patches[0].uri.contains("fieldManager=dra.net"),
+        "{}",
+        patches[0].uri
+    );
+    assert!(patches[0].uri.contains("force=true"), "{}", patches[0].uri);
+    let body = &patches[0].body;
+    assert_eq!(body["spec"]["pool"]["generation"], 5);
+    assert_eq!(body["spec"]["devices"].as_array().unwrap().len(), 3);
+    assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "node-uid");
+    assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "Node");
+    let deletes: Vec<&str> = log
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| r.uri.as_str())
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(deletes[0].starts_with("/apis/resource.k8s.io/v1/resourceslices/node-a-dra.net-5"));
+}
+
+#[tokio::test]
+async fn publish_loop_rescans_on_request_and_forces_republish() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    let dir = RmDir(tmpdir("loop"));
+    let publisher = DirPublisher::new(&dir.0, "dra.net", "node-a");
+    let ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
+    let scans = Arc::new(AtomicUsize::new(0));
+    let count = Arc::new(AtomicUsize::new(3));
+    let (s2, c2) = (scans.clone(), count.clone());
+    let scan = move || {
+        s2.fetch_add(1, Ordering::SeqCst);
+        Ok(devices(c2.load(Ordering::SeqCst)))
+    };
+    let inv = crate::inventory::SharedInventory::default();
+    let handle = RescanHandle::new();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let timing = LoopTiming {
+        min_interval: Duration::from_millis(10),
+        max_interval: Duration::from_secs(3600),
+    };
+    let task = tokio::spawn(publish_loop(
+        scan,
+        inv.clone(),
+        ctl,
+        handle.clone(),
+        timing,
+        stop_rx,
+    ));
+    let wait_gen = |g: i64| {
+        let publisher = publisher.clone();
+        async move {
+            for _ in 0..200 {
+                if publisher
+                    .read_all()
+                    .unwrap()
+                    .first()
+                    .map(|s| s.spec.pool.generation)
+                    == Some(g)
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("generation {g} never published");
+        }
+    };
+    wait_gen(1).await;
+    assert_eq!(inv.snapshot().len(), 3);
+    count.store(5, Ordering::SeqCst);
+    handle.request_rescan();
+    wait_gen(2).await;
+    assert_eq!(publisher.read_all().unwrap()[0].spec.devices.len(), 5);
+    // No change: a rescan does not publish; a forced one does.
+    handle.request_rescan();
+    let before = scans.load(Ordering::SeqCst);
+    for _ in 0..200 {
+        if scans.load(Ordering::SeqCst) > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(publisher.read_all().unwrap()[0].spec.pool.generation, 2);
+    handle.request_republish();
+    wait_gen(3).await;
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }

@@ -370,3 +370,19 @@ fn mac_forms() {
     assert!(!is_valid_mac("02:42-ac:11:00:02"));
     assert!(!is_valid_mac("0242.ac11"));
 }
+
+#[test]
+fn null_means_zero_value_like_go() {
+    let cfg = parse_and_validate(
+        br#"{"interface": null, "routes": null, "rules": null, "neighbors": null, "ethtool": null, "profile": null}"#,
+    )
+    .unwrap();
+    assert_eq!(cfg, NetworkConfig::default());
+    let cfg = parse_and_validate(
+        br#"{"interface": {"addresses": null, "name": null}, "routes": [{"destination": "10.0.0.0/8", "scope": 253, "gateway": null, "table": null}]}"#,
+    )
+    .unwrap();
+    assert!(cfg.interface.addresses.is_empty());
+    assert_eq!(cfg.routes[0].table, 0);
+    assert_eq!(cfg.routes[0].gateway, "");
+}

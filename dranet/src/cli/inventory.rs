@@ -1,0 +1,98 @@
+//! `dranet inventory`: scans the node (or a netns) once and prints the devices, or the
+//! ResourceSlices that would be published, as JSON. Read-only.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde_json::json;
+
+use crate::inventory::{self, Filter, NetnsTarget, PciIds, ScanOptions, Sysfs};
+use crate::slices::{self, DEFAULT_DRIVER};
+
+/// Arguments of `dranet inventory`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct InventoryArgs {
+    /// sysfs root for the PCI/RDMA parts.
+    #[arg(long, default_value = "/sys")]
+    pub sysfs: PathBuf,
+    /// Scan the netdevs of this netns file instead of the current netns.
+    #[arg(long, value_name = "PATH")]
+    pub netns: Option<PathBuf>,
+    /// CEL filter over device attributes (empty: none).
+    #[arg(long, default_value = inventory::DEFAULT_FILTER)]
+    pub filter: String,
+    /// Skip IPoIB netdevs (expose their devices as RDMA-only).
+    #[arg(long)]
+    pub no_move_ib_interfaces: bool,
+    /// Print ResourceSlices instead of devices.
+    #[arg(long)]
+    pub slices: bool,
+    /// Node (pool) name for --slices; default: the host name.
+    #[arg(long)]
+    pub node: Option<String>,
+    #[arg(long, default_value = DEFAULT_DRIVER)]
+    pub driver: String,
+}
+
+/// Runs the subcommand.
+#[must_use]
+pub fn main(args: &InventoryArgs) -> ExitCode {
+    let filter = match Filter::compile(&args.filter) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = ScanOptions {
+        sysfs: Sysfs::new(&args.sysfs),
+        netns: args.netns.clone().map_or(NetnsTarget::Current, NetnsTarget::Path),
+        move_ib_interfaces: !args.no_move_ib_interfaces,
+        pci_ids: PciIds::load_default(),
+        filter,
+    };
+    let devices = match inventory::scan(&opts) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("inventory scan failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let out = if args.slices {
+        let node = args.node.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default()
+        });
+        serde_json::to_value(slices::build_slices(&args.driver, &node, 1, None, &devices))
+    } else {
+        Ok(serde_json::Value::Array(
+            devices
+                .iter()
+                .map(|d| {
+                    json!({
+                        "name": d.name,
+                        "attributes": d.attributes,
+                        "ifName": d.ifname,
+                        "pciAddress": d.pci_address,
+                        "rdmaDevice": d.rdma_device,
+                        "charDevices": d.char_devices,
+                    })
+                })
+                .collect(),
+        ))
+    };
+    match out.and_then(|v| serde_json::to_string_pretty(&v)) {
+        Ok(s) => {
+            use std::io::Write as _;
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = writeln!(std::io::stdout(), "{s}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! `dranet validate-config`: checks an opaque device config (the `parameters` of a claim or
+//! class config for driver `dra.net`) with the same rules as Prepare. Prints the normalised
+//! config (defaults applied) on success, one error per line otherwise.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::config::{self, ConfigError};
+
+/// Arguments of `dranet validate-config`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ValidateConfigArgs {
+    /// JSON file with the config, or `-` for stdin.
+    #[arg(value_name = "FILE", default_value = "-")]
+    pub file: PathBuf,
+    /// Also apply the rules for devices without a netdev (RDMA-only).
+    #[arg(long)]
+    pub rdma_only: bool,
+}
+
+/// Runs the subcommand.
+#[must_use]
+pub fn main(args: &ValidateConfigArgs) -> ExitCode {
+    let raw = if args.file.as_os_str() == "-" {
+        let mut v = Vec::new();
+        std::io::stdin().read_to_end(&mut v).map(|_| v)
+    } else {
+        std::fs::read(&args.file)
+    };
+    let raw = match raw {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("reading {}: {e}", args.file.display());
+            return ExitCode::from(2);
+        }
+    };
+    match check(&raw, args.rdma_only) {
+        Ok(normalised) => {
+            println!("{normalised}");
+            ExitCode::SUCCESS
+        }
+        Err(lines) => {
+            for l in lines {
+                eprintln!("{l}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The normalised JSON, or the error lines.
+pub fn check(raw: &[u8], rdma_only: bool) -> Result<String, Vec<String>> {
+    let lines = |e: ConfigError| match &e {
+        ConfigError::Invalid { errors } => errors.iter().map(ToString::to_string).collect(),
+        ConfigError::Json { .. } => vec![e.to_string()],
+    };
+    let cfg = config::parse_and_validate(raw).map_err(lines)?;
+    if rdma_only {
+        config::validate_rdma_only(&cfg).map_err(lines)?;
+    }
+    serde_json::to_string_pretty(&cfg).map_err(|e| vec![e.to_string()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check;
+
+    #[test]
+    fn reports_each_error_on_its_own_line() {
+        let errs = check(br#"{"interface": {"mtu": 1, "name": "a/b"}}"#, false).unwrap_err();
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(errs.iter().any(|e| e.starts_with("interface.mtu:")));
+        let ok = check(br#"{"interface": {"vrf": {"name": "v"}}}"#, false).unwrap();
+        assert!(ok.contains("\"table\""), "defaults applied: {ok}");
+        assert!(check(br#"{"interface": {"name": "x"}}"#, true).is_err());
+        assert!(check(br#"{"interface": {"name": "x"}}"#, false).is_ok());
+    }
+}

@@ -1,0 +1,149 @@
+//! The publish loop: rescan the inventory when asked (rtnetlink link events, Prepare misses,
+//! kubelet re-registration) or every `max_interval`, at most once per `min_interval`, and
+//! re-publish the slices when the devices changed (always, when a re-publish was forced).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rtnetlink::MulticastGroup;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::{Publisher, SliceController};
+use crate::inventory::{Device, InventoryError, SharedInventory};
+
+/// Upstream's `--inventory-min-poll-interval` / `--inventory-max-poll-interval` defaults.
+pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(2);
+pub const DEFAULT_MAX_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Asks the loop for a rescan; cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct RescanHandle {
+    notify: Arc<Notify>,
+    force: Arc<AtomicBool>,
+}
+
+impl RescanHandle {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rescan soon; publish if something changed.
+    pub fn request_rescan(&self) {
+        self.notify.notify_one();
+    }
+
+    /// Rescan soon and publish even if nothing changed (kubelet wiped the slices).
+    pub fn request_republish(&self) {
+        self.force.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+}
+
+/// Timing of the loop.
+#[derive(Clone, Copy, Debug)]
+pub struct LoopTiming {
+    pub min_interval: Duration,
+    pub max_interval: Duration,
+}
+
+impl Default for LoopTiming {
+    fn default() -> Self {
+        Self {
+            min_interval: DEFAULT_MIN_INTERVAL,
+            max_interval: DEFAULT_MAX_INTERVAL,
+        }
+    }
+}
+
+/// Runs until `shutdown` turns true. `scan` is blocking (it runs on the blocking pool).
+pub async fn publish_loop<P, S>(
+    scan: S,
+    inventory: SharedInventory,
+    mut controller: SliceController<P>,
+    handle: RescanHandle,
+    timing: LoopTiming,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    P: Publisher,
+    S: Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync + 'static,
+{
+    let scan = Arc::new(scan);
+    let mut last_scan: Option<Instant> = None;
+    loop {
+        if let Some(t) = last_scan {
+            // Rate limit, then wait for a request or the periodic rescan.
+            let earliest = t + timing.min_interval;
+            tokio::select! {
+                () = tokio::time::sleep_until(earliest) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            tokio::select! {
+                () = handle.notify.notified() => {}
+                () = tokio::time::sleep_until(t + timing.max_interval) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+        last_scan = Some(Instant::now());
+        let s = scan.clone();
+        let devices = match tokio::task::spawn_blocking(move || s()).await {
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "inventory scan failed");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "inventory scan task failed");
+                continue;
+            }
+        };
+        inventory.replace(devices.clone());
+        let force = handle.force.swap(false, Ordering::SeqCst);
+        let res = if force {
+            controller.publish(&devices).await.map(|()| true)
+        } else {
+            controller.update(&devices).await
+        };
+        match res {
+            Ok(true) => tracing::info!(
+                devices = devices.len(),
+                generation = controller.generation().unwrap_or_default(),
+                "published ResourceSlices"
+            ),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "publishing ResourceSlices failed; retrying at the next scan");
+                handle.force.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// Requests a rescan on every host link change (RTNLGRP_LINK), until `shutdown`.
+pub async fn link_events(
+    handle: RescanHandle,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), InventoryError> {
+    let (conn, _h, mut messages) =
+        rtnetlink::new_multicast_connection(&[MulticastGroup::Link]).map_err(|source| {
+            InventoryError::Io {
+                what: "rtnetlink link monitor",
+                source,
+            }
+        })?;
+    let task = tokio::spawn(conn);
+    loop {
+        tokio::select! {
+            m = messages.next() => match m {
+                Some(_) => handle.request_rescan(),
+                None => break,
+            },
+            _ = shutdown.wait_for(|s| *s) => break,
+        }
+    }
+    task.abort();
+    Ok(())
+}
