@@ -3,12 +3,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod inventory;
 pub mod release_all;
 pub mod run;
 mod run_nri;
 mod run_sides;
 pub mod status;
-pub mod inventory;
 pub mod trace;
 pub mod validate_config;
 

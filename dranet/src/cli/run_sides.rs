@@ -225,21 +225,36 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             )),
             (None, None) => anyhow::bail!("no place to publish ResourceSlices"),
         };
-        let mut slices = SliceController::new(publisher, args.driver_name.clone(), args.node_name.clone());
+        let slice_metrics = crate::slices::SliceMetrics::default();
+        slice_metrics.register(registry);
+        let mut slices = SliceController::new(publisher, args.driver_name.clone(), args.node_name.clone())
+            .with_metrics(slice_metrics);
         slices
             .update(&devices)
             .await
             .context("publishing ResourceSlices")?;
         let (inv, eng, opts) = (inventory.clone(), engine.clone(), scan_opts.clone());
+        let republish = Arc::new(tokio::sync::Notify::new());
+        let wake = republish.clone();
         sides.tasks.push(tokio::spawn(async move {
             let mut last: BTreeMap<String, Device> =
                 devices.into_iter().map(|d| (d.name.clone(), d)).collect();
             loop {
-                tokio::time::sleep(Duration::from_secs(10)).await;
+                // Rescan every 10 s; re-publish at once when kubelet (re)registers us (a
+                // restarted kubelet may have wiped the node's slices).
+                let forced = tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(10)) => false,
+                    () = wake.notified() => true,
+                };
                 match scan(&opts, &eng, &last).await {
                     Ok(devs) => {
                         inv.replace(devs.clone());
-                        if let Err(e) = slices.update(&devs).await {
+                        let r = if forced {
+                            slices.publish(&devs).await
+                        } else {
+                            slices.update(&devs).await.map(|_| ())
+                        };
+                        if let Err(e) = r {
                             warn!(error = %e, "re-publishing ResourceSlices");
                         }
                         last = devs.into_iter().map(|d| (d.name.clone(), d)).collect();
@@ -269,6 +284,9 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
         };
         let plugin = KubeletPlugin::start(&cfg, preparer).await?;
         info!(registration = %cfg.registration_socket().display(), dra = %cfg.dra_socket().display(), "kubelet plugin serving");
+        sides
+            .tasks
+            .push(plugin.on_registered(move || republish.notify_one()));
         let mut status = plugin.registration();
         let r = readiness.clone();
         sides.tasks.push(tokio::spawn(async move {

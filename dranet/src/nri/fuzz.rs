@@ -35,7 +35,9 @@ pub fn decode_stream(data: &[u8]) -> Summary {
         rest = &rest[take..];
         s.frames += 1;
         // Unknown connection ids are dropped, as the Go mux does.
-        let Some(d) = usize::try_from(conn).ok().and_then(|c| decoders.get_mut(c)) else { continue };
+        let Some(d) = usize::try_from(conn).ok().and_then(|c| decoders.get_mut(c)) else {
+            continue;
+        };
         d.push(payload);
         while let Some(m) = d.next_message() {
             match m {
@@ -93,7 +95,15 @@ mod tests {
         input.extend(frame(9, b"junk"));
         input.extend(frame(1, b));
         let s = decode_stream(&input);
-        assert_eq!(s, Summary { frames: 3, messages: 1, requests: 1, oversized: 0 });
+        assert_eq!(
+            s,
+            Summary {
+                frames: 3,
+                messages: 1,
+                requests: 1,
+                oversized: 0
+            }
+        );
     }
 
     #[test]
@@ -116,7 +126,11 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        let req = env::Request { method: "Synchronize".into(), payload: vec![0x0a, 0x02, 0x0a, 0x00].into(), ..Default::default() };
+        let req = env::Request {
+            method: "Synchronize".into(),
+            payload: vec![0x0a, 0x02, 0x0a, 0x00].into(),
+            ..Default::default()
+        };
         let valid = frame(1, &super::super::ttrpc::encode(3, 1, 0, &req.encode_to_vec()));
         for i in 0..20_000 {
             let mut input = if i % 2 == 0 { valid.clone() } else { Vec::new() };
@@ -130,7 +144,11 @@ mod tests {
                     input[at] = (next() & 0xff) as u8;
                 }
             }
-            let cut = if input.is_empty() { 0 } else { (next() as usize) % (input.len() + 1) };
+            let cut = if input.is_empty() {
+                0
+            } else {
+                (next() as usize) % (input.len() + 1)
+            };
             let _ = decode_stream(&input[..cut]);
         }
     }
