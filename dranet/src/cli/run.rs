@@ -30,59 +30,66 @@ pub struct RunArgs {
     #[arg(long, env = "NODE_NAME", alias = "hostname-override")]
     pub node_name: String,
     /// DRA driver name (as upstream dranet, so existing claims and DeviceClasses match).
-    #[arg(long, default_value = "dra.net")]
+    #[arg(long, env = "DRANET_DRIVER_NAME", default_value = "dra.net")]
     pub driver_name: String,
     /// kubelet root: registration socket in <dir>/plugins_registry, dra.sock in <dir>/plugins/<driver>.
-    #[arg(long, default_value = "/var/lib/kubelet")]
+    #[arg(long, env = "DRANET_KUBELET_ROOT_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_root_dir: PathBuf,
     /// The runtime's NRI socket (ignored when NRI_PLUGIN_SOCKET hands us a connected fd).
-    #[arg(long, default_value = "/var/run/nri/nri.sock")]
+    #[arg(long, env = "DRANET_NRI_SOCKET", default_value = "/var/run/nri/nri.sock")]
     pub nri_socket: PathBuf,
     /// NRI plugin name.
-    #[arg(long, default_value = "dranet")]
+    #[arg(long, env = "DRANET_NRI_PLUGIN_NAME", default_value = "dranet")]
     pub nri_plugin_name: String,
     /// NRI plugin index (two digits; orders plugins in the runtime).
-    #[arg(long, default_value = "00")]
+    #[arg(long, env = "DRANET_NRI_PLUGIN_INDEX", default_value = "00")]
     pub nri_plugin_index: String,
     /// Checkpoint and pins (keep it on tmpfs, shared with the host mount namespace).
-    #[arg(long, default_value = "/run/dranet")]
+    #[arg(long, env = "DRANET_STATE_DIR", default_value = "/run/dranet")]
     pub state_dir: PathBuf,
     /// /healthz and /metrics.
-    #[arg(long, default_value = "0.0.0.0:9177")]
+    #[arg(long, env = "DRANET_BIND_ADDRESS", default_value = "0.0.0.0:9177")]
     pub bind_address: String,
     /// CEL filter over device attributes; empty publishes every device (upstream default hides veth).
     #[arg(
         long,
+        env = "DRANET_FILTER",
         default_value = r#"!("dra.net/type" in attributes) || attributes["dra.net/type"].StringValue != "veth""#
     )]
     pub filter: String,
     /// Last resort for a physical NIC lost everywhere: PCI driver unbind/rebind through sysfs.
-    #[arg(long)]
+    #[arg(long, env = "DRANET_PCI_REBIND")]
     pub pci_rebind: bool,
     /// Write ResourceSlices as JSON files here instead of publishing them to the API server.
-    #[arg(long)]
+    #[arg(long, env = "DRANET_SLICES_DIR")]
     pub slices_dir: Option<PathBuf>,
     /// Read ResourceClaims from <dir>/<namespace>/<name>.json instead of the API server (no cluster:
     /// demos, the node simulator).
     #[arg(long, env = "DRANET_CLAIMS_DIR")]
     pub claims_dir: Option<PathBuf>,
     /// kubeconfig (default: in-cluster).
-    #[arg(long)]
+    #[arg(long, env = "DRANET_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Do not load the eBPF probes (rtnetlink + inotify only; the pins still protect devices).
-    #[arg(long)]
+    #[arg(long, env = "DRANET_NO_PROBES")]
     pub no_probes: bool,
     /// Do not connect to the runtime (tests, dry runs).
-    #[arg(long)]
+    #[arg(long, env = "DRANET_NO_NRI")]
     pub no_nri: bool,
     /// Do not serve kubelet (tests, dry runs).
-    #[arg(long)]
+    #[arg(long, env = "DRANET_NO_DRA")]
     pub no_dra: bool,
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(long, env = "DRANET_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// sysfs root (tests).
-    #[arg(long, default_value = "/sys", hide = true)]
+    #[arg(long, env = "DRANET_SYSFS", default_value = "/sys", hide = true)]
     pub sysfs: PathBuf,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ProbeLabels {
+    tier: String,
+    probe: String,
 }
 
 /// The daemon's health and metrics.
@@ -151,6 +158,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let sub = watcher.as_ref().map(Watcher::subscribe);
+    let probes = prometheus_client::metrics::family::Family::<
+        ProbeLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >::default();
+    if let Some(w) = &watcher {
+        for s in w.status() {
+            let active = matches!(s.state, crate::watch::ProbeState::Active);
+            probes
+                .get_or_create(&ProbeLabels {
+                    tier: format!("{:?}", s.tier),
+                    probe: s.name.to_owned(),
+                })
+                .set(i64::from(active));
+        }
+    }
     let opts = EngineOptions {
         state_dir: args.state_dir.clone(),
         pci_rebind: args.pci_rebind,
@@ -166,6 +188,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let mut registry = Registry::default();
     engine.metrics().register(&mut registry);
+    registry.register(
+        "dranet_probes_active",
+        "Kernel probes loaded, by tier and probe (1 = active)",
+        probes,
+    );
     let extra = super::run_sides::start(&args, &engine, &mut registry).await?;
     let status = Arc::new(Status {
         ready: AtomicBool::new(false),
@@ -184,6 +211,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     status.ready.store(true, Ordering::Relaxed);
     println!("dranet ready");
     wait_for_signal().await;
+    tokio::spawn(async {
+        wait_for_signal().await;
+        warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
     info!("stopping: pins stay, so running pods keep their devices and a restarted dranet re-adopts them");
     extra.stop().await;
     Ok(())
