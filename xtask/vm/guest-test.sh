@@ -32,11 +32,17 @@ case_trace() {
         return
     fi
     echo "VMINFO trace started after $(since "$t0")s"
+    sysctl -qw kernel.bpf_stats_enabled=1
     ip netns add vmt-trace
     ip link add vmt-a type veth peer name vmt-b
     ip link set vmt-b netns vmt-trace
     sleep 1
     ip netns del vmt-trace
+    bpftool prog show >"$OUT/bpf-progs.txt" 2>&1
+    grep -E -A1 'dranet_put_net|dranet_dev_netns' "$OUT/bpf-progs.txt" | tr '\n' ' ' | sed 's/^/VMINFO bpf /'
+    echo
+    echo "VMINFO kallsyms $(grep -w -E '__put_net|__dev_change_net_namespace' /proc/kallsyms | tr '\n' ' ')"
+    echo "VMINFO enabled_functions $(grep -E '__put_net|__dev_change_net_namespace' /sys/kernel/tracing/enabled_functions 2>&1 | tr '\n' ' ')"
     wait "$pid"
     status=$?
     probes=$(head -n 1 "$OUT/trace.json")
@@ -75,57 +81,66 @@ case_nic() {
 }
 
 # RDMA exclusive mode (7.3): rxe on eth2 into a netns with its NIC, back by hand, and back by
-# the kernel when the netns dies.
+# the kernel when the netns dies. Each step and the devices after it go to $OUT/rdma.log.
+rdma_step() {
+    local what=$1
+    shift
+    echo "== $what: $*" >>"$OUT/rdma.log"
+    if ! "$@" >>"$OUT/rdma.log" 2>&1; then
+        echo "   failed" >>"$OUT/rdma.log"
+        RDMA_FAILED="$what: $(tail -n 1 "$OUT/rdma.log")"
+        return 1
+    fi
+    {
+        echo "   host: $(rdma dev show 2>&1 | tr '\n' ' ')"
+        echo "   pod:  $(ip netns exec vmt-rdma rdma dev show 2>&1 | tr '\n' ' ')"
+    } >>"$OUT/rdma.log"
+}
+
+host_has_rxe() { rdma dev show 2>/dev/null | grep -q vmrxe0; }
+pod_has_rxe() { ip netns exec vmt-rdma rdma dev show 2>/dev/null | grep -q vmrxe0; }
+
 case_rdma() {
     local t0 mode
     t0=$(now)
+    RDMA_FAILED=""
     mode=$(rdma system show 2>&1)
     echo "VMINFO rdma system: $mode"
     if ! echo "$mode" | grep -q "netns exclusive"; then
         report FAIL rdma-exclusive "$t0" "not in exclusive mode: $mode"
         return
     fi
-    if ! rdma link add vmrxe0 type rxe netdev eth2 2>"$OUT/rdma.err"; then
-        report FAIL rdma-exclusive "$t0" "rdma link add: $(cat "$OUT/rdma.err")"
-        return
-    fi
     ip netns add vmt-rdma
     ip netns attach vmt-host 1
-    local step=""
-    {
-        ip link set eth2 netns vmt-rdma &&
-            rdma dev set vmrxe0 netns vmt-rdma &&
-            step=moved-in &&
-            ! rdma dev show | grep -q vmrxe0 &&
-            ip netns exec vmt-rdma rdma dev show | grep -q vmrxe0 &&
-            step=seen-in-pod &&
-            ip netns exec vmt-rdma rdma dev set vmrxe0 netns vmt-host &&
-            ip -n vmt-rdma link set eth2 netns 1 &&
-            rdma dev show | grep -q vmrxe0 &&
-            [ -e /sys/class/net/eth2 ] &&
-            step=back-by-hand &&
-            ip link set eth2 netns vmt-rdma &&
-            rdma dev set vmrxe0 netns vmt-rdma &&
-            ip netns del vmt-rdma &&
-            step=netns-deleted
-    } 2>"$OUT/rdma.err"
-    if [ "$step" = netns-deleted ]; then
-        for _ in $(seq 1 100); do
-            rdma dev show | grep -q vmrxe0 && [ -e /sys/class/net/eth2 ] && break
-            sleep 0.1
-        done
-        if rdma dev show | grep -q vmrxe0 && [ -e /sys/class/net/eth2 ]; then
-            step=back-by-kernel
-        fi
-    fi
-    rdma dev show >"$OUT/rdma-final.txt" 2>&1
-    if [ "$step" = back-by-kernel ]; then
-        report PASS rdma-exclusive "$t0" "moved in with eth2, back by hand, back by the kernel on netns death"
+    # shellcheck disable=SC2015
+    rdma_step add rdma link add vmrxe0 type rxe netdev eth2 &&
+        rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma &&
+        rdma_step check-in pod_has_rxe &&
+        rdma_step nic-in ip link set eth2 netns vmt-rdma &&
+        rdma_step check-rxe-survives-nic-move pod_has_rxe &&
+        rdma_step rdma-out ip netns exec vmt-rdma rdma dev set vmrxe0 netns vmt-host &&
+        rdma_step nic-out ip -n vmt-rdma link set eth2 netns 1 &&
+        rdma_step check-out host_has_rxe &&
+        rdma_step rdma-in-again rdma dev set vmrxe0 netns vmt-rdma &&
+        rdma_step nic-in-again ip link set eth2 netns vmt-rdma &&
+        rdma_step netns-del ip netns del vmt-rdma &&
+        rdma_step back-by-kernel wait_for_rxe_home
+    if [ -z "$RDMA_FAILED" ]; then
+        report PASS rdma-exclusive "$t0" "rxe moved into a netns and back with eth2 by hand, and back by the kernel on netns death"
     else
-        report FAIL rdma-exclusive "$t0" "stopped after '$step': $(tr '\n' ' ' <"$OUT/rdma.err" | cut -c 1-300)"
+        report FAIL rdma-exclusive "$t0" "$RDMA_FAILED (steps: $OUT/rdma.log)"
+        sed 's/^/VMINFO rdma.log /' "$OUT/rdma.log"
     fi
     ip netns del vmt-rdma 2>/dev/null
     ip netns del vmt-host 2>/dev/null
+}
+
+wait_for_rxe_home() {
+    for _ in $(seq 1 100); do
+        host_has_rxe && [ -e /sys/class/net/eth2 ] && return 0
+        sleep 0.1
+    done
+    return 1
 }
 
 for c in trace nic rdma; do

@@ -341,7 +341,7 @@ fn qemu_command(vmlinuz: &Path, initrd: &Path, out: &Path, log: &Path) -> Comman
     .args(["-device", "virtio-9p-pci,fsdev=out,mount_tag=out"]);
     for n in 0..3 {
         c.arg("-netdev")
-            .arg(format!("user,id=n{n},restrict=on"))
+            .arg(format!("user,id=n{n},restrict=on,ipv6=off"))
             .arg("-device")
             .arg(format!("virtio-net-pci,netdev=n{n}"));
     }
