@@ -189,12 +189,13 @@ async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
     })
     .await??;
     let start = Instant::now();
-    while !e
-        .checkpoint()
-        .pods
-        .get(&uid)
-        .is_some_and(|p| !p.has_devices_out())
-    {
+    let repaired = || {
+        e.checkpoint()
+            .pods
+            .get(&uid)
+            .is_some_and(|p| !p.has_devices_out())
+    };
+    while !repaired() {
         if start.elapsed() > Duration::from_secs(10) {
             bail!(
                 "no repair within 10 s: {:?}",

@@ -15,11 +15,18 @@ report() { echo "VMTEST $1 $2 $(since "$3")s $4"; }
 
 echo "VMINFO kernel $(uname -r) nics: $(ls /sys/class/net | tr '\n' ' ')"
 
-# Tier-B probes: dranet trace while a veth moves into a netns and the netns is deleted.
+# Tier-B probes: dranet trace while a veth moves into a netns and the netns is deleted (the
+# nsfs path: the last reference goes with the bind mount), then while a netns dies with its
+# only task (the exit path: free_nsproxy -> put_net).
+released_count() { grep -c '"kind":"netns_released"' "$OUT/trace.json"; }
+put_net_runs() {
+    bpftool prog show name dranet_put_net 2>/dev/null | grep -o 'run_cnt [0-9]*' | awk '{ print $2 }' | grep . || echo 0
+}
+
 case_trace() {
-    local t0 pid status moving released probes state_move state_put
+    local t0 pid status moving rel_nsfs rel_exit probes state_move state_put runs_nsfs runs_exit
     t0=$(now)
-    "$DRANET" trace --json --duration 20 >"$OUT/trace.json" 2>"$OUT/trace.err" &
+    "$DRANET" trace --json --duration 25 >"$OUT/trace.json" 2>"$OUT/trace.err" &
     pid=$!
     for _ in $(seq 1 900); do
         [ -s "$OUT/trace.json" ] && break
@@ -38,29 +45,40 @@ case_trace() {
     ip link set vmt-b netns vmt-trace
     sleep 1
     ip netns del vmt-trace
-    bpftool prog show >"$OUT/bpf-progs.txt" 2>&1
-    grep -E -A1 'dranet_put_net|dranet_dev_netns' "$OUT/bpf-progs.txt" | tr '\n' ' ' | sed 's/^/VMINFO bpf /'
-    echo
-    echo "VMINFO kallsyms $(grep -w -E '__put_net|__dev_change_net_namespace' /proc/kallsyms | tr '\n' ' ')"
-    echo "VMINFO enabled_functions $(grep -E '__put_net|__dev_change_net_namespace' /sys/kernel/tracing/enabled_functions 2>&1 | tr '\n' ' ')"
+    sleep 2
+    rel_nsfs=$(released_count)
+    runs_nsfs=$(put_net_runs)
+    unshare -n true
+    sleep 2
+    rel_exit=$(($(released_count) - rel_nsfs))
+    runs_exit=$(($(put_net_runs) - runs_nsfs))
+    echo "VMINFO kallsyms $(grep -w -E '__put_net|netns_put|__dev_change_net_namespace' /proc/kallsyms | tr '\n' ' ')"
     wait "$pid"
     status=$?
     probes=$(head -n 1 "$OUT/trace.json")
     state_move=$(echo "$probes" | grep -o '"name":"dev_netns_move"[^}]*' | head -n 1)
     state_put=$(echo "$probes" | grep -o '"name":"netns_put"[^}]*' | head -n 1)
     moving=$(grep '"kind":"device_moving"' "$OUT/trace.json" | grep -c '"vmt-b"')
-    released=$(grep -c '"kind":"netns_released"' "$OUT/trace.json")
     echo "VMINFO probes dev_netns_move: $state_move"
     echo "VMINFO probes netns_put: $state_put"
-    local detail="device_moving(vmt-b)=$moving netns_released=$released exit=$status"
     if echo "$state_move$state_put" | grep -q '"state":"unsupported"'; then
         report SKIP trace-tier-b "$t0" "tier B unsupported on $(uname -r): $state_move | $state_put"
-    elif ! echo "$state_move" | grep -q '"state":"active"' || ! echo "$state_put" | grep -q '"state":"active"'; then
-        report FAIL trace-tier-b "$t0" "probes not active: $state_move | $state_put"
-    elif [ "$moving" -ge 1 ] && [ "$released" -ge 1 ] && [ "$status" -eq 0 ]; then
-        report PASS trace-tier-b "$t0" "$detail"
+        return
+    fi
+    if echo "$state_move" | grep -q '"state":"active"' && [ "$moving" -ge 1 ] && [ "$status" -eq 0 ]; then
+        report PASS trace-dev-netns-move "$t0" "device_moving(vmt-b)=$moving"
     else
-        report FAIL trace-tier-b "$t0" "$detail"
+        report FAIL trace-dev-netns-move "$t0" "device_moving(vmt-b)=$moving exit=$status $state_move"
+    fi
+    if echo "$state_put" | grep -q '"state":"active"' && [ "$rel_exit" -ge 1 ]; then
+        report PASS trace-netns-put-exit "$t0" "netns_released=$rel_exit (dranet_put_net ran $runs_exit times)"
+    else
+        report FAIL trace-netns-put-exit "$t0" "netns_released=$rel_exit (dranet_put_net ran $runs_exit times) $state_put"
+    fi
+    if echo "$state_put" | grep -q '"state":"active"' && [ "$rel_nsfs" -ge 1 ]; then
+        report PASS trace-netns-put-nsfs "$t0" "netns_released=$rel_nsfs (dranet_put_net ran $runs_nsfs times)"
+    else
+        report FAIL trace-netns-put-nsfs "$t0" "no netns_released for ip netns del: fentry __put_net ran $runs_nsfs times (netns_put -> put_net inlines __put_net in net_namespace.c [guess])"
     fi
 }
 
@@ -103,36 +121,50 @@ pod_has_rxe() { ip netns exec vmt-rdma rdma dev show 2>/dev/null | grep -q vmrxe
 case_rdma() {
     local t0 mode
     t0=$(now)
-    RDMA_FAILED=""
     mode=$(rdma system show 2>&1)
     echo "VMINFO rdma system: $mode"
     if ! echo "$mode" | grep -q "netns exclusive"; then
         report FAIL rdma-exclusive "$t0" "not in exclusive mode: $mode"
         return
     fi
-    ip netns add vmt-rdma
     ip netns attach vmt-host 1
-    # shellcheck disable=SC2015
+    # 1. The RDMA device alone: in, back by hand, in again, back by the kernel on netns death.
+    RDMA_FAILED=""
+    ip netns add vmt-rdma
     rdma_step add rdma link add vmrxe0 type rxe netdev eth2 &&
         rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma &&
         rdma_step check-in pod_has_rxe &&
-        rdma_step nic-in ip link set eth2 netns vmt-rdma &&
-        rdma_step check-rxe-survives-nic-move pod_has_rxe &&
         rdma_step rdma-out ip netns exec vmt-rdma rdma dev set vmrxe0 netns vmt-host &&
-        rdma_step nic-out ip -n vmt-rdma link set eth2 netns 1 &&
         rdma_step check-out host_has_rxe &&
         rdma_step rdma-in-again rdma dev set vmrxe0 netns vmt-rdma &&
-        rdma_step nic-in-again ip link set eth2 netns vmt-rdma &&
         rdma_step netns-del ip netns del vmt-rdma &&
         rdma_step back-by-kernel wait_for_rxe_home
     if [ -z "$RDMA_FAILED" ]; then
-        report PASS rdma-exclusive "$t0" "rxe moved into a netns and back with eth2 by hand, and back by the kernel on netns death"
+        report PASS rdma-exclusive "$t0" "vmrxe0 into a netns, back by hand, back by the kernel on netns death"
     else
         report FAIL rdma-exclusive "$t0" "$RDMA_FAILED (steps: $OUT/rdma.log)"
-        sed 's/^/VMINFO rdma.log /' "$OUT/rdma.log"
     fi
     ip netns del vmt-rdma 2>/dev/null
+    # 2. With its NIC, as dranet moves a RoCE device: RDMA device first, then the netdev.
+    t0=$(now)
+    RDMA_FAILED=""
+    ip netns add vmt-rdma
+    { host_has_rxe || rdma_step add-again rdma link add vmrxe0 type rxe netdev eth2; } &&
+        rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma &&
+        rdma_step nic-in ip link set eth2 netns vmt-rdma &&
+        rdma_step rxe-survives-its-netdev-move pod_has_rxe &&
+        rdma_step rdma-out ip netns exec vmt-rdma rdma dev set vmrxe0 netns vmt-host &&
+        rdma_step nic-out ip -n vmt-rdma link set eth2 netns 1 &&
+        rdma_step check-out host_has_rxe
+    if [ -z "$RDMA_FAILED" ]; then
+        report PASS rdma-with-nic "$t0" "vmrxe0 and eth2 into a netns and back"
+    else
+        report FAIL rdma-with-nic "$t0" "$RDMA_FAILED (steps: $OUT/rdma.log)"
+    fi
+    ip -n vmt-rdma link set eth2 netns 1 2>/dev/null
+    ip netns del vmt-rdma 2>/dev/null
     ip netns del vmt-host 2>/dev/null
+    sed 's/^/VMINFO rdma.log /' "$OUT/rdma.log"
 }
 
 wait_for_rxe_home() {

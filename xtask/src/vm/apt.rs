@@ -78,11 +78,8 @@ pub fn parse_mirrors(text: &str) -> Option<Mirrors> {
 
 /// Reads the system's apt sources (read only).
 pub fn system_mirrors() -> Result<Mirrors> {
-    let mut text = String::new();
-    for f in ["/etc/apt/sources.list"] {
-        text.push_str(&std::fs::read_to_string(f).unwrap_or_default());
-        text.push_str("\n\n");
-    }
+    let mut text = std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
+    text.push_str("\n\n");
     if let Ok(rd) = std::fs::read_dir("/etc/apt/sources.list.d") {
         let mut files: Vec<PathBuf> = rd
             .flatten()

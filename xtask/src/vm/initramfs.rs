@@ -38,7 +38,7 @@ impl Cpio {
     }
 
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }
@@ -61,7 +61,7 @@ impl Cpio {
     /// Ends the archive with the trailer and returns its bytes.
     pub fn finish(mut self) -> Result<Vec<u8>> {
         self.entry("TRAILER!!!", 0, &[], (0, 0))?;
-        while self.buf.len() % 512 != 0 {
+        while !self.buf.len().is_multiple_of(512) {
             self.buf.push(0);
         }
         Ok(self.buf)

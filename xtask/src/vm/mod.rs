@@ -118,8 +118,12 @@ pub fn run_vm_test(opts: &Options) -> Result<()> {
         let took = started.elapsed();
         for c in &report.cases {
             summary.push(format!(
-                "{:?} {} [{}] {:.1}s {}",
-                c.verdict, c.name, s.tag, c.seconds, c.detail
+                "{} {} [{}] {:.1}s {}",
+                c.verdict.word(),
+                c.name,
+                s.tag,
+                c.seconds,
+                c.detail
             ));
         }
         if !report.finished {

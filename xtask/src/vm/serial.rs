@@ -29,6 +29,18 @@ pub struct Report {
     pub kernel_trouble: Option<String>,
 }
 
+impl Verdict {
+    /// The word the guest prints.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Pass => "PASS",
+            Self::Fail => "FAIL",
+            Self::Skip => "SKIP",
+            Self::NotDone => "NOTDONE",
+        }
+    }
+}
+
 impl Report {
     /// True when the guest finished and no case failed.
     pub fn ok(&self) -> bool {
@@ -99,6 +111,7 @@ mod tests {
         assert_eq!(r.cases[1].verdict, Verdict::Fail);
         assert_eq!(r.cases[1].detail, "eth1 came back UP");
         assert_eq!(r.cases[2].verdict, Verdict::NotDone);
+        assert_eq!(r.cases[2].verdict.word(), "NOTDONE");
         assert!(!r.ok(), "a FAIL makes the run fail");
         assert_eq!(r.kernel_trouble, None);
     }
