@@ -137,6 +137,45 @@ fn kernel_returns_a_real_nic_down_when_its_netns_dies() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn kernel_names_a_returned_nic_devn_when_its_name_is_taken() -> Result<()> {
+    let Some(nic) = vm_nic("kernel_names_a_returned_nic_devn_when_its_name_is_taken") else {
+        return Ok(());
+    };
+    let ifindex = std::fs::read_to_string(format!("/sys/class/net/{nic}/ifindex"))?
+        .trim()
+        .to_owned();
+    let fallback = format!("dev{ifindex}");
+    let _restore = Restore {
+        nic: nic.clone(),
+        aliases: vec![fallback.clone(), "vmtclash".into()],
+    };
+    configure(&nic)?;
+    let mut ns = PodNetns::create(&unique("vmt-clash-"))?;
+    sh(&["ip", "link", "set", &nic, "netns", &ns.name])?;
+    ns.ip(&["link", "set", &nic, "name", "vmtclash"])?;
+    ns.ip(&["link", "set", "vmtclash", "up"])?;
+    // The pod-side name is taken in the host when the kernel hands the NIC back.
+    sh(&["ip", "link", "add", "vmtclash", "type", "dummy"])?;
+    struct Dummy;
+    impl Drop for Dummy {
+        fn drop(&mut self) {
+            let _ = sh(&["ip", "link", "delete", "vmtclash", "type", "dummy"]);
+        }
+    }
+    let dummy = Dummy;
+    ns.remove_crio_style()?;
+    let took = wait_for("the kernel to return the NIC", Duration::from_secs(20), || {
+        host_has(&fallback)
+    })?;
+    eprintln!("kernel returned the NIC as {fallback} {took:?} after the netns was removed");
+    let v = view(&fallback, None)?;
+    assert_eq!(v["up"], false, "returned UP: {v}");
+    assert_eq!(v["addrs"], serde_json::json!([]), "addresses survived: {v}");
+    drop(dummy);
+    Ok(())
+}
+
 #[tokio::test]
 async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
     let Some(nic) = vm_nic("dranet_repairs_a_nic_the_kernel_handed_back") else {
@@ -272,5 +311,75 @@ async fn pinned_nic_comes_home_before_the_netns_dies() -> Result<()> {
     );
     events.abort();
     let _ = std::fs::remove_dir_all(&state);
+    Ok(())
+}
+
+/// Deletes the soft-RoCE link at drop.
+struct Rxe(String);
+
+impl Drop for Rxe {
+    fn drop(&mut self) {
+        let _ = sh(&["rdma", "link", "delete", &self.0]);
+    }
+}
+
+fn rdma_visible(netns: Option<&str>, dev: &str) -> bool {
+    let out = match netns {
+        Some(ns) => sh(&["ip", "netns", "exec", ns, "rdma", "dev", "show"]),
+        None => sh(&["rdma", "dev", "show"]),
+    };
+    out.is_ok_and(|o| o.split_whitespace().any(|w| w.trim_end_matches(':') == dev))
+}
+
+/// dranet's own RDMA netlink move (thread and socket in the source netns) on soft-RoCE over the
+/// VM's `DRANET_VM_RDMA` netdev. Exclusive mode (`ib_core netns_mode=0`) is set at module load.
+/// With `DRANET_VM_RDMA_EXPECT=unsupported` (6.1: rxe has no `disassociate_ucontext`) the move
+/// must fail with EOPNOTSUPP instead.
+#[test]
+fn dranet_moves_an_rdma_device_in_exclusive_mode() -> Result<()> {
+    use dranet::netns::Netns;
+    use dranet::rdma::{self, NetnsMode, RdmaError};
+    let Ok(netdev) = std::env::var("DRANET_VM_RDMA") else {
+        return Ok(());
+    };
+    if vm_nic("dranet_moves_an_rdma_device_in_exclusive_mode").is_none() {
+        return Ok(());
+    }
+    assert_eq!(rdma::host_mode()?, Some(NetnsMode::Exclusive));
+    let dev = "vmrxe1".to_owned();
+    sh(&["rdma", "link", "add", &dev, "type", "rxe", "netdev", &netdev])?;
+    let _rxe = Rxe(dev.clone());
+    assert!(rdma_visible(None, &dev));
+    let mut ns = PodNetns::create(&unique("vmt-rdma-"))?;
+    let host = Netns::host()?;
+    let pod_ns = Netns::open_path(&ns.path)?;
+    let moved = rdma::move_device(&host, &dev, &pod_ns);
+    if std::env::var("DRANET_VM_RDMA_EXPECT").is_ok_and(|v| v == "unsupported") {
+        match moved {
+            Err(RdmaError::Kernel { errno, .. }) if errno == libc::EOPNOTSUPP => {
+                eprintln!("move refused with EOPNOTSUPP, as expected on this kernel");
+                assert!(rdma_visible(None, &dev));
+                return Ok(());
+            }
+            other => bail!("expected EOPNOTSUPP, got {other:?}"),
+        }
+    }
+    moved?;
+    assert!(rdma_visible(Some(&ns.name), &dev), "not in the pod netns");
+    assert!(!rdma_visible(None, &dev), "still in the host");
+    // Back: the thread and the socket must be in the pod netns.
+    rdma::move_device(&pod_ns, &dev, &host)?;
+    assert!(rdma_visible(None, &dev), "not back in the host");
+    assert!(!rdma_visible(Some(&ns.name), &dev));
+    // In again, then the netns dies: the kernel returns exclusive-mode devices to init_net.
+    rdma::move_device(&host, &dev, &pod_ns)?;
+    drop(pod_ns);
+    ns.remove_crio_style()?;
+    let took = wait_for(
+        "the kernel to return the RDMA device",
+        Duration::from_secs(20),
+        || rdma_visible(None, &dev),
+    )?;
+    eprintln!("kernel returned {dev} {took:?} after the netns was removed");
     Ok(())
 }

@@ -86,6 +86,7 @@ case_trace() {
 case_nic() {
     local t0 name
     for name in kernel_returns_a_real_nic_down_when_its_netns_dies \
+        kernel_names_a_returned_nic_devn_when_its_name_is_taken \
         dranet_repairs_a_nic_the_kernel_handed_back \
         pinned_nic_comes_home_before_the_netns_dies; do
         t0=$(now)
@@ -127,6 +128,11 @@ case_rdma() {
         report FAIL rdma-exclusive "$t0" "not in exclusive mode: $mode"
         return
     fi
+    if [ "$KERNEL_LINE" = 6.1 ]; then
+        # rxe has no disassociate_ucontext before 7.3: the move must be refused.
+        rdma_dranet unsupported
+        return
+    fi
     ip netns attach vmt-host 1
     # 1. The RDMA device alone: in, back by hand, in again, back by the kernel on netns death.
     RDMA_FAILED=""
@@ -164,7 +170,22 @@ case_rdma() {
     ip -n vmt-rdma link set eth2 netns 1 2>/dev/null
     ip netns del vmt-rdma 2>/dev/null
     ip netns del vmt-host 2>/dev/null
+    rdma link delete vmrxe0 2>/dev/null
     sed 's/^/VMINFO rdma.log /' "$OUT/rdma.log"
+    rdma_dranet supported
+}
+
+# dranet's own RDMA netlink move (dranet-sim/tests/vm_nic.rs) on a fresh rxe over eth2.
+rdma_dranet() {
+    local t0 name=dranet_moves_an_rdma_device_in_exclusive_mode log
+    t0=$(now)
+    log="$OUT/nic-$name.log"
+    if DRANET_VM_NIC=eth1 DRANET_VM_RDMA=eth2 DRANET_VM_RDMA_EXPECT=$1 "$VM_NIC_TEST" --exact "$name" \
+        --test-threads=1 --nocapture >"$log" 2>&1 && grep -q "test result: ok. 1 passed" "$log"; then
+        report PASS "rdma:$name" "$t0" "expect=$1: $(grep -E 'returned|refused' "$log" | head -n 1)"
+    else
+        report FAIL "rdma:$name" "$t0" "expect=$1: $(grep -E 'panicked|Error|error' "$log" | head -n 2 | tr '\n' ' ' | cut -c 1-300)"
+    fi
 }
 
 wait_for_rxe_home() {

@@ -54,32 +54,51 @@ struct KernelSpec {
     cases: &'static str,
 }
 
-const BASE_MODULES: &[&str] = &["virtio_pci", "virtio_net", "9pnet_virtio", "9p", "veth", "dummy"];
+/// Modules for every kernel (virtio ones that are built in are skipped via modules.builtin).
+const MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_net",
+    "9pnet_virtio",
+    "9p",
+    "veth",
+    "dummy",
+    "ib_core",
+    "ib_uverbs",
+    "rdma_rxe",
+];
+
+/// 6.1's rxe looks its crc32 shash up at run time (no modules.dep entry, and no modprobe for
+/// the guest kernel): load it up front.
+const MODULES_6_1: &[&str] = &[
+    "virtio_pci",
+    "virtio_net",
+    "9pnet_virtio",
+    "9p",
+    "veth",
+    "dummy",
+    "crc32_generic",
+    "ib_core",
+    "ib_uverbs",
+    "rdma_rxe",
+];
+
+/// RDMA exclusive mode from the start (it cannot change once a netns exists).
+const PARAMS: &[(&str, &str)] = &[("ib_core", "netns_mode=0")];
 
 fn spec(k: KernelLine) -> KernelSpec {
     match k {
         KernelLine::V6_1 => KernelSpec {
             tag: "6.1",
             suites: &[(false, "bookworm"), (true, "bookworm-security")],
-            modules: BASE_MODULES,
-            params: &[],
-            cases: "trace nic",
+            modules: MODULES_6_1,
+            params: PARAMS,
+            cases: "trace nic rdma",
         },
         KernelLine::V7_3 => KernelSpec {
             tag: "7.3",
             suites: &[(false, "trixie-backports")],
-            modules: &[
-                "virtio_pci",
-                "virtio_net",
-                "9pnet_virtio",
-                "9p",
-                "veth",
-                "dummy",
-                "ib_core",
-                "ib_uverbs",
-                "rdma_rxe",
-            ],
-            params: &[("ib_core", "netns_mode=0")],
+            modules: MODULES,
+            params: PARAMS,
             cases: "trace nic rdma",
         },
     }
