@@ -107,7 +107,7 @@ rdma_step() {
     echo "== $what: $*" >>"$OUT/rdma.log"
     if ! "$@" >>"$OUT/rdma.log" 2>&1; then
         echo "   failed" >>"$OUT/rdma.log"
-        RDMA_FAILED="$what: $(tail -n 1 "$OUT/rdma.log")"
+        RDMA_FAILED="step $what failed: $(grep -v '^==' "$OUT/rdma.log" | tail -n 2 | head -n 1 | tr -s ' ' | cut -c 1-160)"
         return 1
     fi
     {
@@ -151,24 +151,10 @@ case_rdma() {
         report FAIL rdma-exclusive "$t0" "$RDMA_FAILED (steps: $OUT/rdma.log)"
     fi
     ip netns del vmt-rdma 2>/dev/null
-    # 2. With its NIC, as dranet moves a RoCE device: RDMA device first, then the netdev.
-    t0=$(now)
-    RDMA_FAILED=""
-    ip netns add vmt-rdma
-    { host_has_rxe || rdma_step add-again rdma link add vmrxe0 type rxe netdev eth2; } &&
-        rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma &&
-        rdma_step nic-in ip link set eth2 netns vmt-rdma &&
-        rdma_step rxe-survives-its-netdev-move pod_has_rxe &&
-        rdma_step rdma-out ip netns exec vmt-rdma rdma dev set vmrxe0 netns vmt-host &&
-        rdma_step nic-out ip -n vmt-rdma link set eth2 netns 1 &&
-        rdma_step check-out host_has_rxe
-    if [ -z "$RDMA_FAILED" ]; then
-        report PASS rdma-with-nic "$t0" "vmrxe0 and eth2 into a netns and back"
-    else
-        report FAIL rdma-with-nic "$t0" "$RDMA_FAILED (steps: $OUT/rdma.log)"
-    fi
-    ip -n vmt-rdma link set eth2 netns 1 2>/dev/null
-    ip netns del vmt-rdma 2>/dev/null
+    # 2. With its NIC, as dranet moves a RoCE device: RDMA device first, then the netdev; and
+    # the other order.
+    rdma_with_nic rdma-first
+    rdma_with_nic netdev-first
     ip netns del vmt-host 2>/dev/null
     rdma link delete vmrxe0 2>/dev/null
     sed 's/^/VMINFO rdma.log /' "$OUT/rdma.log"
@@ -186,6 +172,37 @@ rdma_dranet() {
     else
         report FAIL "rdma:$name" "$t0" "expect=$1: $(grep -E 'panicked|Error|error' "$log" | head -n 2 | tr '\n' ' ' | cut -c 1-300)"
     fi
+}
+
+rdma_with_nic() {
+    local t0 order=$1
+    t0=$(now)
+    RDMA_FAILED=""
+    ip netns add vmt-rdma
+    echo "== order $order" >>"$OUT/rdma.log"
+    if ! host_has_rxe; then
+        rdma_step add-again rdma link add vmrxe0 type rxe netdev eth2
+    fi
+    if [ -z "$RDMA_FAILED" ]; then
+        if [ "$order" = rdma-first ]; then
+            rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma &&
+                rdma_step nic-in ip link set eth2 netns vmt-rdma
+        else
+            rdma_step nic-in ip link set eth2 netns vmt-rdma &&
+                rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma
+        fi &&
+            rdma_step rxe-still-there-with-its-netdev-moved pod_has_rxe &&
+            rdma_step rdma-out ip netns exec vmt-rdma rdma dev set vmrxe0 netns vmt-host &&
+            rdma_step nic-out ip -n vmt-rdma link set eth2 netns 1 &&
+            rdma_step check-out host_has_rxe
+    fi
+    if [ -z "$RDMA_FAILED" ]; then
+        report PASS "rdma-with-nic:$order" "$t0" "vmrxe0 and eth2 into a netns and back"
+    else
+        report FAIL "rdma-with-nic:$order" "$t0" "$RDMA_FAILED; rdma dev: host [$(rdma dev show 2>&1 | tr '\n' ' ')] pod [$(ip netns exec vmt-rdma rdma dev show 2>&1 | tr '\n' ' ')]"
+    fi
+    ip -n vmt-rdma link set eth2 netns 1 2>/dev/null
+    ip netns del vmt-rdma 2>/dev/null
 }
 
 wait_for_rxe_home() {

@@ -34,7 +34,8 @@ pub struct Options {
     /// Only this kernel (default: 6.1 then 7.3).
     #[arg(long, value_enum)]
     pub kernel: Option<KernelLine>,
-    /// Keep the initramfs and guest output of each run under target/vm/run-<kernel>/.
+    /// Keep the initramfs too (the serial log and the guest's output always stay in
+    /// target/vm/run-<kernel>/ until the next run).
     #[arg(long)]
     pub keep: bool,
     /// Only download and unpack the kernel packages, then stop.
