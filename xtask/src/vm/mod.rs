@@ -185,10 +185,17 @@ fn ensure_host_packages() -> Result<()> {
         .filter(|p| !have(p))
         .collect();
     if !missing.is_empty() {
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-q"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        let install = || {
+            run(Command::new("apt-get")
+                .args(["install", "-y", "-q"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"))
+        };
+        // A fresh machine may have no package lists yet.
+        if install().is_err() {
+            run(Command::new("apt-get").args(["update", "-q"]))?;
+            install()?;
+        }
     }
     Ok(())
 }
