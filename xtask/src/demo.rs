@@ -54,7 +54,7 @@ pub fn run_demo(opts: &Options) -> Result<()> {
         .arg(opts.devices.to_string()))
 }
 
-fn nix_is_root() -> bool {
+pub fn nix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

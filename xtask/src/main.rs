@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod build_ebpf;
 mod demo;
+mod vm;
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "dranet development jobs")]
@@ -21,6 +22,8 @@ enum Job {
     BuildEbpf(build_ebpf::Options),
     /// Set-up on a fresh machine, then dranet's main job: one pod life cycle in a runtime's order.
     Demo(demo::Options),
+    /// Boot Debian kernels (6.1, 7.3) under qemu TCG and run the kernel-matrix cases in them.
+    VmTest(vm::Options),
     /// Install the toolchain (Debian packages, bpf-linker); idempotent.
     InstallToolchain,
     /// Everything the tests need (toolchain, eBPF object), then the whole test suite (needs root).
@@ -36,6 +39,7 @@ fn main() -> Result<()> {
     match cli.job {
         Job::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Job::Demo(opts) => demo::run_demo(&opts),
+        Job::VmTest(opts) => vm::run_vm_test(&opts),
         Job::InstallToolchain => install_toolchain(),
         Job::Test { args } => test(&args),
     }

@@ -206,17 +206,62 @@ fn io_to_nix(e: &std::io::Error) -> nix::Error {
 
 /// Identity of the namespace behind `fd` (must be an nsfs fd of a netns).
 pub fn identify(fd: BorrowedFd<'_>) -> Result<NetnsId, nix::Error> {
-    let mut cookie: u64 = 0;
-    // SAFETY: NS_GET_ID writes one u64 through the pointer, which points at a live local.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_ID, &mut cookie as *mut u64) };
-    if rc != 0 {
-        return Err(nix::Error::last());
-    }
+    let cookie = cookie(fd)?;
     let st = nix::sys::stat::fstat(fd)?;
     Ok(NetnsId {
         cookie,
         inode: st.st_ino,
     })
+}
+
+/// The netns cookie behind an nsfs fd: `NS_GET_ID` (6.11+); on older kernels (ENOTTY, e.g.
+/// Debian 6.1, seen in the qemu kernel matrix) `SO_NETNS_COOKIE` (5.14+) of a socket opened
+/// inside it on a short-lived thread.
+pub fn cookie(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
+    let mut cookie: u64 = 0;
+    // SAFETY: NS_GET_ID writes one u64 through the pointer, which points at a live local.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_ID, &mut cookie as *mut u64) };
+    if rc == 0 {
+        return Ok(cookie);
+    }
+    let err = nix::Error::last();
+    if err != nix::Error::ENOTTY {
+        return Err(err);
+    }
+    std::thread::scope(|s| {
+        // The thread switches only its own netns and exits right after, so no thread of the
+        // process stays in a foreign netns.
+        s.spawn(|| cookie_by_socket(fd))
+            .join()
+            .unwrap_or(Err(nix::Error::EIO))
+    })
+}
+
+fn cookie_by_socket(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
+    setns(fd, CloneFlags::CLONE_NEWNET)?;
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: SO_NETNS_COOKIE writes at most `len` (8) bytes into the live local `cookie` and
+    // updates `len`; `sock` is an open socket owned by this function.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(nix::Error::last());
+    }
+    Ok(cookie)
 }
 
 /// Runs `f` on a new OS thread inside `netns`; the thread exits afterwards, so no thread of

@@ -121,3 +121,19 @@ fn pins_list_skips_hidden_files_and_missing_dirs() {
     assert!(!d.join("a").exists());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn the_socket_fallback_finds_the_same_cookie_as_ns_get_id() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping: setns needs root");
+        return;
+    }
+    let host = Netns::host().unwrap();
+    // The fallback used on kernels without NS_GET_ID (Debian 6.1) must agree with it.
+    let by_socket = cookie_by_socket(host.as_fd()).unwrap();
+    assert_eq!(by_socket, cookie(host.as_fd()).unwrap());
+    assert_ne!(by_socket, 0);
+    // And it refuses an fd that is not a netns.
+    let f = std::fs::File::open("/proc/self/ns/uts").unwrap();
+    assert!(cookie_by_socket(f.as_fd()).is_err());
+}

@@ -1,0 +1,380 @@
+//! `cargo xtask vm-test [--kernel 6.1|7.3] [--keep]`: boots Debian kernels under qemu (TCG) with
+//! three virtio-net NICs and the host's root shared read-only over 9p, runs
+//! `xtask/vm/guest-test.sh` in a chroot of it, and reads the per-case verdicts off the serial log.
+//!
+//! Everything downloaded or built lives under `target/vm/` and is reused on the next run.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+
+use crate::{root, run};
+
+pub mod apt;
+pub mod initramfs;
+pub mod serial;
+
+const INIT: &str = include_str!("../../vm/init.sh");
+const GUEST_TEST: &str = include_str!("../../vm/guest-test.sh");
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KernelLine {
+    /// Debian bookworm 6.1 (tier-B probes, NIC return).
+    #[value(name = "6.1")]
+    V6_1,
+    /// Debian trixie-backports 7.3 (also RDMA exclusive mode with rxe).
+    #[value(name = "7.3")]
+    V7_3,
+}
+
+#[derive(Args, Debug)]
+pub struct Options {
+    /// Only this kernel (default: 6.1 then 7.3).
+    #[arg(long, value_enum)]
+    pub kernel: Option<KernelLine>,
+    /// Keep the initramfs too (the serial log and the guest's output always stay in
+    /// target/vm/run-<kernel>/ until the next run).
+    #[arg(long)]
+    pub keep: bool,
+    /// Only download and unpack the kernel packages, then stop.
+    #[arg(long)]
+    pub fetch_only: bool,
+    /// Seconds before a guest is killed.
+    #[arg(long, default_value_t = 540)]
+    pub timeout: u64,
+}
+
+struct KernelSpec {
+    tag: &'static str,
+    /// (archive is main|security, suite)
+    suites: &'static [(bool, &'static str)],
+    modules: &'static [&'static str],
+    params: &'static [(&'static str, &'static str)],
+    cases: &'static str,
+}
+
+/// Modules for every kernel (virtio ones that are built in are skipped via modules.builtin).
+const MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_net",
+    "9pnet_virtio",
+    "9p",
+    "veth",
+    "dummy",
+    "ib_core",
+    "ib_uverbs",
+    "rdma_rxe",
+];
+
+/// 6.1's rxe looks its crc32 shash up at run time (no modules.dep entry, and no modprobe for
+/// the guest kernel): load it up front.
+const MODULES_6_1: &[&str] = &[
+    "virtio_pci",
+    "virtio_net",
+    "9pnet_virtio",
+    "9p",
+    "veth",
+    "dummy",
+    "crc32_generic",
+    "ib_core",
+    "ib_uverbs",
+    "rdma_rxe",
+];
+
+/// RDMA exclusive mode from the start (it cannot change once a netns exists).
+const PARAMS: &[(&str, &str)] = &[("ib_core", "netns_mode=0")];
+
+fn spec(k: KernelLine) -> KernelSpec {
+    match k {
+        KernelLine::V6_1 => KernelSpec {
+            tag: "6.1",
+            suites: &[(false, "bookworm"), (true, "bookworm-security")],
+            modules: MODULES_6_1,
+            params: PARAMS,
+            cases: "trace nic rdma",
+        },
+        KernelLine::V7_3 => KernelSpec {
+            tag: "7.3",
+            suites: &[(false, "trixie-backports")],
+            modules: MODULES,
+            params: PARAMS,
+            cases: "trace nic rdma",
+        },
+    }
+}
+
+/// Built artefacts the guest runs (absolute host paths, seen at the same place in the guest).
+struct Binaries {
+    dranet: PathBuf,
+    vm_nic: PathBuf,
+}
+
+pub fn run_vm_test(opts: &Options) -> Result<()> {
+    if !crate::demo::nix_is_root() {
+        bail!("vm-test needs root (apt, qemu's 9p export of /)");
+    }
+    let t0 = Instant::now();
+    ensure_host_packages()?;
+    let kernels = match opts.kernel {
+        Some(k) => vec![k],
+        None => vec![KernelLine::V6_1, KernelLine::V7_3],
+    };
+    let vm = target_dir().join("vm");
+    for k in &kernels {
+        fetch_kernel(&spec(*k), &vm)?;
+    }
+    if opts.fetch_only {
+        return Ok(());
+    }
+    let bins = build_binaries()?;
+    let mut all_ok = true;
+    let mut summary = Vec::new();
+    for k in kernels {
+        let s = spec(k);
+        let started = Instant::now();
+        let report = run_kernel(&s, &bins, opts)?;
+        let took = started.elapsed();
+        for c in &report.cases {
+            summary.push(format!(
+                "{} {} [{}] {:.1}s {}",
+                c.verdict.word(),
+                c.name,
+                s.tag,
+                c.seconds,
+                c.detail
+            ));
+        }
+        if !report.finished {
+            summary.push(format!(
+                "FAIL guest [{}]: no VMTEST END (timeout or crash)",
+                s.tag
+            ));
+        }
+        if let Some(t) = &report.kernel_trouble {
+            summary.push(format!("WARN kernel [{}]: {t}", s.tag));
+        }
+        summary.push(format!("kernel {} took {:.0}s", s.tag, took.as_secs_f64()));
+        all_ok &= report.ok();
+    }
+    println!("vm-test summary ({:.0}s total):", t0.elapsed().as_secs_f64());
+    for l in &summary {
+        println!("  {l}");
+    }
+    if !all_ok {
+        bail!("vm-test failed");
+    }
+    Ok(())
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from)
+}
+
+/// qemu and busybox-static from Debian, if missing.
+fn ensure_host_packages() -> Result<()> {
+    let have = |p: &str| {
+        Command::new("dpkg-query")
+            .args(["-W", "-f=${Status}", p])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+    };
+    let missing: Vec<&str> = ["qemu-system-x86", "busybox-static"]
+        .into_iter()
+        .filter(|p| !have(p))
+        .collect();
+    if !missing.is_empty() {
+        let install = || {
+            run(Command::new("apt-get")
+                .args(["install", "-y", "-q"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"))
+        };
+        // A fresh machine may have no package lists yet.
+        if install().is_err() {
+            run(Command::new("apt-get").args(["update", "-q"]))?;
+            install()?;
+        }
+    }
+    Ok(())
+}
+
+/// Builds `dranet` and the vm_nic test binary; returns their paths from cargo's JSON messages.
+fn build_binaries() -> Result<Binaries> {
+    let exe = |args: &[&str], want: &str| -> Result<PathBuf> {
+        let out = Command::new(env!("CARGO"))
+            .current_dir(root())
+            .args(args)
+            .arg("--message-format=json")
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running cargo")?;
+        if !out.status.success() {
+            bail!("cargo {args:?} failed");
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"]["name"] == want)
+            .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+            .with_context(|| format!("cargo did not report the {want} executable"))
+    };
+    Ok(Binaries {
+        dranet: exe(&["build", "-p", "dranet", "--bin", "dranet"], "dranet")?,
+        vm_nic: exe(
+            &["test", "-p", "dranet-sim", "--test", "vm_nic", "--no-run"],
+            "vm_nic",
+        )?,
+    })
+}
+
+/// Fetches and unpacks the kernel packages (cached); returns (vmlinuz, modules dir).
+fn fetch_kernel(s: &KernelSpec, vm: &Path) -> Result<(PathBuf, PathBuf)> {
+    let unpacked = vm.join(format!("kernel-{}", s.tag));
+    let stamp = unpacked.join(".unpacked");
+    if !stamp.exists() {
+        let m = apt::system_mirrors()?;
+        let entries: Vec<(&str, &str)> = s
+            .suites
+            .iter()
+            .map(|(sec, suite)| {
+                (
+                    if *sec {
+                        m.security.as_str()
+                    } else {
+                        m.archive.as_str()
+                    },
+                    *suite,
+                )
+            })
+            .filter(|(uri, _)| !uri.is_empty())
+            .collect();
+        let a = apt::PrivateApt::new(vm.join(format!("apt-{}", s.tag)), &apt::sources_list(&entries))?;
+        a.update()?;
+        let meta = apt::depends_field(&a.show("linux-image-amd64")?);
+        let (abi, pkgs) = apt::kernel_packages(&meta, |img| {
+            a.show(img).map(|t| apt::depends_field(&t)).unwrap_or_default()
+        })
+        .context("no versioned linux-image in linux-image-amd64's Depends")?;
+        println!("vm-test: kernel {} = {abi}: {pkgs:?}", s.tag);
+        let debs = a.download(&pkgs, &vm.join(format!("debs-{}", s.tag)))?;
+        let _ = std::fs::remove_dir_all(&unpacked);
+        std::fs::create_dir_all(&unpacked)?;
+        for d in debs {
+            run(Command::new("dpkg-deb").arg("-x").arg(&d).arg(&unpacked))?;
+        }
+        std::fs::write(&stamp, abi)?;
+    }
+    let abi = std::fs::read_to_string(&stamp)?;
+    let vmlinuz = [
+        unpacked.join(format!("boot/vmlinuz-{abi}")),
+        unpacked.join(format!("usr/lib/modules/{abi}/vmlinuz")),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .with_context(|| format!("no vmlinuz for {abi} in {}", unpacked.display()))?;
+    let modules = unpacked.join("lib/modules").join(&abi);
+    if !modules.exists() {
+        // Merged-/usr packages (7.x) ship /usr/lib/modules; depmod -b looks in <base>/lib/modules.
+        std::fs::create_dir_all(unpacked.join("lib"))?;
+        std::os::unix::fs::symlink("../usr/lib/modules", unpacked.join("lib/modules"))?;
+    }
+    if !modules.join("modules.dep").exists() {
+        // The packages leave modules.dep to depmod at install time.
+        run(Command::new("depmod").arg("-b").arg(&unpacked).arg(&abi))?;
+    }
+    Ok((vmlinuz, modules))
+}
+
+fn run_kernel(s: &KernelSpec, bins: &Binaries, opts: &Options) -> Result<serial::Report> {
+    let vm = target_dir().join("vm");
+    let (vmlinuz, modules) = fetch_kernel(s, &vm)?;
+    let dir = vm.join(format!("run-{}", s.tag));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out)?;
+    let (cpio, order) = initramfs::build(&initramfs::Spec {
+        modules_dir: modules,
+        wanted: s.modules,
+        params: s.params,
+        busybox: PathBuf::from("/bin/busybox"),
+        init: INIT,
+    })?;
+    println!("vm-test: {} modules {}", s.tag, order.join(" "));
+    let initrd = dir.join("initrd.cpio");
+    std::fs::write(&initrd, cpio)?;
+    std::fs::write(out.join("guest-test.sh"), GUEST_TEST)?;
+    std::fs::write(
+        out.join("env"),
+        format!(
+            "KERNEL_LINE={}\nDRANET={}\nVM_NIC_TEST={}\nCASES=\"{}\"\n",
+            s.tag,
+            bins.dranet.display(),
+            bins.vm_nic.display(),
+            s.cases
+        ),
+    )?;
+    let log = dir.join("serial.log");
+    let mut cmd = qemu_command(&vmlinuz, &initrd, &out, &log);
+    println!("vm-test: booting {} (log {})", s.tag, log.display());
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting qemu-system-x86_64")?;
+    let deadline = Instant::now() + Duration::from_secs(opts.timeout);
+    let mut timed_out = false;
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            timed_out = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let report = serial::parse(&text);
+    if timed_out {
+        println!("vm-test: {} killed after {} s", s.tag, opts.timeout);
+    }
+    if !opts.keep {
+        let _ = std::fs::remove_file(&initrd);
+    }
+    Ok(report)
+}
+
+/// The qemu command line: TCG, q35, three virtio NICs on isolated user-mode backends, the host
+/// root read-only and the output dir writable over 9p, serial console to `log`.
+fn qemu_command(vmlinuz: &Path, initrd: &Path, out: &Path, log: &Path) -> Command {
+    let mut c = Command::new("qemu-system-x86_64");
+    c.args([
+        "-accel", "tcg", "-machine", "q35", "-cpu", "max", "-smp", "2", "-m", "2G",
+    ])
+    .args(["-display", "none", "-monitor", "none", "-no-reboot"])
+    .arg("-serial")
+    .arg(format!("file:{}", log.display()))
+    .arg("-kernel")
+    .arg(vmlinuz)
+    .arg("-initrd")
+    .arg(initrd)
+    .args([
+        "-append",
+        "console=ttyS0 panic=-1 rdinit=/init loglevel=4 dranet-vm",
+        "-fsdev",
+        "local,id=root,path=/,security_model=none,readonly=on,multidevs=remap",
+        "-device",
+        "virtio-9p-pci,fsdev=root,mount_tag=hostroot",
+        "-fsdev",
+    ])
+    .arg(format!("local,id=out,path={},security_model=none", out.display()))
+    .args(["-device", "virtio-9p-pci,fsdev=out,mount_tag=out"]);
+    for n in 0..3 {
+        c.arg("-netdev")
+            .arg(format!("user,id=n{n},restrict=on,ipv6=off"))
+            .arg("-device")
+            .arg(format!("virtio-net-pci,netdev=n{n}"));
+    }
+    c
+}

@@ -1,0 +1,128 @@
+//! Parsing the guest's serial log: the guest script prints one
+//! `VMTEST <PASS|FAIL|SKIP|NOTDONE> <case> <seconds>s <detail>` line per case and `VMTEST END`.
+
+/// One case's verdict.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum Verdict {
+    Pass,
+    Fail,
+    Skip,
+    NotDone,
+}
+
+/// One case as reported by the guest.
+#[derive(Debug, PartialEq, Clone)]
+pub struct Case {
+    pub verdict: Verdict,
+    pub name: String,
+    pub seconds: f64,
+    pub detail: String,
+}
+
+/// What the log says.
+#[derive(Debug, Default, PartialEq)]
+pub struct Report {
+    pub cases: Vec<Case>,
+    /// The guest reached the end of its script.
+    pub finished: bool,
+    /// A kernel panic or oops was printed.
+    pub kernel_trouble: Option<String>,
+}
+
+impl Verdict {
+    /// The word the guest prints.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Pass => "PASS",
+            Self::Fail => "FAIL",
+            Self::Skip => "SKIP",
+            Self::NotDone => "NOTDONE",
+        }
+    }
+}
+
+impl Report {
+    /// True when the guest finished and no case failed.
+    pub fn ok(&self) -> bool {
+        self.finished && !self.cases.iter().any(|c| c.verdict == Verdict::Fail)
+    }
+}
+
+/// Parses the log (tolerates `\r`, console noise before the marker, kernel messages between).
+pub fn parse(log: &str) -> Report {
+    let mut r = Report::default();
+    for raw in log.lines() {
+        let line = raw.trim_end_matches('\r');
+        if r.kernel_trouble.is_none()
+            && (line.contains("Kernel panic") || line.contains("BUG: ") || line.contains("Oops:"))
+        {
+            r.kernel_trouble = Some(line.trim().to_owned());
+        }
+        let Some(at) = line.find("VMTEST ") else { continue };
+        let rest = &line[at + "VMTEST ".len()..];
+        let mut words = rest.splitn(4, ' ');
+        let verdict = match words.next() {
+            Some("END") => {
+                r.finished = true;
+                continue;
+            }
+            Some("PASS") => Verdict::Pass,
+            Some("FAIL") => Verdict::Fail,
+            Some("SKIP") => Verdict::Skip,
+            Some("NOTDONE") => Verdict::NotDone,
+            _ => continue,
+        };
+        let Some(name) = words.next() else { continue };
+        let seconds = words
+            .next()
+            .and_then(|s| s.strip_suffix('s'))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0.0);
+        r.cases.push(Case {
+            verdict,
+            name: name.to_owned(),
+            seconds,
+            detail: words.next().unwrap_or("").trim().to_owned(),
+        });
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_and_end_are_found_among_console_noise() {
+        let log = "[    1.0] virtio_net virtio1 eth1: renamed\r\n\
+                   VMTEST PASS trace-tier-b 12.5s device_moving=1 netns_released=1\r\n\
+                   [   40.2] random: crng init done\n\
+                   garbage VMTEST FAIL nic-return 3s eth1 came back UP\n\
+                   VMTEST NOTDONE rdma-exclusive 0s needs 7.3\n\
+                   VMTEST BOGUS x\n\
+                   VMTEST END\n";
+        let r = parse(log);
+        assert!(r.finished);
+        assert_eq!(r.cases.len(), 3);
+        assert_eq!(r.cases[0].verdict, Verdict::Pass);
+        assert_eq!(r.cases[0].name, "trace-tier-b");
+        assert!((r.cases[0].seconds - 12.5).abs() < 1e-9);
+        assert_eq!(r.cases[0].detail, "device_moving=1 netns_released=1");
+        assert_eq!(r.cases[1].verdict, Verdict::Fail);
+        assert_eq!(r.cases[1].detail, "eth1 came back UP");
+        assert_eq!(r.cases[2].verdict, Verdict::NotDone);
+        assert_eq!(r.cases[2].verdict.word(), "NOTDONE");
+        assert!(!r.ok(), "a FAIL makes the run fail");
+        assert_eq!(r.kernel_trouble, None);
+    }
+
+    #[test]
+    fn a_log_without_end_or_with_a_panic_is_not_ok() {
+        let r = parse("VMTEST PASS a 1s\n[ 9.1] Kernel panic - not syncing: Attempted to kill init!\n");
+        assert!(!r.finished);
+        assert!(!r.ok());
+        assert!(r.kernel_trouble.unwrap().contains("Kernel panic"));
+        let good = parse("VMTEST PASS a 1s\nVMTEST SKIP b 0s n/a\nVMTEST END\n");
+        assert!(good.ok());
+    }
+}

@@ -1,0 +1,221 @@
+#!/bin/bash
+# Runs inside the dranet test VM (chroot of the host root, see init.sh). Prints one line per case:
+#   VMTEST <PASS|FAIL|SKIP|NOTDONE> <case> <seconds>s <detail>
+# and "VMTEST END" last; details and raw outputs go to /tmp/out (the host's target/vm/run-*/out).
+set -u
+OUT=/tmp/out
+. "$OUT/env"
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/tmp RUST_BACKTRACE=1
+trap 'echo "VMTEST END"' EXIT
+
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+report() { echo "VMTEST $1 $2 $(since "$3")s $4"; }
+
+echo "VMINFO kernel $(uname -r) nics: $(ls /sys/class/net | tr '\n' ' ')"
+
+# Tier-B probes: dranet trace while a veth moves into a netns and the netns is deleted (the
+# nsfs path: the last reference goes with the bind mount), then while a netns dies with its
+# only task (the exit path: free_nsproxy -> put_net).
+released_count() { grep -c '"kind":"netns_released"' "$OUT/trace.json"; }
+put_net_runs() {
+    bpftool prog show name dranet_put_net 2>/dev/null | grep -o 'run_cnt [0-9]*' | awk '{ print $2 }' | grep . || echo 0
+}
+
+case_trace() {
+    local t0 pid status moving rel_nsfs rel_exit probes state_move state_put runs_nsfs runs_exit
+    t0=$(now)
+    "$DRANET" trace --json --duration 25 >"$OUT/trace.json" 2>"$OUT/trace.err" &
+    pid=$!
+    for _ in $(seq 1 900); do
+        [ -s "$OUT/trace.json" ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    if [ ! -s "$OUT/trace.json" ]; then
+        wait "$pid"
+        report FAIL trace-tier-b "$t0" "dranet trace exited $? before its probe line: $(tail -c 300 "$OUT/trace.err" | tr '\n' ' ')"
+        return
+    fi
+    echo "VMINFO trace started after $(since "$t0")s"
+    sysctl -qw kernel.bpf_stats_enabled=1
+    ip netns add vmt-trace
+    ip link add vmt-a type veth peer name vmt-b
+    ip link set vmt-b netns vmt-trace
+    sleep 1
+    ip netns del vmt-trace
+    sleep 2
+    rel_nsfs=$(released_count)
+    runs_nsfs=$(put_net_runs)
+    unshare -n true
+    sleep 2
+    rel_exit=$(($(released_count) - rel_nsfs))
+    runs_exit=$(($(put_net_runs) - runs_nsfs))
+    echo "VMINFO kallsyms $(grep -w -E '__put_net|netns_put|__dev_change_net_namespace' /proc/kallsyms | tr '\n' ' ')"
+    wait "$pid"
+    status=$?
+    probes=$(head -n 1 "$OUT/trace.json")
+    state_move=$(echo "$probes" | grep -o '"name":"dev_netns_move"[^}]*' | head -n 1)
+    state_put=$(echo "$probes" | grep -o '"name":"netns_put"[^}]*' | head -n 1)
+    moving=$(grep '"kind":"device_moving"' "$OUT/trace.json" | grep -c '"vmt-b"')
+    echo "VMINFO probes dev_netns_move: $state_move"
+    echo "VMINFO probes netns_put: $state_put"
+    if echo "$state_move$state_put" | grep -q '"state":"unsupported"'; then
+        report SKIP trace-tier-b "$t0" "tier B unsupported on $(uname -r): $state_move | $state_put"
+        return
+    fi
+    if echo "$state_move" | grep -q '"state":"active"' && [ "$moving" -ge 1 ] && [ "$status" -eq 0 ]; then
+        report PASS trace-dev-netns-move "$t0" "device_moving(vmt-b)=$moving"
+    else
+        report FAIL trace-dev-netns-move "$t0" "device_moving(vmt-b)=$moving exit=$status $state_move"
+    fi
+    if echo "$state_put" | grep -q '"state":"active"' && [ "$rel_exit" -ge 1 ]; then
+        report PASS trace-netns-put-exit "$t0" "netns_released=$rel_exit (dranet_put_net ran $runs_exit times)"
+    else
+        report FAIL trace-netns-put-exit "$t0" "netns_released=$rel_exit (dranet_put_net ran $runs_exit times) $state_put"
+    fi
+    if echo "$state_put" | grep -q '"state":"active"' && [ "$rel_nsfs" -ge 1 ]; then
+        report PASS trace-netns-put-nsfs "$t0" "netns_released=$rel_nsfs (dranet_put_net ran $runs_nsfs times)"
+    else
+        report FAIL trace-netns-put-nsfs "$t0" "no netns_released for ip netns del: fentry __put_net ran $runs_nsfs times (netns_put -> put_net inlines __put_net in net_namespace.c [guess])"
+    fi
+}
+
+# Real NIC return and dranet's repair/rescue on a virtio NIC (dranet-sim/tests/vm_nic.rs).
+case_nic() {
+    local t0 name
+    for name in kernel_returns_a_real_nic_down_when_its_netns_dies \
+        kernel_names_a_returned_nic_devn_when_its_name_is_taken \
+        dranet_repairs_a_nic_the_kernel_handed_back \
+        pinned_nic_comes_home_before_the_netns_dies; do
+        t0=$(now)
+        if DRANET_VM_NIC=eth1 "$VM_NIC_TEST" --exact "$name" --test-threads=1 --nocapture \
+            >"$OUT/nic-$name.log" 2>&1 && grep -q "test result: ok. 1 passed" "$OUT/nic-$name.log"; then
+            report PASS "nic:$name" "$t0" "$(grep -E 'returned|rescued' "$OUT/nic-$name.log" | head -n 1)"
+        else
+            report FAIL "nic:$name" "$t0" "$(grep -E 'panicked|Error|error' "$OUT/nic-$name.log" | head -n 2 | tr '\n' ' ' | cut -c 1-300)"
+        fi
+    done
+}
+
+# RDMA exclusive mode (7.3): rxe on eth2 into a netns with its NIC, back by hand, and back by
+# the kernel when the netns dies. Each step and the devices after it go to $OUT/rdma.log.
+rdma_step() {
+    local what=$1
+    shift
+    echo "== $what: $*" >>"$OUT/rdma.log"
+    if ! "$@" >>"$OUT/rdma.log" 2>&1; then
+        echo "   failed" >>"$OUT/rdma.log"
+        RDMA_FAILED="step $what failed: $(grep -v '^==' "$OUT/rdma.log" | tail -n 2 | head -n 1 | tr -s ' ' | cut -c 1-160)"
+        return 1
+    fi
+    {
+        echo "   host: $(rdma dev show 2>&1 | tr '\n' ' ')"
+        echo "   pod:  $(ip netns exec vmt-rdma rdma dev show 2>&1 | tr '\n' ' ')"
+    } >>"$OUT/rdma.log"
+}
+
+host_has_rxe() { rdma dev show 2>/dev/null | grep -q vmrxe0; }
+pod_has_rxe() { ip netns exec vmt-rdma rdma dev show 2>/dev/null | grep -q vmrxe0; }
+
+case_rdma() {
+    local t0 mode
+    t0=$(now)
+    mode=$(rdma system show 2>&1)
+    echo "VMINFO rdma system: $mode"
+    if ! echo "$mode" | grep -q "netns exclusive"; then
+        report FAIL rdma-exclusive "$t0" "not in exclusive mode: $mode"
+        return
+    fi
+    if [ "$KERNEL_LINE" = 6.1 ]; then
+        # rxe has no disassociate_ucontext before 7.3: the move must be refused.
+        rdma_dranet unsupported
+        return
+    fi
+    ip netns attach vmt-host 1
+    # 1. The RDMA device alone: in, back by hand, in again, back by the kernel on netns death.
+    RDMA_FAILED=""
+    ip netns add vmt-rdma
+    rdma_step add rdma link add vmrxe0 type rxe netdev eth2 &&
+        rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma &&
+        rdma_step check-in pod_has_rxe &&
+        rdma_step rdma-out ip netns exec vmt-rdma rdma dev set vmrxe0 netns vmt-host &&
+        rdma_step check-out host_has_rxe &&
+        rdma_step rdma-in-again rdma dev set vmrxe0 netns vmt-rdma &&
+        rdma_step netns-del ip netns del vmt-rdma &&
+        rdma_step back-by-kernel wait_for_rxe_home
+    if [ -z "$RDMA_FAILED" ]; then
+        report PASS rdma-exclusive "$t0" "vmrxe0 into a netns, back by hand, back by the kernel on netns death"
+    else
+        report FAIL rdma-exclusive "$t0" "$RDMA_FAILED (steps: $OUT/rdma.log)"
+    fi
+    ip netns del vmt-rdma 2>/dev/null
+    # 2. With its NIC, as dranet moves a RoCE device: RDMA device first, then the netdev; and
+    # the other order.
+    rdma_with_nic rdma-first
+    rdma_with_nic netdev-first
+    ip netns del vmt-host 2>/dev/null
+    rdma link delete vmrxe0 2>/dev/null
+    sed 's/^/VMINFO rdma.log /' "$OUT/rdma.log"
+    rdma_dranet supported
+}
+
+# dranet's own RDMA netlink move (dranet-sim/tests/vm_nic.rs) on a fresh rxe over eth2.
+rdma_dranet() {
+    local t0 name=dranet_moves_an_rdma_device_in_exclusive_mode log
+    t0=$(now)
+    log="$OUT/nic-$name.log"
+    if DRANET_VM_NIC=eth1 DRANET_VM_RDMA=eth2 DRANET_VM_RDMA_EXPECT=$1 "$VM_NIC_TEST" --exact "$name" \
+        --test-threads=1 --nocapture >"$log" 2>&1 && grep -q "test result: ok. 1 passed" "$log"; then
+        report PASS "rdma:$name" "$t0" "expect=$1: $(grep -E 'returned|refused' "$log" | head -n 1)"
+    else
+        report FAIL "rdma:$name" "$t0" "expect=$1: $(grep -E 'panicked|Error|error' "$log" | head -n 2 | tr '\n' ' ' | cut -c 1-300)"
+    fi
+}
+
+rdma_with_nic() {
+    local t0 order=$1
+    t0=$(now)
+    RDMA_FAILED=""
+    ip netns add vmt-rdma
+    echo "== order $order" >>"$OUT/rdma.log"
+    if ! host_has_rxe; then
+        rdma_step add-again rdma link add vmrxe0 type rxe netdev eth2
+    fi
+    if [ -z "$RDMA_FAILED" ]; then
+        if [ "$order" = rdma-first ]; then
+            rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma &&
+                rdma_step nic-in ip link set eth2 netns vmt-rdma
+        else
+            rdma_step nic-in ip link set eth2 netns vmt-rdma &&
+                rdma_step rdma-in rdma dev set vmrxe0 netns vmt-rdma
+        fi &&
+            rdma_step rxe-still-there-with-its-netdev-moved pod_has_rxe &&
+            rdma_step rdma-out ip netns exec vmt-rdma rdma dev set vmrxe0 netns vmt-host &&
+            rdma_step nic-out ip -n vmt-rdma link set eth2 netns 1 &&
+            rdma_step check-out host_has_rxe
+    fi
+    if [ -z "$RDMA_FAILED" ]; then
+        report PASS "rdma-with-nic:$order" "$t0" "vmrxe0 and eth2 into a netns and back"
+    else
+        report FAIL "rdma-with-nic:$order" "$t0" "$RDMA_FAILED; rdma dev: host [$(rdma dev show 2>&1 | tr '\n' ' ')] pod [$(ip netns exec vmt-rdma rdma dev show 2>&1 | tr '\n' ' ')]"
+    fi
+    ip -n vmt-rdma link set eth2 netns 1 2>/dev/null
+    ip netns del vmt-rdma 2>/dev/null
+}
+
+wait_for_rxe_home() {
+    for _ in $(seq 1 100); do
+        host_has_rxe && [ -e /sys/class/net/eth2 ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+for c in trace nic rdma; do
+    case " $CASES " in
+    *" $c "*) "case_$c" ;;
+    *) echo "VMTEST NOTDONE $c 0s not run on kernel $KERNEL_LINE" ;;
+    esac
+done
