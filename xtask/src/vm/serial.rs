@@ -1,5 +1,5 @@
 //! Parsing the guest's serial log: the guest script prints one
-//! `VMTEST <PASS|FAIL|SKIP|NOTDONE> <case> <seconds>s <detail>` line per case and `VMTEST END`.
+//! `VMTEST <PASS|FAIL|SKIP|NOTDONE|KNOWN> <case> <seconds>s <detail>` line per case and `VMTEST END`.
 
 /// One case's verdict.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
@@ -8,6 +8,9 @@ pub enum Verdict {
     Fail,
     Skip,
     NotDone,
+    /// A known limitation of a kernel or of a probe, documented in the README; does not fail
+    /// the run, but is printed with its detail.
+    Known,
 }
 
 /// One case as reported by the guest.
@@ -37,6 +40,7 @@ impl Verdict {
             Self::Fail => "FAIL",
             Self::Skip => "SKIP",
             Self::NotDone => "NOTDONE",
+            Self::Known => "KNOWN",
         }
     }
 }
@@ -70,6 +74,7 @@ pub fn parse(log: &str) -> Report {
             Some("FAIL") => Verdict::Fail,
             Some("SKIP") => Verdict::Skip,
             Some("NOTDONE") => Verdict::NotDone,
+            Some("KNOWN") => Verdict::Known,
             _ => continue,
         };
         let Some(name) = words.next() else { continue };
