@@ -124,7 +124,7 @@ pub fn run_demo(opts: &Options) -> Result<()> {
     Ok(())
 }
 
-fn nix_is_root() -> bool {
+pub fn nix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -38,6 +38,17 @@ impl Engine {
         uid: &str,
         reason: ReturnReason,
     ) -> Result<DetachOutcome, RescueError> {
+        self.detach_timed(uid, reason, &mut None).await
+    }
+
+    /// [`Engine::detach_locked`] that also records in `first_move` (CLOCK_MONOTONIC ns) when it
+    /// starts bringing its first device home: the rescue's reaction time ends there.
+    pub(super) async fn detach_timed(
+        &self,
+        uid: &str,
+        reason: ReturnReason,
+        first_move: &mut Option<u64>,
+    ) -> Result<DetachOutcome, RescueError> {
         let (devices, pin_path) = {
             let cp = self.cp();
             let Some(rec) = cp.pods.get(uid) else {
@@ -94,6 +105,7 @@ impl Engine {
             if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
                 continue;
             }
+            first_move.get_or_insert_with(crate::watch::monotonic_ns);
             let res = match &pod_nl {
                 Some(nl) => {
                     link::detach(
