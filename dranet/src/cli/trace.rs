@@ -125,6 +125,7 @@ pub async fn run(args: &TraceArgs, out: &mut dyn std::io::Write) -> Result<(), T
         ebpf: !args.no_ebpf,
         trace_all: args.all,
         learn_dirs: true,
+        cleanup_probes: true,
         ..WatcherOptions::default()
     };
     let watcher = Watcher::start(opts).await?;

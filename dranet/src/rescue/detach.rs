@@ -42,7 +42,8 @@ impl Engine {
     }
 
     /// [`Engine::detach_locked`] that also records in `first_move` (CLOCK_MONOTONIC ns) when it
-    /// starts bringing its first device home: the rescue's reaction time ends there.
+    /// sends the move of its first device home (or, without a pod netns, starts the host-side
+    /// repair): the rescue's reaction time ends there.
     pub(super) async fn detach_timed(
         &self,
         uid: &str,
@@ -105,20 +106,21 @@ impl Engine {
             if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
                 continue;
             }
-            first_move.get_or_insert_with(crate::watch::monotonic_ns);
             let res = match &pod_nl {
                 Some(nl) => {
-                    link::detach(
+                    link::detach_timed(
                         nl,
                         &self.inner.host_nl,
                         &self.inner.host,
                         &d.pod_ifname,
                         &d.snapshot,
                         d.pod_mac.as_deref(),
+                        first_move,
                     )
                     .await
                 }
                 None => {
+                    first_move.get_or_insert_with(crate::watch::monotonic_ns);
                     link::find_and_repair(
                         &self.inner.host_nl,
                         &d.snapshot,

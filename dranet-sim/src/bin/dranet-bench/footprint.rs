@@ -66,60 +66,76 @@ pub struct Footprint {
     pub threads: usize,
 }
 
-pub async fn measure(window: Duration) -> Result<Footprint> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .arg("--idle-child")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("spawning the idle child")?;
-    let pid = child.id();
-    let npid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
-    let stdout = child.stdout.take().context("child stdout")?;
-    let ready = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await??;
-    let res = async {
+/// The idle child process; stopped (SIGINT, then SIGKILL after 5 s) on drop.
+pub struct IdleChild {
+    child: std::process::Child,
+    pub pid: u32,
+}
+
+impl IdleChild {
+    /// Spawns `dranet-bench --idle-child` and waits for its "ready".
+    pub async fn spawn() -> Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .arg("--idle-child")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("spawning the idle child")?;
+        let pid = child.id();
+        let stdout = child.stdout.take().context("child stdout")?;
+        let me = Self { child, pid };
+        let ready = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            BufReader::new(stdout).read_line(&mut line).map(|_| line)
+        })
+        .await??;
         if ready.trim() != "ready" {
             bail!("idle child did not start: {ready:?}");
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let status = Path::new("/proc").join(pid.to_string()).join("status");
-        let mut rss_mib = Vec::new();
-        let mut wakeups = Vec::new();
-        let (mut prev, mut threads) = switches(pid)?;
-        for _ in 0..window.as_secs().max(1) {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            #[allow(clippy::cast_precision_loss)]
-            rss_mib.push(status_field(&status, "VmRSS:")? as f64 / 1024.0);
-            let (now, n) = switches(pid)?;
-            #[allow(clippy::cast_precision_loss)]
-            wakeups.push(now.saturating_sub(prev) as f64);
-            prev = now;
-            threads = n;
-        }
-        Ok(Footprint {
-            rss_mib,
-            wakeups,
-            threads,
-        })
+        Ok(me)
     }
-    .await;
-    // SIGINT: the child unmounts its state tmpfs on the way out.
-    let _ = nix::sys::signal::kill(npid, nix::sys::signal::Signal::SIGINT);
-    let waited = tokio::task::spawn_blocking(move || {
+}
+
+impl Drop for IdleChild {
+    fn drop(&mut self) {
+        // SIGINT: the child unmounts its state tmpfs on the way out.
+        if let Ok(pid) = i32::try_from(self.pid) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGINT);
+        }
         for _ in 0..50 {
-            if let Ok(Some(_)) = child.try_wait() {
+            if let Ok(Some(_)) = self.child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = child.kill();
-        let _ = child.wait();
-    });
-    waited.await?;
-    res
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn measure(window: Duration) -> Result<Footprint> {
+    let child = IdleChild::spawn().await?;
+    let pid = child.pid;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = Path::new("/proc").join(pid.to_string()).join("status");
+    let mut rss_mib = Vec::new();
+    let mut wakeups = Vec::new();
+    let (mut prev, mut threads) = switches(pid)?;
+    for _ in 0..window.as_secs().max(1) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        #[allow(clippy::cast_precision_loss)]
+        rss_mib.push(status_field(&status, "VmRSS:")? as f64 / 1024.0);
+        let (now, n) = switches(pid)?;
+        #[allow(clippy::cast_precision_loss)]
+        wakeups.push(now.saturating_sub(prev) as f64);
+        prev = now;
+        threads = n;
+    }
+    drop(child);
+    Ok(Footprint {
+        rss_mib,
+        wakeups,
+        threads,
+    })
 }

@@ -168,23 +168,29 @@ async fn latency_rows(rounds: usize) -> Result<Vec<Row>> {
 async fn overhead_row(runs: usize, iters: usize) -> Result<Row> {
     eprintln!("watcher overhead ...");
     let o = overhead::run(runs, iters).await?;
-    let ratio = o.ratio();
+    let off50 = pct(&o.iters_off, 50.0);
+    let iter_ratio = pct(&o.iters_on, 50.0) / off50.max(f64::MIN_POSITIVE);
     let mut r = Row::latency(
         "watcher overhead (netns create+delete)".into(),
         "us",
         &o.iters_on,
         Some(&o.iters_off),
     );
-    r.ratio = Some(ratio);
+    // The iteration median: run means on this shared 2-core machine are dominated by bursts
+    // of other tenants' work.
+    r.ratio = Some(iter_ratio);
     let ops = |v: &[f64]| {
         let m = pct(v, 50.0);
         if m > 0.0 { 1e6 / m } else { 0.0 }
     };
-    Ok(r.goal("<= 2 % slower (ratio <= 1.02)", ratio <= 1.02).note(format!(
-        "{runs} runs x {iters} iterations per mode; median run: {:.0}/s with probes, {:.0}/s without; ratio = median run time with/without; probes: {}",
+    let probe = pct(&o.probe_us, 50.0);
+    let share = if off50 > 0.0 { probe / off50 * 100.0 } else { 0.0 };
+    let pass = iter_ratio <= 1.02 && share <= 2.0;
+    Ok(r.goal("<= 2 % slower (iteration p50 ratio, probe CPU share)", pass).note(format!(
+        "{runs} runs x {iters} iterations per mode, loop and dranet in separate processes; median run: {:.0}/s with dranet, {:.0}/s without (ratio of run times {:.3}); eBPF programs' own CPU (kernel BPF stats) {probe:.1} us per create+delete = {share:.1} % of an iteration",
         ops(&o.runs_on),
         ops(&o.runs_off),
-        o.probes.join(",")
+        o.ratio(),
     )))
 }
 
