@@ -17,7 +17,16 @@ pub fn child() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
         let state = StateDir::new()?;
-        let watcher = Watcher::start(WatcherOptions::default()).await?;
+        // Diagnostics only: DRANET_BENCH_IDLE=no-ebpf / no-inotify drop one source.
+        let variant = std::env::var("DRANET_BENCH_IDLE").unwrap_or_default();
+        let mut wopts = WatcherOptions::default();
+        if variant == "no-ebpf" {
+            wopts.ebpf = false;
+        }
+        if variant == "no-inotify" {
+            wopts.netns_dirs = Vec::new();
+        }
+        let watcher = Watcher::start(wopts).await?;
         let sub = watcher.subscribe();
         let opts = EngineOptions {
             state_dir: state.0.clone(),
