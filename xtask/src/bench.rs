@@ -50,6 +50,23 @@ pub fn run_bench(opts: &Options) -> Result<()> {
         let obj = build_ebpf::run(&build_ebpf::Options::default())?;
         build.env("DRANET_EBPF_OBJECT", obj);
     }
+    // `cargo xtask` runs us with this package's CARGO_PKG_* / CARGO_MANIFEST_* set; build scripts
+    // that watch them (ring) would then rebuild everything that a plain `cargo build` built.
+    for (k, _) in std::env::vars_os() {
+        if let Some(k) = k.to_str()
+            && [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+                "CARGO_PRIMARY_",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p))
+        {
+            build.env_remove(k);
+        }
+    }
     run(&mut build)?;
     let target = target_dir();
     let bin = target
