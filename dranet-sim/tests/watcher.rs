@@ -48,7 +48,12 @@ fn pod_with_veth(tag: &str) -> Result<(PodNetns, Veth, u32, NetnsId)> {
 }
 
 async fn start() -> Result<Watcher> {
-    let w = Watcher::start(WatcherOptions::default()).await?;
+    // With the probes `dranet trace` adds (cleanup_net), so they are tested too.
+    let w = Watcher::start(WatcherOptions {
+        cleanup_probes: true,
+        ..WatcherOptions::default()
+    })
+    .await?;
     for s in w.status() {
         eprintln!("{s}");
     }

@@ -5,6 +5,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod build_ebpf;
 mod demo;
 mod vm;
@@ -18,6 +19,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Job {
+    /// Benchmarks (root): rescue reaction and latency, attach latency, watcher overhead,
+    /// footprint; a table plus target/bench/results.json.
+    Bench(bench::Options),
     /// Build the eBPF programs (dranet-ebpf) for bpfel-unknown-none with Debian's rustc 1.96.
     BuildEbpf(build_ebpf::Options),
     /// Set-up on a fresh machine, then dranet's main job: one pod life cycle in a runtime's order.
@@ -37,6 +41,7 @@ enum Job {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.job {
+        Job::Bench(opts) => bench::run_bench(&opts),
         Job::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Job::Demo(opts) => demo::run_demo(&opts),
         Job::VmTest(opts) => vm::run_vm_test(&opts),

@@ -130,6 +130,8 @@ pub async fn run(args: &TraceArgs, out: &mut dyn std::io::Write) -> Result<(), T
         ebpf: !args.no_ebpf,
         trace_all: args.all,
         learn_dirs: true,
+        cleanup_probes: true,
+        prefixes: watch::DEFAULT_PREFIXES.iter().map(|s| (*s).to_owned()).collect(),
         ..WatcherOptions::default()
     };
     let watcher = Watcher::start(opts).await?;

@@ -760,14 +760,35 @@ pub async fn detach(
     snap: &LinkSnapshot,
     pod_mac: Option<&str>,
 ) -> Result<Returned, LinkError> {
-    let Some(m) = find_in(pod_nl, &[pod_ifname], snap, pod_mac).await? else {
+    detach_timed(pod_nl, host_nl, host, pod_ifname, snap, pod_mac, &mut None).await
+}
+
+/// [`detach`], recording in `moved_at` (CLOCK_MONOTONIC ns, if still `None`) when it sends the
+/// RTM_NEWLINK that moves the device home.
+pub async fn detach_timed(
+    pod_nl: &Netlink,
+    host_nl: &Netlink,
+    host: &Netns,
+    pod_ifname: &str,
+    snap: &LinkSnapshot,
+    pod_mac: Option<&str>,
+    moved_at: &mut Option<u64>,
+) -> Result<Returned, LinkError> {
+    // Both lookups at once (two sockets, two netns): one round trip less before the move,
+    // which is the rescue's reaction time.
+    let names = [pod_ifname];
+    let (in_pod, in_host) = futures::join!(
+        find_in(pod_nl, &names, snap, pod_mac),
+        host_nl.link_by_name(&snap.name)
+    );
+    let Some(m) = in_pod? else {
         // Not in the pod (the kernel or someone else moved it): look in the host.
         return find_and_repair(host_nl, snap, Some(pod_ifname), pod_mac).await;
     };
     let pod_index = m.header.index;
     // The kernel moves first and renames after (a rename clash fails the request with the
     // device already moved), so pick a free host name up front.
-    let host_busy = host_nl.link_by_name(&snap.name).await?.is_some();
+    let host_busy = in_host?.is_some();
     let name = if host_busy {
         temp_name(snap.ifindex)
     } else {
@@ -778,6 +799,7 @@ pub async fn detach(
     msg.attributes
         .push(LinkAttribute::NetNsFd(host.as_fd().as_raw_fd()));
     msg.attributes.push(LinkAttribute::IfName(name.clone()));
+    moved_at.get_or_insert_with(crate::watch::monotonic_ns);
     if let Err(e) = pod_nl.newlink(msg, "move back to the host netns").await {
         // It may have moved anyway, under another name.
         return match find_and_repair(host_nl, snap, Some(pod_ifname), pod_mac).await {

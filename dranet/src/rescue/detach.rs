@@ -39,6 +39,18 @@ impl Engine {
         uid: &str,
         reason: ReturnReason,
     ) -> Result<DetachOutcome, RescueError> {
+        self.detach_timed(uid, reason, &mut None).await
+    }
+
+    /// [`Engine::detach_locked`] that also records in `first_move` (CLOCK_MONOTONIC ns) when it
+    /// sends the move of its first device home (or, without a pod netns, starts the host-side
+    /// repair): the rescue's reaction time ends there.
+    pub(super) async fn detach_timed(
+        &self,
+        uid: &str,
+        reason: ReturnReason,
+        first_move: &mut Option<u64>,
+    ) -> Result<DetachOutcome, RescueError> {
         let started = std::time::Instant::now();
         let (devices, pin_path) = {
             let cp = self.cp();
@@ -92,17 +104,19 @@ impl Engine {
             }
             let res = match &pod_nl {
                 Some(nl) => {
-                    link::detach(
+                    link::detach_timed(
                         nl,
                         &self.inner.host_nl,
                         &self.inner.host,
                         &d.pod_ifname,
                         &d.snapshot,
                         d.pod_mac.as_deref(),
+                        first_move,
                     )
                     .await
                 }
                 None => {
+                    first_move.get_or_insert_with(crate::watch::monotonic_ns);
                     link::find_and_repair(
                         &self.inner.host_nl,
                         &d.snapshot,

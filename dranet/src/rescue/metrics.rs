@@ -19,6 +19,8 @@ pub struct RescueMetrics {
     pub returns: Family<TriggerLabel, Counter>,
     /// Seconds from the teardown signal to every device home.
     pub rescue_latency: Histogram,
+    /// Seconds from the teardown signal to the engine starting its first device move.
+    pub rescue_reaction: Histogram,
     pub attach_latency: Histogram,
     pub repaired: Counter,
     pub rollbacks: Counter,
@@ -33,6 +35,9 @@ impl Default for RescueMetrics {
         Self {
             returns: Family::default(),
             rescue_latency: Histogram::new(buckets),
+            rescue_reaction: Histogram::new([
+                0.000_05, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1,
+            ]),
             attach_latency: Histogram::new(buckets),
             repaired: Counter::default(),
             rollbacks: Counter::default(),
@@ -52,6 +57,11 @@ impl RescueMetrics {
             "dranet_rescue_latency_seconds",
             "Time from a netns teardown signal to every device of the pod home",
             self.rescue_latency.clone(),
+        );
+        r.register(
+            "dranet_rescue_reaction_seconds",
+            "Time from a netns teardown signal to the first device move of the rescue",
+            self.rescue_reaction.clone(),
         );
         r.register(
             "dranet_attach_latency_seconds",

@@ -156,6 +156,22 @@ struct Inner {
     counters: Mutex<Counters>,
     metrics: RescueMetrics,
     activity: tokio::sync::broadcast::Sender<activity::Activity>,
+    last_rescue: Mutex<Option<RescueTiming>>,
+}
+
+/// Timestamps (CLOCK_MONOTONIC ns, the clock of [`crate::watch::monotonic_ns`] and of the probes)
+/// of the latest probe-triggered rescue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RescueTiming {
+    pub pod_uid: String,
+    pub trigger: &'static str,
+    /// When the teardown signal happened (the probe's event time).
+    pub event_ns: u64,
+    /// When the engine started bringing its first device home (`None`: nothing was out).
+    pub first_move_ns: Option<u64>,
+    /// When every device was home (or the rescue gave up).
+    pub done_ns: u64,
+    pub ok: bool,
 }
 
 /// Running totals, exported as metrics.
@@ -234,6 +250,7 @@ impl Engine {
                 counters: Mutex::new(Counters::default()),
                 metrics: RescueMetrics::default(),
                 activity: tokio::sync::broadcast::channel(1024).0,
+                last_rescue: Mutex::new(None),
             }),
         })
     }
@@ -278,6 +295,12 @@ impl Engine {
             netns_path,
             kind,
         });
+    }
+
+    /// Timestamps of the latest probe-triggered rescue (benchmarks, `dranet trace`).
+    #[must_use]
+    pub fn last_rescue(&self) -> Option<RescueTiming> {
+        lock(&self.inner.last_rescue).clone()
     }
 
     /// The engine's Prometheus metrics.
@@ -376,7 +399,18 @@ impl Engine {
                         trigger: trigger.to_owned(),
                     },
                 );
-                match self.detach_pod(&pod_uid, ReturnReason::NetnsTeardown).await {
+                let mut first_move = None;
+                let res = {
+                    let _owner = self.own(&pod_uid).await;
+                    self.detach_timed(&pod_uid, ReturnReason::NetnsTeardown, &mut first_move)
+                        .await
+                };
+                // A second trigger of the same teardown (unlink after umount) finds the work
+                // done and moves nothing: only the rescue that moved devices is recorded.
+                if first_move.is_some() {
+                    self.record_rescue(&pod_uid, trigger, at, first_move, res.is_ok());
+                }
+                match res {
                     Ok(DetachOutcome::Returned { .. }) => {
                         let took = crate::watch::monotonic_ns().saturating_sub(at);
                         #[allow(clippy::cast_precision_loss)]
@@ -409,6 +443,24 @@ impl Engine {
                 }
             }
         }
+    }
+
+    fn record_rescue(&self, uid: &str, trigger: &'static str, at: u64, first_move: Option<u64>, ok: bool) {
+        if let Some(t) = first_move {
+            #[allow(clippy::cast_precision_loss)]
+            self.inner
+                .metrics
+                .rescue_reaction
+                .observe(t.saturating_sub(at) as f64 / 1e9);
+        }
+        *lock(&self.inner.last_rescue) = Some(RescueTiming {
+            pod_uid: uid.to_owned(),
+            trigger,
+            event_ns: at,
+            first_move_ns: first_move,
+            done_ns: crate::watch::monotonic_ns(),
+            ok,
+        });
     }
 
     fn cp(&self) -> MutexGuard<'_, Checkpoint> {

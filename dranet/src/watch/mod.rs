@@ -41,7 +41,7 @@ pub use probes::{ProbeState, ProbeStatus, Tier};
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("DRANET_EBPF_OBJECT"));
 
-/// Default watched prefixes: where runtimes bind-mount pod netns.
+/// Where runtimes bind-mount pod netns: the prefixes `dranet trace` watches.
 pub const DEFAULT_PREFIXES: &[&str] = &["/run/netns/", "/var/run/netns/"];
 
 /// Errors of this module.
@@ -63,6 +63,17 @@ fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<
         .map_err(std::io::Error::from)
 }
 
+/// Loading the probes parses the kernel's BTF (several MiB of short-lived allocations); glibc
+/// keeps the freed heap mapped, which would double the idle daemon's RSS. Hand it back once.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks and trims the allocator's own free lists; it takes the
+    // allocator's locks and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
 #[must_use]
 pub fn monotonic_ns() -> MonoNs {
@@ -80,7 +91,11 @@ pub struct WatcherOptions {
     pub ebpf: bool,
     /// Report every umount/unlink, watched or not (debugging).
     pub trace_all: bool,
-    /// Path prefixes watched in the kernel.
+    /// Path prefixes matched in the kernel besides the exact paths of watched netns
+    /// ([`Watcher::watch_netns`] registers every spelling of a pod's path). Every umount/unlink
+    /// under a prefix becomes an event, for every pod of the node: ≈ 30 µs of probe CPU per
+    /// netns teardown (`cargo xtask bench`, 6 % of a netns create + delete), so the daemon
+    /// leaves this empty and only `dranet trace` sets [`DEFAULT_PREFIXES`].
     pub prefixes: Vec<String>,
     /// Netns directories for inotify and identity learning.
     pub netns_dirs: Vec<PathBuf>,
@@ -88,6 +103,11 @@ pub struct WatcherOptions {
     pub learn_dirs: bool,
     /// Broadcast capacity (events buffered per slow subscriber before it sees `Lost`).
     pub capacity: usize,
+    /// Attach the `netns_cleanup` probes (tp_btf on the workqueue tracepoints). They run for
+    /// every work item of the machine (≈ 14 µs of probe CPU per netns create + delete measured
+    /// by `cargo xtask bench`) and only `dranet trace` shows what they report: the rescue
+    /// engine does not act on them, so the daemon leaves them off.
+    pub cleanup_probes: bool,
 }
 
 impl Default for WatcherOptions {
@@ -95,10 +115,11 @@ impl Default for WatcherOptions {
         Self {
             ebpf: true,
             trace_all: false,
-            prefixes: DEFAULT_PREFIXES.iter().map(|s| (*s).to_owned()).collect(),
+            prefixes: Vec::new(),
             netns_dirs: vec![PathBuf::from("/run/netns"), PathBuf::from("/var/run/netns")],
             learn_dirs: false,
             capacity: 8192,
+            cleanup_probes: false,
         }
     }
 }
@@ -246,6 +267,7 @@ impl Watcher {
             tasks: Vec::new(),
         };
         let unlink_probe = w.start_ebpf(&opts);
+        release_freed_heap();
         w.start_rtnl().await?;
         w.start_inotify(&opts, !unlink_probe);
         Ok(w)
@@ -257,7 +279,7 @@ impl Watcher {
             self.status = probes::all_unsupported("eBPF disabled by configuration");
             return false;
         }
-        let loaded = match probes::load(EBPF_OBJECT, opts.trace_all) {
+        let loaded = match probes::load(EBPF_OBJECT, opts.trace_all, opts.cleanup_probes) {
             Ok(l) => l,
             Err(e) => {
                 let reason = format!("{e}: {}", error_chain(&e));
@@ -376,6 +398,12 @@ impl Watcher {
     }
 
     fn start_inotify(&mut self, opts: &WatcherOptions, emit_unlinks: bool) {
+        if !emit_unlinks && !opts.learn_dirs {
+            // Nothing to do with its events (the unlink probe reports removals, nobody wants
+            // identities learned): skip it, or every netns created or removed on the node
+            // wakes the daemon (≈ 10 % slower netns churn on 2 cores, `cargo xtask bench`).
+            return;
+        }
         if let Some(first) = opts.netns_dirs.first() {
             // Runtimes create it on first use; create it so the watch has something to watch.
             let _ = std::fs::create_dir_all(first);

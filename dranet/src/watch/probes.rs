@@ -254,9 +254,9 @@ pub struct Loaded {
     pub status: Vec<ProbeStatus>,
 }
 
-/// Loads the object (maps + globals) and tries every probe. Fails only if the object itself
-/// cannot be loaded (no privileges, no BPF at all).
-pub fn load(object: &[u8], trace_all: bool) -> Result<Loaded, ProbeError> {
+/// Loads the object (maps + globals) and tries every probe (`netns_cleanup` only with
+/// `cleanup`). Fails only if the object itself cannot be loaded (no privileges, no BPF at all).
+pub fn load(object: &[u8], trace_all: bool, cleanup: bool) -> Result<Loaded, ProbeError> {
     let own_btf = Btf::from_sys_fs().ok();
     let aya_btf = AyaBtf::from_sys_fs().ok();
     let cfg = kernel_config(own_btf.as_ref(), trace_all);
@@ -273,7 +273,11 @@ pub fn load(object: &[u8], trace_all: bool) -> Result<Loaded, ProbeError> {
     let lsm = bpf_lsm_active();
     let mut nsfs_lsm_active = false;
     for def in PROBES {
-        let state = if def.name == "nsfs_umount_fentry" && nsfs_lsm_active {
+        let state = if def.name == "netns_cleanup" && !cleanup {
+            ProbeState::Unsupported(
+                "off: only `dranet trace` uses it (it runs on every workqueue item)".into(),
+            )
+        } else if def.name == "nsfs_umount_fentry" && nsfs_lsm_active {
             ProbeState::Unsupported("not needed: lsm/sb_umount is active".into())
         } else {
             let pre = precheck(def, &cfg, own_btf.as_ref(), aya_btf.as_ref(), &tracefs, &lsm);

@@ -1,0 +1,213 @@
+//! `dranet-bench`: the measurements behind `cargo xtask bench` (needs root). Prints a table and
+//! writes the rows as JSON (`--out`, default `target/bench/results.json`).
+//!
+//! | metric | how |
+//! |---|---|
+//! | rescue reaction | umount2 return (CRI-O order) → the engine starting its first device move (timestamp the engine records, `Engine::last_rescue`) |
+//! | rescue latency N | umount2 return → every device home (name, UP, MTU) as an independent rtnetlink listener sees it; baseline: direct rtnetlink moves started at umount2 return |
+//! | attach latency N | `Engine::attach_pod` wall time (what the NRI hook calls); baseline: direct rtnetlink moves |
+//! | watcher overhead | netns create+delete loop, probes loaded vs not, alternating runs |
+//! | footprint | idle child with watcher + engine: VmRSS, context switches/s |
+mod baseline;
+mod footprint;
+mod latency;
+mod listener;
+mod overhead;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use clap::Parser;
+use serde_json::json;
+use stats::{Row, pct};
+
+#[derive(Parser, Debug)]
+#[command(name = "dranet-bench", about = "dranet benchmarks (root)")]
+struct Args {
+    /// Few rounds (< 60 s in all).
+    #[arg(long)]
+    quick: bool,
+    /// Print the JSON document on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "target/bench/results.json")]
+    out: PathBuf,
+    /// Rounds per latency figure (default 60, quick 8).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Only these parts: rescue (reaction, rescue and attach latency), overhead, footprint.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Internal: the idle child of the footprint measurement.
+    #[arg(long, hide = true)]
+    idle_child: bool,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.idle_child {
+        return footprint::child();
+    }
+    if !nix::unistd::geteuid().is_root() {
+        bail!("dranet-bench needs root (network namespaces, veth pairs, eBPF)");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(bench(&args))
+}
+
+fn want(args: &Args, part: &str) -> bool {
+    args.only.is_empty() || args.only.iter().any(|p| p == part)
+}
+
+async fn bench(args: &Args) -> Result<()> {
+    let started = Instant::now();
+    let rounds = args.rounds.unwrap_or(if args.quick { 8 } else { 60 });
+    let mut rows = Vec::new();
+    if want(args, "rescue") {
+        rows.extend(latency_rows(rounds).await?);
+    }
+    if want(args, "overhead") {
+        let (runs, iters) = if args.quick { (2, 40) } else { (8, 150) };
+        rows.push(overhead_row(runs, iters).await?);
+    }
+    if want(args, "footprint") {
+        rows.extend(footprint_rows().await?);
+    }
+    rows.push(Row::placeholder(
+        "inventory scan",
+        "pending (inventory module not merged)",
+    ));
+    let doc = json!({
+        "quick": args.quick,
+        "rounds": rounds,
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "cpus": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(1),
+        "elapsed_s": started.elapsed().as_secs_f64(),
+        "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "rows": rows,
+    });
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, serde_json::to_vec_pretty(&doc)?)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", stats::table(&rows));
+        println!(
+            "\n{} rounds per latency figure, {:.0} s, results in {}",
+            rounds,
+            started.elapsed().as_secs_f64(),
+            args.out.display()
+        );
+    }
+    Ok(())
+}
+
+async fn latency_rows(rounds: usize) -> Result<Vec<Row>> {
+    let cx = latency::Ctx::start().await?;
+    let mut rows = Vec::new();
+    let mut reaction = Vec::new();
+    let mut from_event = Vec::new();
+    let mut rescue = Vec::new();
+    let mut attach = Vec::new();
+    for n in [1, 4, 16] {
+        eprintln!("latency, N = {n} ...");
+        let f = latency::run(&cx, n, rounds).await?;
+        reaction.extend_from_slice(&f.reaction);
+        from_event.extend_from_slice(&f.reaction_from_event);
+        let r = Row::latency(
+            format!("rescue latency N={n}"),
+            "us",
+            &f.rescue,
+            Some(&f.rescue_base),
+        );
+        let limit = 1.5 * r.baseline_p99.unwrap_or(0.0) + 1000.0;
+        let pass = r.p99.unwrap_or(f64::MAX) <= limit;
+        rescue.push(
+            r.goal("p99 <= 1.5 x base + 1 ms", pass)
+                .note(format!("limit {limit:.0} us")),
+        );
+        let a = Row::latency(
+            format!("attach latency N={n}"),
+            "us",
+            &f.attach,
+            Some(&f.attach_base),
+        );
+        let limit = 1.3 * a.baseline_p99.unwrap_or(0.0);
+        let pass = a.p99.unwrap_or(f64::MAX) <= limit;
+        let mut a = a.goal("p99 <= 1.3 x base", pass);
+        a = if n == 16 {
+            let share = a.p99.unwrap_or(0.0) / 2e6 * 100.0;
+            a.note(format!(
+                "limit {limit:.0} us; p99 uses {share:.2} % of NRI's 2 s budget (engine called directly, no NRI transport)"
+            ))
+        } else {
+            a.note(format!("limit {limit:.0} us"))
+        };
+        attach.push(a);
+    }
+    let r = Row::latency("rescue reaction".into(), "us", &reaction, None);
+    let pass = r.p99.unwrap_or(f64::MAX) <= 1000.0;
+    rows.push(r.goal("p99 <= 1 ms", pass).note(format!(
+        "umount2 return -> engine starts its first move (engine timestamp); inside dranet alone (probe event -> move): p50 {:.0} us, p99 {:.0} us; all N",
+        pct(&from_event, 50.0),
+        pct(&from_event, 99.0)
+    )));
+    rows.extend(rescue);
+    rows.extend(attach);
+    Ok(rows)
+}
+
+async fn overhead_row(runs: usize, iters: usize) -> Result<Row> {
+    eprintln!("watcher overhead ...");
+    let o = overhead::run(runs, iters).await?;
+    let off50 = pct(&o.iters_off, 50.0);
+    let iter_ratio = pct(&o.iters_on, 50.0) / off50.max(f64::MIN_POSITIVE);
+    let mut r = Row::latency(
+        "watcher overhead (netns create+delete)".into(),
+        "us",
+        &o.iters_on,
+        Some(&o.iters_off),
+    );
+    // The iteration median: run means on this shared 2-core machine are dominated by bursts
+    // of other tenants' work.
+    r.ratio = Some(iter_ratio);
+    let ops = |v: &[f64]| {
+        let m = pct(v, 50.0);
+        if m > 0.0 { 1e6 / m } else { 0.0 }
+    };
+    let probe = pct(&o.probe_us, 50.0);
+    let share = if off50 > 0.0 { probe / off50 * 100.0 } else { 0.0 };
+    let pass = iter_ratio <= 1.02 && share <= 2.0;
+    Ok(r.goal("<= 2 % slower (iteration p50 ratio, probe CPU share)", pass).note(format!(
+        "{runs} runs x {iters} iterations per mode, loop and dranet in separate processes; median run: {:.0}/s with dranet, {:.0}/s without (ratio of run times {:.3}); eBPF programs' own CPU (kernel BPF stats) {probe:.1} us per create+delete = {share:.1} % of an iteration",
+        ops(&o.runs_on),
+        ops(&o.runs_off),
+        o.ratio(),
+    )))
+}
+
+async fn footprint_rows() -> Result<Vec<Row>> {
+    eprintln!("footprint (5 s idle) ...");
+    let f = footprint::measure(Duration::from_secs(5)).await?;
+    let rss = Row::latency("footprint RSS (idle)".into(), "MiB", &f.rss_mib, None);
+    let pass = rss.p99.unwrap_or(f64::MAX) <= 16.0;
+    let rss = rss.goal("<= 16 MiB", pass).note(format!(
+        "child process: watcher + engine event loop, {} threads",
+        f.threads
+    ));
+    let wk = Row::latency("footprint wake-ups (idle)".into(), "1/s", &f.wakeups, None);
+    #[allow(clippy::cast_precision_loss)]
+    let mean = f.wakeups.iter().sum::<f64>() / f.wakeups.len().max(1) as f64;
+    let wk = wk.goal("<= 1 /s", mean <= 1.0).note(format!(
+        "context switches of all threads per second; mean {mean:.2}/s over the window"
+    ));
+    Ok(vec![rss, wk])
+}
