@@ -8,8 +8,10 @@
 //! | attach latency N | `Engine::attach_pod` wall time (what the NRI hook calls); baseline: direct rtnetlink moves |
 //! | watcher overhead | netns create+delete loop, probes loaded vs not, alternating runs |
 //! | footprint | idle child with watcher + engine: VmRSS, context switches/s |
+//! | inventory | scan + slice build of 256 veth devices in a private netns; baseline: bare link dump |
 mod baseline;
 mod footprint;
+mod inventory;
 mod latency;
 mod listener;
 mod overhead;
@@ -38,7 +40,7 @@ struct Args {
     /// Rounds per latency figure (default 60, quick 8).
     #[arg(long)]
     rounds: Option<usize>,
-    /// Only these parts: rescue (reaction, rescue and attach latency), overhead, footprint.
+    /// Only these parts: rescue (reaction, rescue and attach latency), overhead, footprint, inventory.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Internal: the idle child of the footprint measurement.
@@ -79,10 +81,9 @@ async fn bench(args: &Args) -> Result<()> {
     if want(args, "footprint") {
         rows.extend(footprint_rows().await?);
     }
-    rows.push(Row::placeholder(
-        "inventory scan",
-        "pending (inventory module not merged)",
-    ));
+    if want(args, "inventory") {
+        rows.push(inventory::row(if args.quick { 5 } else { 30 }).await?);
+    }
     let doc = json!({
         "quick": args.quick,
         "rounds": rounds,

@@ -65,22 +65,6 @@ impl Row {
         self.note = note.into();
         self
     }
-
-    pub fn placeholder(metric: &str, note: &str) -> Self {
-        Self {
-            metric: metric.to_owned(),
-            unit: "",
-            samples: 0,
-            p50: None,
-            p99: None,
-            baseline_p50: None,
-            baseline_p99: None,
-            ratio: None,
-            goal: String::new(),
-            pass: None,
-            note: note.to_owned(),
-        }
-    }
 }
 
 fn num(v: Option<f64>) -> String {
