@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the cargo-fuzz target for the NRI frame decoder for a bounded time (default 60 s).
+# Runs the cargo-fuzz targets (NRI frame decoder, opaque config parsing) for a bounded time each
+# (default 60 s).
 # cargo-fuzz needs nightly flags; Debian's rustc is stable, so RUSTC_BOOTSTRAP=1 enables them.
 # Installs cargo-fuzz once (idempotent). Usage: scripts/fuzz.sh [seconds]
 set -euo pipefail
@@ -8,6 +9,9 @@ secs="${1:-60}"
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 export RUSTC_BOOTSTRAP=1
 export DRANET_EBPF_OBJECT="${DRANET_EBPF_OBJECT:-$PWD/target/ebpf/bpfel-unknown-none/release/dranet-ebpf}"
-mkdir -p fuzz/corpus/frames
 cd fuzz
-cargo fuzz run --sanitizer none frames corpus/frames -- -max_total_time="$secs" -max_len=65536
+for target in frames config; do
+  mkdir -p "corpus/$target"
+  echo "== fuzz $target (${secs} s)"
+  cargo fuzz run --sanitizer none "$target" "corpus/$target" -- -max_total_time="$secs" -max_len=65536 2>&1 | tail -2
+done

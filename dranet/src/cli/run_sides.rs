@@ -17,7 +17,7 @@ use crate::dra::{KubeClaimSource, KubeletPlugin, PlanSink, PluginConfig, Prepare
 use crate::inventory::{Device, ScanOptions, SharedInventory};
 use crate::plan::PodPlan;
 use crate::rescue::Engine;
-use crate::slices::{Publisher, SliceController};
+use crate::slices::{LoopTiming, Publisher, RescanHandle, SliceController, link_events, publish_loop};
 
 /// Readiness of the sides, for `/healthz`.
 #[derive(Default)]
@@ -52,10 +52,14 @@ pub struct Sides {
     pub(super) nri_stop: Option<tokio::sync::watch::Sender<bool>>,
     pub(super) nri_task: Option<tokio::task::JoinHandle<()>>,
     pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub(super) slices_stop: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Sides {
     pub async fn stop(self) {
+        if let Some(tx) = self.slices_stop {
+            let _ = tx.send(true);
+        }
         if let Some(tx) = self.nri_stop {
             let _ = tx.send(true);
         }
@@ -195,13 +199,32 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
         nri_stop: None,
         nri_task: None,
         tasks: Vec::new(),
+        slices_stop: None,
     };
     let inventory = SharedInventory::new(Vec::new());
     if !args.no_dra {
-        let kube = if args.slices_dir.is_some() && args.claims_dir.is_some() {
-            None
+        // Embedded default: with no kubeconfig and no in-cluster environment, slices go to a
+        // local directory and claims come from local files (runs and demos without a cluster).
+        let (kube, slices_dir, claims_dir) = if args.slices_dir.is_some() && args.claims_dir.is_some() {
+            (None, args.slices_dir.clone(), args.claims_dir.clone())
         } else {
-            Some(kube_client(args).await?)
+            match kube_client(args).await {
+                Ok(c) => (Some(c), args.slices_dir.clone(), args.claims_dir.clone()),
+                Err(e) if args.kubeconfig.is_none() => {
+                    let slices = args
+                        .slices_dir
+                        .clone()
+                        .unwrap_or_else(|| args.state_dir.join("slices"));
+                    let claims = args
+                        .claims_dir
+                        .clone()
+                        .unwrap_or_else(|| args.state_dir.join("claims"));
+                    warn!(error = %e, slices = %slices.display(), claims = %claims.display(),
+                        "no cluster: embedded mode (ResourceSlices to files, ResourceClaims from files)");
+                    (None, Some(slices), Some(claims))
+                }
+                Err(e) => return Err(e),
+            }
         };
         let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
         let scan_opts = Arc::new(ScanOptions {
@@ -212,7 +235,7 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
         let devices = scan(&scan_opts, engine, &BTreeMap::new()).await?;
         info!(devices = devices.len(), "inventory");
         inventory.replace(devices.clone());
-        let publisher = match (&args.slices_dir, &kube) {
+        let publisher = match (&slices_dir, &kube) {
             (Some(dir), _) => AnyPublisher::Dir(crate::slices::DirPublisher::new(
                 dir,
                 &args.driver_name,
@@ -233,37 +256,57 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             .update(&devices)
             .await
             .context("publishing ResourceSlices")?;
-        let (inv, eng, opts) = (inventory.clone(), engine.clone(), scan_opts.clone());
-        let republish = Arc::new(tokio::sync::Notify::new());
-        let wake = republish.clone();
+        // Rescans are driven by link events (debounced by the loop's minimum interval), by the
+        // engine bringing devices home, and by kubelet (re)registering us (forced re-publish: a
+        // restarted kubelet may have wiped the node's slices); a slow periodic rescan backs them.
+        let rescan = RescanHandle::new();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        sides.slices_stop = Some(stop_tx);
+        let last = Arc::new(std::sync::Mutex::new(
+            devices
+                .into_iter()
+                .map(|d| (d.name.clone(), d))
+                .collect::<BTreeMap<String, Device>>(),
+        ));
+        let (eng, opts) = (engine.clone(), scan_opts.clone());
+        let scan_fn = move || {
+            let devs = crate::inventory::scan(&opts)?;
+            let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let devs = keep_devices_in_pods(devs, &eng, &last);
+            *last = devs.iter().map(|d| (d.name.clone(), d.clone())).collect();
+            Ok(devs)
+        };
+        sides.tasks.push(tokio::spawn(publish_loop(
+            scan_fn,
+            inventory.clone(),
+            slices,
+            rescan.clone(),
+            LoopTiming {
+                min_interval: Duration::from_millis(500),
+                ..LoopTiming::default()
+            },
+            stop_rx.clone(),
+        )));
+        let (r, stop) = (rescan.clone(), stop_rx.clone());
         sides.tasks.push(tokio::spawn(async move {
-            let mut last: BTreeMap<String, Device> =
-                devices.into_iter().map(|d| (d.name.clone(), d)).collect();
+            if let Err(e) = link_events(r, stop).await {
+                warn!(error = %e, "no link events: inventory relies on periodic rescans");
+            }
+        }));
+        let (r, mut activity) = (rescan.clone(), engine.activity());
+        sides.tasks.push(tokio::spawn(async move {
             loop {
-                // Rescan every 10 s; re-publish at once when kubelet (re)registers us (a
-                // restarted kubelet may have wiped the node's slices).
-                let forced = tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(10)) => false,
-                    () = wake.notified() => true,
-                };
-                match scan(&opts, &eng, &last).await {
-                    Ok(devs) => {
-                        inv.replace(devs.clone());
-                        let r = if forced {
-                            slices.publish(&devs).await
-                        } else {
-                            slices.update(&devs).await.map(|_| ())
-                        };
-                        if let Err(e) = r {
-                            warn!(error = %e, "re-publishing ResourceSlices");
-                        }
-                        last = devs.into_iter().map(|d| (d.name.clone(), d)).collect();
+                match activity.recv().await {
+                    Ok(a) if matches!(a.kind, crate::rescue::activity::ActivityKind::Returned { .. }) => {
+                        r.request_rescan();
                     }
-                    Err(e) => warn!(error = %e, "inventory scan"),
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
             }
         }));
-        let claims: Arc<dyn ClaimSource> = match (&args.claims_dir, kube) {
+        let republish = rescan.clone();
+        let claims: Arc<dyn ClaimSource> = match (&claims_dir, kube) {
             (Some(dir), _) => Arc::new(FileClaimSource { dir: dir.clone() }),
             (None, Some(client)) => Arc::new(KubeClaimSource::new(client)),
             (None, None) => anyhow::bail!("no source of ResourceClaims"),
@@ -286,7 +329,7 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
         info!(registration = %cfg.registration_socket().display(), dra = %cfg.dra_socket().display(), "kubelet plugin serving");
         sides
             .tasks
-            .push(plugin.on_registered(move || republish.notify_one()));
+            .push(plugin.on_registered(move || republish.request_republish()));
         let mut status = plugin.registration();
         let r = readiness.clone();
         sides.tasks.push(tokio::spawn(async move {
@@ -318,15 +361,13 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(cfg)?)
 }
 
-/// Scans the host; devices that are in a pod right now (gone from the host netns) keep their last
-/// published entry, so a running pod's device does not vanish from the pool.
-async fn scan(
-    opts: &Arc<ScanOptions>,
+/// Devices that are in a pod right now (gone from the host netns) keep their last published
+/// entry, so a running pod's device does not vanish from the pool.
+fn keep_devices_in_pods(
+    mut devs: Vec<Device>,
     engine: &Engine,
     last: &BTreeMap<String, Device>,
-) -> anyhow::Result<Vec<Device>> {
-    let o = opts.clone();
-    let mut devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
+) -> Vec<Device> {
     let cp = engine.checkpoint();
     for rec in cp.pods.values().filter(|p| p.has_devices_out()) {
         for d in &rec.devices {
@@ -338,5 +379,16 @@ async fn scan(
         }
     }
     devs.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(devs)
+    devs
+}
+
+/// The first scan, before the loop runs.
+async fn scan(
+    opts: &Arc<ScanOptions>,
+    engine: &Engine,
+    last: &BTreeMap<String, Device>,
+) -> anyhow::Result<Vec<Device>> {
+    let o = opts.clone();
+    let devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
+    Ok(keep_devices_in_pods(devs, engine, last))
 }
