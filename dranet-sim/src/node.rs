@@ -234,6 +234,19 @@ impl Node {
         Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
     }
 
+    /// Pod network namespaces the daemon holds open by fd (a netlink socket's netns is not
+    /// visible here; pins are checked separately).
+    pub fn daemon_netns_fds(&self) -> Result<usize> {
+        let pid = self.child.as_ref().context("daemon not running")?.id();
+        // The daemon's own (host) netns handle does not count.
+        let host = std::fs::read_link(format!("/proc/{pid}/ns/net"))?;
+        Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter(|t| t.to_string_lossy().starts_with("net:[") && *t != host)
+            .count())
+    }
+
     /// Resident memory of the daemon, KiB.
     pub fn daemon_rss_kib(&self) -> Result<u64> {
         let pid = self.child.as_ref().context("daemon not running")?.id();

@@ -280,7 +280,6 @@ async fn soak_200_life_cycles() -> Result<()> {
         .unwrap_or(200);
     let nics: Vec<Nic> = (0..2).map(|_| Nic::create()).collect::<Result<_>>()?;
     let mut node = Node::start(NodeOptions::default()).await?;
-    let netns_before = std::fs::read_dir("/run/netns").map(|d| d.count()).unwrap_or(0);
     // Warm up, then take the baseline footprint.
     life_cycle(&mut node, &nics, Order::Containerd, Driver::Alive).await?;
     let (mut fds0, mut rss0) = (node.daemon_fds()?, node.daemon_rss_kib()?);
@@ -317,13 +316,10 @@ async fn soak_200_life_cycles() -> Result<()> {
         }
     }
     let (fds, rss) = (node.daemon_fds()?, node.daemon_rss_kib()?);
-    let netns_after = std::fs::read_dir("/run/netns").map(|d| d.count()).unwrap_or(0);
+    let netns_held = node.daemon_netns_fds()?;
     eprintln!("soak: {rounds} rounds, {restarts} restarts; fds {fds0} -> {fds}; rss {rss0} -> {rss} KiB");
     assert!(node.pins().is_empty(), "leaked pins: {:?}", node.pins());
-    assert!(
-        netns_after <= netns_before,
-        "leaked netns: {netns_before} -> {netns_after}"
-    );
+    assert_eq!(netns_held, 0, "the daemon still holds pod netns open");
     assert!(fds <= fds0 + 2, "fd leak: {fds0} -> {fds}");
     assert!(rss <= rss0 + 8 * 1024, "memory grows: {rss0} -> {rss} KiB");
     for n in &nics {
