@@ -24,6 +24,13 @@ async fn collect(
             break;
         }
     }
+    // Probe events (ring buffer) and rtnetlink events (socket) travel separately: take what is
+    // still in flight for a moment, then order everything by kernel time.
+    let tail = tokio::time::Instant::now() + Duration::from_millis(300);
+    while let Ok(Some(ev)) = tokio::time::timeout_at(tail, sub.recv()).await {
+        out.push(ev);
+    }
+    out.sort_by_key(|e| e.time);
     out
 }
 
@@ -131,9 +138,16 @@ async fn crio_style_teardown_is_seen_in_order() -> Result<()> {
         );
     }
     if probe_active(&w, "netns_cleanup") {
-        position(&evs, "cleanup_net queued", |e| {
-            matches!(e.kind, EventKind::NetnsCleanupQueued { .. })
+        // Our netns joins the cleanup list at the umount. If another netns already queued
+        // cleanup_net (parallel tests), no second "queued" fires, but the batch that destroys
+        // ours necessarily starts after our umount (cleanup_net takes the list when it starts).
+        let cleanup = position(&evs, "cleanup_net queued or started", |e| {
+            matches!(
+                e.kind,
+                EventKind::NetnsCleanupQueued { .. } | EventKind::NetnsCleanupStarted { .. }
+            ) && e.time >= evs[umount].time
         })?;
+        assert!(umount < cleanup, "order:\n{}", dump(&evs));
     }
     Ok(())
 }
