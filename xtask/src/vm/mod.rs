@@ -305,14 +305,20 @@ fn run_kernel(s: &KernelSpec, bins: &Binaries, opts: &Options) -> Result<serial:
     let initrd = dir.join("initrd.cpio");
     std::fs::write(&initrd, cpio)?;
     std::fs::write(out.join("guest-test.sh"), GUEST_TEST)?;
+    // The guest sees the host root read-only but its own tmpfs on /tmp (where a CI clone may
+    // live), so the binaries travel in the output share, next to each other (the test finds
+    // `dranet` beside itself).
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    std::fs::copy(&bins.dranet, bin.join("dranet"))
+        .with_context(|| format!("copying {}", bins.dranet.display()))?;
+    std::fs::copy(&bins.vm_nic, bin.join("vm_nic"))
+        .with_context(|| format!("copying {}", bins.vm_nic.display()))?;
     std::fs::write(
         out.join("env"),
         format!(
-            "KERNEL_LINE={}\nDRANET={}\nVM_NIC_TEST={}\nCASES=\"{}\"\n",
-            s.tag,
-            bins.dranet.display(),
-            bins.vm_nic.display(),
-            s.cases
+            "KERNEL_LINE={}\nDRANET=/tmp/out/bin/dranet\nVM_NIC_TEST=/tmp/out/bin/vm_nic\nCASES=\"{}\"\n",
+            s.tag, s.cases
         ),
     )?;
     let log = dir.join("serial.log");
