@@ -151,7 +151,8 @@ pub struct Config {
     pub inode_private: u32,
     /// Nonzero: emit every umount/unlink, watched or not (debugging, `dranet trace --all`).
     pub trace_all: u32,
-    pub _pad: u32,
+    /// `ns_common.count` (≤ 6.17) or `ns_common.__ns_ref` (6.18+): the namespace's refcount.
+    pub ns_common_count: u32,
 }
 
 impl Config {
@@ -178,7 +179,7 @@ impl Config {
             inode_ino: Self::MISSING,
             inode_private: Self::MISSING,
             trace_all: 0,
-            _pad: 0,
+            ns_common_count: Self::MISSING,
         }
     }
 }

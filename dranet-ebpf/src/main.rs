@@ -11,6 +11,7 @@
 //! Tier B (fentry / lsm: kernels with trampolines):
 //! * `fentry/__dev_change_net_namespace`: a device moves between namespaces.
 //! * `fentry/__put_net`: a netns lost its last active reference (with its identity).
+//! * `fentry/netns_put`: the same when nsfs drops the last reference (where `__put_net` is inlined).
 //! * `lsm/sb_umount` and, as an alternative when the BPF LSM is off, `fentry/security_sb_umount`:
 //!   an nsfs mount is unmounted (with the namespace inode).
 //!
@@ -375,6 +376,35 @@ pub fn dranet_dev_netns(ctx: FEntryContext) -> u32 {
 pub fn dranet_put_net(ctx: FEntryContext) -> u32 {
     let cfg = config();
     let net: u64 = ctx.arg(0);
+    if let Some(mut entry) = EVENTS.reserve::<Event>(0) {
+        {
+            let ev = &mut *entry;
+            // SAFETY: the reservation is sized for an Event; every field is written below.
+            let ev = unsafe { ev.assume_init_mut() };
+            event_header(ev, kind::NETNS_PUT);
+            ev.path = [0; PATH_LEN];
+            let (inum, cookie) = net_identity(&cfg, net);
+            ev.netns_inum = inum;
+            ev.netns_cookie = cookie;
+        }
+        entry.submit(0);
+    }
+    0
+}
+
+#[fentry(function = "netns_put")]
+pub fn dranet_nsfs_put(ctx: FEntryContext) -> u32 {
+    // static void netns_put(struct ns_common *ns): nsfs drops its reference. Only the put that
+    // takes the count from 1 to 0 releases the netns; report that one, with its identity.
+    let cfg = config();
+    let ns: u64 = ctx.arg(0);
+    if !present(cfg.net_ns) || !present(cfg.ns_common_count) {
+        return 0;
+    }
+    if read_at::<u32>(ns, cfg.ns_common_count) != Some(1) {
+        return 0;
+    }
+    let net = ns.wrapping_sub(u64::from(cfg.net_ns));
     if let Some(mut entry) = EVENTS.reserve::<Event>(0) {
         {
             let ev = &mut *entry;

@@ -19,12 +19,15 @@ echo "VMINFO kernel $(uname -r) nics: $(ls /sys/class/net | tr '\n' ' ')"
 # nsfs path: the last reference goes with the bind mount), then while a netns dies with its
 # only task (the exit path: free_nsproxy -> put_net).
 released_count() { grep -c '"kind":"netns_released"' "$OUT/trace.json"; }
+prog_runs() {
+    bpftool prog show name "$1" 2>/dev/null | grep -o 'run_cnt [0-9]*' | awk '{ print $2 }' | grep . || echo 0
+}
 put_net_runs() {
     bpftool prog show name dranet_put_net 2>/dev/null | grep -o 'run_cnt [0-9]*' | awk '{ print $2 }' | grep . || echo 0
 }
 
 case_trace() {
-    local t0 pid status moving rel_nsfs rel_exit probes state_move state_put runs_nsfs runs_exit
+    local t0 pid status moving rel_nsfs rel_exit probes state_move state_put state_nsfs runs_nsfs runs_exit nsfs_runs
     t0=$(now)
     "$DRANET" trace --json --duration 25 >"$OUT/trace.json" 2>"$OUT/trace.err" &
     pid=$!
@@ -48,6 +51,7 @@ case_trace() {
     sleep 2
     rel_nsfs=$(released_count)
     runs_nsfs=$(put_net_runs)
+    nsfs_runs=$(prog_runs dranet_nsfs_put)
     unshare -n true
     sleep 2
     rel_exit=$(($(released_count) - rel_nsfs))
@@ -75,10 +79,14 @@ case_trace() {
     else
         report FAIL trace-netns-put-exit "$t0" "netns_released=$rel_exit (dranet_put_net ran $runs_exit times) $state_put"
     fi
-    if echo "$state_put" | grep -q '"state":"active"' && [ "$rel_nsfs" -ge 1 ]; then
-        report PASS trace-netns-put-nsfs "$t0" "netns_released=$rel_nsfs (dranet_put_net ran $runs_nsfs times)"
+    state_nsfs=$(echo "$probes" | grep -o '"name":"netns_put_nsfs"[^}]*' | head -n 1)
+    echo "VMINFO probes netns_put_nsfs: $state_nsfs"
+    if echo "$state_put$state_nsfs" | grep -q '"state":"active"' && [ "$rel_nsfs" -ge 1 ]; then
+        report PASS trace-netns-put-nsfs "$t0" "netns_released=$rel_nsfs (dranet_put_net ran $runs_nsfs times, dranet_nsfs_put ran $nsfs_runs times)"
+    elif echo "$state_nsfs" | grep -q '"state":"active"'; then
+        report FAIL trace-netns-put-nsfs "$t0" "netns_released=$rel_nsfs for ip netns del, want at least 1 (dranet_put_net ran $runs_nsfs times, dranet_nsfs_put ran $nsfs_runs times)"
     else
-        report KNOWN trace-netns-put-nsfs "$t0" "no netns_released for ip netns del: fentry __put_net ran $runs_nsfs times (netns_put -> put_net inlines __put_net in net_namespace.c [guess])"
+        report KNOWN trace-netns-put-nsfs "$t0" "no netns_released for ip netns del: fentry __put_net ran $runs_nsfs times and fentry netns_put is not available: $state_nsfs"
     fi
 }
 

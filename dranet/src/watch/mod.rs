@@ -623,8 +623,37 @@ async fn learn_later(shared: Arc<Shared>, path: PathBuf) {
     }
 }
 
+/// Netns cookies already reported as released. Two tier-B programs can report the same release
+/// (`netns_put` on the nsfs path and `__put_net` where it is not inlined); net cookies are never
+/// reused, so a cookie seen once is a duplicate the second time.
+#[derive(Default)]
+struct ReleasedCookies(std::collections::VecDeque<u64>);
+
+impl ReleasedCookies {
+    const KEEP: usize = 256;
+
+    /// True when `ev` is a release already reported.
+    fn is_duplicate(&mut self, ev: &LifecycleEvent) -> bool {
+        let EventKind::NetnsReleased { netns, .. } = &ev.kind else {
+            return false;
+        };
+        if netns.cookie == 0 {
+            return false;
+        }
+        if self.0.contains(&netns.cookie) {
+            return true;
+        }
+        if self.0.len() == Self::KEEP {
+            self.0.pop_front();
+        }
+        self.0.push_back(netns.cookie);
+        false
+    }
+}
+
 async fn read_ring(mut fd: AsyncFd<RingBuf<MapData>>, shared: Arc<Shared>) {
     info!("eBPF ring buffer reader started");
+    let mut released = ReleasedCookies::default();
     loop {
         let Ok(mut guard) = fd.readable_mut().await else {
             warn!("ring buffer fd failed");
@@ -632,10 +661,46 @@ async fn read_ring(mut fd: AsyncFd<RingBuf<MapData>>, shared: Arc<Shared>) {
         };
         let ring = guard.get_inner_mut();
         while let Some(item) = ring.next() {
-            if let Some(ev) = event::decode(&item, |p| shared.resolve_path(p), |i| shared.resolve_inode(i)) {
+            if let Some(ev) = event::decode(&item, |p| shared.resolve_path(p), |i| shared.resolve_inode(i))
+                && !released.is_duplicate(&ev)
+            {
                 shared.emit(ev);
             }
         }
         guard.clear_ready();
+    }
+}
+
+#[cfg(test)]
+mod released_tests {
+    use super::*;
+    use crate::netns::NetnsId;
+
+    fn released(cookie: u64) -> LifecycleEvent {
+        LifecycleEvent {
+            time: 1,
+            source: Source::Probe,
+            kind: EventKind::NetnsReleased {
+                netns: NetnsId { cookie, inode: 7 },
+                task: Task::default(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_release_reported_by_both_programs_is_emitted_once() {
+        let mut seen = ReleasedCookies::default();
+        assert!(!seen.is_duplicate(&released(42)));
+        assert!(seen.is_duplicate(&released(42)));
+        assert!(!seen.is_duplicate(&released(43)));
+        // Unknown identity (cookie 0) is never folded.
+        assert!(!seen.is_duplicate(&released(0)));
+        assert!(!seen.is_duplicate(&released(0)));
+        // Bounded: the oldest cookies are forgotten.
+        for c in 100..100 + ReleasedCookies::KEEP as u64 {
+            assert!(!seen.is_duplicate(&released(c)));
+        }
+        assert_eq!(seen.0.len(), ReleasedCookies::KEEP);
+        assert!(!seen.is_duplicate(&released(42)));
     }
 }

@@ -160,6 +160,18 @@ const PROBES: &[ProbeDef] = &[
         what: "netns last reference dropped, with identity (fentry __put_net)",
         programs: &[("dranet_put_net", Prog::FEntry("__put_net"))],
     },
+    // The nsfs path (`ip netns del`, a runtime unmounting its bind mount): nsfs_evict ->
+    // netns_put -> put_net, where the compiler may inline __put_net into netns_put (both live in
+    // net_namespace.c; seen on Debian 6.1, where fentry __put_net never fires on this path).
+    // netns_put is only reached through proc_ns_operations, so it is never inlined; the program
+    // reports the put that drops the last reference (refcount 1 at entry). When __put_net also
+    // fires for the same netns, user space drops the duplicate by cookie.
+    ProbeDef {
+        name: "netns_put_nsfs",
+        tier: Tier::B,
+        what: "netns last reference dropped by nsfs (fentry netns_put)",
+        programs: &[("dranet_nsfs_put", Prog::FEntry("netns_put"))],
+    },
     ProbeDef {
         name: "nsfs_umount",
         tier: Tier::B,
@@ -189,6 +201,10 @@ pub fn kernel_config(btf: Option<&Btf>, trace_all: bool) -> Config {
     cfg.net_cookie = off("net", "net_cookie");
     cfg.net_ns = off("net", "ns");
     cfg.ns_common_inum = off("ns_common", "inum");
+    cfg.ns_common_count = btf
+        .offset("ns_common", "count")
+        .or_else(|| btf.offset("ns_common", "__ns_ref"))
+        .unwrap_or(Config::MISSING);
     cfg.dev_ifindex = off("net_device", "ifindex");
     cfg.dev_name = off("net_device", "name");
     cfg.dev_nd_net = off("net_device", "nd_net.net");
@@ -359,6 +375,7 @@ fn precheck(
         "netns_cleanup" => missing(cfg.work_func),
         "dev_netns_move" => missing(cfg.dev_ifindex) || missing(cfg.dev_nd_net) || missing(cfg.net_inum),
         "netns_put" => missing(cfg.net_inum),
+        "netns_put_nsfs" => missing(cfg.net_inum) || missing(cfg.net_ns) || missing(cfg.ns_common_count),
         "nsfs_umount" | "nsfs_umount_fentry" => {
             missing(cfg.mnt_sb) || missing(cfg.sb_magic) || missing(cfg.mnt_root) || missing(cfg.inode_ino)
         }
