@@ -213,6 +213,41 @@ rdma_with_nic() {
     ip netns del vmt-rdma 2>/dev/null
 }
 
+# Tier B with the BPF LSM (boot with lsm=...,bpf): lsm/sb_umount is active (and the fentry
+# fallback stands down), and `ip netns del` shows up as nsfs_unmounting with the netns inode.
+case_lsm() {
+    local t0 pid status probes state_lsm state_fentry count lsms
+    t0=$(now)
+    "$DRANET" trace --json --duration 12 >"$OUT/trace-lsm.json" 2>"$OUT/trace-lsm.err" &
+    pid=$!
+    for _ in $(seq 1 900); do
+        [ -s "$OUT/trace-lsm.json" ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    lsms=$(cat /sys/kernel/security/lsm 2>/dev/null)
+    echo "VMINFO lsm: $lsms"
+    ip netns add vmt-lsm
+    sleep 1
+    ip netns del vmt-lsm
+    sleep 2
+    wait "$pid"
+    status=$?
+    probes=$(head -n 1 "$OUT/trace-lsm.json")
+    state_lsm=$(echo "$probes" | grep -o '"name":"nsfs_umount"[^}]*' | head -n 1)
+    state_fentry=$(echo "$probes" | grep -o '"name":"nsfs_umount_fentry"[^}]*' | head -n 1)
+    count=$(grep -c '"kind":"nsfs_unmounting"' "$OUT/trace-lsm.json")
+    echo "VMINFO probes nsfs_umount: $state_lsm"
+    echo "VMINFO probes nsfs_umount_fentry: $state_fentry"
+    if ! echo ",$lsms," | grep -q ',bpf,'; then
+        report FAIL lsm-sb-umount "$t0" "booted with lsm=...,bpf but the active LSMs are [$lsms]"
+    elif echo "$state_lsm" | grep -q '"state":"active"' && [ "$count" -ge 1 ] && [ "$status" -eq 0 ]; then
+        report PASS lsm-sb-umount "$t0" "nsfs_unmounting=$count; fentry fallback: $(echo "$state_fentry" | grep -o '"state":"[a-z]*"')"
+    else
+        report FAIL lsm-sb-umount "$t0" "nsfs_unmounting=$count exit=$status $state_lsm"
+    fi
+}
+
 wait_for_rxe_home() {
     for _ in $(seq 1 100); do
         host_has_rxe && [ -e /sys/class/net/eth2 ] && return 0
@@ -221,9 +256,9 @@ wait_for_rxe_home() {
     return 1
 }
 
-for c in trace nic rdma; do
+for c in trace nic rdma lsm; do
     case " $CASES " in
     *" $c "*) "case_$c" ;;
-    *) echo "VMTEST NOTDONE $c 0s not run on kernel $KERNEL_LINE" ;;
+    *) echo "VMTEST NOTDONE $c 0s not in this boot of $KERNEL_LINE (cases: $CASES)" ;;
     esac
 done

@@ -52,8 +52,31 @@ struct KernelSpec {
     suites: &'static [(bool, &'static str)],
     modules: &'static [&'static str],
     params: &'static [(&'static str, &'static str)],
+    boots: &'static [Boot],
+}
+
+/// One boot of a kernel: extra kernel command line and the guest cases it runs.
+struct Boot {
+    /// Appended to the kernel tag for the run directory and the summary (`6.1-lsm`).
+    suffix: &'static str,
+    append: &'static str,
     cases: &'static str,
 }
+
+/// Every kernel boots twice: the stock LSM list (tier B falls back to fentry
+/// security_sb_umount), then with the BPF LSM enabled, for `lsm/sb_umount`.
+const BOOTS: &[Boot] = &[
+    Boot {
+        suffix: "",
+        append: "",
+        cases: "trace nic rdma",
+    },
+    Boot {
+        suffix: "-lsm",
+        append: "lsm=lockdown,capability,landlock,yama,apparmor,bpf",
+        cases: "lsm",
+    },
+];
 
 /// Modules for every kernel (virtio ones that are built in are skipped via modules.builtin).
 const MODULES: &[&str] = &[
@@ -93,14 +116,14 @@ fn spec(k: KernelLine) -> KernelSpec {
             suites: &[(false, "bookworm"), (true, "bookworm-security")],
             modules: MODULES_6_1,
             params: PARAMS,
-            cases: "trace nic rdma",
+            boots: BOOTS,
         },
         KernelLine::V7_3 => KernelSpec {
             tag: "7.3",
             suites: &[(false, "trixie-backports")],
             modules: MODULES,
             params: PARAMS,
-            cases: "trace nic rdma",
+            boots: BOOTS,
         },
     }
 }
@@ -133,30 +156,29 @@ pub fn run_vm_test(opts: &Options) -> Result<()> {
     let mut summary = Vec::new();
     for k in kernels {
         let s = spec(k);
-        let started = Instant::now();
-        let report = run_kernel(&s, &bins, opts)?;
-        let took = started.elapsed();
-        for c in &report.cases {
-            summary.push(format!(
-                "{} {} [{}] {:.1}s {}",
-                c.verdict.word(),
-                c.name,
-                s.tag,
-                c.seconds,
-                c.detail
-            ));
+        for boot in s.boots {
+            let tag = format!("{}{}", s.tag, boot.suffix);
+            let started = Instant::now();
+            let report = run_kernel(&s, boot, &tag, &bins, opts)?;
+            let took = started.elapsed();
+            for c in &report.cases {
+                summary.push(format!(
+                    "{} {} [{tag}] {:.1}s {}",
+                    c.verdict.word(),
+                    c.name,
+                    c.seconds,
+                    c.detail
+                ));
+            }
+            if !report.finished {
+                summary.push(format!("FAIL guest [{tag}]: no VMTEST END (timeout or crash)"));
+            }
+            if let Some(t) = &report.kernel_trouble {
+                summary.push(format!("WARN kernel [{tag}]: {t}"));
+            }
+            summary.push(format!("kernel {tag} took {:.0}s", took.as_secs_f64()));
+            all_ok &= report.ok();
         }
-        if !report.finished {
-            summary.push(format!(
-                "FAIL guest [{}]: no VMTEST END (timeout or crash)",
-                s.tag
-            ));
-        }
-        if let Some(t) = &report.kernel_trouble {
-            summary.push(format!("WARN kernel [{}]: {t}", s.tag));
-        }
-        summary.push(format!("kernel {} took {:.0}s", s.tag, took.as_secs_f64()));
-        all_ok &= report.ok();
     }
     println!("vm-test summary ({:.0}s total):", t0.elapsed().as_secs_f64());
     for l in &summary {
@@ -287,10 +309,16 @@ fn fetch_kernel(s: &KernelSpec, vm: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((vmlinuz, modules))
 }
 
-fn run_kernel(s: &KernelSpec, bins: &Binaries, opts: &Options) -> Result<serial::Report> {
+fn run_kernel(
+    s: &KernelSpec,
+    boot: &Boot,
+    tag: &str,
+    bins: &Binaries,
+    opts: &Options,
+) -> Result<serial::Report> {
     let vm = target_dir().join("vm");
     let (vmlinuz, modules) = fetch_kernel(s, &vm)?;
-    let dir = vm.join(format!("run-{}", s.tag));
+    let dir = vm.join(format!("run-{tag}"));
     let _ = std::fs::remove_dir_all(&dir);
     let out = dir.join("out");
     std::fs::create_dir_all(&out)?;
@@ -301,7 +329,7 @@ fn run_kernel(s: &KernelSpec, bins: &Binaries, opts: &Options) -> Result<serial:
         busybox: PathBuf::from("/bin/busybox"),
         init: INIT,
     })?;
-    println!("vm-test: {} modules {}", s.tag, order.join(" "));
+    println!("vm-test: {tag} modules {}", order.join(" "));
     let initrd = dir.join("initrd.cpio");
     std::fs::write(&initrd, cpio)?;
     std::fs::write(out.join("guest-test.sh"), GUEST_TEST)?;
@@ -318,12 +346,12 @@ fn run_kernel(s: &KernelSpec, bins: &Binaries, opts: &Options) -> Result<serial:
         out.join("env"),
         format!(
             "KERNEL_LINE={}\nDRANET=/tmp/out/bin/dranet\nVM_NIC_TEST=/tmp/out/bin/vm_nic\nCASES=\"{}\"\n",
-            s.tag, s.cases
+            s.tag, boot.cases
         ),
     )?;
     let log = dir.join("serial.log");
-    let mut cmd = qemu_command(&vmlinuz, &initrd, &out, &log);
-    println!("vm-test: booting {} (log {})", s.tag, log.display());
+    let mut cmd = qemu_command(&vmlinuz, &initrd, &out, &log, boot.append);
+    println!("vm-test: booting {tag} (log {})", log.display());
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -343,7 +371,7 @@ fn run_kernel(s: &KernelSpec, bins: &Binaries, opts: &Options) -> Result<serial:
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let report = serial::parse(&text);
     if timed_out {
-        println!("vm-test: {} killed after {} s", s.tag, opts.timeout);
+        println!("vm-test: {tag} killed after {} s", opts.timeout);
     }
     if !opts.keep {
         let _ = std::fs::remove_file(&initrd);
@@ -353,7 +381,7 @@ fn run_kernel(s: &KernelSpec, bins: &Binaries, opts: &Options) -> Result<serial:
 
 /// The qemu command line: TCG, q35, three virtio NICs on isolated user-mode backends, the host
 /// root read-only and the output dir writable over 9p, serial console to `log`.
-fn qemu_command(vmlinuz: &Path, initrd: &Path, out: &Path, log: &Path) -> Command {
+fn qemu_command(vmlinuz: &Path, initrd: &Path, out: &Path, log: &Path, append: &str) -> Command {
     let mut c = Command::new("qemu-system-x86_64");
     c.args([
         "-accel", "tcg", "-machine", "q35", "-cpu", "max", "-smp", "2", "-m", "2G",
@@ -365,9 +393,9 @@ fn qemu_command(vmlinuz: &Path, initrd: &Path, out: &Path, log: &Path) -> Comman
     .arg(vmlinuz)
     .arg("-initrd")
     .arg(initrd)
+    .args(["-append"])
+    .arg(format!("console=ttyS0 panic=-1 rdinit=/init loglevel=4 dranet-vm {append}").trim_end())
     .args([
-        "-append",
-        "console=ttyS0 panic=-1 rdinit=/init loglevel=4 dranet-vm",
         "-fsdev",
         "local,id=root,path=/,security_model=none,readonly=on,multidevs=remap",
         "-device",
