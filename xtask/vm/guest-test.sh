@@ -248,6 +248,21 @@ case_lsm() {
     fi
 }
 
+# The daemon end to end in the guest (dranet-sim/tests/e2e.rs: `dranet run` with the kubelet
+# and NRI harnesses) in CRI-O order, with this kernel's probes (tier B where it loads).
+case_e2e() {
+    local t0 name
+    for name in crio_1_alive crio_4_down_during_teardown stop_hook_missing_entirely; do
+        t0=$(now)
+        if "$E2E_TEST" --exact "$name" --test-threads=1 >"$OUT/e2e-$name.log" 2>&1 &&
+            grep -q "test result: ok. 1 passed" "$OUT/e2e-$name.log"; then
+            report PASS "e2e:$name" "$t0" ""
+        else
+            report FAIL "e2e:$name" "$t0" "$(grep -E 'panicked|Error|error' "$OUT/e2e-$name.log" | head -n 2 | tr '\n' ' ' | cut -c 1-300)"
+        fi
+    done
+}
+
 wait_for_rxe_home() {
     for _ in $(seq 1 100); do
         host_has_rxe && [ -e /sys/class/net/eth2 ] && return 0
@@ -256,7 +271,7 @@ wait_for_rxe_home() {
     return 1
 }
 
-for c in trace nic rdma lsm; do
+for c in trace nic rdma lsm e2e; do
     case " $CASES " in
     *" $c "*) "case_$c" ;;
     *) echo "VMTEST NOTDONE $c 0s not in this boot of $KERNEL_LINE (cases: $CASES)" ;;

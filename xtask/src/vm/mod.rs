@@ -74,7 +74,7 @@ const BOOTS: &[Boot] = &[
     Boot {
         suffix: "-lsm",
         append: "lsm=lockdown,capability,landlock,yama,apparmor,bpf",
-        cases: "lsm",
+        cases: "lsm e2e",
     },
 ];
 
@@ -132,6 +132,7 @@ fn spec(k: KernelLine) -> KernelSpec {
 struct Binaries {
     dranet: PathBuf,
     vm_nic: PathBuf,
+    e2e: PathBuf,
 }
 
 pub fn run_vm_test(opts: &Options) -> Result<()> {
@@ -248,6 +249,7 @@ fn build_binaries() -> Result<Binaries> {
             &["test", "-p", "dranet-sim", "--test", "vm_nic", "--no-run"],
             "vm_nic",
         )?,
+        e2e: exe(&["test", "-p", "dranet-sim", "--test", "e2e", "--no-run"], "e2e")?,
     })
 }
 
@@ -342,10 +344,11 @@ fn run_kernel(
         .with_context(|| format!("copying {}", bins.dranet.display()))?;
     std::fs::copy(&bins.vm_nic, bin.join("vm_nic"))
         .with_context(|| format!("copying {}", bins.vm_nic.display()))?;
+    std::fs::copy(&bins.e2e, bin.join("e2e")).with_context(|| format!("copying {}", bins.e2e.display()))?;
     std::fs::write(
         out.join("env"),
         format!(
-            "KERNEL_LINE={}\nDRANET=/tmp/out/bin/dranet\nVM_NIC_TEST=/tmp/out/bin/vm_nic\nCASES=\"{}\"\n",
+            "KERNEL_LINE={}\nDRANET=/tmp/out/bin/dranet\nVM_NIC_TEST=/tmp/out/bin/vm_nic\nE2E_TEST=/tmp/out/bin/e2e\nCASES=\"{}\"\n",
             s.tag, boot.cases
         ),
     )?;
