@@ -392,6 +392,9 @@ pub fn dranet_put_net(ctx: FEntryContext) -> u32 {
     0
 }
 
+/// `PROC_NET_INIT_INO`: the inode number of init_net (include/linux/proc_ns.h).
+const PROC_NET_INIT_INO: u32 = 0xEFFF_FFF9;
+
 #[fentry(function = "netns_put")]
 pub fn dranet_nsfs_put(ctx: FEntryContext) -> u32 {
     // static void netns_put(struct ns_common *ns): nsfs drops its reference. Only the put that
@@ -405,6 +408,12 @@ pub fn dranet_nsfs_put(ctx: FEntryContext) -> u32 {
         return 0;
     }
     let net = ns.wrapping_sub(u64::from(cfg.net_ns));
+    let (inum, cookie) = net_identity(&cfg, net);
+    // init_net is never freed; on 7.x its refcount is not maintained, so a put "from 1" on it is
+    // no release (seen on Debian 7.3 for an nsfs file of the host netns).
+    if inum == PROC_NET_INIT_INO {
+        return 0;
+    }
     if let Some(mut entry) = EVENTS.reserve::<Event>(0) {
         {
             let ev = &mut *entry;
@@ -412,7 +421,6 @@ pub fn dranet_nsfs_put(ctx: FEntryContext) -> u32 {
             let ev = unsafe { ev.assume_init_mut() };
             event_header(ev, kind::NETNS_PUT);
             ev.path = [0; PATH_LEN];
-            let (inum, cookie) = net_identity(&cfg, net);
             ev.netns_inum = inum;
             ev.netns_cookie = cookie;
         }

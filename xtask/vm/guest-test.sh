@@ -27,7 +27,7 @@ put_net_runs() {
 }
 
 case_trace() {
-    local t0 pid status moving rel_nsfs rel_exit probes state_move state_put state_nsfs runs_nsfs runs_exit nsfs_runs
+    local t0 pid status moving rel_nsfs rel_exit probes state_move state_put state_nsfs runs_nsfs runs_exit nsfs_runs host_rel
     t0=$(now)
     "$DRANET" trace --json --duration 25 >"$OUT/trace.json" 2>"$OUT/trace.err" &
     pid=$!
@@ -78,6 +78,12 @@ case_trace() {
         report PASS trace-netns-put-exit "$t0" "netns_released=$rel_exit (dranet_put_net ran $runs_exit times)"
     else
         report FAIL trace-netns-put-exit "$t0" "netns_released=$rel_exit (dranet_put_net ran $runs_exit times) $state_put"
+    fi
+    host_rel=$(grep '"kind":"netns_released"' "$OUT/trace.json" | grep -c "\"inode\":$(stat -L -c %i /proc/1/ns/net)")
+    if [ "$host_rel" -eq 0 ]; then
+        report PASS trace-no-host-release "$t0" "no netns_released for the host netns"
+    else
+        report FAIL trace-no-host-release "$t0" "$host_rel netns_released events name the host netns"
     fi
     state_nsfs=$(echo "$probes" | grep -o '"name":"netns_put_nsfs"[^}]*' | head -n 1)
     echo "VMINFO probes netns_put_nsfs: $state_nsfs"
