@@ -156,6 +156,47 @@ impl Lease {
     }
 }
 
+/// The client Prepare uses: leases in the host netns (or, for tests, in a given one) with a
+/// fixed timeout.
+#[derive(Debug)]
+pub struct Client {
+    netns: Option<Netns>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// In the driver's own (host) netns, [`PREPARE_TIMEOUT`].
+    #[must_use]
+    pub fn host() -> Self {
+        Self {
+            netns: None,
+            timeout: PREPARE_TIMEOUT,
+        }
+    }
+
+    /// In `netns` with `timeout` (tests run it between two test netns).
+    #[must_use]
+    pub fn in_netns(netns: Netns, timeout: Duration) -> Self {
+        Self {
+            netns: Some(netns),
+            timeout,
+        }
+    }
+
+    /// [`acquire`] on `ifname`.
+    pub async fn lease(&self, ifname: &str) -> Result<Lease, DhcpError> {
+        let host;
+        let netns = match &self.netns {
+            Some(n) => n,
+            None => {
+                host = Netns::host()?;
+                &host
+            }
+        };
+        acquire(netns, ifname, self.timeout).await
+    }
+}
+
 /// Obtains a lease on `ifname` of `netns` within `timeout`: sets the link up if it is down,
 /// runs the exchange, and sets it down again if it was down — whatever the outcome.
 pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<Lease, DhcpError> {
