@@ -5,8 +5,8 @@
 //!
 //! * [`watch`] — eBPF probes + rtnetlink (+ inotify fallback) → one stream of [`watch::LifecycleEvent`]s;
 //! * [`rescue`] — events, NRI hooks and reconcile → decisions (one owner per pod);
-//! * [`netns`], [`link`], [`rdma`] — the only places that touch the kernel: pins, device moves and
-//!   restores, RDMA link moves.
+//! * [`netns`], [`link`], [`rdma`], [`dhcp`] — the only places that touch the kernel: pins,
+//!   device moves and restores, RDMA link moves, the Prepare-time DHCPv4 lease.
 //!
 //! Around it: [`nri`] (runtime hooks over multiplexed ttrpc), [`dra`] (kubelet gRPC),
 //! [`plan`] (per-pod device plans from Prepare), [`config`] (opaque config + validation),
@@ -16,6 +16,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod dhcp;
 pub mod dra;
 pub mod driver;
 pub mod http;

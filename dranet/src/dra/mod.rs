@@ -11,7 +11,7 @@ mod server;
 pub use claim::{ClaimError, ClaimSource, KubeClaimSource, MemoryClaimSource, ResourceClaim};
 pub use metrics::DraMetrics;
 pub use prepare::{
-    DeviceLookup, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer, RescanOnMiss,
+    DeviceLookup, LeaseSource, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer, RescanOnMiss,
     device_config, plan_claim,
 };
 pub use server::{DraError, KubeletPlugin, PLUGIN_TYPE, PluginConfig, SUPPORTED_VERSIONS};

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
 use crate::config::{self, ConfigError, NetworkConfig};
+use crate::dhcp::{DhcpError, Lease};
 use futures::future::BoxFuture;
 
 use crate::inventory::{Device, InventoryError, SharedInventory};
@@ -72,6 +73,18 @@ impl DeviceLookup for RescanOnMiss {
     }
 }
 
+/// Obtains a DHCPv4 lease on a host interface for `interface.dhcp: true` (upstream Prepare
+/// step 7). The driver uses [`crate::dhcp::Client::host`]; tests may point it at a test netns.
+pub trait LeaseSource: Send + Sync + 'static {
+    fn lease<'a>(&'a self, ifname: &'a str) -> BoxFuture<'a, Result<Lease, DhcpError>>;
+}
+
+impl LeaseSource for crate::dhcp::Client {
+    fn lease<'a>(&'a self, ifname: &'a str) -> BoxFuture<'a, Result<Lease, DhcpError>> {
+        Box::pin(crate::dhcp::Client::lease(self, ifname))
+    }
+}
+
 impl DeviceLookup for SharedInventory {
     fn device(&self, name: &str) -> Option<Device> {
         self.get(name)
@@ -116,8 +129,13 @@ pub enum PrepareError {
     },
     #[error("device {device}: VF MTU {mtu} exceeds the PF MTU {pf_mtu}")]
     VfMtu { device: String, mtu: i32, pf_mtu: u32 },
-    #[error("device {device}: interface.dhcp is not supported by this driver yet")]
-    DhcpUnsupported { device: String },
+    #[error("device {device}: failed to get configuration via DHCP for {ifname}: {source}")]
+    Dhcp {
+        device: String,
+        ifname: String,
+        #[source]
+        source: DhcpError,
+    },
     #[error("storing the plan of pod {pod_uid}: {detail}")]
     Sink { pod_uid: String, detail: String },
 }
@@ -150,6 +168,7 @@ pub struct Preparer {
     node: String,
     claims: Arc<dyn ClaimSource>,
     devices: Arc<dyn DeviceLookup>,
+    leases: Arc<dyn LeaseSource>,
     sink: Arc<dyn PlanSink>,
     state: Mutex<State>,
     metrics: Option<super::DraMetrics>,
@@ -168,10 +187,18 @@ impl Preparer {
             node: node.into(),
             claims,
             devices,
+            leases: Arc::new(crate::dhcp::Client::host()),
             sink,
             state: Mutex::new(State::default()),
             metrics: None,
         }
+    }
+
+    /// Takes `interface.dhcp` leases from `leases` instead of the host netns.
+    #[must_use]
+    pub fn with_leases(mut self, leases: Arc<dyn LeaseSource>) -> Self {
+        self.leases = leases;
+        self
     }
 
     /// Records request counts and latency in `metrics`.
@@ -203,7 +230,16 @@ impl Preparer {
         if missing {
             self.devices.refresh().await;
         }
-        let Some(planned) = plan_claim(&self.driver, &self.node, claim, &rc, self.devices.as_ref())? else {
+        let Some(planned) = plan_claim(
+            &self.driver,
+            &self.node,
+            claim,
+            &rc,
+            self.devices.as_ref(),
+            self.leases.as_ref(),
+        )
+        .await?
+        else {
             return Ok(Vec::new());
         };
         let prepared = planned
@@ -312,13 +348,16 @@ pub struct PlannedClaim {
     share_ids: HashMap<String, Option<String>>,
 }
 
-/// Pure part of Prepare. `Ok(None)` when the claim is reserved for nobody (no-op, as upstream).
-pub fn plan_claim(
+/// Prepare without the plan store: pure but for the DHCP leases of `interface.dhcp: true`
+/// devices, taken from `leases`. `Ok(None)` when the claim is reserved for nobody (no-op, as
+/// upstream).
+pub async fn plan_claim(
     driver: &str,
     node: &str,
     claim: &ClaimRef,
     rc: &ResourceClaim,
     devices: &dyn DeviceLookup,
+    leases: &dyn LeaseSource,
 ) -> Result<Option<PlannedClaim>, PrepareError> {
     if rc.metadata.uid != claim.uid {
         return Err(PrepareError::UidMismatch {
@@ -376,7 +415,18 @@ pub fn plan_claim(
             config::validate_rdma_only(&cfg).map_err(config_err)?;
             cfg
         } else {
-            with_host_state(&r.device, cfg, &dev)?
+            check_vf_mtu(&r.device, &cfg, &dev)?;
+            let lease = match (cfg.interface.dhcp, &dev.ifname) {
+                (Some(true), Some(ifname)) => {
+                    Some(leases.lease(ifname).await.map_err(|source| PrepareError::Dhcp {
+                        device: r.device.clone(),
+                        ifname: ifname.clone(),
+                        source,
+                    })?)
+                }
+                _ => None,
+            };
+            with_host_state(cfg, &dev, lease.as_ref())
         };
         share_ids.insert(r.device.clone(), r.share_id.clone());
         plans.push(DevicePlan {
@@ -400,15 +450,8 @@ pub fn plan_claim(
     }))
 }
 
-/// Netdev-specific prepare steps (upstream `prepareResourceClaim`): VF MTU ≤ PF MTU; without
-/// configured addresses the host's global addresses move along; host routes through the device
-/// are appended unless the config already has one for the same (destination, table); host rules
-/// for those routes' tables (not with a VRF) and permanent neighbours are appended too.
-fn with_host_state(
-    device: &str,
-    mut cfg: NetworkConfig,
-    dev: &Device,
-) -> Result<NetworkConfig, PrepareError> {
+/// Upstream step 6: an SR-IOV VF's MTU may not exceed its PF's.
+fn check_vf_mtu(device: &str, cfg: &NetworkConfig, dev: &Device) -> Result<(), PrepareError> {
     if let (Some(mtu), Some(pf_mtu)) = (cfg.interface.mtu, dev.pf_mtu)
         && u32::try_from(mtu).is_ok_and(|m| m > pf_mtu)
     {
@@ -418,12 +461,28 @@ fn with_host_state(
             pf_mtu,
         });
     }
-    if cfg.interface.dhcp == Some(true) {
-        return Err(PrepareError::DhcpUnsupported {
-            device: device.to_owned(),
-        });
-    }
-    if cfg.interface.addresses.is_empty() {
+    Ok(())
+}
+
+/// Netdev-specific prepare steps (upstream `prepareResourceClaim`): with a DHCP `lease`
+/// (`interface.dhcp: true`; validation keeps static addresses out) its address is appended and
+/// its option-121 routes appended unless the config already has one for the same
+/// (destination, table); without one and without configured addresses the host's global
+/// addresses move along. Host routes through the device are appended the same way; host rules
+/// for those routes' tables (not with a VRF) and permanent neighbours are appended too.
+fn with_host_state(mut cfg: NetworkConfig, dev: &Device, lease: Option<&Lease>) -> NetworkConfig {
+    if let Some(lease) = lease {
+        cfg.interface.addresses.push(lease.cidr());
+        for r in lease.route_configs() {
+            let dup = cfg
+                .routes
+                .iter()
+                .any(|c| c.destination == r.destination && c.table == r.table);
+            if !dup {
+                cfg.routes.push(r);
+            }
+        }
+    } else if cfg.interface.addresses.is_empty() {
         cfg.interface.addresses.clone_from(&dev.addresses);
     }
     for r in &dev.routes {
@@ -459,7 +518,7 @@ fn with_host_state(
             cfg.neighbors.push(n.clone());
         }
     }
-    Ok(cfg)
+    cfg
 }
 
 /// Which opaque config applies to `request`: entries for this driver whose `requests` is empty

@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::json;
 
 use super::*;
+use crate::config::NetworkConfig;
 use crate::inventory::{Device, SharedInventory};
 use crate::plan::{ClaimRef, PodPlan};
 
@@ -244,8 +245,30 @@ async fn per_claim_errors() {
     assert!(p.prepare(&cref("nb", "u10")).await.unwrap().is_empty());
 }
 
-#[test]
-fn host_state_merge_vf_mtu_and_dhcp() {
+/// A lease source for the merge logic: answers with a fixed lease or a NAK and records the
+/// interfaces asked for (the real client runs against dnsmasq in dranet-sim/tests/dhcp.rs).
+struct Leases {
+    lease: Option<crate::dhcp::Lease>,
+    asked: Mutex<Vec<String>>,
+}
+
+impl LeaseSource for Leases {
+    fn lease<'a>(
+        &'a self,
+        ifname: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<crate::dhcp::Lease, crate::dhcp::DhcpError>> {
+        self.asked.lock().unwrap().push(ifname.to_owned());
+        let r = self.lease.clone().ok_or(crate::dhcp::DhcpError::Nak {
+            server: "10.5.0.1".parse().unwrap(),
+            message: Some("wrong network".into()),
+        });
+        Box::pin(async move { r })
+    }
+}
+
+#[tokio::test]
+async fn host_state_merge_vf_mtu_and_dhcp() {
+    use crate::dhcp::{ClasslessRoute, Lease};
     let inv = inventory();
     let mk = |device: &str, params: serde_json::Value| {
         claim(
@@ -256,37 +279,138 @@ fn host_state_merge_vf_mtu_and_dhcp() {
             json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": params}}]),
         )
     };
-    let plan = |rc: &ResourceClaim| plan_claim("dra.net", "node-a", &cref("c", "u"), rc, &inv);
+    let lease = Lease {
+        address: "10.5.0.77".parse().unwrap(),
+        prefix_len: 24,
+        server: Some("10.5.0.1".parse().unwrap()),
+        routes: vec![
+            ClasslessRoute {
+                destination: "10.6.0.0".parse().unwrap(),
+                prefix_len: 16,
+                router: "10.5.0.254".parse().unwrap(),
+            },
+            ClasslessRoute {
+                destination: "0.0.0.0".parse().unwrap(),
+                prefix_len: 0,
+                router: "10.5.0.1".parse().unwrap(),
+            },
+        ],
+        routers: vec!["10.5.0.9".parse().unwrap()],
+        lease_secs: Some(3600),
+    };
+    let leases = Leases {
+        lease: Some(lease),
+        asked: Mutex::new(Vec::new()),
+    };
+    let nak = Leases {
+        lease: None,
+        asked: Mutex::new(Vec::new()),
+    };
+    let plan_with = |rc: ResourceClaim, l: &'static str| {
+        let inv = inv.clone();
+        let leases: &Leases = if l == "nak" { &nak } else { &leases };
+        async move { plan_claim("dra.net", "node-a", &cref("c", "u"), &rc, &inv, leases).await }
+    };
     // User addresses win; a user route with the same destination and table replaces the host's.
     let rc = mk(
         "eth2",
         json!({"interface": {"addresses": ["192.0.2.1/24"]},
                "routes": [{"destination": "10.6.0.0/16", "gateway": "192.0.2.254"}]}),
     );
-    let p = plan(&rc).unwrap().unwrap();
+    let p = plan_with(rc, "ok").await.unwrap().unwrap();
     let cfg = &p.plans[0].config;
     assert_eq!(cfg.interface.addresses, ["192.0.2.1/24"]);
-    let dests: Vec<(&str, &str)> = cfg
-        .routes
-        .iter()
-        .map(|r| (r.destination.as_str(), r.gateway.as_str()))
-        .collect();
+    let routes = |cfg: &NetworkConfig| -> Vec<(String, String)> {
+        cfg.routes
+            .iter()
+            .map(|r| (r.destination.clone(), r.gateway.clone()))
+            .collect()
+    };
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    };
     assert_eq!(
-        dests,
-        [("10.6.0.0/16", "192.0.2.254"), ("10.7.0.0/16", "10.5.0.1")]
+        routes(cfg),
+        pairs(&[("10.6.0.0/16", "192.0.2.254"), ("10.7.0.0/16", "10.5.0.1")])
     );
 
-    assert!(plan(&mk("vf0", json!({"interface": {"mtu": 1500}}))).is_ok());
-    let err = plan(&mk("vf0", json!({"interface": {"mtu": 9000}})))
+    assert!(
+        plan_with(mk("vf0", json!({"interface": {"mtu": 1500}})), "ok")
+            .await
+            .is_ok()
+    );
+    // The VF check comes first: no lease is taken for a claim that fails it.
+    let err = plan_with(mk("vf0", json!({"interface": {"mtu": 9000, "dhcp": true}})), "ok")
+        .await
         .err()
         .unwrap()
         .to_string();
     assert!(err.contains("VF MTU 9000 exceeds the PF MTU 1500"), "{err}");
-    let err = plan(&mk("eth1", json!({"interface": {"dhcp": true}})))
-        .err()
+    assert!(leases.asked.lock().unwrap().is_empty());
+
+    // dhcp: the lease replaces the host addresses (not copied), its option-121 routes come
+    // before the host's and win on the same destination; a user route still wins over both.
+    let p = plan_with(
+        mk(
+            "eth2",
+            json!({"interface": {"dhcp": true},
+                   "routes": [{"destination": "0.0.0.0/0", "gateway": "10.5.0.100"}]}),
+        ),
+        "ok",
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let cfg = &p.plans[0].config;
+    assert_eq!(cfg.interface.addresses, ["10.5.0.77/24"]);
+    assert_eq!(
+        routes(cfg),
+        pairs(&[
+            ("0.0.0.0/0", "10.5.0.100"),
+            ("10.6.0.0/16", "10.5.0.254"),
+            ("10.7.0.0/16", "10.5.0.1")
+        ])
+    );
+    assert_eq!(*leases.asked.lock().unwrap(), ["eth2"]);
+    // dhcp: false → no lease, host addresses as before.
+    let p = plan_with(mk("eth2", json!({"interface": {"dhcp": false}})), "ok")
+        .await
         .unwrap()
-        .to_string();
-    assert!(err.contains("dhcp"), "{err}");
+        .unwrap();
+    assert_eq!(
+        p.plans[0].config.interface.addresses,
+        ["10.5.0.2/24", "fd05::2/64"]
+    );
+    assert_eq!(leases.asked.lock().unwrap().len(), 1);
+
+    // A failed lease is a prepare error naming the device and the interface.
+    let err = plan_with(mk("eth1", json!({"interface": {"dhcp": true}})), "nak")
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, PrepareError::Dhcp { .. }), "{err}");
+    let err = err.to_string();
+    assert!(
+        err.contains("device eth1: failed to get configuration via DHCP for eth1: DHCPNAK from server 10.5.0.1: wrong network"),
+        "{err}"
+    );
+    assert_eq!(*nak.asked.lock().unwrap(), ["eth1"]);
+    // dhcp with static addresses is refused by validation before any lease (as upstream).
+    let err = plan_with(
+        mk(
+            "eth1",
+            json!({"interface": {"dhcp": true, "addresses": ["10.0.0.1/24"]}}),
+        ),
+        "nak",
+    )
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("dhcp and addresses are mutually exclusive"), "{err}");
+    assert_eq!(nak.asked.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]

@@ -603,6 +603,11 @@ fn settings(
     m
 }
 
+/// Sets the admin state (IFF_UP) of link `index` in `nl`'s netns, nothing else.
+pub async fn set_admin_state(nl: &Netlink, index: u32, up: bool) -> Result<(), LinkError> {
+    set_up(nl, index, up).await
+}
+
 async fn set_up(nl: &Netlink, index: u32, up: bool) -> Result<(), LinkError> {
     let mut m = LinkMessage::default();
     m.header.index = index;
