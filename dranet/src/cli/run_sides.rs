@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::run::RunArgs;
 use crate::dra::claim::{ClaimError, ClaimSource, ResourceClaim};
-use crate::dra::{KubeClaimSource, KubeletPlugin, PlanSink, PluginConfig, Preparer};
+use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PlanSink, PluginConfig, Preparer};
 use crate::inventory::{Device, ScanOptions, SharedInventory};
 use crate::plan::PodPlan;
 use crate::rescue::Engine;
@@ -232,7 +232,8 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             filter,
             ..ScanOptions::default()
         });
-        let devices = scan(&scan_opts, engine, &BTreeMap::new()).await?;
+        let health = HealthHub::new(args.node_name.clone());
+        let devices = scan(&scan_opts, engine, &BTreeMap::new(), &health).await?;
         info!(devices = devices.len(), "inventory");
         inventory.replace(devices.clone());
         let publisher = match (&slices_dir, &kube) {
@@ -268,9 +269,10 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
                 .map(|d| (d.name.clone(), d))
                 .collect::<BTreeMap<String, Device>>(),
         ));
-        let (eng, opts) = (engine.clone(), scan_opts.clone());
+        let (eng, opts, hub) = (engine.clone(), scan_opts.clone(), health.clone());
         let scan_fn = move || {
             let devs = crate::inventory::scan(&opts)?;
+            hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &eng.checkpoint());
             let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let devs = keep_devices_in_pods(devs, &eng, &last);
             *last = devs.iter().map(|d| (d.name.clone(), d.clone())).collect();
@@ -293,18 +295,12 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
                 warn!(error = %e, "no link events: inventory relies on periodic rescans");
             }
         }));
-        let (r, mut activity) = (rescan.clone(), engine.activity());
-        sides.tasks.push(tokio::spawn(async move {
-            loop {
-                match activity.recv().await {
-                    Ok(a) if matches!(a.kind, crate::rescue::activity::ActivityKind::Returned { .. }) => {
-                        r.request_rescan();
-                    }
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                }
-            }
-        }));
+        let r = rescan.clone();
+        sides.tasks.push(tokio::spawn(crate::dra::health::follow_engine(
+            health.clone(),
+            engine.clone(),
+            move || r.request_rescan(),
+        )));
         let republish = rescan.clone();
         let claims: Arc<dyn ClaimSource> = match (&claims_dir, kube) {
             (Some(dir), _) => Arc::new(FileClaimSource { dir: dir.clone() }),
@@ -325,7 +321,7 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             kubelet_root: args.kubelet_root_dir.clone(),
             driver: args.driver_name.clone(),
         };
-        let plugin = KubeletPlugin::start(&cfg, preparer).await?;
+        let plugin = KubeletPlugin::start_with_health(&cfg, preparer, health).await?;
         info!(registration = %cfg.registration_socket().display(), dra = %cfg.dra_socket().display(), "kubelet plugin serving");
         sides
             .tasks
@@ -387,8 +383,10 @@ async fn scan(
     opts: &Arc<ScanOptions>,
     engine: &Engine,
     last: &BTreeMap<String, Device>,
+    health: &HealthHub,
 ) -> anyhow::Result<Vec<Device>> {
     let o = opts.clone();
     let devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
+    health.observe_scan(devs.iter().map(|d| d.name.as_str()), &engine.checkpoint());
     Ok(keep_devices_in_pods(devs, engine, last))
 }

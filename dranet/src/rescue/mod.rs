@@ -435,6 +435,14 @@ impl Engine {
             } => {
                 if let Err(e) = self.repair(&pod_uid, &device, ifindex).await {
                     warn!(pod = %pod_uid, device, error = %e, "repair failed");
+                    self.record(
+                        &pod_uid,
+                        activity::ActivityKind::Failed {
+                            action: "repair".into(),
+                            error: e.to_string(),
+                            device: Some(device),
+                        },
+                    );
                 }
             }
             Action::Reconcile => {
