@@ -16,6 +16,7 @@ use crate::dra::claim::{ClaimError, ClaimSource, ResourceClaim};
 use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PlanSink, PluginConfig, Preparer};
 use crate::inventory::{Device, ScanOptions, SharedInventory};
 use crate::plan::PodPlan;
+use crate::report::Reporter;
 use crate::rescue::Engine;
 use crate::slices::{LoopTiming, Publisher, RescanHandle, SliceController, link_events, publish_loop};
 
@@ -53,6 +54,8 @@ pub struct Sides {
     pub(super) nri_task: Option<tokio::task::JoinHandle<()>>,
     pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
     pub(super) slices_stop: Option<tokio::sync::watch::Sender<bool>>,
+    /// Claim status and events (the API server, or files in embedded mode).
+    pub(super) reporter: Reporter,
 }
 
 impl Sides {
@@ -200,6 +203,7 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
         nri_task: None,
         tasks: Vec::new(),
         slices_stop: None,
+        reporter: Reporter::disabled(),
     };
     let inventory = SharedInventory::new(Vec::new());
     if !args.no_dra {
@@ -302,11 +306,23 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             move || r.request_rescan(),
         )));
         let republish = rescan.clone();
-        let claims: Arc<dyn ClaimSource> = match (&claims_dir, kube) {
-            (Some(dir), _) => Arc::new(FileClaimSource { dir: dir.clone() }),
-            (None, Some(client)) => Arc::new(KubeClaimSource::new(client)),
+        // Reports go where the claims come from: next to the claim files, or the API server.
+        let (claims, sink): (Arc<dyn ClaimSource>, Arc<dyn crate::report::Sink>) = match (&claims_dir, kube) {
+            (Some(dir), _) => (
+                Arc::new(FileClaimSource { dir: dir.clone() }),
+                Arc::new(crate::report::FileSink::new(dir.join("status"))),
+            ),
+            (None, Some(client)) => (
+                Arc::new(KubeClaimSource::new(client.clone())),
+                Arc::new(crate::report::KubeSink::new(client, args.driver_name.clone())),
+            ),
             (None, None) => anyhow::bail!("no source of ResourceClaims"),
         };
+        sides.reporter = Reporter::new(sink, args.driver_name.clone(), args.node_name.clone());
+        sides.tasks.push(tokio::spawn(crate::report::rescue_events(
+            sides.reporter.clone(),
+            engine.activity(),
+        )));
         let preparer = Arc::new(Preparer::new(
             args.driver_name.clone(),
             args.node_name.clone(),
@@ -316,7 +332,8 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
                 opts: scan_opts.clone(),
             }),
             Arc::new(EngineSink(engine.clone())),
-        ));
+        )
+        .with_reporter(sides.reporter.clone()));
         let cfg = PluginConfig {
             kubelet_root: args.kubelet_root_dir.clone(),
             driver: args.driver_name.clone(),

@@ -153,6 +153,7 @@ pub struct Preparer {
     sink: Arc<dyn PlanSink>,
     state: Mutex<State>,
     metrics: Option<super::DraMetrics>,
+    reporter: crate::report::Reporter,
 }
 
 impl Preparer {
@@ -171,7 +172,20 @@ impl Preparer {
             sink,
             state: Mutex::new(State::default()),
             metrics: None,
+            reporter: crate::report::Reporter::disabled(),
         }
+    }
+
+    /// Reports failed prepares as `ClaimPrepareFailed` events on the claim.
+    #[must_use]
+    pub fn with_reporter(mut self, reporter: crate::report::Reporter) -> Self {
+        self.reporter = reporter;
+        self
+    }
+
+    #[must_use]
+    pub fn reporter(&self) -> &crate::report::Reporter {
+        &self.reporter
     }
 
     /// Records request counts and latency in `metrics`.

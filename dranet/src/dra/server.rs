@@ -275,6 +275,14 @@ async fn prepare_all(
     for c in claims {
         let res = p.prepare(&c).await.map_err(|e| {
             tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "prepare failed");
+            // As upstream: a Warning on the claim (in the background, never failing the RPC).
+            let r = p.reporter();
+            r.event(r.make_event(
+                crate::report::ObjectRef::claim(&c.namespace, &c.name, &c.uid),
+                true,
+                "ClaimPrepareFailed",
+                format!("failed to prepare claim {}/{}: {e}", c.namespace, c.name),
+            ));
             e.to_string()
         });
         out.push((c.uid, res));

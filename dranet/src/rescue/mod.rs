@@ -109,6 +109,21 @@ pub enum RescueError {
     HostNetlink(#[source] LinkError),
 }
 
+impl RescueError {
+    /// The device the error is about, when it names one.
+    #[must_use]
+    pub fn device(&self) -> Option<&str> {
+        match self {
+            Self::Link { device, .. }
+            | Self::NoInterface { device, .. }
+            | Self::DeviceBusy { device, .. }
+            | Self::Rdma { device, .. }
+            | Self::Pci { device, .. } => Some(device),
+            _ => None,
+        }
+    }
+}
+
 /// Engine settings.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
