@@ -205,7 +205,8 @@ impl Driver {
 
     /// Applies the claims' device status of a pod just attached (in the background).
     fn report_status(&self, uid: &str) {
-        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.checkpoint().pods.remove(uid)) else {
+        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.checkpoint().pods.remove(uid))
+        else {
             return;
         };
         for apply in crate::report::claim_statuses(self.reporter.driver(), &plans, &rec.devices) {

@@ -323,17 +323,19 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             sides.reporter.clone(),
             engine.activity(),
         )));
-        let preparer = Arc::new(Preparer::new(
-            args.driver_name.clone(),
-            args.node_name.clone(),
-            claims,
-            Arc::new(RescanOnMiss {
-                inventory: inventory.clone(),
-                opts: scan_opts.clone(),
-            }),
-            Arc::new(EngineSink(engine.clone())),
-        )
-        .with_reporter(sides.reporter.clone()));
+        let preparer = Arc::new(
+            Preparer::new(
+                args.driver_name.clone(),
+                args.node_name.clone(),
+                claims,
+                Arc::new(RescanOnMiss {
+                    inventory: inventory.clone(),
+                    opts: scan_opts.clone(),
+                }),
+                Arc::new(EngineSink(engine.clone())),
+            )
+            .with_reporter(sides.reporter.clone()),
+        );
         let cfg = PluginConfig {
             kubelet_root: args.kubelet_root_dir.clone(),
             driver: args.driver_name.clone(),

@@ -24,7 +24,10 @@ impl KubeSink {
 }
 
 impl Sink for KubeSink {
-    fn apply_claim_status<'a>(&'a self, apply: &'a ClaimStatusApply) -> BoxFuture<'a, Result<(), ReportError>> {
+    fn apply_claim_status<'a>(
+        &'a self,
+        apply: &'a ClaimStatusApply,
+    ) -> BoxFuture<'a, Result<(), ReportError>> {
         Box::pin(async move {
             use k8s_openapi::api::resource::v1::ResourceClaim;
             let m = &apply.metadata;
@@ -36,9 +39,8 @@ impl Sink for KubeSink {
             )
             .await
             .map_err(|source| ReportError::Apply {
-                namespace: m.namespace.clone(),
-                name: m.name.clone(),
-                source,
+                claim: format!("{}/{}", m.namespace, m.name),
+                source: Box::new(source),
             })?;
             Ok(())
         })
@@ -49,10 +51,8 @@ impl Sink for KubeSink {
             let o = &event.involved_object;
             let err = |source| ReportError::Event {
                 reason: event.reason.clone(),
-                kind: o.kind.clone(),
-                namespace: o.namespace.clone(),
-                name: o.name.clone(),
-                source,
+                object: format!("{} {}/{}", o.kind, o.namespace, o.name),
+                source: Box::new(source),
             };
             let obj: k8s_openapi::api::core::v1::Event = serde_json::to_value(event)
                 .and_then(serde_json::from_value)

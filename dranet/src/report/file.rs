@@ -46,12 +46,17 @@ fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReportError + '_ {
 }
 
 impl Sink for FileSink {
-    fn apply_claim_status<'a>(&'a self, apply: &'a ClaimStatusApply) -> BoxFuture<'a, Result<(), ReportError>> {
+    fn apply_claim_status<'a>(
+        &'a self,
+        apply: &'a ClaimStatusApply,
+    ) -> BoxFuture<'a, Result<(), ReportError>> {
         Box::pin(async move {
             let path = self.status_path(&apply.metadata.namespace, &apply.metadata.name)?;
             let body = serde_json::to_vec_pretty(apply).map_err(ReportError::Encode)?;
             if let Some(parent) = path.parent() {
-                tokio::fs::create_dir_all(parent).await.map_err(write_err(parent))?;
+                tokio::fs::create_dir_all(parent)
+                    .await
+                    .map_err(write_err(parent))?;
             }
             let tmp = path.with_extension("json.tmp");
             tokio::fs::write(&tmp, body).await.map_err(write_err(&tmp))?;
@@ -64,7 +69,9 @@ impl Sink for FileSink {
             let mut line = serde_json::to_vec(event).map_err(ReportError::Encode)?;
             line.push(b'\n');
             let path = self.events_path();
-            tokio::fs::create_dir_all(&self.dir).await.map_err(write_err(&self.dir))?;
+            tokio::fs::create_dir_all(&self.dir)
+                .await
+                .map_err(write_err(&self.dir))?;
             let p = path.clone();
             // One write(2) of a whole line with O_APPEND: concurrent events do not interleave.
             tokio::task::spawn_blocking(move || {

@@ -37,21 +37,20 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// Errors of reports (logged, never returned to a hook).
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("applying the status of ResourceClaim {namespace}/{name}: {source}")]
+    #[error("applying the status of ResourceClaim {claim}: {source}")]
     Apply {
-        namespace: String,
-        name: String,
+        /// `namespace/name`.
+        claim: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
-    #[error("creating event {reason} for {kind} {namespace}/{name}: {source}")]
+    #[error("creating event {reason} for {object}: {source}")]
     Event {
         reason: String,
-        kind: String,
-        namespace: String,
-        name: String,
+        /// `Kind namespace/name`.
+        object: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("writing {path}: {source}")]
     Write {
@@ -68,7 +67,10 @@ pub enum ReportError {
 /// Where reports go.
 pub trait Sink: Send + Sync + 'static {
     /// Server-side apply of `status.devices` of one claim.
-    fn apply_claim_status<'a>(&'a self, apply: &'a ClaimStatusApply) -> BoxFuture<'a, Result<(), ReportError>>;
+    fn apply_claim_status<'a>(
+        &'a self,
+        apply: &'a ClaimStatusApply,
+    ) -> BoxFuture<'a, Result<(), ReportError>>;
     /// Creates one event.
     fn event<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), ReportError>>;
 }
@@ -148,7 +150,9 @@ impl Reporter {
 
     /// Creates an event in the background.
     pub fn event(&self, event: Event) {
-        self.spawn("event", move |sink| Box::pin(async move { sink.event(&event).await }));
+        self.spawn("event", move |sink| {
+            Box::pin(async move { sink.event(&event).await })
+        });
     }
 
     /// A Warning or Normal event about `object`, sourced from this driver and node.
@@ -166,7 +170,11 @@ impl Reporter {
             return;
         };
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            tracing::warn!(what, max = MAX_IN_FLIGHT, "too many reports in flight: dropping one");
+            tracing::warn!(
+                what,
+                max = MAX_IN_FLIGHT,
+                "too many reports in flight: dropping one"
+            );
             return;
         };
         let timeout = self.timeout;
@@ -253,13 +261,21 @@ fn condition(type_: &str, reason: &str, message: String, now: &str) -> Condition
 /// rules and neighbours as one step), plus `RDMALinkReady` when its RDMA link moved with it
 /// (exclusive mode); `Ready` / `RDMAOnlyDeviceReady` for a device without a netdev.
 #[must_use]
-pub fn device_status(driver: &str, plan: &DevicePlan, rec: &DeviceRecord, now: &str) -> AllocatedDeviceStatus {
+pub fn device_status(
+    driver: &str,
+    plan: &DevicePlan,
+    rec: &DeviceRecord,
+    now: &str,
+) -> AllocatedDeviceStatus {
     let mut conditions = Vec::new();
     let network_data = if plan.host_ifname.is_some() {
         conditions.push(condition(
             "Ready",
             "NetworkDeviceReady",
-            format!("network device {} is in the pod as {}", plan.device, rec.pod_ifname),
+            format!(
+                "network device {} is in the pod as {}",
+                plan.device, rec.pod_ifname
+            ),
             now,
         ));
         conditions.push(condition(
@@ -402,7 +418,14 @@ pub struct Event {
 }
 
 impl Event {
-    fn new(object: ObjectRef, warning: bool, reason: &str, message: String, driver: &str, node: &str) -> Self {
+    fn new(
+        object: ObjectRef,
+        warning: bool,
+        reason: &str,
+        message: String,
+        driver: &str,
+        node: &str,
+    ) -> Self {
         let t = SystemTime::now();
         let nanos = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let now = rfc3339(t);
