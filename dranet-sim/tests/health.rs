@@ -104,7 +104,7 @@ fn of(r: &NodeWatchResourcesResponse, device: &str) -> Option<(HealthStatus, Str
         let id = d.device.as_ref()?;
         (id.device_name == device).then(|| {
             assert_eq!(id.pool_name, "node-a");
-            assert_eq!(d.health_check_timeout_seconds, 60);
+            assert_eq!(d.health_check_timeout_seconds, 30);
             (
                 HealthStatus::try_from(d.health).unwrap_or(HealthStatus::Unknown),
                 d.message.clone(),

@@ -28,10 +28,12 @@ use crate::state::{Checkpoint, DeviceState};
 
 /// gRPC service name as kubelet lists it in `supported_versions`.
 pub const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
-/// `health_check_timeout_seconds` we advertise per device.
-pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(60);
+/// `health_check_timeout_seconds` we advertise per device: kubelet 1.34–1.36 ignore the field
+/// and use a fixed 30 s (`healthTimeout` in `pkg/kubelet/cm/dra/healthinfo.go`), so advertise
+/// the same.
+pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// The full list is sent again after this much silence (well inside the timeout).
-pub const RESEND_INTERVAL: Duration = Duration::from_secs(20);
+pub const RESEND_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The health of one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +59,8 @@ struct State {
     returning: BTreeMap<String, String>,
     /// A return or repair failed: device → message.
     failed: BTreeMap<String, String>,
+    /// Home, but under a temporary name (its own was taken): device → that name.
+    name_busy: BTreeMap<String, String>,
     /// The last list, to keep `since` of unchanged entries.
     last: BTreeMap<String, DeviceHealth>,
 }
@@ -159,10 +163,10 @@ impl HealthHub {
                     .collect()
             })
             .unwrap_or_default();
-        let all: Vec<String> = cp
+        let all: Vec<(String, DeviceState)> = cp
             .pods
             .get(&a.pod_uid)
-            .map(|r| r.devices.iter().map(|d| d.device.clone()).collect())
+            .map(|r| r.devices.iter().map(|d| (d.device.clone(), d.state)).collect())
             .unwrap_or_default();
         match &a.kind {
             ActivityKind::RescueStarted { trigger } => {
@@ -196,16 +200,16 @@ impl HealthHub {
             ActivityKind::Returned { .. } => {
                 // Home per the checkpoint: in the host until the next scan says otherwise (the
                 // rescan follows, rate limited).
-                for d in &all {
+                for (d, state) in &all {
                     st.returning.remove(d);
                     st.failed.remove(d);
-                    if !out.contains(d) {
+                    if *state == DeviceState::Home {
                         st.host.insert(d.clone());
                     }
                 }
             }
             ActivityKind::Attached { .. } => {
-                for d in &all {
+                for (d, _) in &all {
                     st.returning.remove(d);
                     st.failed.remove(d);
                 }
@@ -299,7 +303,23 @@ fn locate(st: &mut State, cp: &Checkpoint) {
                 .map(|d| (d.device.clone(), format!("{}/{}", r.namespace, r.name)))
         })
         .collect();
-    let seen: Vec<String> = st.host.iter().chain(st.in_pod.keys()).cloned().collect();
+    st.name_busy = cp
+        .pods
+        .values()
+        .flat_map(|r| {
+            r.devices
+                .iter()
+                .filter(|d| d.state == DeviceState::HomeNameBusy)
+                .filter_map(|d| Some((d.device.clone(), d.temp_name.clone()?)))
+        })
+        .collect();
+    let seen: Vec<String> = st
+        .host
+        .iter()
+        .chain(st.in_pod.keys())
+        .chain(st.name_busy.keys())
+        .cloned()
+        .collect();
     st.known.extend(seen);
 }
 
@@ -315,6 +335,12 @@ fn judge(st: &State, d: &str) -> (bool, String) {
     }
     if st.host.contains(d) {
         return (true, "in the host network namespace".to_owned());
+    }
+    if let Some(temp) = st.name_busy.get(d) {
+        return (
+            false,
+            format!("back in the host as {temp}: its own name is taken (see dranet status)"),
+        );
     }
     (
         false,

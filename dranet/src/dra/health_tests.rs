@@ -150,6 +150,17 @@ fn rescue_marks_devices_unhealthy_until_home() {
 }
 
 #[test]
+fn a_device_home_under_a_temporary_name_is_unhealthy() {
+    let hub = HealthHub::new("node-a");
+    let mut cp = checkpoint(&[("eth1", DeviceState::HomeNameBusy)]);
+    cp.pods.get_mut("uid-1").unwrap().devices[0].temp_name = Some("dn7".into());
+    hub.observe_scan(["dn7"], &cp);
+    let (ok, msg) = health(&hub, "eth1");
+    assert!(!ok);
+    assert!(msg.contains("back in the host as dn7"), "{msg}");
+}
+
+#[test]
 fn a_failed_repair_names_its_device_and_attach_failures_are_not_health() {
     let hub = HealthHub::new("node-a");
     let cp = checkpoint(&[("eth1", DeviceState::InPod), ("eth2", DeviceState::InPod)]);
