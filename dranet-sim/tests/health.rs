@@ -216,8 +216,15 @@ async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
     ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
     until("both ends healthy again", &mut s1, healthy).await?;
 
-    drop(s1);
-    plugin.stop().await;
+    // Stopping the plugin ends the open stream instead of waiting for kubelet to hang up.
+    tokio::time::timeout(Duration::from_secs(5), plugin.stop())
+        .await
+        .map_err(|_| anyhow::anyhow!("stop hung on an open health stream"))?;
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = s1.message().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the stream did not end with the plugin");
     wait_for("no stream left after stop", || hub.watchers() == 0).await?;
     Ok(())
 }

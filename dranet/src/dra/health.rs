@@ -222,26 +222,39 @@ impl HealthHub {
     /// The stream one `NodeWatchResources` caller reads: the list now, then on every change
     /// and after [`RESEND_INTERVAL`] of silence. Ends when the hub is dropped.
     pub fn stream(&self) -> impl Stream<Item = pb::NodeWatchResourcesResponse> + Send + 'static {
+        self.stream_until(watch::channel(false).1)
+    }
+
+    /// [`HealthHub::stream`], ending as soon as `stop` turns true (the server's graceful
+    /// shutdown waits for open streams: one that never ends would hang it).
+    pub fn stream_until(
+        &self,
+        stop: watch::Receiver<bool>,
+    ) -> impl Stream<Item = pb::NodeWatchResourcesResponse> + Send + 'static {
         let rx = self.inner.tx.subscribe();
         let (pool, timeout, resend) = (
             self.inner.pool.clone(),
             i64::try_from(self.inner.timeout.as_secs()).unwrap_or(i64::MAX),
             self.inner.resend,
         );
-        futures::stream::unfold((rx, true), move |(mut rx, first)| {
+        futures::stream::unfold((rx, stop, true), move |(mut rx, mut stop, first)| {
             let pool = pool.clone();
             async move {
+                if *stop.borrow() {
+                    return None;
+                }
                 if !first {
                     tokio::select! {
                         r = rx.changed() => r.ok()?,
                         () = tokio::time::sleep(resend) => {}
+                        () = stopped(&mut stop) => return None,
                     }
                 }
                 let list = rx.borrow_and_update().clone();
                 let msg = pb::NodeWatchResourcesResponse {
                     devices: list.iter().map(|d| to_proto(d, &pool, timeout)).collect(),
                 };
-                Some((msg, (rx, false)))
+                Some((msg, (rx, stop, false)))
             }
         })
     }
@@ -283,6 +296,13 @@ impl HealthHub {
                 true
             }
         });
+    }
+}
+
+/// Resolves once `stop` is true; never, if its sender is gone without saying so.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        futures::future::pending::<()>().await;
     }
 }
 
@@ -391,8 +411,11 @@ pub async fn follow_engine(hub: HealthHub, engine: crate::rescue::Engine, rescan
     }
 }
 
-/// The gRPC service over a hub.
-pub(super) struct HealthService(pub(super) HealthHub);
+/// The gRPC service over a hub; streams end when `stop` turns true.
+pub(super) struct HealthService {
+    pub(super) hub: HealthHub,
+    pub(super) stop: watch::Receiver<bool>,
+}
 
 type HealthStream =
     Pin<Box<dyn Stream<Item = Result<pb::NodeWatchResourcesResponse, Status>> + Send + 'static>>;
@@ -406,7 +429,9 @@ impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
         _req: Request<pb::NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
         tracing::debug!("kubelet watches device health");
-        Ok(Response::new(Box::pin(self.0.stream().map(Ok))))
+        Ok(Response::new(Box::pin(
+            self.hub.stream_until(self.stop.clone()).map(Ok),
+        )))
     }
 }
 

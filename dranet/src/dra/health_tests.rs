@@ -234,3 +234,21 @@ async fn stream_resends_before_the_timeout_and_follows_changes() {
     drop(s);
     assert_eq!(hub.watchers(), 0, "a dropped stream leaves nothing behind");
 }
+
+#[tokio::test]
+async fn a_stream_ends_when_told_to_stop() {
+    let hub = HealthHub::with_timing("node-a", Duration::from_secs(30), Duration::from_secs(3600));
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    let (tx, rx) = watch::channel(false);
+    let mut s = Box::pin(hub.stream_until(rx));
+    assert!(s.next().await.is_some());
+    tx.send_replace(true);
+    let end = tokio::time::timeout(Duration::from_secs(2), s.next()).await;
+    assert_eq!(
+        end,
+        Ok(None),
+        "the stream must end on stop, not wait for the resend"
+    );
+    drop(s);
+    assert_eq!(hub.watchers(), 0);
+}

@@ -110,7 +110,10 @@ impl KubeletPlugin {
                 )))
                 .add_service(
                     super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
-                        HealthService(health),
+                        HealthService {
+                            hub: health,
+                            stop: stop_rx.clone(),
+                        },
                     ),
                 )
                 .serve_with_incoming_shutdown(UnixListenerStream::new(dra), async move {
