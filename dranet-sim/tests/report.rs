@@ -14,13 +14,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use dranet::config::NetworkConfig;
+use dranet::dra::{KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer};
 use dranet::driver::Driver;
+use dranet::inventory::SharedInventory;
 use dranet::nri::hooks::{Outcome, Pod, PodHooks};
 use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
 use dranet::report::{ClaimStatusApply, Event, ReportError, Reporter, Sink};
 use dranet::rescue::{Engine, EngineOptions};
 use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::kubelet::{Claim, KubeletSim};
 use dranet_sim::nic::Nic;
 use futures::future::BoxFuture;
 
@@ -323,4 +326,80 @@ async fn a_rescue_is_a_normal_event_on_the_pod() -> Result<()> {
         .count();
     assert_eq!(n, 1);
     Ok(())
+}
+
+struct NoSink;
+
+impl PlanSink for NoSink {
+    fn set_plan(&self, _: PodPlan) -> Result<(), String> {
+        Ok(())
+    }
+    fn remove_claim(&self, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_failed_prepare_is_a_warning_on_the_claim_and_the_rpc_does_not_wait() {
+    let dir = std::env::temp_dir().join(unique("dranet-report-prep-"));
+    let _guard = StateDir(dir.clone());
+    let cfg = PluginConfig {
+        kubelet_root: dir.join("kubelet"),
+        driver: "dra.net".into(),
+    };
+    // The API never answers the event: the RPC must still return at once.
+    let sink = Arc::new(Recording {
+        hang: true,
+        ..Recording::default()
+    });
+    let preparer = Arc::new(
+        Preparer::new(
+            "dra.net",
+            "node-a",
+            Arc::new(MemoryClaimSource::new()),
+            Arc::new(SharedInventory::new(Vec::new())),
+            Arc::new(NoSink),
+        )
+        .with_reporter(Reporter::new(sink.clone(), "dra.net", "node-a")),
+    );
+    let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
+    let kubelet = KubeletSim::new(&cfg.kubelet_root);
+    let sock = kubelet
+        .wait_for_registration_socket(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let reg = kubelet.register(&sock).await.unwrap();
+    let claim = Claim::new("ns", "missing", "uid-missing");
+    let start = Instant::now();
+    let res = reg.prepare(std::slice::from_ref(&claim)).await.unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    assert!(res["uid-missing"].error.contains("not found"), "{res:?}");
+    wait_for("the event", || !sink.events.lock().unwrap().is_empty())
+        .await
+        .unwrap();
+    let ev = sink.events.lock().unwrap()[0].clone();
+    assert_eq!(ev.reason, "ClaimPrepareFailed");
+    assert_eq!(ev.type_, "Warning");
+    assert_eq!(
+        (
+            ev.involved_object.kind.as_str(),
+            ev.involved_object.api_version.as_str(),
+            ev.involved_object.namespace.as_str(),
+            ev.involved_object.name.as_str(),
+            ev.involved_object.uid.as_str()
+        ),
+        (
+            "ResourceClaim",
+            "resource.k8s.io/v1",
+            "ns",
+            "missing",
+            "uid-missing"
+        )
+    );
+    assert!(
+        ev.message.starts_with("failed to prepare claim ns/missing: "),
+        "{}",
+        ev.message
+    );
+    plugin.stop().await;
 }
