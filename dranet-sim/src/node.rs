@@ -207,6 +207,30 @@ impl Node {
         Ok(())
     }
 
+    /// Where the daemon writes a claim's device status in embedded mode (no API server).
+    pub fn claim_status_path(&self, claim: &Claim) -> PathBuf {
+        self.dir
+            .join("claims/status")
+            .join(&claim.namespace)
+            .join(format!("{}.json", claim.name))
+    }
+
+    /// The claim's device status the daemon applied (its server-side apply body), waiting up to
+    /// `timeout` for it: the daemon writes it in the background after RunPodSandbox.
+    pub async fn claim_status(&self, claim: &Claim, timeout: Duration) -> Result<serde_json::Value> {
+        let path = self.claim_status_path(claim);
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(b) = std::fs::read(&path) {
+                return Ok(serde_json::from_slice(&b)?);
+            }
+            if start.elapsed() > timeout {
+                bail!("no claim status at {} after {timeout:?}", path.display());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// NodePrepareResources for one claim; fails on a per-claim error.
     pub async fn prepare(&self, claim: &Claim) -> Result<()> {
         let plugin = self.plugin.as_ref().context("daemon not registered")?;

@@ -170,7 +170,10 @@ async fn registration_like_kubelet() {
     assert_eq!(reg.info.r#type, "DRAPlugin");
     assert_eq!(reg.info.name, "dra.net");
     assert_eq!(PathBuf::from(&reg.info.endpoint), h.cfg.dra_socket());
-    assert_eq!(reg.info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+    assert_eq!(
+        reg.info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+    );
     assert_eq!(reg.version, DraVersion::V1);
     let status = h
         .plugin

@@ -97,6 +97,24 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
             "net{i} has no address in the pod: {v}"
         );
     }
+    // Embedded mode: the claim's device status lands next to the claim files.
+    let st = node.claim_status(&claim, Duration::from_secs(3)).await?;
+    let devs = st["status"]["devices"].as_array().context("status.devices")?;
+    assert_eq!(devs.len(), nics.len(), "{st}");
+    for (i, n) in nics.iter().enumerate() {
+        let name = dranet::inventory::netdev_device_name(&n.name);
+        let d = devs
+            .iter()
+            .find(|d| d["device"] == name.as_str())
+            .with_context(|| format!("no status for {name}: {st}"))?;
+        assert_eq!(d["networkData"]["interfaceName"], format!("net{i}"), "{st}");
+        assert_eq!(
+            d["networkData"]["ips"][0],
+            format!("192.168.{}.2/24", 60 + i),
+            "{st}"
+        );
+        assert_eq!(d["conditions"][0]["reason"], "NetworkDeviceReady", "{st}");
+    }
     if driver == Driver::RestartedWhileRunning {
         node.restart().await?;
         for i in 0..nics.len() {

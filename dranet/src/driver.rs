@@ -2,6 +2,10 @@
 //! StopPodSandbox / RemovePodSandbox detach (a no-op when the engine already rescued the pod),
 //! CreateContainer injects the RDMA character devices, Synchronize returns devices of pods the
 //! runtime no longer knows. Every hook is counted under upstream dranet's metric names.
+//!
+//! After an attach the claims' device status (conditions, `networkData`) is applied, and a
+//! failed attach is a Warning event on the pod, both through [`Reporter`]: spawned, never
+//! awaited inside the hook's 2 s budget.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -14,8 +18,9 @@ use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
 use crate::nri::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
+use crate::report::{ObjectRef, Reporter};
 use crate::rescue::activity::ActivityKind;
-use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef};
+use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef, RescueError};
 use crate::state::ReturnReason;
 
 /// Labels of upstream's `dranet_driver_nri_plugin_requests_*` metrics.
@@ -84,6 +89,7 @@ fn status_of<T>(r: &Result<Outcome, T>) -> &'static str {
 pub struct Driver {
     engine: Engine,
     metrics: HookMetrics,
+    reporter: Reporter,
 }
 
 impl Driver {
@@ -92,7 +98,15 @@ impl Driver {
         Self {
             engine,
             metrics: HookMetrics::default(),
+            reporter: Reporter::disabled(),
         }
+    }
+
+    /// Reports claim status and events through `reporter`.
+    #[must_use]
+    pub fn with_reporter(mut self, reporter: Reporter) -> Self {
+        self.reporter = reporter;
+        self
     }
 
     #[must_use]
@@ -174,15 +188,51 @@ impl Driver {
                     took_us = start.elapsed().as_micros(),
                     "RunPodSandbox: attached"
                 );
+                self.report_status(&pod.uid);
                 Ok(Outcome::Applied)
             }
             Ok(AttachOutcome::AlreadyAttached | AttachOutcome::NotOurs) => Ok(Outcome::Noop),
-            Err(e) => Err(HookError::Failed {
-                pod: pod.uid.clone(),
-                action: "attach",
-                source: Box::new(e),
-            }),
+            Err(e) => {
+                self.report_attach_failure(pod, &e);
+                Err(HookError::Failed {
+                    pod: pod.uid.clone(),
+                    action: "attach",
+                    source: Box::new(e),
+                })
+            }
         }
+    }
+
+    /// Applies the claims' device status of a pod just attached (in the background).
+    fn report_status(&self, uid: &str) {
+        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.checkpoint().pods.remove(uid))
+        else {
+            return;
+        };
+        for apply in crate::report::claim_statuses(self.reporter.driver(), &plans, &rec.devices) {
+            self.reporter.claim_status(apply);
+        }
+    }
+
+    /// Upstream's Warning on the pod: `RDMADeviceAttachFailed` for the RDMA link,
+    /// `NetworkDeviceAttachFailed` otherwise.
+    fn report_attach_failure(&self, pod: &Pod, e: &RescueError) {
+        let (reason, what) = if matches!(e, RescueError::Rdma { .. }) {
+            ("RDMADeviceAttachFailed", "RDMA device")
+        } else {
+            ("NetworkDeviceAttachFailed", "network device")
+        };
+        let device = e.device().unwrap_or("(all devices)");
+        let ev = self.reporter.make_event(
+            ObjectRef::pod(&pod.namespace, &pod.name, &pod.uid),
+            true,
+            reason,
+            format!(
+                "failed to attach {what} {device} to pod {}/{}: {e}",
+                pod.namespace, pod.name
+            ),
+        );
+        self.reporter.event(ev);
     }
 
     /// The RDMA character devices of the pod's devices, deduplicated by path.

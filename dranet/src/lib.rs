@@ -10,8 +10,8 @@
 //!
 //! Around it: [`nri`] (runtime hooks over multiplexed ttrpc), [`dra`] (kubelet gRPC),
 //! [`plan`] (per-pod device plans from Prepare), [`config`] (opaque config + validation),
-//! [`inventory`] and [`slices`] (ResourceSlice publishing), [`state`] (crash-safe checkpoint),
-//! [`cli`] (one file per subcommand).
+//! [`inventory`] and [`slices`] (ResourceSlice publishing), [`report`] (claim status and events),
+//! [`state`] (crash-safe checkpoint), [`cli`] (one file per subcommand).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cli;
@@ -28,6 +28,7 @@ pub mod pci;
 pub mod plan;
 pub mod proto;
 pub mod rdma;
+pub mod report;
 pub mod rescue;
 pub mod slices;
 pub mod state;

@@ -95,6 +95,15 @@ async fn main() -> Result<()> {
     node.runtime.run_pod_sandbox(&pod).await?;
     node.runtime.set_state(vec![pod.clone()], vec![]);
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // What an API server would have got (embedded mode writes the apply body to a file).
+    match node.claim_status(&claim, Duration::from_secs(2)).await {
+        Ok(st) => println!(
+            "== claim status ({}):\n{}",
+            node.claim_status_path(&claim).display(),
+            serde_json::to_string_pretty(&st["status"])?
+        ),
+        Err(e) => println!("== claim status: {e}"),
+    }
     match args.runtime {
         Runtime::Crio => {
             // CRI-O: the netns goes first; StopPodSandbox comes 50 ms later.

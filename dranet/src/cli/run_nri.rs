@@ -19,7 +19,7 @@ pub async fn start(
     registry: &mut Registry,
     sides: &mut Sides,
 ) -> anyhow::Result<()> {
-    let driver = Arc::new(Driver::new(engine.clone()));
+    let driver = Arc::new(Driver::new(engine.clone()).with_reporter(sides.reporter.clone()));
     driver.metrics().register(registry);
     if args.no_nri {
         return Ok(());

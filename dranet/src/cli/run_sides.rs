@@ -13,9 +13,10 @@ use tracing::{info, warn};
 
 use super::run::RunArgs;
 use crate::dra::claim::{ClaimError, ClaimSource, ResourceClaim};
-use crate::dra::{KubeClaimSource, KubeletPlugin, PlanSink, PluginConfig, Preparer};
+use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PlanSink, PluginConfig, Preparer};
 use crate::inventory::{Device, ScanOptions, SharedInventory};
 use crate::plan::PodPlan;
+use crate::report::Reporter;
 use crate::rescue::Engine;
 use crate::slices::{LoopTiming, Publisher, RescanHandle, SliceController, link_events, publish_loop};
 
@@ -53,6 +54,8 @@ pub struct Sides {
     pub(super) nri_task: Option<tokio::task::JoinHandle<()>>,
     pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
     pub(super) slices_stop: Option<tokio::sync::watch::Sender<bool>>,
+    /// Claim status and events (the API server, or files in embedded mode).
+    pub(super) reporter: Reporter,
 }
 
 impl Sides {
@@ -200,6 +203,7 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
         nri_task: None,
         tasks: Vec::new(),
         slices_stop: None,
+        reporter: Reporter::disabled(),
     };
     let inventory = SharedInventory::new(Vec::new());
     if !args.no_dra {
@@ -232,7 +236,8 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             filter,
             ..ScanOptions::default()
         });
-        let devices = scan(&scan_opts, engine, &BTreeMap::new()).await?;
+        let health = HealthHub::new(args.node_name.clone());
+        let devices = scan(&scan_opts, engine, &BTreeMap::new(), &health).await?;
         info!(devices = devices.len(), "inventory");
         inventory.replace(devices.clone());
         let publisher = match (&slices_dir, &kube) {
@@ -268,9 +273,10 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
                 .map(|d| (d.name.clone(), d))
                 .collect::<BTreeMap<String, Device>>(),
         ));
-        let (eng, opts) = (engine.clone(), scan_opts.clone());
+        let (eng, opts, hub) = (engine.clone(), scan_opts.clone(), health.clone());
         let scan_fn = move || {
             let devs = crate::inventory::scan(&opts)?;
+            hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &eng.checkpoint());
             let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let devs = keep_devices_in_pods(devs, &eng, &last);
             *last = devs.iter().map(|d| (d.name.clone(), d.clone())).collect();
@@ -293,39 +299,48 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
                 warn!(error = %e, "no link events: inventory relies on periodic rescans");
             }
         }));
-        let (r, mut activity) = (rescan.clone(), engine.activity());
-        sides.tasks.push(tokio::spawn(async move {
-            loop {
-                match activity.recv().await {
-                    Ok(a) if matches!(a.kind, crate::rescue::activity::ActivityKind::Returned { .. }) => {
-                        r.request_rescan();
-                    }
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                }
-            }
-        }));
+        let r = rescan.clone();
+        sides.tasks.push(tokio::spawn(crate::dra::health::follow_engine(
+            health.clone(),
+            engine.clone(),
+            move || r.request_rescan(),
+        )));
         let republish = rescan.clone();
-        let claims: Arc<dyn ClaimSource> = match (&claims_dir, kube) {
-            (Some(dir), _) => Arc::new(FileClaimSource { dir: dir.clone() }),
-            (None, Some(client)) => Arc::new(KubeClaimSource::new(client)),
+        // Reports go where the claims come from: next to the claim files, or the API server.
+        let (claims, sink): (Arc<dyn ClaimSource>, Arc<dyn crate::report::Sink>) = match (&claims_dir, kube) {
+            (Some(dir), _) => (
+                Arc::new(FileClaimSource { dir: dir.clone() }),
+                Arc::new(crate::report::FileSink::new(dir.join("status"))),
+            ),
+            (None, Some(client)) => (
+                Arc::new(KubeClaimSource::new(client.clone())),
+                Arc::new(crate::report::KubeSink::new(client, args.driver_name.clone())),
+            ),
             (None, None) => anyhow::bail!("no source of ResourceClaims"),
         };
-        let preparer = Arc::new(Preparer::new(
-            args.driver_name.clone(),
-            args.node_name.clone(),
-            claims,
-            Arc::new(RescanOnMiss {
-                inventory: inventory.clone(),
-                opts: scan_opts.clone(),
-            }),
-            Arc::new(EngineSink(engine.clone())),
-        ));
+        sides.reporter = Reporter::new(sink, args.driver_name.clone(), args.node_name.clone());
+        sides.tasks.push(tokio::spawn(crate::report::rescue_events(
+            sides.reporter.clone(),
+            engine.activity(),
+        )));
+        let preparer = Arc::new(
+            Preparer::new(
+                args.driver_name.clone(),
+                args.node_name.clone(),
+                claims,
+                Arc::new(RescanOnMiss {
+                    inventory: inventory.clone(),
+                    opts: scan_opts.clone(),
+                }),
+                Arc::new(EngineSink(engine.clone())),
+            )
+            .with_reporter(sides.reporter.clone()),
+        );
         let cfg = PluginConfig {
             kubelet_root: args.kubelet_root_dir.clone(),
             driver: args.driver_name.clone(),
         };
-        let plugin = KubeletPlugin::start(&cfg, preparer).await?;
+        let plugin = KubeletPlugin::start_with_health(&cfg, preparer, health).await?;
         info!(registration = %cfg.registration_socket().display(), dra = %cfg.dra_socket().display(), "kubelet plugin serving");
         sides
             .tasks
@@ -387,8 +402,10 @@ async fn scan(
     opts: &Arc<ScanOptions>,
     engine: &Engine,
     last: &BTreeMap<String, Device>,
+    health: &HealthHub,
 ) -> anyhow::Result<Vec<Device>> {
     let o = opts.clone();
     let devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
+    health.observe_scan(devs.iter().map(|d| d.name.as_str()), &engine.checkpoint());
     Ok(keep_devices_in_pods(devs, engine, last))
 }

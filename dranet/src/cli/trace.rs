@@ -265,7 +265,9 @@ fn activity_line(a: &Activity, start: u64) -> String {
             "dranet_returned",
             format!("pod {who} devices {devices:?} reason={reason} took={took_us}µs"),
         ),
-        ActivityKind::Failed { action, error } => ("dranet_failed", format!("pod {who} {action}: {error}")),
+        ActivityKind::Failed { action, error, .. } => {
+            ("dranet_failed", format!("pod {who} {action}: {error}"))
+        }
     };
     format!("{t:>+12}  {ev:<22} {detail}")
 }

@@ -1,14 +1,17 @@
-//! The DRA kubelet plugin: registration + DRA node service (v1, v1beta1) over unix sockets
+//! The DRA kubelet plugin: registration + DRA node service (v1, v1beta1) + device health
+//! ([`health`], KEP-4680) over unix sockets
 //! ([`KubeletPlugin`]), and Prepare/Unprepare ([`Preparer`]) turning allocated ResourceClaims
 //! into per-pod [`crate::plan::PodPlan`]s for a [`PlanSink`].
 
 pub mod claim;
+pub mod health;
 pub mod metrics;
 mod prepare;
 pub mod proto;
 mod server;
 
 pub use claim::{ClaimError, ClaimSource, KubeClaimSource, MemoryClaimSource, ResourceClaim};
+pub use health::HealthHub;
 pub use metrics::DraMetrics;
 pub use prepare::{
     DeviceLookup, LeaseSource, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer, RescanOnMiss,

@@ -172,6 +172,7 @@ pub struct Preparer {
     sink: Arc<dyn PlanSink>,
     state: Mutex<State>,
     metrics: Option<super::DraMetrics>,
+    reporter: crate::report::Reporter,
 }
 
 impl Preparer {
@@ -191,6 +192,7 @@ impl Preparer {
             sink,
             state: Mutex::new(State::default()),
             metrics: None,
+            reporter: crate::report::Reporter::disabled(),
         }
     }
 
@@ -199,6 +201,18 @@ impl Preparer {
     pub fn with_leases(mut self, leases: Arc<dyn LeaseSource>) -> Self {
         self.leases = leases;
         self
+    }
+
+    /// Reports failed prepares as `ClaimPrepareFailed` events on the claim.
+    #[must_use]
+    pub fn with_reporter(mut self, reporter: crate::report::Reporter) -> Self {
+        self.reporter = reporter;
+        self
+    }
+
+    #[must_use]
+    pub fn reporter(&self) -> &crate::report::Reporter {
+        &self.reporter
     }
 
     /// Records request counts and latency in `metrics`.

@@ -15,3 +15,8 @@ pub mod v1beta1 {
         "/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs"
     ));
 }
+
+/// KEP-4680 device health (`pkg/apis/dra-health/v1alpha1`, proto package `v1alpha1`).
+pub mod health_v1alpha1 {
+    include!(concat!(env!("OUT_DIR"), "/v1alpha1.rs"));
+}

@@ -1,6 +1,7 @@
 //! The kubelet plugin over unix sockets: the registration service on
 //! `<kubelet-root>/plugins_registry/<driver>-reg.sock` and the DRA node service (v1 and v1beta1)
-//! on `<kubelet-root>/plugins/<driver>/dra.sock`. Per-claim failures go into the per-claim
+//! plus the device health stream (`v1alpha1.DRAResourceHealth`) on
+//! `<kubelet-root>/plugins/<driver>/dra.sock`. Per-claim failures go into the per-claim
 //! `error` field; the RPC itself succeeds.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -13,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
+use super::health::{HEALTH_SERVICE, HealthHub, HealthService};
 use super::prepare::{PreparedDevice, Preparer};
 use super::proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use super::proto::pluginregistration::{
@@ -23,8 +25,11 @@ use crate::plan::ClaimRef;
 
 /// `PluginInfo.type` of DRA drivers.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
-/// Services offered, best first (kubelet takes the first it supports).
-pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// Services offered. kubelet takes the first `*.DRAPlugin` entry it supports for Prepare and
+/// Unprepare (`validateSupportedServices`), so the node services come first, best first; the
+/// health service is looked up on its own (`pickHealthService` on kubelet `master`; 1.34–1.36
+/// just open the stream and accept Unimplemented).
+pub const SUPPORTED_VERSIONS: [&str; 3] = ["v1.DRAPlugin", "v1beta1.DRAPlugin", HEALTH_SERVICE];
 
 /// Errors of the plugin servers.
 #[derive(Debug, thiserror::Error)]
@@ -74,9 +79,18 @@ pub struct KubeletPlugin {
 }
 
 impl KubeletPlugin {
-    /// Binds both sockets (DRA first, so the endpoint exists when kubelet sees the registration
-    /// socket) and serves them.
+    /// [`KubeletPlugin::start_with_health`] with a hub that knows no devices (an empty list).
     pub async fn start(cfg: &PluginConfig, preparer: Arc<Preparer>) -> Result<Self, DraError> {
+        Self::start_with_health(cfg, preparer, HealthHub::new(String::new())).await
+    }
+
+    /// Binds both sockets (DRA first, so the endpoint exists when kubelet sees the registration
+    /// socket) and serves them; device health comes from `health`.
+    pub async fn start_with_health(
+        cfg: &PluginConfig,
+        preparer: Arc<Preparer>,
+        health: HealthHub,
+    ) -> Result<Self, DraError> {
         let dra_path = cfg.dra_socket();
         let reg_path = cfg.registration_socket();
         make_dir(&cfg.plugin_dir())?;
@@ -94,6 +108,14 @@ impl KubeletPlugin {
                 .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(
                     preparer,
                 )))
+                .add_service(
+                    super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                        HealthService {
+                            hub: health,
+                            stop: stop_rx.clone(),
+                        },
+                    ),
+                )
                 .serve_with_incoming_shutdown(UnixListenerStream::new(dra), async move {
                     let _ = rx.wait_for(|s| *s).await;
                 }),
@@ -256,6 +278,14 @@ async fn prepare_all(
     for c in claims {
         let res = p.prepare(&c).await.map_err(|e| {
             tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "prepare failed");
+            // As upstream: a Warning on the claim (in the background, never failing the RPC).
+            let r = p.reporter();
+            r.event(r.make_event(
+                crate::report::ObjectRef::claim(&c.namespace, &c.name, &c.uid),
+                true,
+                "ClaimPrepareFailed",
+                format!("failed to prepare claim {}/{}: {e}", c.namespace, c.name),
+            ));
             e.to_string()
         });
         out.push((c.uid, res));

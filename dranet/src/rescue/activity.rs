@@ -36,5 +36,11 @@ pub enum ActivityKind {
         took_us: u64,
     },
     /// A return or attach failed (will be retried where possible).
-    Failed { action: String, error: String },
+    Failed {
+        action: String,
+        error: String,
+        /// The one device concerned (a repair), if not the pod's devices.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+    },
 }

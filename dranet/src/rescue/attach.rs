@@ -131,6 +131,7 @@ impl Engine {
                     ActivityKind::Failed {
                         action: "attach".into(),
                         error: err.to_string(),
+                        device: Some(d.device.clone()),
                     },
                 );
                 self.count(|c| {

@@ -169,6 +169,7 @@ impl Engine {
                 ActivityKind::Failed {
                     action: "return".into(),
                     error: first.clone(),
+                    device: None,
                 },
             );
             self.inner.metrics.failures.inc();

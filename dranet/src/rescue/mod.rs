@@ -109,6 +109,21 @@ pub enum RescueError {
     HostNetlink(#[source] LinkError),
 }
 
+impl RescueError {
+    /// The device the error is about, when it names one.
+    #[must_use]
+    pub fn device(&self) -> Option<&str> {
+        match self {
+            Self::Link { device, .. }
+            | Self::NoInterface { device, .. }
+            | Self::DeviceBusy { device, .. }
+            | Self::Rdma { device, .. }
+            | Self::Pci { device, .. } => Some(device),
+            _ => None,
+        }
+    }
+}
+
 /// Engine settings.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -435,6 +450,14 @@ impl Engine {
             } => {
                 if let Err(e) = self.repair(&pod_uid, &device, ifindex).await {
                     warn!(pod = %pod_uid, device, error = %e, "repair failed");
+                    self.record(
+                        &pod_uid,
+                        activity::ActivityKind::Failed {
+                            action: "repair".into(),
+                            error: e.to_string(),
+                            device: Some(device),
+                        },
+                    );
                 }
             }
             Action::Reconcile => {

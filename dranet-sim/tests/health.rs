@@ -1,0 +1,325 @@
+//! Device health (KEP-4680) end to end: a real tonic client over the DRA unix socket calls
+//! `v1alpha1.DRAResourceHealth/NodeWatchResources` while real kernel events change the devices
+//! (root): a veth pair deleted and re-created in a unique netns, and a CRI-O-order rescue by the
+//! engine. Two streams at once; a client that goes away leaves no stream behind.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers panic on setup failure, like the tests"
+)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use dranet::config::NetworkConfig;
+use dranet::dra::health::follow_engine;
+use dranet::dra::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
+use dranet::dra::proto::health_v1alpha1::{
+    HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
+};
+use dranet::dra::{HealthHub, KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer};
+use dranet::inventory::{self, NetnsTarget, ScanOptions, SharedInventory};
+use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
+use dranet::rescue::{Engine, EngineOptions, PodRef};
+use dranet::state::Checkpoint;
+use dranet::watch::{Watcher, WatcherOptions};
+use dranet_sim::kernel::{PodNetns, require_root, unique};
+use dranet_sim::kubelet::uds_channel;
+use dranet_sim::nic::Nic;
+use tonic::Streaming;
+
+struct NoSink;
+
+impl PlanSink for NoSink {
+    fn set_plan(&self, _: PodPlan) -> Result<(), String> {
+        Ok(())
+    }
+    fn remove_claim(&self, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A temp dir removed on drop (pins under it unmounted first).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(unique(&format!("dranet-{tag}-")));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(self.0.join("state/pins")) {
+            for e in rd.flatten() {
+                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Aborts a background task on drop (also when the test fails).
+struct Task(tokio::task::JoinHandle<()>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn plugin(dir: &TempDir, hub: HealthHub) -> (PluginConfig, KubeletPlugin) {
+    let cfg = PluginConfig {
+        kubelet_root: dir.0.join("kubelet"),
+        driver: "dra.net".into(),
+    };
+    let preparer = Arc::new(Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(MemoryClaimSource::new()),
+        Arc::new(SharedInventory::new(Vec::new())),
+        Arc::new(NoSink),
+    ));
+    let p = KubeletPlugin::start_with_health(&cfg, preparer, hub)
+        .await
+        .unwrap();
+    (cfg, p)
+}
+
+async fn watch(cfg: &PluginConfig) -> Streaming<NodeWatchResourcesResponse> {
+    let mut c = DraResourceHealthClient::new(uds_channel(&cfg.dra_socket()).await.unwrap());
+    c.node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// `device` → (health, message) in one response.
+fn of(r: &NodeWatchResourcesResponse, device: &str) -> Option<(HealthStatus, String)> {
+    r.devices.iter().find_map(|d| {
+        let id = d.device.as_ref()?;
+        (id.device_name == device).then(|| {
+            assert_eq!(id.pool_name, "node-a");
+            assert_eq!(d.health_check_timeout_seconds, 30);
+            (
+                HealthStatus::try_from(d.health).unwrap_or(HealthStatus::Unknown),
+                d.message.clone(),
+            )
+        })
+    })
+}
+
+/// Reads the stream until `ok` holds for a response; returns that response.
+async fn until(
+    what: &str,
+    s: &mut Streaming<NodeWatchResourcesResponse>,
+    mut ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
+) -> Result<NodeWatchResourcesResponse> {
+    let deadline = Duration::from_secs(10);
+    let res = tokio::time::timeout(deadline, async {
+        while let Some(r) = s.message().await? {
+            if ok(&r) {
+                return Ok(r);
+            }
+        }
+        bail!("stream ended waiting for {what}")
+    })
+    .await;
+    match res {
+        Ok(r) => r,
+        Err(_) => bail!("timed out after {deadline:?} waiting for {what}"),
+    }
+}
+
+async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > Duration::from_secs(5) {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Scans `target` every 100 ms into the hub, as the publish loop does after link events.
+fn scan_loop(
+    hub: HealthHub,
+    target: NetnsTarget,
+    checkpoint: impl Fn() -> Checkpoint + Send + 'static,
+) -> Task {
+    Task(tokio::spawn(async move {
+        loop {
+            let t = target.clone();
+            let devs = tokio::task::spawn_blocking(move || {
+                inventory::scan(&ScanOptions {
+                    netns: t,
+                    ..ScanOptions::default()
+                })
+            })
+            .await;
+            if let Ok(Ok(devs)) = devs {
+                hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &checkpoint());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }))
+}
+
+#[tokio::test]
+async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
+    if !require_root("health_stream_follows_a_veth_deleted_and_recreated")? {
+        return Ok(());
+    }
+    let dir = TempDir::new("health");
+    let ns = PodNetns::create(&unique("dhealth"))?;
+    let (va, vb) = (unique("hva"), unique("hvb"));
+    ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+    let hub = HealthHub::new("node-a");
+    let _scan = scan_loop(
+        hub.clone(),
+        NetnsTarget::Path(ns.path.clone()),
+        Checkpoint::default,
+    );
+    let (cfg, plugin) = plugin(&dir, hub.clone()).await;
+
+    let healthy = |r: &NodeWatchResourcesResponse| {
+        [&va, &vb]
+            .iter()
+            .all(|d| of(r, d).is_some_and(|(h, _)| h == HealthStatus::Healthy))
+    };
+    let mut s1 = watch(&cfg).await;
+    let mut s2 = watch(&cfg).await;
+    let r = until("both ends healthy on stream 1", &mut s1, healthy).await?;
+    assert_eq!(of(&r, &va).unwrap().1, "in the host network namespace");
+    until("both ends healthy on stream 2", &mut s2, healthy).await?;
+    assert_eq!(hub.watchers(), 2);
+
+    // Deleting one end deletes both: every stream reports them unhealthy, still listed.
+    ns.ip(&["link", "del", &va])?;
+    let gone = |r: &NodeWatchResourcesResponse| {
+        [&va, &vb].iter().all(|d| {
+            of(r, d).is_some_and(|(h, m)| h == HealthStatus::Unhealthy && m.contains("missing from the host"))
+        })
+    };
+    until("both ends unhealthy on stream 1", &mut s1, gone).await?;
+    until("both ends unhealthy on stream 2", &mut s2, gone).await?;
+
+    // A kubelet stream that goes away leaves nothing behind.
+    drop(s2);
+    wait_for("the dropped stream released", || hub.watchers() == 1).await?;
+
+    ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+    until("both ends healthy again", &mut s1, healthy).await?;
+
+    // Stopping the plugin ends the open stream instead of waiting for kubelet to hang up.
+    tokio::time::timeout(Duration::from_secs(5), plugin.stop())
+        .await
+        .map_err(|_| anyhow::anyhow!("stop hung on an open health stream"))?;
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = s1.message().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the stream did not end with the plugin");
+    wait_for("no stream left after stop", || hub.watchers() == 0).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn health_stream_follows_a_rescue() -> Result<()> {
+    if !require_root("health_stream_follows_a_rescue")? {
+        return Ok(());
+    }
+    let dir = TempDir::new("health-rescue");
+    let mut ns = PodNetns::create(&unique("dhresc"))?;
+    let nic = Nic::create()?;
+    let watcher = Watcher::start(WatcherOptions::default()).await?;
+    let sub = watcher.subscribe();
+    let engine = Engine::new(
+        EngineOptions {
+            state_dir: dir.0.join("state"),
+            ..EngineOptions::default()
+        },
+        Some(watcher),
+    )
+    .await?;
+    let runner = engine.clone();
+    let _events = Task(tokio::spawn(async move { runner.run_events(sub).await }));
+    let hub = HealthHub::new("node-a");
+    let _feed = Task(tokio::spawn(follow_engine(hub.clone(), engine.clone(), || {})));
+    let eng = engine.clone();
+    let _scan = scan_loop(hub.clone(), NetnsTarget::Current, move || eng.checkpoint());
+    let (cfg, plugin) = plugin(&dir, hub.clone()).await;
+    let mut s = watch(&cfg).await;
+    until("the NIC healthy in the host", &mut s, |r| {
+        of(r, &nic.name)
+            .is_some_and(|(h, m)| h == HealthStatus::Healthy && m == "in the host network namespace")
+    })
+    .await?;
+
+    let uid = unique("pod-health-");
+    let mut config = NetworkConfig::default();
+    config.interface.name = Some("net1".into());
+    engine.set_plan(PodPlan {
+        pod_uid: uid.clone(),
+        pod_namespace: "default".into(),
+        pod_name: "p".into(),
+        devices: vec![DevicePlan {
+            device: nic.name.clone(),
+            pool: "node-a".into(),
+            request: "nic".into(),
+            claim: ClaimRef {
+                namespace: "default".into(),
+                name: "c".into(),
+                uid: format!("claim-{uid}"),
+            },
+            host_ifname: Some(nic.name.clone()),
+            pci_address: None,
+            permanent_mac: None,
+            rdma_device: None,
+            config,
+            char_devices: vec![],
+        }],
+    })?;
+    engine
+        .attach_pod(
+            PodRef {
+                uid: &uid,
+                namespace: "default",
+                name: "p",
+            },
+            &ns.path,
+        )
+        .await?;
+    until("the NIC healthy in its pod", &mut s, |r| {
+        of(r, &nic.name).is_some_and(|(h, m)| h == HealthStatus::Healthy && m == "attached to pod default/p")
+    })
+    .await?;
+
+    // CRI-O order: the netns bind mount goes first; the engine brings the NIC home.
+    ns.remove_crio_style()?;
+    let mut seen = Vec::new();
+    until("the NIC healthy in the host after the rescue", &mut s, |r| {
+        let h = of(r, &nic.name);
+        if let Some(h) = &h {
+            seen.push(h.clone());
+        }
+        h.is_some_and(|(h, m)| h == HealthStatus::Healthy && m == "in the host network namespace")
+    })
+    .await?;
+    // Never reported missing while the engine owned the return (intermediate states may be
+    // coalesced: the stream carries the latest list).
+    for (h, m) in &seen {
+        assert!(
+            *h == HealthStatus::Healthy || m.contains("being returned"),
+            "unexpected state during the rescue: {h:?} {m}"
+        );
+    }
+    drop(s);
+    plugin.stop().await;
+    Ok(())
+}

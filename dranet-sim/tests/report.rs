@@ -1,0 +1,405 @@
+//! Claim status and events from the real hooks (root): RunPodSandbox on the real kernel applies
+//! the claim's device status through the reporter without waiting for it (a sink that hangs or
+//! fails never fails or slows the hook), a failed attach is a Warning on the pod, and a
+//! CRI-O-order rescue is a Normal `NetworkDeviceRescued` on the pod.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers panic on setup failure, like the tests"
+)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use dranet::config::NetworkConfig;
+use dranet::dra::{KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer};
+use dranet::driver::Driver;
+use dranet::inventory::SharedInventory;
+use dranet::nri::hooks::{Outcome, Pod, PodHooks};
+use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
+use dranet::report::{ClaimStatusApply, Event, ReportError, Reporter, Sink};
+use dranet::rescue::{Engine, EngineOptions};
+use dranet::watch::{Watcher, WatcherOptions};
+use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::kubelet::{Claim, KubeletSim};
+use dranet_sim::nic::Nic;
+use futures::future::BoxFuture;
+
+/// Records what it is given, then hangs or fails.
+#[derive(Default)]
+struct Recording {
+    applies: Mutex<Vec<ClaimStatusApply>>,
+    events: Mutex<Vec<Event>>,
+    hang: bool,
+}
+
+impl Recording {
+    fn answer(&self) -> BoxFuture<'static, Result<(), ReportError>> {
+        if self.hang {
+            Box::pin(futures::future::pending())
+        } else {
+            Box::pin(async {
+                Err(ReportError::BadName {
+                    name: "the API server said no".into(),
+                })
+            })
+        }
+    }
+}
+
+impl Sink for Recording {
+    fn apply_claim_status<'a>(
+        &'a self,
+        apply: &'a ClaimStatusApply,
+    ) -> BoxFuture<'a, Result<(), ReportError>> {
+        self.applies.lock().unwrap().push(apply.clone());
+        self.answer()
+    }
+    fn event<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), ReportError>> {
+        self.events.lock().unwrap().push(event.clone());
+        self.answer()
+    }
+}
+
+/// A state dir removed (pins unmounted first) at drop.
+struct StateDir(PathBuf);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(self.0.join("pins")) {
+            for e in rd.flatten() {
+                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Task(tokio::task::JoinHandle<()>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn device(host_if: &str, uid: &str) -> DevicePlan {
+    let mut config = NetworkConfig::default();
+    config.interface.name = Some("net1".into());
+    config.interface.addresses = vec!["192.168.79.2/24".into()];
+    DevicePlan {
+        device: host_if.to_owned(),
+        pool: "node-a".into(),
+        request: "nic".into(),
+        claim: ClaimRef {
+            namespace: "default".into(),
+            name: format!("claim-{uid}"),
+            uid: format!("claim-uid-{uid}"),
+        },
+        host_ifname: Some(host_if.to_owned()),
+        pci_address: None,
+        permanent_mac: None,
+        rdma_device: None,
+        config,
+        char_devices: vec![],
+    }
+}
+
+fn pod(uid: &str, ns: &PodNetns) -> Pod {
+    Pod {
+        uid: uid.to_owned(),
+        namespace: "default".into(),
+        name: "p".into(),
+        id: format!("sandbox-{uid}"),
+        netns: Some(ns.path.clone()),
+        ..Pod::default()
+    }
+}
+
+async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > Duration::from_secs(5) {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+async fn setup(tag: &str, watcher: Option<Watcher>) -> Result<(StateDir, Engine)> {
+    let state = StateDir(std::env::temp_dir().join(unique(&format!("dranet-report-{tag}-"))));
+    let engine = Engine::new(
+        EngineOptions {
+            state_dir: state.0.clone(),
+            ..EngineOptions::default()
+        },
+        watcher,
+    )
+    .await?;
+    Ok((state, engine))
+}
+
+#[tokio::test]
+async fn run_pod_sandbox_applies_status_without_waiting_for_the_api() -> Result<()> {
+    if !require_root("run_pod_sandbox_applies_status_without_waiting_for_the_api")? {
+        return Ok(());
+    }
+    for hang in [true, false] {
+        let (_state, engine) = setup("status", None).await?;
+        let ns = PodNetns::create(&unique("dnrep"))?;
+        let nic = Nic::create()?;
+        let uid = unique("pod-rep-");
+        engine.set_plan(PodPlan {
+            pod_uid: uid.clone(),
+            pod_namespace: "default".into(),
+            pod_name: "p".into(),
+            devices: vec![device(&nic.name, &uid)],
+        })?;
+        let sink = Arc::new(Recording {
+            hang,
+            ..Recording::default()
+        });
+        let reporter =
+            Reporter::new(sink.clone(), "dra.net", "node-a").with_timeout(Duration::from_millis(300));
+        let driver = Driver::new(engine.clone()).with_reporter(reporter.clone());
+        let start = Instant::now();
+        let out = driver.run_pod_sandbox(pod(&uid, &ns)).await;
+        let took = start.elapsed();
+        assert!(matches!(out, Ok(Outcome::Applied)), "hang={hang}: {out:?}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "hang={hang}: the hook took {took:?}"
+        );
+        wait_for("the status apply", || !sink.applies.lock().unwrap().is_empty()).await?;
+        let applies = sink.applies.lock().unwrap().clone();
+        assert_eq!(applies.len(), 1, "{applies:?}");
+        let a = &applies[0];
+        assert_eq!(a.metadata.name, format!("claim-{uid}"));
+        assert_eq!(a.metadata.namespace, "default");
+        let d = &a.status.devices[0];
+        assert_eq!(
+            (d.driver.as_str(), d.pool.as_str(), d.device.as_str()),
+            ("dra.net", "node-a", nic.name.as_str())
+        );
+        let nd = d.network_data.as_ref().unwrap();
+        assert_eq!(nd.interface_name, "net1");
+        assert_eq!(nd.ips, ["192.168.79.2/24"]);
+        // The MAC the device has in the pod, read from the kernel.
+        let mac = ns.ip(&["-j", "link", "show", "dev", "net1"])?;
+        assert!(
+            mac.contains(&nd.hardware_address) && !nd.hardware_address.is_empty(),
+            "{mac} vs {nd:?}"
+        );
+        let conds: Vec<_> = d
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.reason.as_str(), c.status.as_str()))
+            .collect();
+        assert_eq!(
+            conds,
+            [
+                ("Ready", "NetworkDeviceReady", "True"),
+                ("NetworkReady", "NetworkReady", "True")
+            ]
+        );
+        // A slow or failing API is given up on; nothing is left running.
+        wait_for("the report given up", || reporter.in_flight() == 0).await?;
+        engine.detach_pod(&uid, dranet::state::ReturnReason::Hook).await?;
+        assert!(host_has(&nic.name));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_attach_is_a_warning_on_the_pod() -> Result<()> {
+    if !require_root("a_failed_attach_is_a_warning_on_the_pod")? {
+        return Ok(());
+    }
+    let (_state, engine) = setup("fail", None).await?;
+    let ns = PodNetns::create(&unique("dnrepf"))?;
+    let uid = unique("pod-repf-");
+    let missing = unique("nonic");
+    engine.set_plan(PodPlan {
+        pod_uid: uid.clone(),
+        pod_namespace: "default".into(),
+        pod_name: "p".into(),
+        devices: vec![device(&missing, &uid)],
+    })?;
+    let sink = Arc::new(Recording {
+        hang: true,
+        ..Recording::default()
+    });
+    let driver = Driver::new(engine.clone()).with_reporter(Reporter::new(sink.clone(), "dra.net", "node-a"));
+    let out = driver.run_pod_sandbox(pod(&uid, &ns)).await;
+    assert!(out.is_err(), "{out:?}");
+    wait_for("the event", || !sink.events.lock().unwrap().is_empty()).await?;
+    let ev = sink.events.lock().unwrap()[0].clone();
+    assert_eq!(ev.reason, "NetworkDeviceAttachFailed");
+    assert_eq!(ev.type_, "Warning");
+    assert_eq!(ev.involved_object.kind, "Pod");
+    assert_eq!(ev.involved_object.uid, uid);
+    assert_eq!(ev.metadata.namespace, "default");
+    assert!(
+        ev.message.starts_with(&format!(
+            "failed to attach network device {missing} to pod default/p: "
+        )),
+        "{}",
+        ev.message
+    );
+    assert!(
+        sink.applies.lock().unwrap().is_empty(),
+        "no status for a failed attach"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rescue_is_a_normal_event_on_the_pod() -> Result<()> {
+    if !require_root("a_rescue_is_a_normal_event_on_the_pod")? {
+        return Ok(());
+    }
+    let watcher = Watcher::start(WatcherOptions::default()).await?;
+    let sub = watcher.subscribe();
+    let (_state, engine) = setup("rescue", Some(watcher)).await?;
+    let runner = engine.clone();
+    let _events = Task(tokio::spawn(async move { runner.run_events(sub).await }));
+    let sink = Arc::new(Recording {
+        hang: false,
+        ..Recording::default()
+    });
+    let reporter = Reporter::new(sink.clone(), "dra.net", "node-a");
+    let _rescues = Task(tokio::spawn(dranet::report::rescue_events(
+        reporter.clone(),
+        engine.activity(),
+    )));
+    let mut ns = PodNetns::create(&unique("dnrepr"))?;
+    let nic = Nic::create()?;
+    let uid = unique("pod-repr-");
+    engine.set_plan(PodPlan {
+        pod_uid: uid.clone(),
+        pod_namespace: "default".into(),
+        pod_name: "p".into(),
+        devices: vec![device(&nic.name, &uid)],
+    })?;
+    let driver = Driver::new(engine.clone()).with_reporter(reporter);
+    driver.run_pod_sandbox(pod(&uid, &ns)).await?;
+    ns.remove_crio_style()?;
+    wait_for("the rescue event", || {
+        sink.events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.reason == "NetworkDeviceRescued")
+    })
+    .await?;
+    let ev = sink
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|e| e.reason == "NetworkDeviceRescued")
+        .cloned()
+        .unwrap();
+    assert_eq!(ev.type_, "Normal");
+    assert_eq!(
+        (
+            ev.involved_object.namespace.as_str(),
+            ev.involved_object.name.as_str(),
+            ev.involved_object.uid.as_str()
+        ),
+        ("default", "p", uid.as_str())
+    );
+    assert!(ev.message.contains(&nic.name), "{}", ev.message);
+    assert!(host_has(&nic.name));
+    // The late StopPodSandbox is a no-op and sends no second rescue event.
+    driver.stop_pod_sandbox(pod(&uid, &ns)).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let n = sink
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.reason == "NetworkDeviceRescued")
+        .count();
+    assert_eq!(n, 1);
+    Ok(())
+}
+
+struct NoSink;
+
+impl PlanSink for NoSink {
+    fn set_plan(&self, _: PodPlan) -> Result<(), String> {
+        Ok(())
+    }
+    fn remove_claim(&self, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_failed_prepare_is_a_warning_on_the_claim_and_the_rpc_does_not_wait() {
+    let dir = std::env::temp_dir().join(unique("dranet-report-prep-"));
+    let _guard = StateDir(dir.clone());
+    let cfg = PluginConfig {
+        kubelet_root: dir.join("kubelet"),
+        driver: "dra.net".into(),
+    };
+    // The API never answers the event: the RPC must still return at once.
+    let sink = Arc::new(Recording {
+        hang: true,
+        ..Recording::default()
+    });
+    let preparer = Arc::new(
+        Preparer::new(
+            "dra.net",
+            "node-a",
+            Arc::new(MemoryClaimSource::new()),
+            Arc::new(SharedInventory::new(Vec::new())),
+            Arc::new(NoSink),
+        )
+        .with_reporter(Reporter::new(sink.clone(), "dra.net", "node-a")),
+    );
+    let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
+    let kubelet = KubeletSim::new(&cfg.kubelet_root);
+    let sock = kubelet
+        .wait_for_registration_socket(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let reg = kubelet.register(&sock).await.unwrap();
+    let claim = Claim::new("ns", "missing", "uid-missing");
+    let start = Instant::now();
+    let res = reg.prepare(std::slice::from_ref(&claim)).await.unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    assert!(res["uid-missing"].error.contains("not found"), "{res:?}");
+    wait_for("the event", || !sink.events.lock().unwrap().is_empty())
+        .await
+        .unwrap();
+    let ev = sink.events.lock().unwrap()[0].clone();
+    assert_eq!(ev.reason, "ClaimPrepareFailed");
+    assert_eq!(ev.type_, "Warning");
+    assert_eq!(
+        (
+            ev.involved_object.kind.as_str(),
+            ev.involved_object.api_version.as_str(),
+            ev.involved_object.namespace.as_str(),
+            ev.involved_object.name.as_str(),
+            ev.involved_object.uid.as_str()
+        ),
+        (
+            "ResourceClaim",
+            "resource.k8s.io/v1",
+            "ns",
+            "missing",
+            "uid-missing"
+        )
+    );
+    assert!(
+        ev.message.starts_with("failed to prepare claim ns/missing: "),
+        "{}",
+        ev.message
+    );
+    plugin.stop().await;
+}

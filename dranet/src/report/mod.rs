@@ -1,0 +1,538 @@
+//! What dranet tells the API server about its work: the device status of ResourceClaims
+//! (KEP-4817: conditions and `networkData` after an attach, applied server-side on the `status`
+//! subresource, field manager = driver name, force) and Kubernetes events (`ClaimPrepareFailed`
+//! on a claim; `NetworkDeviceAttachFailed` / `RDMADeviceAttachFailed` / `NetworkDeviceRescued`
+//! on a pod).
+//!
+//! **Fire and forget.** [`Reporter`] spawns every report with a deadline ([`REPORT_TIMEOUT`])
+//! and at most [`MAX_IN_FLIGHT`] at once (more are dropped with a warning): nothing here waits
+//! on the API server inside a hook, and a failed or slow report never fails one.
+//!
+//! Where reports go is a [`Sink`]: [`KubeSink`] (the API server) or [`FileSink`] (embedded mode
+//! without a cluster: JSON files next to the local claims, so a demo shows them).
+
+mod api;
+mod file;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+pub use api::KubeSink;
+pub use file::FileSink;
+
+use crate::plan::DevicePlan;
+use crate::rescue::activity::{Activity, ActivityKind};
+use crate::state::DeviceRecord;
+
+/// Deadline of one report (upstream: 3 s for the claim status).
+pub const REPORT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Reports in flight at most; more are dropped.
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// Errors of reports (logged, never returned to a hook).
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("applying the status of ResourceClaim {claim}: {source}")]
+    Apply {
+        /// `namespace/name`.
+        claim: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("creating event {reason} for {object}: {source}")]
+    Event {
+        reason: String,
+        /// `Kind namespace/name`.
+        object: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encoding a report: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("{name:?} is not usable as a file name")]
+    BadName { name: String },
+}
+
+/// Where reports go.
+pub trait Sink: Send + Sync + 'static {
+    /// Server-side apply of `status.devices` of one claim.
+    fn apply_claim_status<'a>(
+        &'a self,
+        apply: &'a ClaimStatusApply,
+    ) -> BoxFuture<'a, Result<(), ReportError>>;
+    /// Creates one event.
+    fn event<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), ReportError>>;
+}
+
+/// Sends reports in the background; cheap to clone. [`Reporter::disabled`] drops everything.
+#[derive(Clone)]
+pub struct Reporter {
+    sink: Option<Arc<dyn Sink>>,
+    slots: Arc<Semaphore>,
+    timeout: Duration,
+    driver: String,
+    node: String,
+}
+
+impl std::fmt::Debug for Reporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reporter")
+            .field("enabled", &self.sink.is_some())
+            .field("driver", &self.driver)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reporter {
+    /// Reports to `sink` as `driver` (field manager, event source) on `node`.
+    #[must_use]
+    pub fn new(sink: Arc<dyn Sink>, driver: impl Into<String>, node: impl Into<String>) -> Self {
+        Self {
+            sink: Some(sink),
+            slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            timeout: REPORT_TIMEOUT,
+            driver: driver.into(),
+            node: node.into(),
+        }
+    }
+
+    /// Reports nothing (no API server and no local dir).
+    #[must_use]
+    pub fn disabled() -> Self {
+        Self {
+            sink: None,
+            slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            timeout: REPORT_TIMEOUT,
+            driver: String::new(),
+            node: String::new(),
+        }
+    }
+
+    /// Another deadline per report (tests).
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    #[must_use]
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
+    /// Reports running right now.
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        if self.sink.is_none() {
+            return 0;
+        }
+        MAX_IN_FLIGHT - self.slots.available_permits()
+    }
+
+    /// Applies a claim's device status in the background.
+    pub fn claim_status(&self, apply: ClaimStatusApply) {
+        self.spawn("claim status", move |sink| {
+            Box::pin(async move { sink.apply_claim_status(&apply).await })
+        });
+    }
+
+    /// Creates an event in the background.
+    pub fn event(&self, event: Event) {
+        self.spawn("event", move |sink| {
+            Box::pin(async move { sink.event(&event).await })
+        });
+    }
+
+    /// A Warning or Normal event about `object`, sourced from this driver and node.
+    #[must_use]
+    pub fn make_event(&self, object: ObjectRef, warning: bool, reason: &str, message: String) -> Event {
+        Event::new(object, warning, reason, message, &self.driver, &self.node)
+    }
+
+    fn spawn(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(Arc<dyn Sink>) -> BoxFuture<'static, Result<(), ReportError>> + Send + 'static,
+    ) {
+        let Some(sink) = self.sink.clone() else {
+            return;
+        };
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                what,
+                max = MAX_IN_FLIGHT,
+                "too many reports in flight: dropping one"
+            );
+            return;
+        };
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            match tokio::time::timeout(timeout, f(sink)).await {
+                Ok(Ok(())) => tracing::debug!(what, "reported"),
+                Ok(Err(e)) => tracing::warn!(what, error = %e, "report failed"),
+                Err(_) => tracing::warn!(what, ?timeout, "report timed out"),
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// `metadata` of an apply body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyMeta {
+    pub name: String,
+    pub namespace: String,
+}
+
+/// The server-side apply body of a claim's `status` subresource.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimStatusApply {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ApplyMeta,
+    pub status: ApplyStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyStatus {
+    pub devices: Vec<AllocatedDeviceStatus>,
+}
+
+/// `status.devices[]` of a ResourceClaim (resource.k8s.io/v1 `AllocatedDeviceStatus`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocatedDeviceStatus {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<NetworkDeviceData>,
+}
+
+/// A `metav1.Condition`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub last_transition_time: String,
+}
+
+/// `networkData` of a device status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkDeviceData {
+    pub interface_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hardware_address: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<String>,
+}
+
+fn condition(type_: &str, reason: &str, message: String, now: &str) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: "True".to_owned(),
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: now.to_owned(),
+    }
+}
+
+/// The status of one attached device, as upstream reports it: `Ready` (reason
+/// `NetworkDeviceReady`) and `NetworkReady` for a netdev (dranet configures addresses, routes,
+/// rules and neighbours as one step), plus `RDMALinkReady` when its RDMA link moved with it
+/// (exclusive mode); `Ready` / `RDMAOnlyDeviceReady` for a device without a netdev.
+#[must_use]
+pub fn device_status(
+    driver: &str,
+    plan: &DevicePlan,
+    rec: &DeviceRecord,
+    now: &str,
+) -> AllocatedDeviceStatus {
+    let mut conditions = Vec::new();
+    let network_data = if plan.host_ifname.is_some() {
+        conditions.push(condition(
+            "Ready",
+            "NetworkDeviceReady",
+            format!(
+                "network device {} is in the pod as {}",
+                plan.device, rec.pod_ifname
+            ),
+            now,
+        ));
+        conditions.push(condition(
+            "NetworkReady",
+            "NetworkReady",
+            "addresses, routes, rules and neighbours configured".to_owned(),
+            now,
+        ));
+        Some(NetworkDeviceData {
+            interface_name: rec.pod_ifname.clone(),
+            hardware_address: rec
+                .pod_mac
+                .clone()
+                .or_else(|| rec.snapshot.mac.clone())
+                .unwrap_or_default(),
+            ips: plan.config.interface.addresses.clone(),
+        })
+    } else {
+        conditions.push(condition(
+            "Ready",
+            "RDMAOnlyDeviceReady",
+            format!("RDMA device {} is ready", plan.device),
+            now,
+        ));
+        None
+    };
+    if rec.rdma_in_pod {
+        conditions.push(condition(
+            "RDMALinkReady",
+            "RDMALinkReady",
+            format!(
+                "RDMA link {} is in the pod",
+                rec.rdma_device.as_deref().unwrap_or_default()
+            ),
+            now,
+        ));
+    }
+    AllocatedDeviceStatus {
+        driver: driver.to_owned(),
+        pool: plan.pool.clone(),
+        device: plan.device.clone(),
+        conditions,
+        network_data,
+    }
+}
+
+/// One apply body per claim for the devices of a pod just attached (devices of other drivers
+/// are not ours to report; plans and records are matched by device name).
+#[must_use]
+pub fn claim_statuses(driver: &str, plans: &[DevicePlan], records: &[DeviceRecord]) -> Vec<ClaimStatusApply> {
+    let now = rfc3339(SystemTime::now());
+    let mut out: Vec<ClaimStatusApply> = Vec::new();
+    for p in plans {
+        let Some(rec) = records.iter().find(|r| r.device == p.device) else {
+            continue;
+        };
+        let st = device_status(driver, p, rec, &now);
+        let key = ApplyMeta {
+            name: p.claim.name.clone(),
+            namespace: p.claim.namespace.clone(),
+        };
+        match out.iter_mut().find(|a| a.metadata == key) {
+            Some(a) => a.status.devices.push(st),
+            None => out.push(ClaimStatusApply {
+                api_version: "resource.k8s.io/v1".to_owned(),
+                kind: "ResourceClaim".to_owned(),
+                metadata: key,
+                status: ApplyStatus { devices: vec![st] },
+            }),
+        }
+    }
+    out
+}
+
+/// The object an event is about.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl ObjectRef {
+    #[must_use]
+    pub fn pod(namespace: &str, name: &str, uid: &str) -> Self {
+        Self {
+            api_version: "v1".to_owned(),
+            kind: "Pod".to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+        }
+    }
+
+    #[must_use]
+    pub fn claim(namespace: &str, name: &str, uid: &str) -> Self {
+        Self {
+            api_version: "resource.k8s.io/v1".to_owned(),
+            kind: "ResourceClaim".to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventMeta {
+    pub name: String,
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventSource {
+    pub component: String,
+    pub host: String,
+}
+
+/// A core/v1 Event, as client-go's recorder writes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: EventMeta,
+    pub involved_object: ObjectRef,
+    pub reason: String,
+    pub message: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub source: EventSource,
+    pub first_timestamp: String,
+    pub last_timestamp: String,
+    pub count: i32,
+    pub reporting_component: String,
+    pub reporting_instance: String,
+}
+
+impl Event {
+    fn new(
+        object: ObjectRef,
+        warning: bool,
+        reason: &str,
+        message: String,
+        driver: &str,
+        node: &str,
+    ) -> Self {
+        let t = SystemTime::now();
+        let nanos = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let now = rfc3339(t);
+        Self {
+            api_version: "v1".to_owned(),
+            kind: "Event".to_owned(),
+            metadata: EventMeta {
+                // client-go's naming: `<object>.<unix nanos, hex>`.
+                name: format!("{}.{nanos:x}", object.name),
+                namespace: object.namespace.clone(),
+            },
+            involved_object: object,
+            reason: reason.to_owned(),
+            // The API caps messages at 1 KiB.
+            message: truncate(message, 1024),
+            type_: if warning { "Warning" } else { "Normal" }.to_owned(),
+            source: EventSource {
+                component: driver.to_owned(),
+                host: node.to_owned(),
+            },
+            first_timestamp: now.clone(),
+            last_timestamp: now,
+            count: 1,
+            reporting_component: driver.to_owned(),
+            reporting_instance: node.to_owned(),
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` (UTC), the API's time format.
+#[must_use]
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = i64::try_from(days).unwrap_or(0) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The Normal `NetworkDeviceRescued` event for an activity entry: devices the engine brought
+/// home because the runtime tore the pod netns down before StopPodSandbox (our addition to
+/// upstream's events). `None` for anything else.
+#[must_use]
+pub fn rescue_event(reporter: &Reporter, a: &Activity) -> Option<Event> {
+    let ActivityKind::Returned {
+        reason,
+        devices,
+        took_us,
+    } = &a.kind
+    else {
+        return None;
+    };
+    if reason != "NetnsTeardown" {
+        return None;
+    }
+    let (namespace, name) = a.pod.split_once('/')?;
+    Some(reporter.make_event(
+        ObjectRef::pod(namespace, name, &a.pod_uid),
+        false,
+        "NetworkDeviceRescued",
+        format!(
+            "the runtime tore down the pod network namespace before StopPodSandbox; dranet brought {} home and restored in {} us",
+            devices.join(", "),
+            took_us
+        ),
+    ))
+}
+
+/// Sends [`rescue_event`]s for the engine's activity feed `rx`; runs until the feed closes.
+pub async fn rescue_events(reporter: Reporter, mut rx: tokio::sync::broadcast::Receiver<Activity>) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match rx.recv().await {
+            Ok(a) => {
+                if let Some(ev) = rescue_event(&reporter, &a) {
+                    reporter.event(ev);
+                }
+            }
+            Err(RecvError::Lagged(n)) => tracing::debug!(missed = n, "activity feed lagged"),
+            Err(RecvError::Closed) => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
