@@ -5,7 +5,7 @@
 //!
 //! * [`watch`] — eBPF probes + rtnetlink (+ inotify fallback) → one stream of [`watch::LifecycleEvent`]s;
 //! * [`rescue`] — events, NRI hooks and reconcile → decisions (one owner per pod);
-//! * [`netns`], [`link`], [`rdma`] — the only places that touch the kernel: pins, device moves and
+//! * [`netns`], [`link`], [`rdma`], [`ethtool`] — the only places that touch the kernel: pins, device moves and
 //!   restores, RDMA link moves.
 //!
 //! Around it: [`nri`] (runtime hooks over multiplexed ttrpc), [`dra`] (kubelet gRPC),
@@ -18,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod dra;
 pub mod driver;
+pub mod ethtool;
 pub mod http;
 pub mod inventory;
 pub mod link;
