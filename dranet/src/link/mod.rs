@@ -409,7 +409,10 @@ pub fn resolve_offloads(
                 flags.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
             )
         };
-        problems.push((format!("privateFlags.{name}"), format!("unknown private flag ({have})")));
+        problems.push((
+            format!("privateFlags.{name}"),
+            format!("unknown private flag ({have})"),
+        ));
     }
     if problems.is_empty() {
         Ok((out, want_flags.clone()))
@@ -612,7 +615,12 @@ impl AttachSpec {
             routes: d.config.routes.clone(),
             rules,
             neighbors,
-            features: d.config.ethtool.as_ref().map(|e| e.features.clone()).unwrap_or_default(),
+            features: d
+                .config
+                .ethtool
+                .as_ref()
+                .map(|e| e.features.clone())
+                .unwrap_or_default(),
             private_flags: d
                 .config
                 .ethtool
