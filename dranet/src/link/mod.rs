@@ -414,6 +414,7 @@ pub fn resolve_offloads(
             format!("unknown private flag ({have})"),
         ));
     }
+    problems.sort();
     if problems.is_empty() {
         Ok((out, want_flags.clone()))
     } else {
