@@ -5,8 +5,8 @@
 //!
 //! * [`watch`] — eBPF probes + rtnetlink (+ inotify fallback) → one stream of [`watch::LifecycleEvent`]s;
 //! * [`rescue`] — events, NRI hooks and reconcile → decisions (one owner per pod);
-//! * [`netns`], [`link`], [`rdma`], [`dhcp`] — the only places that touch the kernel: pins,
-//!   device moves and restores, RDMA link moves, the Prepare-time DHCPv4 lease.
+//! * [`netns`], [`link`], [`rdma`], [`ethtool`], [`dhcp`] — the only places that touch the kernel: pins,
+//!   device moves and restores, RDMA link moves, offloads, the Prepare-time DHCPv4 lease.
 //!
 //! Around it: [`nri`] (runtime hooks over multiplexed ttrpc), [`dra`] (kubelet gRPC),
 //! [`plan`] (per-pod device plans from Prepare), [`config`] (opaque config + validation),
@@ -19,6 +19,7 @@ pub mod config;
 pub mod dhcp;
 pub mod dra;
 pub mod driver;
+pub mod ethtool;
 pub mod http;
 pub mod inventory;
 pub mod link;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
 use crate::config::{self, ConfigError, NetworkConfig};
 use crate::dhcp::{DhcpError, Lease};
+use crate::ethtool::{Dev, EthtoolError, Features};
 use futures::future::BoxFuture;
 
 use crate::inventory::{Device, InventoryError, SharedInventory};
@@ -32,7 +33,17 @@ pub trait DeviceLookup: Send + Sync + 'static {
     fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
+
+    /// The offload features and private flags of host interface `ifname`, which a config's
+    /// `ethtool` block is checked against. The default asks the kernel (ethtool netlink in the
+    /// driver's netns, the host's).
+    fn offloads(&self, ifname: &str) -> Result<Offloads, EthtoolError> {
+        crate::link::host_offloads(&Dev::Name(ifname.to_owned()))
+    }
 }
+
+/// A device's ethtool state: features and private flags.
+pub type Offloads = (Features, BTreeMap<String, bool>);
 
 /// A [`SharedInventory`] that rescans once when a device is missing.
 pub struct RescanOnMiss {
@@ -135,6 +146,20 @@ pub enum PrepareError {
         ifname: String,
         #[source]
         source: Box<DhcpError>,
+    },
+    #[error("invalid configuration for device {device} (request {request}): {}", problems.join("; "))]
+    Ethtool {
+        device: String,
+        request: String,
+        /// `ethtool.features.<name>: why` / `ethtool.privateFlags.<name>: why`.
+        problems: Vec<String>,
+    },
+    #[error("device {device}: reading the ethtool features of {ifname}: {source}")]
+    EthtoolQuery {
+        device: String,
+        ifname: String,
+        #[source]
+        source: EthtoolError,
     },
     #[error("storing the plan of pod {pod_uid}: {detail}")]
     Sink { pod_uid: String, detail: String },
@@ -440,7 +465,8 @@ pub async fn plan_claim(
                 }
                 _ => None,
             };
-            with_host_state(cfg, &dev, lease.as_ref())
+            let cfg = with_host_state(cfg, &dev, lease.as_ref());
+            with_offloads(&r.device, &r.request, cfg, dev.ifname.as_deref(), devices)?
         };
         share_ids.insert(r.device.clone(), r.share_id.clone());
         plans.push(DevicePlan {
@@ -533,6 +559,46 @@ fn with_host_state(mut cfg: NetworkConfig, dev: &Device, lease: Option<&Lease>) 
         }
     }
     cfg
+}
+
+/// Checks the config's `ethtool` block against the host NIC (upstream does this at Prepare
+/// too): every feature must be a kernel feature name of the device or an ethtool(8) alias, and
+/// not a fixed one asked to change; every private flag must be one of the driver's. The
+/// features are rewritten to the kernel names they stand for.
+fn with_offloads(
+    device: &str,
+    request: &str,
+    mut cfg: NetworkConfig,
+    ifname: Option<&str>,
+    devices: &dyn DeviceLookup,
+) -> Result<NetworkConfig, PrepareError> {
+    let (Some(eth), Some(ifname)) = (cfg.ethtool.as_mut(), ifname) else {
+        return Ok(cfg);
+    };
+    if eth.features.is_empty() && eth.private_flags.is_empty() {
+        return Ok(cfg);
+    }
+    let (features, flags) = devices
+        .offloads(ifname)
+        .map_err(|source| PrepareError::EthtoolQuery {
+            device: device.to_owned(),
+            ifname: ifname.to_owned(),
+            source,
+        })?;
+    match crate::link::resolve_offloads(&features, &flags, &eth.features, &eth.private_flags) {
+        Ok((f, _)) => {
+            eth.features = f;
+            Ok(cfg)
+        }
+        Err(problems) => Err(PrepareError::Ethtool {
+            device: device.to_owned(),
+            request: request.to_owned(),
+            problems: problems
+                .into_iter()
+                .map(|(field, why)| format!("ethtool.{field}: {why}"))
+                .collect(),
+        }),
+    }
 }
 
 /// Which opaque config applies to `request`: entries for this driver whose `requests` is empty

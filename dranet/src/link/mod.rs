@@ -3,10 +3,16 @@
 //! (move back through the pinned netns) and full restore, and repair of a device the kernel
 //! returned by itself.
 //!
+//! Offload features and private flags (ethtool) are part of the snapshot and of the restore,
+//! through [`crate::ethtool`]: the host's wanted state of every changeable feature is recorded
+//! before the move, the claim's `ethtool` block is applied inside the pod after it, and every
+//! feature or flag that differs from the snapshot when the device comes home is put back.
+//!
 //! Everything inside a pod netns goes through a [`Netlink`] whose socket was opened inside that
 //! netns (on a throw-away thread, see [`crate::netns::in_netns`]): no tokio worker ever
 //! `setns`es.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 
@@ -20,6 +26,7 @@ use rtnetlink::{Handle, RouteMessageBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::config::RouteConfig;
+use crate::ethtool::{self, Dev, Ethtool, EthtoolError};
 use crate::netns::{Netns, NetnsError};
 use crate::plan::DevicePlan;
 
@@ -52,6 +59,10 @@ pub enum LinkError {
     NameTaken(String),
     #[error("no rtnetlink socket inside the pod netns")]
     NoPodNetlink,
+    #[error(transparent)]
+    Ethtool(#[from] EthtoolError),
+    #[error("ethtool.{field}: {reason}")]
+    Offload { field: String, reason: String },
 }
 
 impl LinkError {
@@ -203,6 +214,12 @@ pub struct LinkSnapshot {
     /// Addresses as `ip/prefix` (IPv6 link-local left out: the kernel recreates it).
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// Wanted state of every changeable offload feature (`ethtool -k`, kernel names).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub features: BTreeMap<String, bool>,
+    /// Every private flag (`ethtool --show-priv-flags`) of the driver.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub private_flags: BTreeMap<String, bool>,
 }
 
 impl LinkSnapshot {
@@ -343,7 +360,69 @@ pub async fn snapshot(nl: &Netlink, name: &str) -> Result<LinkSnapshot, LinkErro
         .await?
         .ok_or_else(|| LinkError::NotFound(name.to_owned()))?;
     let addrs = nl.addresses(m.header.index).await?;
-    Ok(snapshot_of(&m, &addrs))
+    let mut s = snapshot_of(&m, &addrs);
+    match host_offloads(&Dev::Index(s.ifindex)) {
+        Ok((features, flags)) => {
+            s.features = features.changeable_wanted();
+            s.private_flags = flags;
+        }
+        // A kernel without ethtool netlink: nothing to snapshot (nor to apply: a config that
+        // asks for offloads fails at Prepare and at attach).
+        Err(EthtoolError::NoFamily) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(s)
+}
+
+/// The features and private flags of a device in the driver's (host) netns.
+pub fn host_offloads(dev: &Dev) -> Result<(ethtool::Features, BTreeMap<String, bool>), EthtoolError> {
+    let mut e = Ethtool::open()?;
+    Ok((e.features(dev)?, e.private_flags(dev)?))
+}
+
+/// Kernel feature names to set and private flags to set, each name → wanted state.
+pub type ResolvedOffloads = (BTreeMap<String, bool>, BTreeMap<String, bool>);
+
+/// Checks a claim's `ethtool` block against a device's `features` and `flags`: features by
+/// kernel name or ethtool(8) alias (aliases expanded, explicit kernel names winning), private
+/// flags by name. Returns the kernel feature names to set and the flags, or one problem per
+/// bad entry (`features.<name>: why`, `privateFlags.<name>: why`).
+pub fn resolve_offloads(
+    features: &ethtool::Features,
+    flags: &BTreeMap<String, bool>,
+    want_features: &BTreeMap<String, bool>,
+    want_flags: &BTreeMap<String, bool>,
+) -> Result<ResolvedOffloads, Vec<(String, String)>> {
+    let mut problems = Vec::new();
+    let mut out = BTreeMap::new();
+    // Aliases first, so that a kernel name given as well overrides what an alias expanded to.
+    let (exact, aliases): (Vec<_>, Vec<_>) = want_features.iter().partition(|(n, _)| features.knows(n));
+    for (name, on) in aliases.into_iter().chain(exact) {
+        match ethtool::resolve_feature(features, name, *on) {
+            Ok(m) => out.extend(m),
+            Err(p) => problems.push((format!("features.{name}"), p.to_string())),
+        }
+    }
+    for name in want_flags.keys().filter(|n| !flags.contains_key(n.as_str())) {
+        let have = if flags.is_empty() {
+            "the device has none".to_owned()
+        } else {
+            format!(
+                "the device has {}",
+                flags.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+            )
+        };
+        problems.push((
+            format!("privateFlags.{name}"),
+            format!("unknown private flag ({have})"),
+        ));
+    }
+    problems.sort();
+    if problems.is_empty() {
+        Ok((out, want_flags.clone()))
+    } else {
+        Err(problems)
+    }
 }
 
 /// The state of the device with `index`, or `None` if there is none.
@@ -370,6 +449,11 @@ pub struct AttachSpec {
     pub rules: Vec<Rule>,
     /// Permanent neighbour entries: IP → MAC.
     pub neighbors: Vec<(IpAddr, Vec<u8>)>,
+    /// Offload features to set inside the pod (kernel names or ethtool(8) aliases; resolved
+    /// against the device before it moves).
+    pub features: BTreeMap<String, bool>,
+    /// Private flags to set inside the pod.
+    pub private_flags: BTreeMap<String, bool>,
 }
 
 /// A policy routing rule inside the pod (validated from `RuleConfig`).
@@ -535,6 +619,18 @@ impl AttachSpec {
             routes: d.config.routes.clone(),
             rules,
             neighbors,
+            features: d
+                .config
+                .ethtool
+                .as_ref()
+                .map(|e| e.features.clone())
+                .unwrap_or_default(),
+            private_flags: d
+                .config
+                .ethtool
+                .as_ref()
+                .map(|e| e.private_flags.clone())
+                .unwrap_or_default(),
         })
     }
 }
@@ -663,6 +759,16 @@ pub async fn attach(
     if pod_nl.link_by_name(&spec.pod_ifname).await?.is_some() {
         return Err(LinkError::NameTaken(spec.pod_ifname.clone()));
     }
+    // Offload names are checked against the device before it moves.
+    let (features, flags) = if spec.features.is_empty() && spec.private_flags.is_empty() {
+        (BTreeMap::new(), BTreeMap::new())
+    } else {
+        let (have, have_flags) = host_offloads(&Dev::Index(snap.ifindex))?;
+        resolve_offloads(&have, &have_flags, &spec.features, &spec.private_flags).map_err(|p| {
+            let (field, reason) = p.into_iter().next().unwrap_or_default();
+            LinkError::Offload { field, reason }
+        })?
+    };
     let mut m = settings(
         snap.ifindex,
         spec.mtu,
@@ -686,6 +792,9 @@ pub async fn attach(
         add_address(pod_nl, index, *ip, *len).await?;
     }
     set_up(pod_nl, index, true).await?;
+    if !features.is_empty() || !flags.is_empty() {
+        Ethtool::open_in(netns)?.apply(&Dev::Index(index), &features, &flags)?;
+    }
     for r in &spec.routes {
         let msg = route_message(r, index)?;
         match pod_nl.handle.route().add(msg).execute().await {
@@ -820,7 +929,8 @@ pub async fn detach_timed(
 }
 
 /// Restores a host device (found at `index`) to `snap`: name (unless `keep_name`), MTU, MAC,
-/// GSO/GRO sizes, alias, altnames, addresses, admin state.
+/// GSO/GRO sizes, alias, altnames, addresses, offload features and private flags, admin state.
+/// `nl` is the driver's own (host) netns, where the ethtool socket is opened too.
 async fn restore(
     nl: &Netlink,
     index: u32,
@@ -902,6 +1012,18 @@ async fn restore(
     for a in snap.addresses.iter().filter(|a| !cur.addresses.contains(a)) {
         let (ip, len) = parse_cidr(a)?;
         add_address(nl, index, ip, len).await?;
+    }
+    // Offloads: whatever differs from the snapshot, whether dranet or the pod changed it.
+    if !snap.features.is_empty() || !snap.private_flags.is_empty() {
+        let done = Ethtool::open()?.restore(&Dev::Index(index), &snap.features, &snap.private_flags)?;
+        if !done.features.is_empty() || !done.private_flags.is_empty() {
+            tracing::info!(
+                device = snap.name,
+                features = ?done.features,
+                private_flags = ?done.private_flags,
+                "offloads restored"
+            );
+        }
     }
     if snap.up {
         set_up(nl, index, true).await?;

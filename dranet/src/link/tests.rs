@@ -160,3 +160,46 @@ fn snapshots_parse_every_field_and_skip_link_local() {
     let back: LinkSnapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
     assert_eq!(back, s);
 }
+
+#[test]
+fn snapshots_from_before_offloads_still_load_and_round_trip() {
+    // A checkpointed snapshot written before the offload fields existed.
+    let old = r#"{"ifindex": 7, "name": "eth1", "mtu": 1500, "mac": "02:00:00:00:00:01", "up": true}"#;
+    let s: LinkSnapshot = serde_json::from_str(old).unwrap();
+    assert!(s.features.is_empty() && s.private_flags.is_empty());
+    assert_eq!(s.name, "eth1");
+    let mut s = s;
+    s.features.insert("rx-gro".into(), false);
+    s.private_flags.insert("legacy-rx".into(), true);
+    let back: LinkSnapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+    assert_eq!(back, s);
+}
+
+#[test]
+fn offload_requests_resolve_with_kernel_names_winning_over_aliases() {
+    let mut f = crate::ethtool::Features::default();
+    for n in ["tx-tcp-segmentation", "tx-tcp6-segmentation", "rx-gro"] {
+        f.hw.insert(n.into(), true);
+    }
+    f.hw.insert("loopback".into(), false);
+    let want = std::collections::BTreeMap::from([
+        ("tso".to_owned(), false),
+        ("tx-tcp6-segmentation".to_owned(), true),
+        ("gro".to_owned(), true),
+    ]);
+    let (got, flags) = resolve_offloads(&f, &Default::default(), &want, &Default::default()).unwrap();
+    assert!(flags.is_empty());
+    assert_eq!(
+        got,
+        std::collections::BTreeMap::from([
+            ("rx-gro".to_owned(), true),
+            ("tx-tcp-segmentation".to_owned(), false),
+            ("tx-tcp6-segmentation".to_owned(), true),
+        ])
+    );
+    let bad = std::collections::BTreeMap::from([("loopback".to_owned(), true), ("nope".to_owned(), true)]);
+    let flags = std::collections::BTreeMap::from([("x".to_owned(), true)]);
+    let problems = resolve_offloads(&f, &Default::default(), &bad, &flags).unwrap_err();
+    let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(fields, ["features.loopback", "features.nope", "privateFlags.x"]);
+}

@@ -1,0 +1,520 @@
+//! Root tests of the `ethtool` block and of offload restore on the real kernel, with veth pairs
+//! standing in for NICs: real ethtool netlink calls, read back over a fresh genetlink socket
+//! (not the one that set them), in the pod netns and at home.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dranet::config::{EthtoolConfig, NetworkConfig};
+use dranet::dra::{ResourceClaim, plan_claim};
+use dranet::ethtool::{Dev, Ethtool, Features};
+use dranet::inventory::{Device, SharedInventory};
+use dranet::netns::Netns;
+use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
+use dranet::rescue::{AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef, RescueError};
+use dranet::state::{PodPhase, ReturnReason};
+use dranet::watch::{Watcher, WatcherOptions};
+use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::nic::{Nic, assert_same, view};
+use serde_json::json;
+
+/// A state dir removed (with any pins left in it unmounted) at drop.
+struct StateDir(PathBuf);
+
+impl StateDir {
+    fn new(tag: &str) -> Self {
+        Self(std::env::temp_dir().join(unique(&format!("dranet-state-eth{tag}-"))))
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(self.0.join("pins")) {
+            for e in rd.flatten() {
+                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn device(nic: &Nic, pod_if: &str, uid: &str, features: &[(&str, bool)]) -> DevicePlan {
+    let mut config = NetworkConfig::default();
+    config.interface.name = Some(pod_if.to_owned());
+    if !features.is_empty() {
+        config.ethtool = Some(EthtoolConfig {
+            features: features.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            private_flags: BTreeMap::new(),
+        });
+    }
+    DevicePlan {
+        device: nic.name.clone(),
+        pool: "node-a".into(),
+        request: "nic".into(),
+        claim: ClaimRef {
+            namespace: "default".into(),
+            name: format!("claim-{uid}"),
+            uid: format!("claim-{uid}"),
+        },
+        host_ifname: Some(nic.name.clone()),
+        pci_address: None,
+        permanent_mac: None,
+        rdma_device: None,
+        config,
+        char_devices: vec![],
+    }
+}
+
+fn plan(uid: &str, devices: Vec<DevicePlan>) -> PodPlan {
+    PodPlan {
+        pod_uid: uid.into(),
+        pod_namespace: "default".into(),
+        pod_name: "p".into(),
+        devices,
+    }
+}
+
+async fn engine(state: &StateDir, watcher: Option<Watcher>) -> Result<Engine> {
+    let opts = EngineOptions {
+        state_dir: state.0.clone(),
+        ..EngineOptions::default()
+    };
+    Ok(Engine::new(opts, watcher).await?)
+}
+
+fn pod(uid: &str) -> PodRef<'_> {
+    PodRef {
+        uid,
+        namespace: "default",
+        name: "p",
+    }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// The features of `name` in the host, over a fresh genetlink socket.
+fn host_features(name: &str) -> Result<Features> {
+    Ok(Ethtool::open()?.features(&Dev::Name(name.into()))?)
+}
+
+/// The features of `name` inside the pod netns, over a fresh genetlink socket opened there.
+fn pod_features(ns: &PodNetns, name: &str) -> Result<Features> {
+    let netns = Netns::open_path(&ns.path)?;
+    Ok(Ethtool::open_in(&netns)?.features(&Dev::Name(name.into()))?)
+}
+
+fn set_in_pod(ns: &PodNetns, name: &str, wanted: &[(&str, bool)]) -> Result<()> {
+    let netns = Netns::open_path(&ns.path)?;
+    let w: BTreeMap<String, bool> = wanted.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+    Ethtool::open_in(&netns)?.set_features(&Dev::Name(name.into()), &w)?;
+    Ok(())
+}
+
+/// What dranet promises to restore of the offloads: wanted and active state of every
+/// changeable feature.
+fn offload_view(f: &Features) -> (BTreeMap<String, bool>, BTreeMap<String, bool>) {
+    let active =
+        f.hw.keys()
+            .filter(|n| f.changeable(n))
+            .map(|n| (n.clone(), f.active.contains(n)))
+            .collect();
+    (f.changeable_wanted(), active)
+}
+
+#[tokio::test]
+async fn genetlink_reads_and_sets_features_of_a_veth() -> Result<()> {
+    if !require_root("genetlink_reads_and_sets_features_of_a_veth")? {
+        return Ok(());
+    }
+    let nic = Nic::create()?;
+    let dev = Dev::Name(nic.name.clone());
+    let mut e = Ethtool::open()?;
+    let f = e.features(&dev)?;
+    // veth: GRO is a changeable software feature, off by default; loopback and LRO are fixed off.
+    assert!(f.changeable("rx-gro"), "{f:?}");
+    assert!(!f.active.contains("rx-gro") && !f.wanted.contains("rx-gro"));
+    assert!(f.knows("loopback") && !f.changeable("loopback"));
+    assert!(f.knows("rx-lro") && !f.changeable("rx-lro"));
+    assert!(f.active.contains("tx-tcp-segmentation"));
+    // veth has no private flags: an empty set, not an error.
+    assert!(e.private_flags(&dev)?.is_empty());
+
+    let on = BTreeMap::from([
+        ("rx-gro".to_owned(), true),
+        ("tx-tcp-segmentation".to_owned(), false),
+    ]);
+    e.set_features(&dev, &on)?;
+    let after = host_features(&nic.name)?;
+    assert!(after.wanted.contains("rx-gro") && after.active.contains("rx-gro"));
+    assert!(!after.active.contains("tx-tcp-segmentation"));
+    // Nothing else changed.
+    assert_eq!(
+        after.active.contains("tx-tcp6-segmentation"),
+        f.active.contains("tx-tcp6-segmentation")
+    );
+    // By ifindex too.
+    let idx = dranet_sim::kernel::Veth::ifindex(&nic.name)?;
+    let by_index = e.features(&Dev::Index(idx))?;
+    assert_eq!(by_index, after);
+    // A fixed feature asked to change: the kernel says yes and changes nothing (it masks the
+    // request with hw_features), which is why dranet checks names before and reads back after.
+    let bad = BTreeMap::from([("loopback".to_owned(), true)]);
+    e.set_features(&dev, &bad)?;
+    assert!(!host_features(&nic.name)?.active.contains("loopback"));
+    let err = e.apply(&dev, &bad, &BTreeMap::new());
+    assert!(
+        err.as_ref().is_err_and(|e| e
+            .to_string()
+            .contains("\"loopback\" is false after setting it true")),
+        "{err:?}"
+    );
+    // An unknown private flag on a driver without any: refused.
+    let flags = BTreeMap::from([("legacy-rx".to_owned(), true)]);
+    assert!(e.set_private_flags(&dev, &flags).is_err());
+    Ok(())
+}
+
+#[allow(clippy::expect_used)] // test helper: a fixed JSON literal
+fn claim_for(device: &str, ethtool: serde_json::Value) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "status": {
+            "allocation": {"devices": {
+                "results": [{"request": "r", "driver": "dra.net", "pool": "node-a", "device": device}],
+                "config": [{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"ethtool": ethtool}}}]
+            }},
+            "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "pod-u"}]
+        }
+    }))
+    .expect("claim JSON")
+}
+
+#[tokio::test]
+async fn prepare_checks_ethtool_names_against_the_host_nic() -> Result<()> {
+    if !require_root("prepare_checks_ethtool_names_against_the_host_nic")? {
+        return Ok(());
+    }
+    let nic = Nic::create()?;
+    let inv = SharedInventory::new(vec![Device {
+        name: nic.name.clone(),
+        ifname: Some(nic.name.clone()),
+        ..Device::default()
+    }]);
+    let cref = ClaimRef {
+        namespace: "ns".into(),
+        name: "c".into(),
+        uid: "u".into(),
+    };
+    // No `interface.dhcp` here, so the lease source is never asked.
+    let leases = dranet::dhcp::Client::host();
+    let run = |ethtool| {
+        let rc = claim_for(&nic.name, ethtool);
+        let (cref, inv, leases) = (&cref, &inv, &leases);
+        async move { plan_claim("dra.net", "node-a", cref, &rc, inv, leases).await }
+    };
+
+    // Aliases become the kernel names they stand for; a kernel name given too wins.
+    let ok = run(json!({"features": {"gro": true, "tso": false, "tx-tcp6-segmentation": true}}))
+        .await?
+        .context("a plan")?;
+    let got = ok.plans[0]
+        .config
+        .ethtool
+        .clone()
+        .context("ethtool kept")?
+        .features;
+    assert_eq!(got.get("rx-gro"), Some(&true), "{got:?}");
+    assert_eq!(got.get("tx-tcp-segmentation"), Some(&false), "{got:?}");
+    assert_eq!(got.get("tx-tcp6-segmentation"), Some(&true), "{got:?}");
+    assert!(!got.contains_key("gro") && !got.contains_key("tso"), "{got:?}");
+    // A fixed feature asked for the state it has: fine, nothing to do.
+    assert!(run(json!({"features": {"loopback": false}})).await.is_ok());
+
+    let err = run(json!({"features": {"no-such-offload": true}}))
+        .await
+        .err()
+        .context("unknown")?
+        .to_string();
+    assert!(
+        err.contains("ethtool.features.no-such-offload: unknown feature"),
+        "{err}"
+    );
+    assert!(err.contains(&nic.name), "names the device: {err}");
+    let err = run(json!({"features": {"loopback": true}}))
+        .await
+        .err()
+        .context("fixed")?
+        .to_string();
+    assert!(
+        err.contains("ethtool.features.loopback: feature loopback is fixed"),
+        "{err}"
+    );
+    let err = run(json!({"features": {"large-receive-offload": true}}))
+        .await
+        .err()
+        .context("fixed alias")?
+        .to_string();
+    assert!(
+        err.contains("ethtool.features.large-receive-offload: feature rx-lro is fixed"),
+        "{err}"
+    );
+    let err = run(json!({"privateFlags": {"legacy-rx": true}}))
+        .await
+        .err()
+        .context("flag")?
+        .to_string();
+    assert!(
+        err.contains("ethtool.privateFlags.legacy-rx: unknown private flag (the device has none)"),
+        "{err}"
+    );
+    // Every bad entry is reported at once.
+    let err = run(json!({"features": {"bogus1": true, "loopback": true}, "privateFlags": {"x": true}}))
+        .await
+        .err()
+        .context("several")?
+        .to_string();
+    for f in [
+        "ethtool.features.bogus1",
+        "ethtool.features.loopback",
+        "ethtool.privateFlags.x",
+    ] {
+        assert!(err.contains(f), "{f} missing: {err}");
+    }
+    // Nothing was changed on the NIC by Prepare.
+    assert!(!host_features(&nic.name)?.wanted.contains("rx-gro"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn attach_applies_features_in_the_pod_and_detach_restores_them() -> Result<()> {
+    if !require_root("attach_applies_features_in_the_pod_and_detach_restores_them")? {
+        return Ok(());
+    }
+    let state = StateDir::new("apply");
+    let ns = PodNetns::create(&unique("dranet-t-eth-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let before_off = offload_view(&host_features(&nic.name)?);
+    let uid = unique("pod-eth-");
+    let e = engine(&state, None).await?;
+    e.set_plan(plan(
+        &uid,
+        vec![device(&nic, "net1", &uid, &[("gro", true), ("tso", false)])],
+    ))?;
+    let out = e.attach_pod(pod(&uid), &ns.path).await?;
+    assert_eq!(
+        out,
+        AttachOutcome::Attached {
+            devices: vec!["net1".into()]
+        }
+    );
+    let inside = pod_features(&ns, "net1")?;
+    assert!(
+        inside.active.contains("rx-gro"),
+        "gro on in the pod: {:?}",
+        inside.active
+    );
+    for f in [
+        "tx-tcp-segmentation",
+        "tx-tcp6-segmentation",
+        "tx-tcp-ecn-segmentation",
+    ] {
+        assert!(!inside.active.contains(f), "{f} off in the pod");
+    }
+    // The snapshot recorded the host's wanted state, checkpointed.
+    let cp = e.checkpoint();
+    let snap = &cp.pods[&uid].devices[0].snapshot;
+    assert_eq!(snap.features.get("rx-gro"), Some(&false));
+    assert_eq!(snap.features, before_off.0);
+
+    let out = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert!(matches!(out, DetachOutcome::Returned { .. }), "{out:?}");
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert_eq!(
+        offload_view(&host_features(&nic.name)?),
+        before_off,
+        "offloads restored"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn features_the_pod_flipped_are_restored_on_detach() -> Result<()> {
+    if !require_root("features_the_pod_flipped_are_restored_on_detach")? {
+        return Ok(());
+    }
+    let state = StateDir::new("flip");
+    let ns = PodNetns::create(&unique("dranet-t-ethf-"))?;
+    let nic = Nic::create()?;
+    let before_off = offload_view(&host_features(&nic.name)?);
+    let uid = unique("pod-ethf-");
+    let e = engine(&state, None).await?;
+    // No ethtool block at all: the pod changes offloads by itself.
+    e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[])]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    set_in_pod(
+        &ns,
+        "net1",
+        &[
+            ("rx-gro", true),
+            ("tx-scatter-gather", false),
+            ("tx-checksum-ip-generic", false),
+        ],
+    )?;
+    let flipped = pod_features(&ns, "net1")?;
+    assert!(flipped.active.contains("rx-gro") && !flipped.active.contains("tx-scatter-gather"));
+    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert_eq!(
+        offload_view(&host_features(&nic.name)?),
+        before_off,
+        "offloads restored"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result<()> {
+    if !require_root("a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back")? {
+        return Ok(());
+    }
+    let state = StateDir::new("rb");
+    let ns = PodNetns::create(&unique("dranet-t-ethr-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let before_off = offload_view(&host_features(&nic.name)?);
+    let uid = unique("pod-ethr-");
+    let e = engine(&state, None).await?;
+    // TSO needs scatter-gather: with SG off the kernel keeps TSO off, so the request cannot be
+    // met (found only after the move, by reading back).
+    e.set_plan(plan(
+        &uid,
+        vec![device(&nic, "net1", &uid, &[("sg", false), ("tso", true)])],
+    ))?;
+    let err = e
+        .attach_pod(pod(&uid), &ns.path)
+        .await
+        .err()
+        .context("attach must fail")?;
+    assert!(matches!(err, RescueError::Link { .. }), "{err}");
+    assert!(err.to_string().contains("after setting it"), "{err}");
+    assert!(host_has(&nic.name), "rolled back home");
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert_eq!(
+        offload_view(&host_features(&nic.name)?),
+        before_off,
+        "offloads restored"
+    );
+    assert!(!e.checkpoint().pods[&uid].has_devices_out());
+
+    // An unknown name fails before anything moves.
+    let uid2 = unique("pod-ethr2-");
+    e.set_plan(plan(
+        &uid2,
+        vec![device(&nic, "net1", &uid2, &[("bogus-offload", true)])],
+    ))?;
+    let err = e
+        .attach_pod(pod(&uid2), &ns.path)
+        .await
+        .err()
+        .context("attach must fail")?;
+    assert!(
+        err.to_string().contains("ethtool.features.bogus-offload"),
+        "{err}"
+    );
+    assert_same(&before, &view(&nic.name, None)?)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn rescue_on_netns_teardown_restores_offloads() -> Result<()> {
+    if !require_root("rescue_on_netns_teardown_restores_offloads")? {
+        return Ok(());
+    }
+    let state = StateDir::new("crio");
+    let mut ns = PodNetns::create(&unique("dranet-t-ethc-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let before_off = offload_view(&host_features(&nic.name)?);
+    let uid = unique("pod-ethc-");
+    let watcher = Watcher::start(WatcherOptions::default()).await?;
+    let sub = watcher.subscribe();
+    let e = engine(&state, Some(watcher)).await?;
+    let runner = e.clone();
+    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[("gro", true)])]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    assert!(pod_features(&ns, "net1")?.active.contains("rx-gro"));
+    // And the pod turns something else off by itself.
+    set_in_pod(&ns, "net1", &[("tx-generic-segmentation", false)])?;
+
+    ns.remove_crio_style()?;
+    wait_for("the rescue", Duration::from_secs(3), || {
+        e.checkpoint()
+            .pods
+            .get(&uid)
+            .is_some_and(|p| p.phase == PodPhase::Returned(ReturnReason::NetnsTeardown))
+    })
+    .await?;
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert_eq!(
+        offload_view(&host_features(&nic.name)?),
+        before_off,
+        "offloads restored"
+    );
+    events.abort();
+    Ok(())
+}
+
+#[tokio::test]
+async fn kernel_returned_device_gets_its_offloads_back() -> Result<()> {
+    if !require_root("kernel_returned_device_gets_its_offloads_back")? {
+        return Ok(());
+    }
+    let state = StateDir::new("repair");
+    let ns = PodNetns::create(&unique("dranet-t-ethp-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let before_off = offload_view(&host_features(&nic.name)?);
+    let uid = unique("pod-ethp-");
+    let watcher = Watcher::start(WatcherOptions {
+        ebpf: false,
+        ..WatcherOptions::default()
+    })
+    .await?;
+    let sub = watcher.subscribe();
+    let e = engine(&state, Some(watcher)).await?;
+    let runner = e.clone();
+    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[("gro", true)])]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    set_in_pod(&ns, "net1", &[("rx-udp-gro-forwarding", true)])?;
+    // As the kernel returns a physical NIC whose netns dies: DOWN, under the pod-side name.
+    ns.ip(&["link", "set", "net1", "down"])?;
+    ns.ip(&["link", "set", "net1", "netns", "1"])?;
+    wait_for("the repair", Duration::from_secs(3), || {
+        e.checkpoint()
+            .pods
+            .get(&uid)
+            .is_some_and(|p| !p.has_devices_out())
+    })
+    .await?;
+    assert_same(&before, &view(&nic.name, None)?)?;
+    assert_eq!(
+        offload_view(&host_features(&nic.name)?),
+        before_off,
+        "offloads restored"
+    );
+    events.abort();
+    Ok(())
+}
