@@ -134,7 +134,7 @@ pub enum PrepareError {
         device: String,
         ifname: String,
         #[source]
-        source: DhcpError,
+        source: Box<DhcpError>,
     },
     #[error("storing the plan of pod {pod_uid}: {detail}")]
     Sink { pod_uid: String, detail: String },
@@ -421,7 +421,7 @@ pub async fn plan_claim(
                     Some(leases.lease(ifname).await.map_err(|source| PrepareError::Dhcp {
                         device: r.device.clone(),
                         ifname: ifname.clone(),
-                        source,
+                        source: Box::new(source),
                     })?)
                 }
                 _ => None,
