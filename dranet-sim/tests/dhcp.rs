@@ -321,6 +321,16 @@ async fn no_server_is_a_timeout_and_the_device_goes_back_down() -> Result<()> {
         .await
         .unwrap_err();
     assert!(matches!(err, DhcpError::NoSuchInterface(_)), "{err}");
+
+    // Cancelled mid-exchange (Prepare dropped): the device still goes back down.
+    let client = lab.client(Duration::from_secs(2));
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), client.lease(&lab.cli_if)).await;
+    assert!(cancelled.is_err(), "the exchange cannot finish without a server");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while lab.cli_up() {
+        assert!(Instant::now() < deadline, "still up after a cancelled exchange");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Ok(())
 }
 
