@@ -216,18 +216,13 @@ pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<L
         LinkAttribute::Address(b) => Some(b.clone()),
         _ => None,
     });
-    let mac: [u8; 6] = match hw.as_deref().map(<[u8; 6]>::try_from) {
-        Some(Ok(m)) => m,
-        other => {
-            return Err(DhcpError::NotEthernet {
-                name: ifname.to_owned(),
-                len: match other {
-                    Some(Err(_)) => hw.map_or(0, |h| h.len()),
-                    _ => 0,
-                },
-            });
-        }
-    };
+    let mac = hw
+        .as_deref()
+        .and_then(|h| <[u8; 6]>::try_from(h).ok())
+        .ok_or_else(|| DhcpError::NotEthernet {
+            name: ifname.to_owned(),
+            len: hw.as_ref().map_or(0, Vec::len),
+        })?;
     let ns = netns.try_clone()?;
     if !was_up {
         crate::link::set_admin_state(&nl, index, true)
