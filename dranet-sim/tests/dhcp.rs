@@ -321,6 +321,16 @@ async fn no_server_is_a_timeout_and_the_device_goes_back_down() -> Result<()> {
         .await
         .unwrap_err();
     assert!(matches!(err, DhcpError::NoSuchInterface(_)), "{err}");
+
+    // Cancelled mid-exchange (Prepare dropped): the device still goes back down.
+    let client = lab.client(Duration::from_secs(2));
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), client.lease(&lab.cli_if)).await;
+    assert!(cancelled.is_err(), "the exchange cannot finish without a server");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while lab.cli_up() {
+        assert!(Instant::now() < deadline, "still up after a cancelled exchange");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Ok(())
 }
 
@@ -542,7 +552,10 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
         return Ok(());
     }
     let lab = Lab::new()?;
-    let dns = Dnsmasq::start(&lab, &["--dhcp-option=121,192.168.60.0/24,10.77.0.1"])?;
+    let dns = Dnsmasq::start(
+        &lab,
+        &["--dhcp-option=121,192.168.60.0/24,10.77.0.1,10.99.0.0/16,0.0.0.0"],
+    )?;
     let claims = MemoryClaimSource::new();
     claims.insert(dhcp_claim("c", "uid-c", "nic0"));
     claims.insert(dhcp_claim("missing", "uid-m", "nic1"));
@@ -584,10 +597,57 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
     let addr = &cfg.interface.addresses[0];
     assert!(addr.starts_with("10.77.0.") && addr.ends_with("/24"), "{addr}");
     assert!(dns.leases().contains(addr.trim_end_matches("/24")));
-    assert_eq!(cfg.routes.len(), 1, "{:?}", cfg.routes);
+    assert_eq!(cfg.routes.len(), 2, "{:?}", cfg.routes);
     assert_eq!(cfg.routes[0].destination, "192.168.60.0/24");
     assert_eq!(cfg.routes[0].gateway, "10.77.0.1");
+    assert_eq!(cfg.routes[1].destination, "10.99.0.0/16");
+    assert_eq!((cfg.routes[1].gateway.as_str(), cfg.routes[1].scope), ("", 253));
     assert!(!lab.cli_up(), "device back down after Prepare");
+
+    // The plan works in a pod: moved with the leased address and routes, the server answers.
+    let pod = PodNetns::create(&unique("dhp"))?;
+    let host_nl = dranet::link::Netlink::in_netns(&Netns::open_path(&lab.cli.path)?).await?;
+    let pod_ns = Netns::open_path(&pod.path)?;
+    let pod_nl = dranet::link::Netlink::in_netns(&pod_ns).await?;
+    let snap = dranet::link::snapshot(&host_nl, &lab.cli_if).await?;
+    let spec = dranet::link::AttachSpec::from_plan(&plans["pod-dhcp"].devices[0], "net1")?;
+    dranet::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec).await?;
+    let routes = pod.ip(&["-4", "route", "show", "dev", "net1"])?;
+    let route = |dest: &str| routes.lines().find(|l| l.starts_with(dest)).unwrap_or("");
+    assert!(route("192.168.60.0/24 ").contains("via 10.77.0.1"), "{routes}");
+    let on_link = route("10.99.0.0/16 ");
+    assert!(
+        on_link.contains("scope link") && !on_link.contains("via"),
+        "{routes}"
+    );
+    let pod_addr = pod.ip(&["-4", "-o", "addr", "show", "dev", "net1"])?;
+    assert!(pod_addr.contains(addr.as_str()), "{pod_addr}");
+    // The server answers the pod's ARP for it (one UDP datagram from the pod triggers it).
+    let server_mac = {
+        let out = lab.srv.ip(&["-o", "link", "show", &lab.srv_if])?;
+        out.split("link/ether ").nth(1).unwrap()[..17].to_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &pod.name,
+            "bash",
+            "-c",
+            "echo x > /dev/udp/10.77.0.1/9",
+        ])?;
+        let neigh = pod.ip(&["neigh", "show", "10.77.0.1", "dev", "net1"])?;
+        if neigh.contains(&format!("lladdr {server_mac}")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server not reachable from the pod: {neigh}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // A DHCP failure is a per-claim prepare error; nothing is stored for it.
     let err = p

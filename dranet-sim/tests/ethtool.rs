@@ -221,7 +221,7 @@ async fn prepare_checks_ethtool_names_against_the_host_nic() -> Result<()> {
     let run = |ethtool| {
         let rc = claim_for(&nic.name, ethtool);
         let (cref, inv, leases) = (&cref, &inv, &leases);
-        async move { plan_claim("dra.net", "node-a", cref, &rc, inv, leases).await }
+        async move { plan_claim("dra.net", "node-a", cref, &rc, inv, leases, &[]).await }
     };
 
     // Aliases become the kernel names they stand for; a kernel name given too wins.

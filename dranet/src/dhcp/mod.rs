@@ -216,24 +216,25 @@ pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<L
         LinkAttribute::Address(b) => Some(b.clone()),
         _ => None,
     });
-    let mac: [u8; 6] = match hw.as_deref().map(<[u8; 6]>::try_from) {
-        Some(Ok(m)) => m,
-        other => {
-            return Err(DhcpError::NotEthernet {
-                name: ifname.to_owned(),
-                len: match other {
-                    Some(Err(_)) => hw.map_or(0, |h| h.len()),
-                    _ => 0,
-                },
-            });
-        }
-    };
+    let mac = hw
+        .as_deref()
+        .and_then(|h| <[u8; 6]>::try_from(h).ok())
+        .ok_or_else(|| DhcpError::NotEthernet {
+            name: ifname.to_owned(),
+            len: hw.as_ref().map_or(0, Vec::len),
+        })?;
+    let ns = netns.try_clone()?;
     if !was_up {
         crate::link::set_admin_state(&nl, index, true)
             .await
             .map_err(link_err)?;
     }
-    let ns = netns.try_clone()?;
+    // If Prepare is cancelled (kubelet gave up, gRPC stream dropped) while we wait, the guard
+    // still sets the device down again.
+    let guard = DownOnDrop {
+        nl: (!was_up).then(|| nl.clone()),
+        index,
+    };
     let result = tokio::task::spawn_blocking(move || -> Result<Lease, DhcpError> {
         let sock = crate::netns::in_netns(&ns, move || client::PacketSocket::open(index))??;
         client::exchange(&sock, mac, timeout)
@@ -241,6 +242,7 @@ pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<L
     .await
     .map_err(|e| DhcpError::Task(e.to_string()))
     .and_then(|r| r);
+    guard.disarm();
     if !was_up && let Err(source) = crate::link::set_admin_state(&nl, index, false).await {
         return Err(DhcpError::Restore {
             name: ifname.to_owned(),
@@ -262,6 +264,35 @@ pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<L
         );
     }
     result
+}
+
+/// Sets link `index` down from a spawned task if dropped armed (the [`acquire`] future was
+/// cancelled between setting the link up and setting it down again).
+struct DownOnDrop {
+    nl: Option<Netlink>,
+    index: u32,
+}
+
+impl DownOnDrop {
+    fn disarm(mut self) {
+        self.nl = None;
+    }
+}
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        let Some(nl) = self.nl.take() else {
+            return;
+        };
+        let index = self.index;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = crate::link::set_admin_state(&nl, index, false).await {
+                    tracing::warn!(index, error = %e, "DHCP cancelled: setting the link down again failed");
+                }
+            });
+        }
+    }
 }
 
 #[cfg(test)]

@@ -269,6 +269,20 @@ impl Preparer {
         if missing {
             self.devices.refresh().await;
         }
+        // A repeated Prepare of a claim already prepared keeps its DHCP leases (the device may
+        // already be in the pod, where the host cannot ask for one again).
+        let previous: Vec<DevicePlan> = {
+            let st = match self.state.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            st.claim_pod
+                .get(&claim.uid)
+                .and_then(|pod| st.pods.get(pod))
+                .and_then(|e| e.claims.get(&claim.uid))
+                .cloned()
+                .unwrap_or_default()
+        };
         let Some(planned) = plan_claim(
             &self.driver,
             &self.node,
@@ -276,6 +290,7 @@ impl Preparer {
             &rc,
             self.devices.as_ref(),
             self.leases.as_ref(),
+            &previous,
         )
         .await?
         else {
@@ -388,8 +403,9 @@ pub struct PlannedClaim {
 }
 
 /// Prepare without the plan store: pure but for the DHCP leases of `interface.dhcp: true`
-/// devices, taken from `leases`. `Ok(None)` when the claim is reserved for nobody (no-op, as
-/// upstream).
+/// devices, taken from `leases` — unless `previous` (the plans of an earlier Prepare of this
+/// claim) already has the device prepared with DHCP: that config is kept as it was.
+/// `Ok(None)` when the claim is reserved for nobody (no-op, as upstream).
 pub async fn plan_claim(
     driver: &str,
     node: &str,
@@ -397,6 +413,7 @@ pub async fn plan_claim(
     rc: &ResourceClaim,
     devices: &dyn DeviceLookup,
     leases: &dyn LeaseSource,
+    previous: &[DevicePlan],
 ) -> Result<Option<PlannedClaim>, PrepareError> {
     if rc.metadata.uid != claim.uid {
         return Err(PrepareError::UidMismatch {
@@ -455,6 +472,18 @@ pub async fn plan_claim(
             cfg
         } else {
             check_vf_mtu(&r.device, &cfg, &dev)?;
+            let leased_before = previous.iter().find(|p| {
+                cfg.interface.dhcp == Some(true)
+                    && p.device == r.device
+                    && p.request == r.request
+                    && p.host_ifname == dev.ifname
+                    && p.config.interface.dhcp == Some(true)
+            });
+            if let Some(p) = leased_before {
+                share_ids.insert(r.device.clone(), r.share_id.clone());
+                plans.push(p.clone());
+                continue;
+            }
             let lease = match (cfg.interface.dhcp, &dev.ifname) {
                 (Some(true), Some(ifname)) => {
                     Some(leases.lease(ifname).await.map_err(|source| PrepareError::Dhcp {

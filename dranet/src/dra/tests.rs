@@ -309,7 +309,7 @@ async fn host_state_merge_vf_mtu_and_dhcp() {
     let plan_with = |rc: ResourceClaim, l: &'static str| {
         let inv = inv.clone();
         let leases: &Leases = if l == "nak" { &nak } else { &leases };
-        async move { plan_claim("dra.net", "node-a", &cref("c", "u"), &rc, &inv, leases).await }
+        async move { plan_claim("dra.net", "node-a", &cref("c", "u"), &rc, &inv, leases, &[]).await }
     };
     // User addresses win; a user route with the same destination and table replaces the host's.
     let rc = mk(
@@ -411,6 +411,60 @@ async fn host_state_merge_vf_mtu_and_dhcp() {
     .to_string();
     assert!(err.contains("dhcp and addresses are mutually exclusive"), "{err}");
     assert_eq!(nak.asked.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_repeated_prepare_keeps_the_dhcp_lease() {
+    let claims = MemoryClaimSource::new();
+    let rec = Arc::new(Recorder::default());
+    let leases = Arc::new(Leases {
+        lease: Some(crate::dhcp::Lease {
+            address: "10.5.0.77".parse().unwrap(),
+            prefix_len: 24,
+            server: None,
+            routes: vec![],
+            routers: vec![],
+            lease_secs: None,
+        }),
+        asked: Mutex::new(Vec::new()),
+    });
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inventory()),
+        rec.clone(),
+    )
+    .with_leases(leases.clone());
+    claims.insert(claim(
+        "c1",
+        "u1",
+        "pod-1",
+        json!([
+            {"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"},
+            {"request": "nic2", "driver": "dra.net", "pool": "node-a", "device": "eth2"}
+        ]),
+        json!([{"source": "FromClaim", "requests": ["nic"],
+                "opaque": {"driver": "dra.net", "parameters": {"interface": {"dhcp": true}}}}]),
+    ));
+    p.prepare(&cref("c1", "u1")).await.unwrap();
+    let first = rec.plans.lock().unwrap()["pod-1"].clone();
+    assert_eq!(first.devices[0].config.interface.addresses, ["10.5.0.77/24"]);
+    assert_eq!(
+        first.devices[1].config.interface.addresses,
+        ["10.5.0.2/24", "fd05::2/64"]
+    );
+    p.prepare(&cref("c1", "u1")).await.unwrap();
+    assert_eq!(rec.plans.lock().unwrap()["pod-1"], first);
+    assert_eq!(
+        *leases.asked.lock().unwrap(),
+        ["eth1"],
+        "one lease, not one per Prepare"
+    );
+    // Once unprepared, a new Prepare asks again.
+    p.unprepare("u1").unwrap();
+    p.prepare(&cref("c1", "u1")).await.unwrap();
+    assert_eq!(leases.asked.lock().unwrap().len(), 2);
 }
 
 #[tokio::test]
