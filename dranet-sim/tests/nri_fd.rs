@@ -60,6 +60,12 @@ fn inherited_socket_then_dial_after_loss() {
         // The inherited connection is lost: the plugin dials the socket instead.
         sim.disconnect();
         sim.wait_ready(2, Duration::from_secs(5)).await.unwrap();
+        // The plugin counts a registration once its side of the handshake has finished, which
+        // can be just after the runtime sees it ready: wait for the count, bounded.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while metrics.registrations() < 2 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(metrics.registrations(), 2);
         stop.send(true).unwrap();
         assert!(plugin.await.unwrap().is_ok());

@@ -225,7 +225,7 @@ async fn registration_bytes_and_event_mask() {
         h.rt.methods()[..2],
         ["Configure".to_string(), "Synchronize".to_string()]
     );
-    assert_eq!(h.metrics.registrations(), 1);
+    assert_eq!(registrations_reach(&h.metrics, 1).await, 1);
 }
 
 async fn pod_lifecycle(dialect: Dialect) -> (Vec<Call>, Vec<String>) {
@@ -473,7 +473,7 @@ async fn reconnects_after_disconnect() {
     h.rt.disconnect();
     h.rt.wait_ready(2, WAIT).await.unwrap();
     assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
-    assert_eq!(h.metrics.registrations(), 2);
+    assert_eq!(registrations_reach(&h.metrics, 2).await, 2);
     h.rt.run_pod_sandbox(&sandbox("u3", "/n3")).await.unwrap();
     let calls = h.hooks.calls();
     let syncs: Vec<usize> = calls
@@ -623,7 +623,7 @@ async fn plugin_waits_for_a_late_runtime() {
     assert_eq!(metrics.registrations(), 0);
     let rt = NriRuntime::start(&socket, RuntimeConfig::default()).unwrap();
     rt.wait_ready(1, WAIT).await.unwrap();
-    assert_eq!(metrics.registrations(), 1);
+    assert_eq!(registrations_reach(&metrics, 1).await, 1);
     stop.send(true).unwrap();
     assert!(tokio::time::timeout(WAIT, plugin).await.unwrap().unwrap().is_ok());
     drop(rt);
@@ -657,4 +657,14 @@ async fn remove_carries_the_netns_path_per_flavor() {
         h.hooks.calls().last(),
         Some(&Call::Remove(pod("u1", Some("/var/run/netns/cni-1"))))
     );
+}
+
+/// The plugin counts a registration once its side of the handshake has finished, which can be
+/// just after the runtime sees it ready: waits (bounded) for the count to reach `n`.
+async fn registrations_reach(m: &dranet::nri::NriMetrics, n: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while m.registrations() < n && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    m.registrations()
 }
