@@ -224,17 +224,17 @@ pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<L
             len: hw.as_ref().map_or(0, Vec::len),
         })?;
     let ns = netns.try_clone()?;
-    if !was_up {
-        crate::link::set_admin_state(&nl, index, true)
-            .await
-            .map_err(link_err)?;
-    }
-    // If Prepare is cancelled (kubelet gave up, gRPC stream dropped) while we wait, the guard
+    // If Prepare is cancelled (kubelet gave up, gRPC stream dropped) from here on, the guard
     // still sets the device down again.
     let guard = DownOnDrop {
         nl: (!was_up).then(|| nl.clone()),
         index,
     };
+    if !was_up {
+        crate::link::set_admin_state(&nl, index, true)
+            .await
+            .map_err(link_err)?;
+    }
     let result = tokio::task::spawn_blocking(move || -> Result<Lease, DhcpError> {
         let sock = crate::netns::in_netns(&ns, move || client::PacketSocket::open(index))??;
         client::exchange(&sock, mac, timeout)
