@@ -108,7 +108,13 @@ impl KubeletSim {
                     let is_sock = e
                         .file_type()
                         .is_ok_and(|t| std::os::unix::fs::FileTypeExt::is_socket(&t));
-                    if is_sock && !name.starts_with('.') {
+                    // A socket file a killed plugin left behind refuses connections until the
+                    // restarted plugin binds it again: only a live one counts (kubelet, which
+                    // reacts to the create event of the new socket, never sees the old one).
+                    if is_sock
+                        && !name.starts_with('.')
+                        && std::os::unix::net::UnixStream::connect(e.path()).is_ok()
+                    {
                         return Ok(e.path());
                     }
                 }

@@ -627,3 +627,221 @@ async fn addresses_routes_rules_and_neighbors_are_applied_in_the_pod() -> Result
     assert_same(&before, &view(&nic.name, None)?)?;
     Ok(())
 }
+
+/// `net/<family>/conf/<dev>/<name>` in the host (`netns` None) or in a test netns, read with
+/// `cat` through `ip netns exec` (not with dranet's code).
+fn sysctl_of(netns: Option<&str>, family: &str, dev: &str, name: &str) -> Result<i32> {
+    let path = format!("/proc/sys/net/{family}/conf/{dev}/{name}");
+    let out = match netns {
+        None => std::fs::read_to_string(&path)?,
+        Some(ns) => sh(&["ip", "netns", "exec", ns, "cat", &path])?,
+    };
+    Ok(out.trim().parse()?)
+}
+
+fn set_host_sysctl(family: &str, dev: &str, name: &str, value: i32) -> Result<()> {
+    std::fs::write(
+        format!("/proc/sys/net/{family}/conf/{dev}/{name}"),
+        format!("{value}\n"),
+    )?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back() -> Result<()> {
+    if !require_root("arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back")? {
+        return Ok(());
+    }
+    let state = StateDir::new("sysctl");
+    let ns = PodNetns::create(&unique("dranet-t-sysctl-"))?;
+    let nic = Nic::create()?;
+    // Host tuning a netns move would lose (the device gets the destination's defaults).
+    let host_tuning = [
+        ("ipv4", "rp_filter", 2),
+        ("ipv4", "arp_ignore", 2),
+        ("ipv4", "log_martians", 1),
+        ("ipv6", "accept_ra", 0),
+    ];
+    for (f, n, v) in host_tuning {
+        set_host_sysctl(f, &nic.name, n, v)?;
+    }
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-sysctl-");
+    let mut d = device(&nic, "net1", &uid);
+    d.config = serde_json::from_value(serde_json::json!({
+        "interface": {"name": "net1", "arpIgnore": 1, "arpAnnounce": 2, "forwarding": true, "addresses": ["192.168.79.2/24"]}
+    }))?;
+    let e = engine(&state, None).await?;
+    e.set_plan(plan(&uid, vec![d]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    let pod_ns = Some(ns.name.as_str());
+    assert_eq!(sysctl_of(pod_ns, "ipv4", "net1", "arp_ignore")?, 1);
+    assert_eq!(sysctl_of(pod_ns, "ipv4", "net1", "arp_announce")?, 2);
+    assert_eq!(sysctl_of(pod_ns, "ipv4", "net1", "forwarding")?, 1);
+    assert_eq!(sysctl_of(pod_ns, "ipv6", "net1", "forwarding")?, 1);
+    // The move really reset what the host had tuned: the restore below is what brings it back.
+    let pod_default = sysctl_of(pod_ns, "ipv4", "default", "rp_filter")?;
+    assert_eq!(sysctl_of(pod_ns, "ipv4", "net1", "rp_filter")?, pod_default);
+    assert_ne!(
+        pod_default, 2,
+        "the test needs a pod default rp_filter other than 2"
+    );
+    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    for (f, n, v) in host_tuning {
+        assert_eq!(sysctl_of(None, f, &nic.name, n)?, v, "{f}/{n} after the return");
+    }
+    assert_eq!(
+        sysctl_of(None, "ipv4", &nic.name, "arp_announce")?,
+        sysctl_of(None, "ipv4", "default", "arp_announce")?
+    );
+    assert_same(&before, &view(&nic.name, None)?)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn crio_order_rescue_brings_host_ip_sysctls_back_too() -> Result<()> {
+    if !require_root("crio_order_rescue_brings_host_ip_sysctls_back_too")? {
+        return Ok(());
+    }
+    let state = StateDir::new("sysctl-crio");
+    let mut ns = PodNetns::create(&unique("dranet-t-sysctl-crio-"))?;
+    let nic = Nic::create()?;
+    set_host_sysctl("ipv4", &nic.name, "rp_filter", 2)?;
+    set_host_sysctl("ipv6", &nic.name, "accept_ra", 0)?;
+    let uid = unique("pod-sysctl-crio-");
+    let d = device(&nic, "net1", &uid);
+    let watcher = Watcher::start(WatcherOptions::default()).await?;
+    let sub = watcher.subscribe();
+    let e = engine(&state, Some(watcher)).await?;
+    let runner = e.clone();
+    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    e.set_plan(plan(&uid, vec![d]))?;
+    e.attach_pod(pod(&uid), &ns.path).await?;
+    ns.remove_crio_style()?;
+    let name = nic.name.clone();
+    wait_for("the rescued device home", Duration::from_secs(10), || {
+        host_has(&name) && sysctl_of(None, "ipv4", &name, "rp_filter").is_ok_and(|v| v == 2)
+    })
+    .await?;
+    assert_eq!(sysctl_of(None, "ipv6", &nic.name, "accept_ra")?, 0);
+    events.abort();
+    Ok(())
+}
+
+/// Whether this kernel can create a VRF (CONFIG_NET_VRF), probed in a scratch netns.
+fn kernel_has_vrf() -> Result<bool> {
+    let probe = PodNetns::create(&unique("dranet-t-vrfprobe-"))?;
+    Ok(probe
+        .ip(&["link", "add", "dnvrfprobe", "type", "vrf", "table", "1999"])
+        .is_ok())
+}
+
+/// With VRF support: the device is enslaved, its routes are in the VRF table, the l3mdev
+/// sysctls are on, and it comes home restored. Without (this CI kernel): the attach fails with
+/// an error that names the VRF and the kernel option, and the device is home restored. The VM
+/// matrix (`cargo xtask vm-test`, Debian kernels with vrf.ko) runs the first branch; set
+/// DRANET_EXPECT_VRF=1 there so a missing VRF fails instead of taking the second.
+#[tokio::test]
+async fn vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly() -> Result<()> {
+    if !require_root("vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly")? {
+        return Ok(());
+    }
+    let has_vrf = kernel_has_vrf()?;
+    if std::env::var("DRANET_EXPECT_VRF").is_ok_and(|v| v == "1") {
+        assert!(has_vrf, "DRANET_EXPECT_VRF=1 but this kernel cannot create a VRF");
+    }
+    let state = StateDir::new("vrf");
+    let ns = PodNetns::create(&unique("dranet-t-vrf-"))?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-vrf-");
+    let mut d = device(&nic, "net1", &uid);
+    d.config = serde_json::from_value(serde_json::json!({
+        "interface": {"name": "net1", "addresses": ["192.168.78.2/24"], "vrf": {"name": "blue"}},
+        "routes": [{"destination": "10.79.0.0/16", "gateway": "192.168.78.1"}, {"destination": "192.168.78.1/32", "scope": 253}]
+    }))?;
+    let mut cfg = d.config.clone();
+    cfg.apply_defaults();
+    let table = cfg
+        .interface
+        .vrf
+        .as_ref()
+        .and_then(|v| v.table)
+        .context("default VRF table")?;
+    let e = engine(&state, None).await?;
+    e.set_plan(plan(&uid, vec![d]))?;
+    let res = e.attach_pod(pod(&uid), &ns.path).await;
+    if !has_vrf {
+        let err = res
+            .err()
+            .context("the attach should fail on a kernel without VRF")?;
+        let msg = format!("{err:#}");
+        assert!(msg.contains("blue") && msg.contains("CONFIG_NET_VRF"), "{msg}");
+        assert!(!in_pod(&ns, "net1"), "the device must not stay in the pod");
+        assert_same(&before, &view(&nic.name, None)?)?;
+        return Ok(());
+    }
+    res?;
+    let link = ns.ip(&["-d", "link", "show", "dev", "net1"])?;
+    assert!(link.contains("master blue"), "{link}");
+    let vrf = ns.ip(&["-d", "link", "show", "dev", "blue"])?;
+    assert!(vrf.contains(&format!("vrf table {table}")), "{vrf}");
+    let routes = ns.ip(&["route", "show", "table", &table.to_string()])?;
+    assert!(
+        routes.contains("10.79.0.0/16 via 192.168.78.1 dev net1"),
+        "{routes}"
+    );
+    assert!(routes.contains("192.168.78.0/24 dev net1"), "{routes}");
+    let main = ns.ip(&["route", "show"])?;
+    assert!(!main.contains("10.79.0.0/16"), "{main}");
+    for n in ["tcp_l3mdev_accept", "udp_l3mdev_accept"] {
+        let v = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns.name,
+            "cat",
+            &format!("/proc/sys/net/ipv4/{n}"),
+        ])?;
+        assert_eq!(v.trim(), "1", "{n}");
+    }
+    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    assert_same(&before, &view(&nic.name, None)?)?;
+    let home = sh(&["ip", "-d", "link", "show", "dev", &nic.name])?;
+    assert!(!home.contains("master"), "{home}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back() -> Result<()> {
+    if !require_root("a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back")? {
+        return Ok(());
+    }
+    let state = StateDir::new("vrf-taken");
+    let ns = PodNetns::create(&unique("dranet-t-vrftaken-"))?;
+    // A veth end of that name already in the pod: not a VRF.
+    ns.ip(&["link", "add", "red", "type", "veth", "peer", "name", "red-peer"])?;
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let uid = unique("pod-vrftaken-");
+    let mut d = device(&nic, "net1", &uid);
+    d.config = serde_json::from_value(
+        serde_json::json!({"interface": {"name": "net1", "vrf": {"name": "red", "table": 1234}}}),
+    )?;
+    let e = engine(&state, None).await?;
+    e.set_plan(plan(&uid, vec![d]))?;
+    let err = e
+        .attach_pod(pod(&uid), &ns.path)
+        .await
+        .err()
+        .context("must fail")?;
+    let msg = format!("{err:#}");
+    assert!(msg.contains("\"red\""), "{msg}");
+    assert!(
+        msg.contains("not a VRF") || msg.contains("CONFIG_NET_VRF"),
+        "{msg}"
+    );
+    assert!(!in_pod(&ns, "net1"));
+    assert_same(&before, &view(&nic.name, None)?)?;
+    Ok(())
+}

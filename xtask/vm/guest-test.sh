@@ -269,6 +269,23 @@ case_e2e() {
     done
 }
 
+# interface.vrf and the IP sysctls on a kernel with vrf.ko (the CI kernel has no VRF, so there
+# dranet-sim/tests/rescue.rs only checks the clear refusal).
+case_vrf() {
+    local t0 name
+    for name in vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly \
+        a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back \
+        arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back; do
+        t0=$(now)
+        if DRANET_EXPECT_VRF=1 "$RESCUE_TEST" --exact "$name" --test-threads=1 >"$OUT/vrf-$name.log" 2>&1 &&
+            grep -q "test result: ok. 1 passed" "$OUT/vrf-$name.log"; then
+            report PASS "vrf:$name" "$t0" ""
+        else
+            report FAIL "vrf:$name" "$t0" "$(grep -E 'panicked|Error|error' "$OUT/vrf-$name.log" | head -n 2 | tr '\n' ' ' | cut -c 1-300)"
+        fi
+    done
+}
+
 wait_for_rxe_home() {
     for _ in $(seq 1 100); do
         host_has_rxe && [ -e /sys/class/net/eth2 ] && return 0
@@ -277,7 +294,7 @@ wait_for_rxe_home() {
     return 1
 }
 
-for c in trace nic rdma lsm e2e; do
+for c in trace nic rdma vrf lsm e2e; do
     case " $CASES " in
     *" $c "*) "case_$c" ;;
     *) echo "VMTEST NOTDONE $c 0s not in this boot of $KERNEL_LINE (cases: $CASES)" ;;

@@ -30,6 +30,9 @@ use crate::ethtool::{self, Dev, Ethtool, EthtoolError};
 use crate::netns::{Netns, NetnsError};
 use crate::plan::DevicePlan;
 
+pub mod sysctl;
+pub use sysctl::PodSysctl;
+
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -63,6 +66,10 @@ pub enum LinkError {
     Ethtool(#[from] EthtoolError),
     #[error("ethtool.{field}: {reason}")]
     Offload { field: String, reason: String },
+    #[error("sysctl {key}: {reason}")]
+    Sysctl { key: String, reason: String },
+    #[error("interface.vrf {name:?}: {reason}")]
+    Vrf { name: String, reason: String },
 }
 
 impl LinkError {
@@ -220,6 +227,10 @@ pub struct LinkSnapshot {
     /// Every private flag (`ethtool --show-priv-flags`) of the driver.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub private_flags: BTreeMap<String, bool>,
+    /// Per-device IP sysctls, `ipv4/<name>` / `ipv6/<name>` (see [`sysctl`]: a netns move
+    /// resets them to the destination's defaults).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sysctls: BTreeMap<String, i32>,
 }
 
 impl LinkSnapshot {
@@ -350,6 +361,7 @@ fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnapshot {
     }
     s.altnames.sort();
     s.addresses.sort();
+    s.sysctls = sysctl::of_link(m);
     s
 }
 
@@ -454,6 +466,12 @@ pub struct AttachSpec {
     pub features: BTreeMap<String, bool>,
     /// Private flags to set inside the pod.
     pub private_flags: BTreeMap<String, bool>,
+    /// Per-device sysctls written in the pod before the link comes up (`arpIgnore`,
+    /// `arpAnnounce`, `forwarding`).
+    pub sysctls: Vec<PodSysctl>,
+    /// `interface.vrf`: the VRF (name, table) the device is enslaved to in the pod; every route
+    /// of the device then goes to that table.
+    pub vrf: Option<(String, u32)>,
 }
 
 /// A policy routing rule inside the pod (validated from `RuleConfig`).
@@ -607,7 +625,33 @@ impl AttachSpec {
                 Ok((ip, parse_mac(&n.hardware_addr)?))
             })
             .collect::<Result<Vec<_>, LinkError>>()?;
+        let sysctls = pod_sysctls(i)?;
+        let vrf = match &i.vrf {
+            None => None,
+            Some(v) => {
+                let bad = |reason: &str| LinkError::Vrf {
+                    name: v.name.clone(),
+                    reason: reason.to_owned(),
+                };
+                validate_ifname(&v.name).map_err(|_| bad("not a valid interface name"))?;
+                if v.name == pod_ifname {
+                    return Err(bad("has the name of the device itself"));
+                }
+                let mut cfg = d.config.clone();
+                cfg.apply_defaults();
+                let table = cfg
+                    .interface
+                    .vrf
+                    .and_then(|v| v.table)
+                    .and_then(|t| u32::try_from(t).ok())
+                    .filter(|t| *t > 0 && !(253..=255).contains(t))
+                    .ok_or_else(|| bad("table must be > 0 and not 253, 254 or 255"))?;
+                Some((v.name.clone(), table))
+            }
+        };
         Ok(Self {
+            sysctls,
+            vrf,
             pod_ifname: pod_ifname.to_owned(),
             mtu: positive(i.mtu),
             mac,
@@ -633,6 +677,42 @@ impl AttachSpec {
                 .unwrap_or_default(),
         })
     }
+}
+
+/// The per-device sysctls an interface config asks for, checked against upstream's ranges.
+fn pod_sysctls(i: &crate::config::InterfaceConfig) -> Result<Vec<PodSysctl>, LinkError> {
+    let mut out = Vec::new();
+    let mut one = |key: &str, v: i32, ok: bool| {
+        if ok {
+            out.push(PodSysctl::Device {
+                key: key.to_owned(),
+                value: v,
+                optional: false,
+            });
+            Ok(())
+        } else {
+            Err(LinkError::Sysctl {
+                key: key.to_owned(),
+                reason: format!("{v} is out of range"),
+            })
+        }
+    };
+    if let Some(v) = i.arp_ignore {
+        one("ipv4/arp_ignore", v, matches!(v, 0..=3 | 8))?;
+    }
+    if let Some(v) = i.arp_announce {
+        one("ipv4/arp_announce", v, (0..=2).contains(&v))?;
+    }
+    if i.forwarding == Some(true) {
+        one("ipv4/forwarding", 1, true)?;
+        // Without IPv6 on the device there is nothing to forward.
+        out.push(PodSysctl::Device {
+            key: "ipv6/forwarding".into(),
+            value: 1,
+            optional: true,
+        });
+    }
+    Ok(out)
 }
 
 fn route_message(r: &RouteConfig, oif: u32) -> Result<netlink_packet_route::route::RouteMessage, LinkError> {
@@ -788,6 +868,8 @@ pub async fn attach(
         .await?
         .map(|m| m.header.index)
         .ok_or_else(|| LinkError::NotFound(spec.pod_ifname.clone()))?;
+    // ARP and forwarding sysctls before the link comes up (the first ARP already obeys them).
+    sysctl::set_in_pod(netns, &spec.pod_ifname, &spec.sysctls)?;
     for (ip, len) in &spec.addresses {
         add_address(pod_nl, index, *ip, *len).await?;
     }
@@ -795,8 +877,20 @@ pub async fn attach(
     if !features.is_empty() || !flags.is_empty() {
         Ethtool::open_in(netns)?.apply(&Dev::Index(index), &features, &flags)?;
     }
-    for r in &spec.routes {
-        let msg = route_message(r, index)?;
+    let vrf_table = match &spec.vrf {
+        Some((name, table)) => Some(enslave_to_vrf(pod_nl, netns, index, name, *table).await?),
+        None => None,
+    };
+    // Link-scope routes first: a universe route may go through a gateway only they make
+    // reachable (upstream sorts the same way).
+    let mut routes: Vec<&RouteConfig> = spec.routes.iter().collect();
+    routes.sort_by_key(|r| std::cmp::Reverse(r.scope));
+    for r in routes {
+        let mut msg = route_message(r, index)?;
+        // With a VRF every route of the device lives in the VRF's table (as upstream).
+        if let Some(t) = vrf_table {
+            set_route_table(&mut msg, t);
+        }
         match pod_nl.handle.route().add(msg).execute().await {
             Ok(()) => {}
             Err(e) if errno_of(&e) == Some(libc::EEXIST) => {}
@@ -810,6 +904,97 @@ pub async fn attach(
         add_neighbor(pod_nl, index, *ip, mac).await?;
     }
     Ok(index)
+}
+
+fn set_route_table(msg: &mut netlink_packet_route::route::RouteMessage, table: u32) {
+    use netlink_packet_route::route::RouteAttribute;
+    msg.attributes.retain(|a| !matches!(a, RouteAttribute::Table(_)));
+    msg.header.table = u8::try_from(table).unwrap_or(0);
+    msg.attributes.push(RouteAttribute::Table(table));
+}
+
+/// The table of a VRF link, `None` if `m` is not a VRF.
+fn vrf_table_of(m: &LinkMessage) -> Option<u32> {
+    use netlink_packet_route::link::{InfoData, InfoKind, InfoVrf, LinkInfo};
+    let infos = m.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(v) => Some(v),
+        _ => None,
+    })?;
+    if !infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Vrf))) {
+        return None;
+    }
+    infos.iter().find_map(|i| match i {
+        LinkInfo::Data(InfoData::Vrf(v)) => v.iter().find_map(|x| match x {
+            InfoVrf::TableId(t) => Some(*t),
+            _ => None,
+        }),
+        _ => None,
+    })
+}
+
+/// Creates the VRF `name` with `table` in the pod (or takes the one a previous device of the
+/// pod created: devices may share it), sets it up, enslaves device `index` to it and turns on
+/// `tcp_l3mdev_accept`/`udp_l3mdev_accept` so unbound sockets of the pod work across it.
+/// Returns the table. A kernel without VRF support (`CONFIG_NET_VRF`) is a clear error.
+async fn enslave_to_vrf(
+    nl: &Netlink,
+    netns: &Netns,
+    index: u32,
+    name: &str,
+    table: u32,
+) -> Result<u32, LinkError> {
+    let bad = |reason: String| LinkError::Vrf {
+        name: name.to_owned(),
+        reason,
+    };
+    let m = match nl.link_by_name(name).await? {
+        Some(m) => m,
+        None => {
+            match nl
+                .handle
+                .link()
+                .add(rtnetlink::LinkVrf::new(name, table).build())
+                .execute()
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if errno_of(&e) == Some(libc::EEXIST) => {}
+                Err(e) if errno_of(&e) == Some(libc::EOPNOTSUPP) => {
+                    return Err(bad("this kernel has no VRF support (CONFIG_NET_VRF)".into()));
+                }
+                Err(e) => return Err(bad(format!("creating it: {e}"))),
+            }
+            nl.link_by_name(name)
+                .await?
+                .ok_or_else(|| bad("vanished right after it was created".into()))?
+        }
+    };
+    match vrf_table_of(&m) {
+        Some(t) if t == table => {}
+        Some(t) => return Err(bad(format!("exists in the pod with table {t}, not {table}"))),
+        None => return Err(bad("a device of that name in the pod is not a VRF".into())),
+    }
+    let vrf_index = m.header.index;
+    set_up(nl, vrf_index, true).await?;
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.attributes.push(LinkAttribute::Controller(vrf_index));
+    nl.newlink(msg, "enslave to the VRF").await?;
+    sysctl::set_in_pod(
+        netns,
+        name,
+        &[
+            PodSysctl::Ipv4Global {
+                name: "tcp_l3mdev_accept",
+                value: 1,
+            },
+            PodSysctl::Ipv4Global {
+                name: "udp_l3mdev_accept",
+                value: 1,
+            },
+        ],
+    )?;
+    Ok(table)
 }
 
 /// How a device came home.
@@ -1012,6 +1197,21 @@ async fn restore(
     for a in snap.addresses.iter().filter(|a| !cur.addresses.contains(a)) {
         let (ip, len) = parse_cidr(a)?;
         add_address(nl, index, ip, len).await?;
+    }
+    // IP sysctls the move reset to the host defaults. A value the kernel refuses does not undo
+    // a return that otherwise worked: it is logged.
+    if !snap.sysctls.is_empty() {
+        let now_name = match &result {
+            Returned::NameBusy { temp_name } => temp_name.as_str(),
+            Returned::Restored => snap.name.as_str(),
+        };
+        match sysctl::restore(now_name, &snap.sysctls, &cur.sysctls) {
+            Ok(done) if !done.is_empty() => {
+                tracing::info!(device = snap.name, sysctls = ?done, "sysctls restored")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(device = snap.name, error = %e, "restoring a sysctl"),
+        }
     }
     // Offloads: whatever differs from the snapshot, whether dranet or the pod changed it.
     if !snap.features.is_empty() || !snap.private_flags.is_empty() {

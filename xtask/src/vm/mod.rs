@@ -69,7 +69,7 @@ const BOOTS: &[Boot] = &[
     Boot {
         suffix: "",
         append: "",
-        cases: "trace nic rdma",
+        cases: "trace nic rdma vrf",
     },
     Boot {
         suffix: "-lsm",
@@ -86,6 +86,7 @@ const MODULES: &[&str] = &[
     "9p",
     "veth",
     "dummy",
+    "vrf",
     "ib_core",
     "ib_uverbs",
     "rdma_rxe",
@@ -100,6 +101,7 @@ const MODULES_6_1: &[&str] = &[
     "9p",
     "veth",
     "dummy",
+    "vrf",
     "crc32_generic",
     "ib_core",
     "ib_uverbs",
@@ -133,6 +135,7 @@ struct Binaries {
     dranet: PathBuf,
     vm_nic: PathBuf,
     e2e: PathBuf,
+    rescue: PathBuf,
 }
 
 pub fn run_vm_test(opts: &Options) -> Result<()> {
@@ -250,6 +253,10 @@ fn build_binaries() -> Result<Binaries> {
             "vm_nic",
         )?,
         e2e: exe(&["test", "-p", "dranet-sim", "--test", "e2e", "--no-run"], "e2e")?,
+        rescue: exe(
+            &["test", "-p", "dranet-sim", "--test", "rescue", "--no-run"],
+            "rescue",
+        )?,
     })
 }
 
@@ -345,10 +352,12 @@ fn run_kernel(
     std::fs::copy(&bins.vm_nic, bin.join("vm_nic"))
         .with_context(|| format!("copying {}", bins.vm_nic.display()))?;
     std::fs::copy(&bins.e2e, bin.join("e2e")).with_context(|| format!("copying {}", bins.e2e.display()))?;
+    std::fs::copy(&bins.rescue, bin.join("rescue"))
+        .with_context(|| format!("copying {}", bins.rescue.display()))?;
     std::fs::write(
         out.join("env"),
         format!(
-            "KERNEL_LINE={}\nDRANET=/tmp/out/bin/dranet\nVM_NIC_TEST=/tmp/out/bin/vm_nic\nE2E_TEST=/tmp/out/bin/e2e\nCASES=\"{}\"\n",
+            "KERNEL_LINE={}\nDRANET=/tmp/out/bin/dranet\nVM_NIC_TEST=/tmp/out/bin/vm_nic\nE2E_TEST=/tmp/out/bin/e2e\nRESCUE_TEST=/tmp/out/bin/rescue\nCASES=\"{}\"\n",
             s.tag, boot.cases
         ),
     )?;
