@@ -34,4 +34,20 @@ mapfile -t files < <( (find deploy -name '*.yaml' ! -name kustomization.yaml ! -
 for f in rbac.yaml deviceclass.yaml daemonset.yaml; do
   grep -qx "  - $f" deploy/kustomization.yaml || { echo "deploy/kustomization.yaml does not list $f"; exit 1; }
 done
+# The reporter creates events and PATCHes repeats (count, lastTimestamp): both ClusterRoles must allow it.
+"$venv/bin/python" - deploy/rbac.yaml "$rendered/rbac.yaml" <<'PY'
+import sys, yaml
+for path in sys.argv[1:]:
+    roles = [d for d in yaml.safe_load_all(open(path)) if d and d.get("kind") == "ClusterRole"]
+    if not roles:
+        sys.exit(f"{path}: no ClusterRole")
+    for role in roles:
+        verbs = set()
+        for r in role.get("rules", []):
+            if "" in r.get("apiGroups", []) and "events" in r.get("resources", []):
+                verbs |= set(r.get("verbs", []))
+        missing = {"create", "patch"} - verbs
+        if missing:
+            sys.exit(f"{path}: ClusterRole {role['metadata']['name']} lacks {sorted(missing)} on events")
+PY
 echo "manifests valid: ${#files[@]} files"

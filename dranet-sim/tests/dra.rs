@@ -172,7 +172,12 @@ async fn registration_like_kubelet() {
     assert_eq!(PathBuf::from(&reg.info.endpoint), h.cfg.dra_socket());
     assert_eq!(
         reg.info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
     assert_eq!(reg.version, DraVersion::V1);
     let status = h

@@ -1,7 +1,9 @@
-//! Device health (KEP-4680) end to end: a real tonic client over the DRA unix socket calls
-//! `v1alpha1.DRAResourceHealth/NodeWatchResources` while real kernel events change the devices
-//! (root): a veth pair deleted and re-created in a unique netns, and a CRI-O-order rescue by the
-//! engine. Two streams at once; a client that goes away leaves no stream behind.
+//! Device health (KEP-4680) end to end: real tonic clients over the DRA unix socket call
+//! `v1alpha1.DRAResourceHealth/NodeWatchResources` (kubelet 1.34–1.36) and
+//! `v1.DRAResourceHealth/NodeWatchResources` (kubelet master) while real kernel events change
+//! the devices (root): a veth pair deleted and re-created in a unique netns, and a CRI-O-order
+//! rescue by the engine. Streams of both versions at once; a client that goes away leaves no
+//! stream behind.
 
 #![expect(
     clippy::unwrap_used,
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use dranet::config::NetworkConfig;
 use dranet::dra::health::follow_engine;
+use dranet::dra::proto::health_v1;
 use dranet::dra::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
 use dranet::dra::proto::health_v1alpha1::{
     HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
@@ -96,6 +99,42 @@ async fn watch(cfg: &PluginConfig) -> Streaming<NodeWatchResourcesResponse> {
         .await
         .unwrap()
         .into_inner()
+}
+
+/// The same call as kubelet master makes it: `v1.DRAResourceHealth`.
+async fn watch_v1(cfg: &PluginConfig) -> Streaming<health_v1::NodeWatchResourcesResponse> {
+    let mut c = health_v1::dra_resource_health_client::DraResourceHealthClient::new(
+        uds_channel(&cfg.dra_socket()).await.unwrap(),
+    );
+    c.node_watch_resources(health_v1::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Reads a v1 stream until `ok` holds for its response seen as v1alpha1 (the same fields and
+/// numbers: re-encoding is exact).
+async fn until_v1(
+    what: &str,
+    s: &mut Streaming<health_v1::NodeWatchResourcesResponse>,
+    mut ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
+) -> Result<NodeWatchResourcesResponse> {
+    use prost::Message;
+    let deadline = Duration::from_secs(10);
+    let res = tokio::time::timeout(deadline, async {
+        while let Some(r) = s.message().await? {
+            let r = NodeWatchResourcesResponse::decode(r.encode_to_vec().as_slice())?;
+            if ok(&r) {
+                return Ok(r);
+            }
+        }
+        bail!("v1 stream ended waiting for {what}")
+    })
+    .await;
+    match res {
+        Ok(r) => r,
+        Err(_) => bail!("timed out after {deadline:?} waiting for {what} (v1)"),
+    }
 }
 
 /// `device` → (health, message) in one response.
@@ -194,10 +233,13 @@ async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
     };
     let mut s1 = watch(&cfg).await;
     let mut s2 = watch(&cfg).await;
+    let mut s3 = watch_v1(&cfg).await;
     let r = until("both ends healthy on stream 1", &mut s1, healthy).await?;
     assert_eq!(of(&r, &va).unwrap().1, "in the host network namespace");
     until("both ends healthy on stream 2", &mut s2, healthy).await?;
-    assert_eq!(hub.watchers(), 2);
+    let r = until_v1("both ends healthy on the v1 stream", &mut s3, healthy).await?;
+    assert_eq!(of(&r, &vb).unwrap().1, "in the host network namespace");
+    assert_eq!(hub.watchers(), 3);
 
     // Deleting one end deletes both: every stream reports them unhealthy, still listed.
     ns.ip(&["link", "del", &va])?;
@@ -208,13 +250,17 @@ async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
     };
     until("both ends unhealthy on stream 1", &mut s1, gone).await?;
     until("both ends unhealthy on stream 2", &mut s2, gone).await?;
+    until_v1("both ends unhealthy on the v1 stream", &mut s3, gone).await?;
 
     // A kubelet stream that goes away leaves nothing behind.
     drop(s2);
-    wait_for("the dropped stream released", || hub.watchers() == 1).await?;
+    wait_for("the dropped stream released", || hub.watchers() == 2).await?;
 
     ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
     until("both ends healthy again", &mut s1, healthy).await?;
+    until_v1("both ends healthy again on the v1 stream", &mut s3, healthy).await?;
+    drop(s3);
+    wait_for("the v1 stream released", || hub.watchers() == 1).await?;
 
     // Stopping the plugin ends the open stream instead of waiting for kubelet to hang up.
     tokio::time::timeout(Duration::from_secs(5), plugin.stop())
@@ -226,6 +272,68 @@ async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
     .await;
     assert!(end.is_ok(), "the stream did not end with the plugin");
     wait_for("no stream left after stop", || hub.watchers() == 0).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn health_stream_drops_a_veth_gone_for_good_after_the_grace() -> Result<()> {
+    if !require_root("health_stream_drops_a_veth_gone_for_good_after_the_grace")? {
+        return Ok(());
+    }
+    let dir = TempDir::new("health-grace");
+    let ns = PodNetns::create(&unique("dhgrace"))?;
+    let (va, vb) = (unique("hga"), unique("hgb"));
+    ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+    let grace = Duration::from_secs(2);
+    let hub = HealthHub::with_options(
+        "node-a",
+        dranet::dra::health::HealthOptions {
+            resend: Duration::from_millis(200),
+            gone_grace: grace,
+            ..Default::default()
+        },
+    );
+    let _scan = scan_loop(
+        hub.clone(),
+        NetnsTarget::Path(ns.path.clone()),
+        Checkpoint::default,
+    );
+    let (cfg, plugin) = plugin(&dir, hub.clone()).await;
+    let mut s = watch_v1(&cfg).await;
+    until_v1("the pair healthy", &mut s, |r| {
+        [&va, &vb]
+            .iter()
+            .all(|d| of(r, d).is_some_and(|(h, _)| h == HealthStatus::Healthy))
+    })
+    .await?;
+
+    ns.ip(&["link", "del", &va])?;
+    let t = Instant::now();
+    until_v1("the pair unhealthy", &mut s, |r| {
+        [&va, &vb]
+            .iter()
+            .all(|d| of(r, d).is_some_and(|(h, _)| h == HealthStatus::Unhealthy))
+    })
+    .await?;
+    until_v1("the pair dropped from the list", &mut s, |r| {
+        of(r, &va).is_none() && of(r, &vb).is_none()
+    })
+    .await?;
+    let took = t.elapsed();
+    assert!(
+        took >= grace - Duration::from_millis(1100) && took < grace + Duration::from_secs(3),
+        "dropped after {took:?}, grace {grace:?}"
+    );
+
+    ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+    until_v1("the pair listed and healthy again", &mut s, |r| {
+        [&va, &vb]
+            .iter()
+            .all(|d| of(r, d).is_some_and(|(h, _)| h == HealthStatus::Healthy))
+    })
+    .await?;
+    drop(s);
+    plugin.stop().await;
     Ok(())
 }
 

@@ -79,6 +79,10 @@ pub struct RunArgs {
     /// Do not serve kubelet (tests, dry runs).
     #[arg(long, env = "DRANET_NO_DRA")]
     pub no_dra: bool,
+    /// Seconds a device gone from the host for good (in no pod, nothing pending) stays listed
+    /// UNHEALTHY in the device health stream before it is dropped from the list.
+    #[arg(long, env = "DRANET_HEALTH_GONE_GRACE_SECONDS", default_value_t = 300)]
+    pub health_gone_grace_seconds: u64,
     #[arg(long, env = "DRANET_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// sysfs root (tests).

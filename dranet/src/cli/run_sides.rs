@@ -236,7 +236,13 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
             filter,
             ..ScanOptions::default()
         });
-        let health = HealthHub::new(args.node_name.clone());
+        let health = HealthHub::with_options(
+            args.node_name.clone(),
+            crate::dra::health::HealthOptions {
+                gone_grace: Duration::from_secs(args.health_gone_grace_seconds),
+                ..crate::dra::health::HealthOptions::default()
+            },
+        );
         let devices = scan(&scan_opts, engine, &BTreeMap::new(), &health).await?;
         info!(devices = devices.len(), "inventory");
         inventory.replace(devices.clone());

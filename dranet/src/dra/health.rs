@@ -1,12 +1,23 @@
-//! Device health for kubelet (KEP-4680): the `v1alpha1.DRAResourceHealth` service on the DRA
-//! socket. [`HealthHub`] keeps where every device of the pool is and streams the full list to
-//! every `NodeWatchResources` caller on each change, and again before the advertised
+//! Device health for kubelet (KEP-4680): the `v1.DRAResourceHealth` and
+//! `v1alpha1.DRAResourceHealth` services on the DRA socket (the same messages under two package
+//! names, served from one hub: [`HealthResponse`] is the only per-version code). [`HealthHub`]
+//! keeps where every device of the pool is and streams the full list to every
+//! `NodeWatchResources` caller on each change, and again before the advertised
 //! [`HEALTH_CHECK_TIMEOUT`] runs out (kubelet marks a device Unknown when its plugin is silent
 //! for that long).
 //!
 //! A device is **healthy** while it is in the host inventory or inside the pod that owns it;
 //! **unhealthy** while it is missing from the host and not in a pod, while the rescue engine is
 //! bringing it home, and after a return or repair failed (until it is home again).
+//!
+//! A device **gone for good** (missing from the host, in no pod, not being returned, no failed
+//! return or repair pending) stays listed UNHEALTHY for [`GONE_GRACE`] and is then dropped from
+//! the list. kubelet keeps a device that left the list at its last reported health until the
+//! device's `health_check_timeout_seconds` ran out since its last report, then shows it Unknown
+//! with no message (`updateHealthInfo` in `pkg/kubelet/cm/dra/healthinfo.go`): a pod that still
+//! holds a claim on it first reads *why* it is unhealthy, for the grace period, and then that
+//! the driver no longer vouches for a device which is not there. A device that comes back is
+//! listed again, HEALTHY.
 //!
 //! Inputs: [`HealthHub::observe_scan`] from the inventory publish loop and
 //! [`HealthHub::observe_activity`] from the rescue engine's activity feed, each with the
@@ -15,25 +26,67 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::proto::health_v1alpha1 as pb;
+use super::proto::{health_v1, health_v1alpha1};
 use crate::rescue::activity::{Activity, ActivityKind};
 use crate::state::{Checkpoint, DeviceState};
 
-/// gRPC service name as kubelet lists it in `supported_versions`.
-pub const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+/// gRPC service name of health v1 as kubelet lists it in `supported_versions` (kubelet after
+/// 1.36).
+pub const HEALTH_SERVICE_V1: &str = "v1.DRAResourceHealth";
+/// gRPC service name of health v1alpha1 (kubelet 1.34 and later).
+pub const HEALTH_SERVICE_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
 /// `health_check_timeout_seconds` we advertise per device: kubelet 1.34–1.36 ignore the field
 /// and use a fixed 30 s (`healthTimeout` in `pkg/kubelet/cm/dra/healthinfo.go`), so advertise
 /// the same.
 pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// The full list is sent again after this much silence (well inside the timeout).
 pub const RESEND_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a device gone for good stays listed UNHEALTHY before it is dropped (default of
+/// `--health-gone-grace-seconds`).
+pub const GONE_GRACE: Duration = Duration::from_secs(300);
+
+/// Unix time in seconds; tests substitute their own clock.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// Timing of a hub.
+#[derive(Clone)]
+pub struct HealthOptions {
+    /// Advertised `health_check_timeout_seconds`.
+    pub timeout: Duration,
+    /// Re-send after this much silence.
+    pub resend: Duration,
+    /// A device gone for good is dropped from the list after this long.
+    pub gone_grace: Duration,
+    pub clock: Clock,
+}
+
+impl Default for HealthOptions {
+    fn default() -> Self {
+        Self {
+            timeout: HEALTH_CHECK_TIMEOUT,
+            resend: RESEND_INTERVAL,
+            gone_grace: GONE_GRACE,
+            clock: Arc::new(unix_now),
+        }
+    }
+}
+
+impl std::fmt::Debug for HealthOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthOptions")
+            .field("timeout", &self.timeout)
+            .field("resend", &self.resend)
+            .field("gone_grace", &self.gone_grace)
+            .finish_non_exhaustive()
+    }
+}
 
 /// The health of one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,12 +116,13 @@ struct State {
     name_busy: BTreeMap<String, String>,
     /// The last list, to keep `since` of unchanged entries.
     last: BTreeMap<String, DeviceHealth>,
+    /// Gone for good since (unix s): dropped once that is [`HealthOptions::gone_grace`] ago.
+    gone_since: BTreeMap<String, i64>,
 }
 
 struct Inner {
     pool: String,
-    timeout: Duration,
-    resend: Duration,
+    opts: HealthOptions,
     state: Mutex<State>,
     tx: watch::Sender<Arc<Vec<DeviceHealth>>>,
 }
@@ -91,22 +145,40 @@ impl HealthHub {
     /// A hub for `pool` (the node name) with the default timing.
     #[must_use]
     pub fn new(pool: impl Into<String>) -> Self {
-        Self::with_timing(pool, HEALTH_CHECK_TIMEOUT, RESEND_INTERVAL)
+        Self::with_options(pool, HealthOptions::default())
     }
 
     /// A hub that advertises `timeout` and re-sends after `resend` of silence (tests use short
     /// ones).
     #[must_use]
     pub fn with_timing(pool: impl Into<String>, timeout: Duration, resend: Duration) -> Self {
+        Self::with_options(
+            pool,
+            HealthOptions {
+                timeout,
+                resend,
+                ..HealthOptions::default()
+            },
+        )
+    }
+
+    #[must_use]
+    pub fn with_options(pool: impl Into<String>, opts: HealthOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
                 pool: pool.into(),
-                timeout,
-                resend,
+                opts,
                 state: Mutex::new(State::default()),
                 tx: watch::channel(Arc::new(Vec::new())).0,
             }),
         }
+    }
+
+    /// Recomputes the list with the clock as it stands now (drops devices whose grace ran
+    /// out). Streams call it before every re-send, so the list is pruned without new input.
+    pub fn refresh(&self) {
+        let st = self.state();
+        self.publish(st);
     }
 
     /// The list as it stands.
@@ -219,26 +291,30 @@ impl HealthHub {
         self.publish(st);
     }
 
-    /// The stream one `NodeWatchResources` caller reads: the list now, then on every change
-    /// and after [`RESEND_INTERVAL`] of silence. Ends when the hub is dropped.
-    pub fn stream(&self) -> impl Stream<Item = pb::NodeWatchResourcesResponse> + Send + 'static {
+    /// The stream one `NodeWatchResources` caller reads, in the API version of `R`: the list
+    /// now, then on every change and after [`RESEND_INTERVAL`] of silence. Ends when the hub
+    /// is dropped.
+    pub fn stream<R: HealthResponse>(&self) -> impl Stream<Item = R> + Send + 'static {
         self.stream_until(watch::channel(false).1)
     }
 
     /// [`HealthHub::stream`], ending as soon as `stop` turns true (the server's graceful
     /// shutdown waits for open streams: one that never ends would hang it).
-    pub fn stream_until(
+    pub fn stream_until<R: HealthResponse>(
         &self,
         stop: watch::Receiver<bool>,
-    ) -> impl Stream<Item = pb::NodeWatchResourcesResponse> + Send + 'static {
+    ) -> impl Stream<Item = R> + Send + 'static {
         let rx = self.inner.tx.subscribe();
+        // Weak: an open stream must not keep the hub (and so its sender) alive.
+        let hub: Weak<Inner> = Arc::downgrade(&self.inner);
         let (pool, timeout, resend) = (
             self.inner.pool.clone(),
-            i64::try_from(self.inner.timeout.as_secs()).unwrap_or(i64::MAX),
-            self.inner.resend,
+            i64::try_from(self.inner.opts.timeout.as_secs()).unwrap_or(i64::MAX),
+            self.inner.opts.resend,
         );
         futures::stream::unfold((rx, stop, true), move |(mut rx, mut stop, first)| {
             let pool = pool.clone();
+            let hub = hub.clone();
             async move {
                 if *stop.borrow() {
                     return None;
@@ -246,15 +322,17 @@ impl HealthHub {
                 if !first {
                     tokio::select! {
                         r = rx.changed() => r.ok()?,
-                        () = tokio::time::sleep(resend) => {}
+                        () = tokio::time::sleep(resend) => {
+                            // Silence: let the grace of gone devices run out before re-sending.
+                            if let Some(inner) = hub.upgrade() {
+                                HealthHub { inner }.refresh();
+                            }
+                        }
                         () = stopped(&mut stop) => return None,
                     }
                 }
                 let list = rx.borrow_and_update().clone();
-                let msg = pb::NodeWatchResourcesResponse {
-                    devices: list.iter().map(|d| to_proto(d, &pool, timeout)).collect(),
-                };
-                Some((msg, (rx, stop, false)))
+                Some((R::from_list(&list, &pool, timeout), (rx, stop, false)))
             }
         })
     }
@@ -268,24 +346,42 @@ impl HealthHub {
 
     /// Recomputes the list and sends it when it changed.
     fn publish(&self, mut st: MutexGuard<'_, State>) {
-        let now = unix_now();
-        let list: Vec<DeviceHealth> = st
-            .known
-            .iter()
-            .map(|d| {
-                let (healthy, message) = judge(&st, d);
-                let since = match st.last.get(d) {
-                    Some(p) if p.healthy == healthy && p.message == message => p.since,
-                    _ => now,
-                };
-                DeviceHealth {
-                    device: d.clone(),
-                    healthy,
-                    message,
-                    since,
+        let now = (self.inner.opts.clock)();
+        let grace = i64::try_from(self.inner.opts.gone_grace.as_secs()).unwrap_or(i64::MAX);
+        let mut list = Vec::with_capacity(st.known.len());
+        let mut gone = BTreeMap::new();
+        let mut pruned = Vec::new();
+        for d in &st.known {
+            let (healthy, message) = match judge(&st, d) {
+                Verdict::Gone => {
+                    let since = st.gone_since.get(d).copied().unwrap_or(now);
+                    if now.saturating_sub(since) >= grace {
+                        pruned.push(d.clone());
+                        continue;
+                    }
+                    gone.insert(d.clone(), since);
+                    (false, GONE_MESSAGE.to_owned())
                 }
-            })
-            .collect();
+                Verdict::Is(healthy, message) => (healthy, message),
+            };
+            let since = match st.last.get(d) {
+                Some(p) if p.healthy == healthy && p.message == message => p.since,
+                _ => now,
+            };
+            list.push(DeviceHealth {
+                device: d.clone(),
+                healthy,
+                message,
+                since,
+            });
+        }
+        // Anything no longer gone starts a fresh grace the next time it goes.
+        st.gone_since = gone;
+        for d in &pruned {
+            tracing::info!(device = %d, grace = ?self.inner.opts.gone_grace,
+                "device gone for good: dropped from the health list");
+            st.known.remove(d);
+        }
         st.last = list.iter().map(|d| (d.device.clone(), d.clone())).collect();
         drop(st);
         self.inner.tx.send_if_modified(|cur| {
@@ -343,47 +439,93 @@ fn locate(st: &mut State, cp: &Checkpoint) {
     st.known.extend(seen);
 }
 
-fn judge(st: &State, d: &str) -> (bool, String) {
+/// The message of a device gone for good (missing, in no pod, nothing pending).
+const GONE_MESSAGE: &str = "missing from the host network namespace and not attached to any pod";
+
+enum Verdict {
+    /// (healthy, message).
+    Is(bool, String),
+    /// Missing from the host, in no pod, nothing pending: unhealthy, then dropped.
+    Gone,
+}
+
+fn judge(st: &State, d: &str) -> Verdict {
     if let Some(m) = st.failed.get(d) {
-        return (false, m.clone());
+        return Verdict::Is(false, m.clone());
     }
     if let Some(m) = st.returning.get(d) {
-        return (false, m.clone());
+        return Verdict::Is(false, m.clone());
     }
     if let Some(pod) = st.in_pod.get(d) {
-        return (true, format!("attached to pod {pod}"));
+        return Verdict::Is(true, format!("attached to pod {pod}"));
     }
     if st.host.contains(d) {
-        return (true, "in the host network namespace".to_owned());
+        return Verdict::Is(true, "in the host network namespace".to_owned());
     }
     if let Some(temp) = st.name_busy.get(d) {
-        return (
+        return Verdict::Is(
             false,
             format!("back in the host as {temp}: its own name is taken (see dranet status)"),
         );
     }
-    (
-        false,
-        "missing from the host network namespace and not attached to any pod".to_owned(),
-    )
+    Verdict::Gone
 }
 
-fn to_proto(d: &DeviceHealth, pool: &str, timeout: i64) -> pb::DeviceHealth {
-    pb::DeviceHealth {
-        device: Some(pb::DeviceIdentifier {
-            pool_name: pool.to_owned(),
-            device_name: d.device.clone(),
-        }),
-        health: if d.healthy {
-            pb::HealthStatus::Healthy
-        } else {
-            pb::HealthStatus::Unhealthy
-        } as i32,
-        last_updated_time: d.since,
-        health_check_timeout_seconds: timeout,
-        message: d.message.clone(),
-    }
+/// A `NodeWatchResourcesResponse` of one version of the health API, built from the hub's
+/// version-neutral list. The versions differ only in their proto package name, so the
+/// conversion (and the gRPC service glue) is written once, in [`health_api`].
+pub trait HealthResponse: Send + 'static {
+    /// The gRPC service name as listed in `supported_versions`.
+    const SERVICE: &'static str;
+    fn from_list(list: &[DeviceHealth], pool: &str, timeout_secs: i64) -> Self;
 }
+
+/// [`HealthResponse`] and the `DRAResourceHealth` server of the health API module `$m`.
+macro_rules! health_api {
+    ($m:ident, $service:expr) => {
+        impl HealthResponse for $m::NodeWatchResourcesResponse {
+            const SERVICE: &'static str = $service;
+
+            fn from_list(list: &[DeviceHealth], pool: &str, timeout_secs: i64) -> Self {
+                let devices = list
+                    .iter()
+                    .map(|d| $m::DeviceHealth {
+                        device: Some($m::DeviceIdentifier {
+                            pool_name: pool.to_owned(),
+                            device_name: d.device.clone(),
+                        }),
+                        health: if d.healthy {
+                            $m::HealthStatus::Healthy
+                        } else {
+                            $m::HealthStatus::Unhealthy
+                        } as i32,
+                        last_updated_time: d.since,
+                        health_check_timeout_seconds: timeout_secs,
+                        message: d.message.clone(),
+                    })
+                    .collect();
+                Self { devices }
+            }
+        }
+
+        #[tonic::async_trait]
+        impl $m::dra_resource_health_server::DraResourceHealth for HealthService {
+            type NodeWatchResourcesStream = HealthStream<$m::NodeWatchResourcesResponse>;
+
+            async fn node_watch_resources(
+                &self,
+                _req: Request<$m::NodeWatchResourcesRequest>,
+            ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+                Ok(Response::new(
+                    self.watch::<$m::NodeWatchResourcesResponse>(),
+                ))
+            }
+        }
+    };
+}
+
+health_api!(health_v1, HEALTH_SERVICE_V1);
+health_api!(health_v1alpha1, HEALTH_SERVICE_V1ALPHA1);
 
 fn unix_now() -> i64 {
     SystemTime::now()
@@ -411,27 +553,19 @@ pub async fn follow_engine(hub: HealthHub, engine: crate::rescue::Engine, rescan
     }
 }
 
-/// The gRPC service over a hub; streams end when `stop` turns true.
+/// The gRPC services (every version) over one hub; streams end when `stop` turns true.
+#[derive(Clone)]
 pub(super) struct HealthService {
     pub(super) hub: HealthHub,
     pub(super) stop: watch::Receiver<bool>,
 }
 
-type HealthStream =
-    Pin<Box<dyn Stream<Item = Result<pb::NodeWatchResourcesResponse, Status>> + Send + 'static>>;
+type HealthStream<R> = Pin<Box<dyn Stream<Item = Result<R, Status>> + Send + 'static>>;
 
-#[tonic::async_trait]
-impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
-    type NodeWatchResourcesStream = HealthStream;
-
-    async fn node_watch_resources(
-        &self,
-        _req: Request<pb::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        tracing::debug!("kubelet watches device health");
-        Ok(Response::new(Box::pin(
-            self.hub.stream_until(self.stop.clone()).map(Ok),
-        )))
+impl HealthService {
+    fn watch<R: HealthResponse>(&self) -> HealthStream<R> {
+        tracing::debug!(service = R::SERVICE, "kubelet watches device health");
+        Box::pin(self.hub.stream_until::<R>(self.stop.clone()).map(Ok))
     }
 }
 

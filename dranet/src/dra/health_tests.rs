@@ -1,6 +1,10 @@
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use prost::Message;
 
 use super::*;
+use crate::dra::proto::health_v1alpha1 as pb;
 use crate::link::LinkSnapshot;
 use crate::netns::NetnsId;
 use crate::state::{DeviceRecord, PodPhase, PodRecord};
@@ -207,7 +211,7 @@ fn unchanged_input_sends_nothing_and_keeps_since() {
 async fn stream_resends_before_the_timeout_and_follows_changes() {
     let hub = HealthHub::with_timing("node-a", Duration::from_secs(5), Duration::from_millis(300));
     hub.observe_scan(["eth1"], &Checkpoint::default());
-    let mut s = Box::pin(hub.stream());
+    let mut s = Box::pin(hub.stream::<pb::NodeWatchResourcesResponse>());
     let first = s.next().await.unwrap();
     assert_eq!(first.devices.len(), 1);
     let d = &first.devices[0];
@@ -240,7 +244,7 @@ async fn a_stream_ends_when_told_to_stop() {
     let hub = HealthHub::with_timing("node-a", Duration::from_secs(30), Duration::from_secs(3600));
     hub.observe_scan(["eth1"], &Checkpoint::default());
     let (tx, rx) = watch::channel(false);
-    let mut s = Box::pin(hub.stream_until(rx));
+    let mut s = Box::pin(hub.stream_until::<pb::NodeWatchResourcesResponse>(rx));
     assert!(s.next().await.is_some());
     tx.send_replace(true);
     let end = tokio::time::timeout(Duration::from_secs(2), s.next()).await;
@@ -251,4 +255,354 @@ async fn a_stream_ends_when_told_to_stop() {
     );
     drop(s);
     assert_eq!(hub.watchers(), 0);
+}
+
+/// A clock the test moves by hand (unix seconds).
+fn manual_clock(start: i64) -> (Arc<AtomicI64>, Clock) {
+    let t = Arc::new(AtomicI64::new(start));
+    let c = t.clone();
+    (t, Arc::new(move || c.load(Ordering::SeqCst)))
+}
+
+fn hub_with_clock(grace: Duration, start: i64) -> (HealthHub, Arc<AtomicI64>) {
+    let (t, clock) = manual_clock(start);
+    let hub = HealthHub::with_options(
+        "node-a",
+        HealthOptions {
+            gone_grace: grace,
+            clock,
+            ..HealthOptions::default()
+        },
+    );
+    (hub, t)
+}
+
+fn listed(hub: &HealthHub) -> Vec<String> {
+    hub.current().into_iter().map(|d| d.device).collect()
+}
+
+#[test]
+fn a_device_gone_for_good_is_unhealthy_for_the_grace_then_dropped_and_healthy_when_back() {
+    let (hub, t) = hub_with_clock(Duration::from_secs(300), 1_000_000);
+    hub.observe_scan(["eth1", "eth2"], &Checkpoint::default());
+    // eth2 disappears at t0.
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    let d = hub.current().into_iter().find(|d| d.device == "eth2").unwrap();
+    assert!(!d.healthy && d.message.contains("missing from the host"), "{d:?}");
+    assert_eq!(d.since, 1_000_000);
+
+    // One second short of the grace: still listed, unhealthy, `since` unchanged.
+    t.store(1_000_299, Ordering::SeqCst);
+    hub.refresh();
+    let d = hub.current().into_iter().find(|d| d.device == "eth2").unwrap();
+    assert!(!d.healthy);
+    assert_eq!(d.since, 1_000_000, "the time it went missing");
+    // Scans in between do not restart the grace.
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    assert_eq!(listed(&hub), ["eth1", "eth2"]);
+
+    // The grace ran out: dropped, without any new input (refresh is what a stream's resend
+    // does); the other device is untouched.
+    t.store(1_000_300, Ordering::SeqCst);
+    hub.refresh();
+    assert_eq!(listed(&hub), ["eth1"]);
+    assert!(health(&hub, "eth1").0);
+    // And it stays dropped.
+    t.store(1_009_000, Ordering::SeqCst);
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    assert_eq!(listed(&hub), ["eth1"]);
+
+    // It comes back: listed again, healthy, since now.
+    hub.observe_scan(["eth1", "eth2"], &Checkpoint::default());
+    let d = hub.current().into_iter().find(|d| d.device == "eth2").unwrap();
+    assert!(d.healthy, "{d:?}");
+    assert_eq!(d.since, 1_009_000);
+
+    // Gone again later: a fresh grace, counted from the new disappearance.
+    t.store(1_010_000, Ordering::SeqCst);
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    t.store(1_010_299, Ordering::SeqCst);
+    hub.refresh();
+    assert_eq!(listed(&hub), ["eth1", "eth2"]);
+    t.store(1_010_300, Ordering::SeqCst);
+    hub.refresh();
+    assert_eq!(listed(&hub), ["eth1"]);
+}
+
+#[test]
+fn a_device_back_before_the_grace_ends_starts_a_new_grace_next_time() {
+    let (hub, t) = hub_with_clock(Duration::from_secs(60), 5_000);
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    hub.observe_scan([], &Checkpoint::default());
+    t.store(5_050, Ordering::SeqCst);
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    assert!(health(&hub, "eth1").0);
+    hub.observe_scan([], &Checkpoint::default());
+    // 70 s after the first disappearance, 20 s after the second: still listed.
+    t.store(5_070, Ordering::SeqCst);
+    hub.refresh();
+    assert_eq!(listed(&hub), ["eth1"]);
+    assert!(!health(&hub, "eth1").0);
+    t.store(5_110, Ordering::SeqCst);
+    hub.refresh();
+    assert!(listed(&hub).is_empty());
+}
+
+#[test]
+fn devices_in_a_pod_or_with_work_pending_are_never_dropped() {
+    let (hub, t) = hub_with_clock(Duration::from_secs(10), 100);
+    // eth1 in a pod (not in the host scan), eth2 being returned, eth3 with a failed return,
+    // eth4 home under a temporary name.
+    let mut cp = checkpoint(&[
+        ("eth1", DeviceState::InPod),
+        ("eth2", DeviceState::Returning),
+        ("eth3", DeviceState::InPod),
+        ("eth4", DeviceState::HomeNameBusy),
+    ]);
+    cp.pods.get_mut("uid-1").unwrap().devices[3].temp_name = Some("dn9".into());
+    hub.observe_scan([], &cp);
+    hub.observe_activity(
+        &activity(ActivityKind::RescueStarted {
+            trigger: "umount".into(),
+        }),
+        &cp,
+    );
+    hub.observe_activity(
+        &activity(ActivityKind::Failed {
+            action: "repair".into(),
+            error: "EBUSY".into(),
+            device: Some("eth3".into()),
+        }),
+        &cp,
+    );
+    // The pod record is gone but the failure is still pending for eth3; eth2 still
+    // returning; eth4 still home under dn9 in another record.
+    let mut later = checkpoint(&[("eth4", DeviceState::HomeNameBusy)]);
+    later.pods.get_mut("uid-1").unwrap().devices[0].temp_name = Some("dn9".into());
+    t.store(10_000, Ordering::SeqCst);
+    hub.observe_scan([], &later);
+    hub.refresh();
+    let got: Vec<(String, bool)> = hub.current().into_iter().map(|d| (d.device, d.healthy)).collect();
+    assert_eq!(
+        got,
+        [
+            ("eth1".to_owned(), false),
+            ("eth2".to_owned(), false),
+            ("eth3".to_owned(), false),
+            ("eth4".to_owned(), false)
+        ],
+        "{:?}",
+        hub.current()
+    );
+    // eth1 was still "being returned" (the rescue started and nothing said it ended): not
+    // dropped either. Once Returned says it is home and a scan does not find it, the grace
+    // starts.
+    let home = checkpoint(&[("eth1", DeviceState::Home), ("eth2", DeviceState::Home)]);
+    hub.observe_activity(
+        &activity(ActivityKind::Returned {
+            reason: "NetnsTeardown".into(),
+            devices: vec!["eth1".into(), "eth2".into()],
+            took_us: 1,
+        }),
+        &home,
+    );
+    hub.observe_scan([], &later);
+    assert!(listed(&hub).contains(&"eth1".to_owned()));
+    t.store(10_010, Ordering::SeqCst);
+    hub.refresh();
+    assert_eq!(listed(&hub), ["eth3", "eth4"], "{:?}", hub.current());
+}
+
+#[tokio::test]
+async fn a_stream_drops_a_gone_device_at_a_resend_without_new_input() {
+    let (t, clock) = manual_clock(50_000);
+    let hub = HealthHub::with_options(
+        "node-a",
+        HealthOptions {
+            resend: Duration::from_millis(50),
+            gone_grace: Duration::from_secs(300),
+            clock,
+            ..HealthOptions::default()
+        },
+    );
+    hub.observe_scan(["eth1", "eth2"], &Checkpoint::default());
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    let mut s = Box::pin(hub.stream::<pb::NodeWatchResourcesResponse>());
+    let names = |r: &pb::NodeWatchResourcesResponse| -> Vec<String> {
+        r.devices
+            .iter()
+            .map(|d| d.device.as_ref().unwrap().device_name.clone())
+            .collect()
+    };
+    assert_eq!(names(&s.next().await.unwrap()), ["eth1", "eth2"]);
+    assert_eq!(names(&s.next().await.unwrap()), ["eth1", "eth2"]);
+    t.store(50_300, Ordering::SeqCst);
+    let r = tokio::time::timeout(Duration::from_secs(2), s.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(names(&r), ["eth1"]);
+}
+
+#[test]
+fn both_versions_carry_the_same_list_on_the_wire() {
+    use crate::dra::proto::health_v1 as v1;
+    let hub = HealthHub::new("node-a");
+    let cp = checkpoint(&[("eth2", DeviceState::InPod)]);
+    hub.observe_scan(["eth1"], &cp);
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    let list = hub.current();
+    let a = pb::NodeWatchResourcesResponse::from_list(&list, "node-a", 30);
+    let b = v1::NodeWatchResourcesResponse::from_list(&list, "node-a", 30);
+    assert_eq!(a.devices.len(), 2);
+    assert_eq!(a.encode_to_vec(), b.encode_to_vec(), "same fields, same numbers");
+    // And each decodes as the other.
+    let back = v1::NodeWatchResourcesResponse::decode(a.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(back, b);
+    assert_eq!(b.devices[1].health, v1::HealthStatus::Unhealthy as i32);
+    assert_eq!(b.devices[0].health, v1::HealthStatus::Healthy as i32);
+    assert_eq!(
+        <pb::NodeWatchResourcesResponse as HealthResponse>::SERVICE,
+        "v1alpha1.DRAResourceHealth"
+    );
+    assert_eq!(
+        <v1::NodeWatchResourcesResponse as HealthResponse>::SERVICE,
+        "v1.DRAResourceHealth"
+    );
+}
+
+struct NoPlans;
+
+impl crate::dra::PlanSink for NoPlans {
+    fn set_plan(&self, _: crate::plan::PodPlan) -> Result<(), String> {
+        Ok(())
+    }
+    fn remove_claim(&self, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A kubelet root under the temp dir, removed on drop.
+struct KubeletRoot(PathBuf);
+
+impl Drop for KubeletRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn uds_channel(path: &std::path::Path) -> tonic::transport::Channel {
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::try_from("http://[::]:0")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let p = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(p).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn both_versions_are_served_over_the_dra_socket_from_one_hub() {
+    use crate::dra::proto::health_v1 as v1;
+    use crate::dra::proto::pluginregistration::InfoRequest;
+    use crate::dra::proto::pluginregistration::registration_client::RegistrationClient;
+    use crate::dra::{KubeletPlugin, MemoryClaimSource, PluginConfig, Preparer};
+
+    static N: AtomicI64 = AtomicI64::new(0);
+    let root = KubeletRoot(std::env::temp_dir().join(format!(
+        "dranet-health-uds-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )));
+    let cfg = PluginConfig {
+        kubelet_root: root.0.clone(),
+        driver: "dra.net".into(),
+    };
+    let preparer = Arc::new(Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(MemoryClaimSource::new()),
+        Arc::new(crate::inventory::SharedInventory::new(Vec::new())),
+        Arc::new(NoPlans),
+    ));
+    let hub = HealthHub::new("node-a");
+    hub.observe_scan(["eth1", "eth2"], &Checkpoint::default());
+    let plugin = KubeletPlugin::start_with_health(&cfg, preparer, hub.clone())
+        .await
+        .unwrap();
+
+    // Registration lists both health services after the node services.
+    let info = RegistrationClient::new(uds_channel(&cfg.registration_socket()).await)
+        .get_info(InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        info.supported_versions,
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth"
+        ]
+    );
+
+    let ch = uds_channel(&cfg.dra_socket()).await;
+    let mut new = v1::dra_resource_health_client::DraResourceHealthClient::new(ch.clone())
+        .node_watch_resources(v1::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut old = pb::dra_resource_health_client::DraResourceHealthClient::new(ch)
+        .node_watch_resources(pb::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let a = new.message().await.unwrap().unwrap();
+    let b = old.message().await.unwrap().unwrap();
+    assert_eq!(a.devices.len(), 2);
+    assert_eq!(a.encode_to_vec(), b.encode_to_vec(), "{a:?} vs {b:?}");
+    assert!(
+        a.devices
+            .iter()
+            .all(|d| d.health == v1::HealthStatus::Healthy as i32
+                && d.health_check_timeout_seconds == 30
+                && d.device.as_ref().is_some_and(|id| id.pool_name == "node-a"))
+    );
+    assert_eq!(hub.watchers(), 2);
+
+    // One change reaches both streams.
+    hub.observe_scan(["eth1"], &Checkpoint::default());
+    let wait = Duration::from_secs(5);
+    let a = tokio::time::timeout(wait, new.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let b = tokio::time::timeout(wait, old.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.devices[1].device.as_ref().unwrap().device_name, "eth2");
+    assert_eq!(a.devices[1].health, v1::HealthStatus::Unhealthy as i32);
+    assert_eq!(a.encode_to_vec(), b.encode_to_vec());
+
+    // Stopping the plugin ends both streams.
+    tokio::time::timeout(wait, plugin.stop()).await.unwrap();
+    for s in [
+        tokio::time::timeout(wait, new.message())
+            .await
+            .map(|r| r.ok().flatten().is_none()),
+        tokio::time::timeout(wait, old.message())
+            .await
+            .map(|r| r.ok().flatten().is_none()),
+    ] {
+        assert_eq!(s, Ok(true), "a stream outlived the plugin");
+    }
 }

@@ -20,3 +20,9 @@ pub mod v1beta1 {
 pub mod health_v1alpha1 {
     include!(concat!(env!("OUT_DIR"), "/v1alpha1.rs"));
 }
+
+/// KEP-4680 device health, v1 (`pkg/apis/dra-health/v1`, proto package `v1`; kubelet after
+/// 1.36): the messages of v1alpha1 under another package name.
+pub mod health_v1 {
+    include!(concat!(env!("OUT_DIR"), "/v1.rs"));
+}

@@ -1,6 +1,6 @@
 //! The kubelet plugin over unix sockets: the registration service on
 //! `<kubelet-root>/plugins_registry/<driver>-reg.sock` and the DRA node service (v1 and v1beta1)
-//! plus the device health stream (`v1alpha1.DRAResourceHealth`) on
+//! plus the device health stream (`v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth`) on
 //! `<kubelet-root>/plugins/<driver>/dra.sock`. Per-claim failures go into the per-claim
 //! `error` field; the RPC itself succeeds.
 
@@ -14,22 +14,40 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use super::health::{HEALTH_SERVICE, HealthHub, HealthService};
+use super::health::{HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1, HealthHub, HealthService};
 use super::prepare::{PreparedDevice, Preparer};
 use super::proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use super::proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use super::proto::{v1, v1beta1};
+use super::proto::{health_v1, health_v1alpha1, v1, v1beta1};
 use crate::plan::ClaimRef;
 
 /// `PluginInfo.type` of DRA drivers.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
-/// Services offered. kubelet takes the first `*.DRAPlugin` entry it supports for Prepare and
-/// Unprepare (`validateSupportedServices`), so the node services come first, best first; the
-/// health service is looked up on its own (`pickHealthService` on kubelet `master`; 1.34–1.36
-/// just open the stream and accept Unimplemented).
-pub const SUPPORTED_VERSIONS: [&str; 3] = ["v1.DRAPlugin", "v1beta1.DRAPlugin", HEALTH_SERVICE];
+/// Services offered, in this order, and why (kubelet `pkg/kubelet/cm/dra/plugin`):
+///
+/// * Prepare/Unprepare: `validateSupportedServices` (1.34 to master) walks **our** list and
+///   takes the first entry that is in its `servicesSupportedByKubelet` (`v1.DRAPlugin`,
+///   `v1beta1.DRAPlugin`); entries it does not know, such as any health service, are skipped,
+///   never an error. So the node services come first, best first, and nothing placed after
+///   them can change that choice.
+/// * Health: kubelet 1.34 and 1.35 open `v1alpha1` whatever the list says; later kubelets pick
+///   the health service with `pickHealthService`, which walks **kubelet's own** preference list
+///   (master: `v1` then `v1alpha1`, kept "for three releases of transition") and looks each
+///   name up in ours. Master therefore takes `v1` even when `v1alpha1` is listed first
+///   (its unit test "both-picks-v1"), and a kubelet that knows only `v1alpha1` finds it
+///   wherever it is. The order of the two health entries thus decides nothing in the kubelets
+///   we know of; we list `v1` first, best first as for the node services, so that a kubelet
+///   which walked our list instead would still take the newest version it knows.
+///
+/// Both health services are served from the same [`HealthHub`].
+pub const SUPPORTED_VERSIONS: [&str; 4] = [
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    HEALTH_SERVICE_V1,
+    HEALTH_SERVICE_V1ALPHA1,
+];
 
 /// Errors of the plugin servers.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +120,10 @@ impl KubeletPlugin {
 
         let dra = bind(&dra_path)?;
         let mut rx = stop_rx.clone();
+        let health = HealthService {
+            hub: health,
+            stop: stop_rx.clone(),
+        };
         let dra_task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(v1::dra_plugin_server::DraPluginServer::new(V1(preparer.clone())))
@@ -109,12 +131,10 @@ impl KubeletPlugin {
                     preparer,
                 )))
                 .add_service(
-                    super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
-                        HealthService {
-                            hub: health,
-                            stop: stop_rx.clone(),
-                        },
-                    ),
+                    health_v1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()),
+                )
+                .add_service(
+                    health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health),
                 )
                 .serve_with_incoming_shutdown(UnixListenerStream::new(dra), async move {
                     let _ = rx.wait_for(|s| *s).await;

@@ -4,7 +4,7 @@
 use futures::future::BoxFuture;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
-use super::{ClaimStatusApply, Event, ReportError, Sink};
+use super::{ClaimStatusApply, Event, Patched, ReportError, Sink};
 
 /// The API server, through `client`; `field_manager` is the driver name (`dra.net`).
 #[derive(Clone)]
@@ -59,8 +59,37 @@ impl Sink for KubeSink {
                 .map_err(ReportError::Encode)?;
             let api: Api<k8s_openapi::api::core::v1::Event> =
                 Api::namespaced(self.client.clone(), &event.metadata.namespace);
-            api.create(&PostParams::default(), &obj).await.map_err(err)?;
-            Ok(())
+            match api.create(&PostParams::default(), &obj).await {
+                Ok(_) => Ok(()),
+                // There is an Event of that name: ours (a create after a 404 that raced), the
+                // next repeat patches it. client-go does not retry it either.
+                Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
+                Err(e) => Err(err(e)),
+            }
+        })
+    }
+
+    fn patch_event<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<Patched, ReportError>> {
+        Box::pin(async move {
+            let api: Api<k8s_openapi::api::core::v1::Event> =
+                Api::namespaced(self.client.clone(), &event.metadata.namespace);
+            let patch = Patch::Strategic(event.patch());
+            match api
+                .patch(&event.metadata.name, &PatchParams::default(), &patch)
+                .await
+            {
+                Ok(_) => Ok(Patched::Updated),
+                Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Patched::Gone),
+                Err(source) => {
+                    let o = &event.involved_object;
+                    Err(ReportError::EventUpdate {
+                        name: event.metadata.name.clone(),
+                        reason: event.reason.clone(),
+                        object: format!("{} {}/{}", o.kind, o.namespace, o.name),
+                        source: Box::new(source),
+                    })
+                }
+            }
         })
     }
 }

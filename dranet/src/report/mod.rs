@@ -8,22 +8,30 @@
 //! and at most [`MAX_IN_FLIGHT`] at once (more are dropped with a warning): nothing here waits
 //! on the API server inside a hook, and a failed or slow report never fails one.
 //!
+//! **Repeated events** are correlated as client-go's recorder does ([`correlate`]): the first
+//! creates the Event, identical repeats PATCH its `count` and `lastTimestamp`, and a token
+//! bucket per involved object holds back floods.
+//!
 //! Where reports go is a [`Sink`]: [`KubeSink`] (the API server) or [`FileSink`] (embedded mode
 //! without a cluster: JSON files next to the local claims, so a demo shows them).
 
 mod api;
+pub mod correlate;
 mod file;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 pub use api::KubeSink;
+pub use correlate::{Correlator, CorrelatorOptions};
 pub use file::FileSink;
+
+use correlate::{Observed, Slot};
 
 use crate::plan::DevicePlan;
 use crate::rescue::activity::{Activity, ActivityKind};
@@ -52,6 +60,15 @@ pub enum ReportError {
         #[source]
         source: Box<kube::Error>,
     },
+    #[error("updating event {name} ({reason}) for {object}: {source}")]
+    EventUpdate {
+        name: String,
+        reason: String,
+        /// `Kind namespace/name`.
+        object: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
     #[error("writing {path}: {source}")]
     Write {
         path: PathBuf,
@@ -71,8 +88,22 @@ pub trait Sink: Send + Sync + 'static {
         &'a self,
         apply: &'a ClaimStatusApply,
     ) -> BoxFuture<'a, Result<(), ReportError>>;
-    /// Creates one event.
+    /// Creates one event (an Event of that name existing already is success).
     fn event<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), ReportError>>;
+    /// Updates the Event of `event`'s name, created before, to `event`'s `count`,
+    /// `lastTimestamp` and `message` ([`Event::patch`]). A sink without updates (files, test
+    /// sinks) records the repeat as it stands, which is the default.
+    fn patch_event<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<Patched, ReportError>> {
+        Box::pin(async move { self.event(event).await.map(|()| Patched::Updated) })
+    }
+}
+
+/// What [`Sink::patch_event`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Patched {
+    Updated,
+    /// No such Event any more (its TTL ran out): create it again.
+    Gone,
 }
 
 /// Sends reports in the background; cheap to clone. [`Reporter::disabled`] drops everything.
@@ -83,6 +114,7 @@ pub struct Reporter {
     timeout: Duration,
     driver: String,
     node: String,
+    events: Arc<Mutex<Correlator>>,
 }
 
 impl std::fmt::Debug for Reporter {
@@ -105,6 +137,7 @@ impl Reporter {
             timeout: REPORT_TIMEOUT,
             driver: driver.into(),
             node: node.into(),
+            events: Arc::default(),
         }
     }
 
@@ -117,6 +150,7 @@ impl Reporter {
             timeout: REPORT_TIMEOUT,
             driver: String::new(),
             node: String::new(),
+            events: Arc::default(),
         }
     }
 
@@ -125,6 +159,25 @@ impl Reporter {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// Other limits of the event correlation (tests).
+    #[must_use]
+    pub fn with_correlator(mut self, opts: CorrelatorOptions) -> Self {
+        self.events = Arc::new(Mutex::new(Correlator::new(opts)));
+        self
+    }
+
+    /// Entries of the event correlation caches (events, spam buckets).
+    #[must_use]
+    pub fn correlated(&self) -> (usize, usize) {
+        self.correlator().len()
+    }
+
+    fn correlator(&self) -> std::sync::MutexGuard<'_, Correlator> {
+        self.events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     #[must_use]
@@ -148,10 +201,35 @@ impl Reporter {
         });
     }
 
-    /// Creates an event in the background.
+    /// Creates an event in the background, or counts it on the Event of its identical
+    /// predecessor ([`correlate`]). Returns at once.
     pub fn event(&self, event: Event) {
-        self.spawn("event", move |sink| {
-            Box::pin(async move { sink.event(&event).await })
+        let Some(sink) = self.sink.clone() else {
+            return;
+        };
+        let (reason, object) = (event.reason.clone(), event.involved_object.name.clone());
+        let observed = self.correlator().observe(event, Instant::now());
+        let slot = match observed {
+            Observed::Spam => {
+                tracing::debug!(%reason, %object, "event held back by the spam filter (counted)");
+                return;
+            }
+            Observed::Queued => return,
+            Observed::Send(slot) => slot,
+        };
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                what = "event",
+                max = MAX_IN_FLIGHT,
+                "too many reports in flight: dropping one"
+            );
+            correlate::lock(&slot).sending = false;
+            return;
+        };
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            send_events(sink, slot, timeout).await;
+            drop(permit);
         });
     }
 
@@ -186,6 +264,73 @@ impl Reporter {
             }
             drop(permit);
         });
+    }
+}
+
+/// Resets `sending` of a slot whose sender ends without saying so (cancelled).
+struct Sending {
+    slot: Slot,
+    armed: bool,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if self.armed {
+            correlate::lock(&self.slot).sending = false;
+        }
+    }
+}
+
+/// The sender of one event key: sends the newest state until the server has it (creating the
+/// Event first, or again when it is gone), then ends; stops at the first failure (the next
+/// occurrence tries again, with every repeat counted).
+async fn send_events(sink: Arc<dyn Sink>, slot: Slot, timeout: Duration) {
+    let mut guard = Sending {
+        slot: slot.clone(),
+        armed: true,
+    };
+    loop {
+        let (ev, create) = {
+            let mut st = correlate::lock(&slot);
+            let created = st.created.as_ref() == Some(&st.event.metadata.name);
+            if created && st.sent_count >= st.event.count {
+                // Decided under the lock that marks it: a repeat from now on starts a sender.
+                st.sending = false;
+                guard.armed = false;
+                return;
+            }
+            (st.event.clone(), !created)
+        };
+        let res = tokio::time::timeout(timeout, async {
+            if !create && sink.patch_event(&ev).await? == Patched::Updated {
+                return Ok(());
+            }
+            sink.event(&ev).await
+        })
+        .await;
+        let mut st = correlate::lock(&slot);
+        match res {
+            Ok(Ok(())) => {
+                tracing::debug!(reason = %ev.reason, count = ev.count, "event reported");
+                // Unless a repeat after the window made it a new Event meanwhile.
+                if st.event.metadata.name == ev.metadata.name {
+                    st.created = Some(ev.metadata.name.clone());
+                    st.sent_count = ev.count;
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(what = "event", error = %e, "report failed");
+                st.sending = false;
+                guard.armed = false;
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(what = "event", ?timeout, "report timed out");
+                st.sending = false;
+                guard.armed = false;
+                return;
+            }
+        }
     }
 }
 
@@ -451,6 +596,27 @@ impl Event {
             count: 1,
             reporting_component: driver.to_owned(),
             reporting_instance: node.to_owned(),
+        }
+    }
+}
+
+/// The strategic merge patch of a repeated Event: what client-go's `eventObserve` patches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventPatch {
+    pub count: i32,
+    pub last_timestamp: String,
+    pub message: String,
+}
+
+impl Event {
+    /// The patch that brings the server's copy of this Event to this one.
+    #[must_use]
+    pub fn patch(&self) -> EventPatch {
+        EventPatch {
+            count: self.count,
+            last_timestamp: self.last_timestamp.clone(),
+            message: self.message.clone(),
         }
     }
 }

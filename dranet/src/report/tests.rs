@@ -373,3 +373,323 @@ fn rescue_events_only_for_a_netns_teardown() {
     };
     assert!(rescue_event(&r, &hook).is_none());
 }
+
+/// An API server that creates events (201, echoing them) and patches them (200), or answers a
+/// PATCH with `patch_code`.
+fn event_api(patch_code: u16) -> (kube::Client, Arc<Mutex<Vec<crate::slices::kube_mock::Seen>>>) {
+    client(move |s| {
+        let ev = json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "x", "namespace": "ns"}, "involvedObject": {}});
+        match s.method.as_str() {
+            "POST" => (201, s.body.clone()),
+            "PATCH" if patch_code == 200 => (200, ev),
+            _ => (patch_code, status(patch_code, "NotFound")),
+        }
+    })
+}
+
+fn pod_event(r: &Reporter, pod: &str, reason: &str, message: &str) -> Event {
+    r.make_event(
+        ObjectRef::pod("ns", pod, &format!("uid-{pod}")),
+        true,
+        reason,
+        message.to_owned(),
+    )
+}
+
+/// Sends `ev` and waits until the log holds `n` requests and nothing is in flight.
+async fn send_and_settle(
+    r: &Reporter,
+    log: &Arc<Mutex<Vec<crate::slices::kube_mock::Seen>>>,
+    ev: Event,
+    n: usize,
+) {
+    r.event(ev);
+    wait_for(&format!("{n} requests"), || log.lock().unwrap().len() == n).await;
+    wait_for("the sender done", || r.in_flight() == 0).await;
+}
+
+#[tokio::test]
+async fn repeated_identical_events_are_one_event_created_then_patched() {
+    let (kube, log) = event_api(200);
+    let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a");
+    let msg = "failed to attach network device eth1 to pod ns/pod-a: boom";
+    let first = pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", msg);
+    let name = first.metadata.name.clone();
+    send_and_settle(&r, &log, first, 1).await;
+    for n in 2..=3 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        send_and_settle(
+            &r,
+            &log,
+            pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", msg),
+            n,
+        )
+        .await;
+    }
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(seen[0].method, "POST");
+    assert_eq!(seen[0].uri, "/api/v1/namespaces/ns/events?");
+    assert_eq!(seen[0].body["count"], 1);
+    assert_eq!(seen[0].body["metadata"]["name"], name.as_str());
+    let first_ts = seen[0].body["firstTimestamp"].clone();
+    for (i, count) in [(1, 2), (2, 3)] {
+        let s = &seen[i];
+        assert_eq!(s.method, "PATCH", "{s:?}");
+        assert_eq!(s.uri, format!("/api/v1/namespaces/ns/events/{name}?"));
+        assert_eq!(s.content_type, "application/strategic-merge-patch+json");
+        let ts = s.body["lastTimestamp"].as_str().unwrap();
+        assert!(ts >= first_ts.as_str().unwrap(), "{ts}");
+        assert_eq!(
+            s.body,
+            json!({"count": count, "lastTimestamp": ts, "message": msg}),
+            "exactly what client-go patches"
+        );
+    }
+
+    // A different message, reason or object is an Event of its own.
+    send_and_settle(
+        &r,
+        &log,
+        pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", "other"),
+        4,
+    )
+    .await;
+    send_and_settle(&r, &log, pod_event(&r, "pod-a", "RDMADeviceAttachFailed", msg), 5).await;
+    send_and_settle(
+        &r,
+        &log,
+        pod_event(&r, "pod-b", "NetworkDeviceAttachFailed", msg),
+        6,
+    )
+    .await;
+    let seen = log.lock().unwrap().clone();
+    let mut names = vec![name.clone()];
+    for s in &seen[3..] {
+        assert_eq!(s.method, "POST", "{s:?}");
+        assert_eq!(s.body["count"], 1);
+        let n = s.body["metadata"]["name"].as_str().unwrap().to_owned();
+        assert!(!names.contains(&n), "{n} reused");
+        names.push(n);
+    }
+    // And the first one still counts on.
+    send_and_settle(
+        &r,
+        &log,
+        pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", msg),
+        7,
+    )
+    .await;
+    let last = log.lock().unwrap()[6].clone();
+    assert_eq!(
+        (last.method.as_str(), last.body["count"].as_i64()),
+        ("PATCH", Some(4))
+    );
+    assert_eq!(last.uri, format!("/api/v1/namespaces/ns/events/{name}?"));
+    assert_eq!(r.correlated(), (4, 2), "four event keys, two objects");
+}
+
+#[tokio::test]
+async fn a_burst_of_repeats_never_blocks_and_the_server_count_only_grows() {
+    let (kube, log) = event_api(200);
+    let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a");
+    let start = Instant::now();
+    for _ in 0..20 {
+        r.event(pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", "boom"));
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(r.in_flight() <= 1, "one sender per event key");
+    wait_for("the sender done", || r.in_flight() == 0).await;
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(seen[0].method, "POST");
+    assert!(seen[1..].iter().all(|s| s.method == "PATCH"), "{seen:?}");
+    let counts: Vec<i64> = seen.iter().map(|s| s.body["count"].as_i64().unwrap()).collect();
+    assert!(counts.windows(2).all(|w| w[0] < w[1]), "{counts:?}");
+    assert_eq!(counts.last(), Some(&20), "every repeat counted: {counts:?}");
+    assert!(seen.len() <= 20);
+}
+
+#[tokio::test]
+async fn a_patch_of_an_expired_event_creates_it_again_with_the_count() {
+    let (kube, log) = event_api(404);
+    let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a");
+    let first = pod_event(&r, "pod-a", "ClaimPrepareFailed", "no");
+    let name = first.metadata.name.clone();
+    send_and_settle(&r, &log, first, 1).await;
+    send_and_settle(&r, &log, pod_event(&r, "pod-a", "ClaimPrepareFailed", "no"), 3).await;
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(
+        seen.iter().map(|s| s.method.as_str()).collect::<Vec<_>>(),
+        ["POST", "PATCH", "POST"]
+    );
+    assert_eq!(seen[2].body["metadata"]["name"], name.as_str());
+    assert_eq!(seen[2].body["count"], 2);
+    assert_eq!(seen[2].body["firstTimestamp"], seen[0].body["firstTimestamp"]);
+    // Created again: the next repeat patches (and, here, recreates) with count 3.
+    send_and_settle(&r, &log, pod_event(&r, "pod-a", "ClaimPrepareFailed", "no"), 5).await;
+    assert_eq!(log.lock().unwrap()[4].body["count"], 3);
+}
+
+#[tokio::test]
+async fn the_correlation_cache_is_bounded_and_forgets_the_least_recent() {
+    let (kube, log) = event_api(200);
+    let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a").with_correlator(
+        CorrelatorOptions {
+            entries: 3,
+            ..CorrelatorOptions::default()
+        },
+    );
+    for (i, pod) in ["p0", "p1", "p2", "p3", "p4"].iter().enumerate() {
+        send_and_settle(&r, &log, pod_event(&r, pod, "R", "m"), i + 1).await;
+        assert!(
+            r.correlated().0 <= 3 && r.correlated().1 <= 3,
+            "{:?}",
+            r.correlated()
+        );
+    }
+    assert_eq!(r.correlated(), (3, 3));
+    // p4 is remembered: patched. p0 was evicted: a new Event.
+    send_and_settle(&r, &log, pod_event(&r, "p4", "R", "m"), 6).await;
+    send_and_settle(&r, &log, pod_event(&r, "p0", "R", "m"), 7).await;
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(seen[5].method, "PATCH");
+    assert_eq!(seen[5].body["count"], 2);
+    assert_eq!(seen[6].method, "POST");
+    assert_eq!(seen[6].body["count"], 1);
+    assert_eq!(r.correlated(), (3, 3));
+}
+
+#[tokio::test]
+async fn a_hanging_api_holds_one_sender_per_event_key_and_never_blocks() {
+    let hang = Arc::new(Hang::default());
+    let r = Reporter::new(hang.clone(), "dra.net", "node-a").with_timeout(Duration::from_millis(200));
+    let start = Instant::now();
+    // 20: under the spam filter's burst of 25 for the object.
+    for _ in 0..20 {
+        r.event(pod_event(&r, "pod-a", "R", "m"));
+    }
+    r.event(pod_event(&r, "pod-b", "R", "m"));
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(r.in_flight(), 2);
+    wait_for("both senders timed out", || r.in_flight() == 0).await;
+    assert_eq!(*hang.0.lock().unwrap(), 2, "one request per key, not per repeat");
+    // After the failure, the next repeat tries again (creating: nothing was created).
+    r.event(pod_event(&r, "pod-a", "R", "m"));
+    assert_eq!(r.in_flight(), 1);
+}
+
+/// The pure correlator, on a clock the test moves.
+mod correlator {
+    use super::*;
+    use crate::report::correlate::{Correlator, Observed, lock};
+
+    fn ev(r: &Reporter, pod: &str, message: &str) -> Event {
+        pod_event(r, pod, "R", message)
+    }
+
+    fn state(o: &Observed) -> (String, i32) {
+        match o {
+            Observed::Send(s) => {
+                let st = lock(s);
+                (st.event.metadata.name.clone(), st.event.count)
+            }
+            other => panic!("not sent: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn spam_filter_is_a_token_bucket_per_source_and_object() {
+        let r = Reporter::disabled();
+        let mut c = Correlator::default();
+        let t0 = Instant::now();
+        // 25 at once for one object (each message its own Event, one bucket) go out ...
+        for i in 0..25 {
+            assert!(
+                matches!(
+                    c.observe(ev(&r, "pod-a", &format!("m{i}")), t0),
+                    Observed::Send(_)
+                ),
+                "{i}"
+            );
+        }
+        // ... the 26th does not, whatever its reason or message.
+        assert!(matches!(c.observe(ev(&r, "pod-a", "m-late"), t0), Observed::Spam));
+        assert!(matches!(
+            c.observe(pod_event(&r, "pod-a", "Other", "x"), t0),
+            Observed::Spam
+        ));
+        // Another object has its own bucket.
+        assert!(matches!(c.observe(ev(&r, "pod-b", "m0"), t0), Observed::Send(_)));
+        // Half the refill interval: still nothing; the full interval: exactly one.
+        let half = t0 + SPAM_REFILL_FOR_TEST / 2;
+        assert!(matches!(c.observe(ev(&r, "pod-a", "n1"), half), Observed::Spam));
+        let full = t0 + SPAM_REFILL_FOR_TEST;
+        assert!(matches!(
+            c.observe(ev(&r, "pod-a", "n2"), full),
+            Observed::Send(_)
+        ));
+        assert!(matches!(c.observe(ev(&r, "pod-a", "n3"), full), Observed::Spam));
+        // A long quiet time refills up to the burst, not beyond.
+        let later = full + SPAM_REFILL_FOR_TEST * 1000;
+        let sent = (0..40)
+            .filter(|i| {
+                matches!(
+                    c.observe(ev(&r, "pod-a", &format!("k{i}")), later),
+                    Observed::Send(_)
+                )
+            })
+            .count();
+        assert_eq!(sent, 25);
+    }
+
+    const SPAM_REFILL_FOR_TEST: Duration = crate::report::correlate::SPAM_REFILL;
+
+    #[test]
+    fn held_back_repeats_are_counted_and_a_repeat_after_the_window_is_a_new_event() {
+        let r = Reporter::disabled();
+        let mut c = Correlator::new(CorrelatorOptions {
+            burst: 1,
+            ..CorrelatorOptions::default()
+        });
+        let t0 = Instant::now();
+        let first = c.observe(ev(&r, "pod-a", "m"), t0);
+        let (name, count) = state(&first);
+        assert_eq!(count, 1);
+        let Observed::Send(slot) = first else {
+            unreachable!()
+        };
+        // What the sender does once the server has it.
+        {
+            let mut st = lock(&slot);
+            st.created = Some(name.clone());
+            st.sent_count = 1;
+            st.sending = false;
+        }
+        // Held back by the filter (burst 1), but counted.
+        assert!(matches!(
+            c.observe(ev(&r, "pod-a", "m"), t0 + Duration::from_secs(1)),
+            Observed::Spam
+        ));
+        assert_eq!(lock(&slot).event.count, 2);
+        // The next one that passes carries both repeats, under the first name.
+        let o = c.observe(ev(&r, "pod-a", "m"), t0 + Duration::from_secs(301));
+        assert_eq!(state(&o), (name.clone(), 3));
+        lock(&slot).sending = false;
+        // After the window (1 h of silence): a new Event.
+        let o = c.observe(
+            ev(&r, "pod-a", "m"),
+            t0 + Duration::from_secs(301) + crate::report::correlate::DEDUP_WINDOW + Duration::from_secs(1),
+        );
+        let (new_name, count) = state(&o);
+        assert_eq!(count, 1);
+        assert_ne!(new_name, name);
+    }
+}

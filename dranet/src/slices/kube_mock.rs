@@ -13,6 +13,8 @@ pub struct Seen {
     /// Path and query.
     pub uri: String,
     pub body: serde_json::Value,
+    /// The request's `content-type` (patches name their kind here).
+    pub content_type: String,
 }
 
 type Route = dyn Fn(&Seen) -> (u16, serde_json::Value) + Send + Sync;
@@ -29,6 +31,12 @@ pub fn client(
         let route = route.clone();
         async move {
             let method = req.method().to_string();
+            let content_type = req
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
             let uri = req
                 .uri()
                 .path_and_query()
@@ -36,7 +44,12 @@ pub fn client(
                 .unwrap_or_default();
             let bytes = req.into_body().collect_bytes().await?;
             let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-            let seen = Seen { method, uri, body };
+            let seen = Seen {
+                method,
+                uri,
+                body,
+                content_type,
+            };
             let (code, answer) = route(&seen);
             log.lock().unwrap().push(seen);
             let resp = Response::builder()
