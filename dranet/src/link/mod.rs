@@ -63,6 +63,8 @@ pub enum LinkError {
     Ethtool(#[from] EthtoolError),
     #[error("ethtool.{field}: {reason}")]
     Offload { field: String, reason: String },
+    #[error(transparent)]
+    Ebpf(#[from] crate::bpf::BpfError),
 }
 
 impl LinkError {
@@ -454,6 +456,9 @@ pub struct AttachSpec {
     pub features: BTreeMap<String, bool>,
     /// Private flags to set inside the pod.
     pub private_flags: BTreeMap<String, bool>,
+    /// `interface.disableEbpfPrograms`: detach the device's TC BPF filters and TCX programs
+    /// inside the pod right after the move (never re-attached when it comes home).
+    pub disable_ebpf: bool,
 }
 
 /// A policy routing rule inside the pod (validated from `RuleConfig`).
@@ -631,6 +636,7 @@ impl AttachSpec {
                 .as_ref()
                 .map(|e| e.private_flags.clone())
                 .unwrap_or_default(),
+            disable_ebpf: i.disable_ebpf_programs == Some(true),
         })
     }
 }
@@ -788,6 +794,9 @@ pub async fn attach(
         .await?
         .map(|m| m.header.index)
         .ok_or_else(|| LinkError::NotFound(spec.pod_ifname.clone()))?;
+    if spec.disable_ebpf {
+        detach_ebpf(pod_nl, netns, index, &spec.pod_ifname).await?;
+    }
     for (ip, len) in &spec.addresses {
         add_address(pod_nl, index, *ip, *len).await?;
     }
@@ -810,6 +819,18 @@ pub async fn attach(
         add_neighbor(pod_nl, index, *ip, mac).await?;
     }
     Ok(index)
+}
+
+/// `disableEbpfPrograms`, inside the pod, before the link is set up: every TC BPF filter and
+/// TCX program of the device goes; one left over fails the attach (the caller rolls back).
+/// What is detached here is not re-attached when the device comes home: dranet does not own
+/// those programs (upstream does not re-attach them either).
+async fn detach_ebpf(pod_nl: &Netlink, netns: &Netns, index: u32, ifname: &str) -> Result<(), LinkError> {
+    let done = crate::bpf::detach_in_pod(&pod_nl.handle, netns, index).await?;
+    if !done.is_empty() {
+        tracing::info!(device = ifname, detached = ?done.describe(), "eBPF programs detached in the pod");
+    }
+    Ok(())
 }
 
 /// How a device came home.
