@@ -1,3 +1,5 @@
+pub mod bpf;
+pub mod fixtures;
 pub mod kernel;
 pub mod kubelet;
 pub mod nic;

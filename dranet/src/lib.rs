@@ -5,8 +5,9 @@
 //!
 //! * [`watch`] — eBPF probes + rtnetlink (+ inotify fallback) → one stream of [`watch::LifecycleEvent`]s;
 //! * [`rescue`] — events, NRI hooks and reconcile → decisions (one owner per pod);
-//! * [`netns`], [`link`], [`rdma`], [`ethtool`], [`dhcp`] — the only places that touch the kernel: pins,
-//!   device moves and restores, RDMA link moves, offloads, the Prepare-time DHCPv4 lease.
+//! * [`netns`], [`link`], [`rdma`], [`ethtool`], [`dhcp`], [`bpf`] — the only places that touch the
+//!   kernel: pins, device moves and restores, RDMA link moves, offloads, the Prepare-time DHCPv4
+//!   lease, unpinning and detaching a device's eBPF programs (`disableEbpfPrograms`).
 //!
 //! Around it: [`nri`] (runtime hooks over multiplexed ttrpc), [`dra`] (kubelet gRPC),
 //! [`plan`] (per-pod device plans from Prepare), [`config`] (opaque config + validation),
@@ -14,6 +15,7 @@
 //! [`state`] (crash-safe checkpoint), [`cli`] (one file per subcommand).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod bpf;
 pub mod cli;
 pub mod config;
 pub mod dhcp;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
+use crate::bpf::{BpfError, Unpinned};
 use crate::config::{self, ConfigError, NetworkConfig};
 use crate::dhcp::{DhcpError, Lease};
 use crate::ethtool::{Dev, EthtoolError, Features};
@@ -39,6 +40,21 @@ pub trait DeviceLookup: Send + Sync + 'static {
     /// driver's netns, the host's).
     fn offloads(&self, ifname: &str) -> Result<Offloads, EthtoolError> {
         crate::link::host_offloads(&Dev::Name(ifname.to_owned()))
+    }
+
+    /// `interface.disableEbpfPrograms: true` (upstream Prepare step 11): removes the bpffs pins
+    /// of the links that target host interface `ifname` and returns them. The default walks
+    /// `/sys/fs/bpf` in the driver's (host) netns on the blocking pool (a directory walk).
+    fn unpin_ebpf<'a>(&'a self, ifname: &'a str) -> BoxFuture<'a, Result<Vec<Unpinned>, BpfError>> {
+        let ifname = ifname.to_owned();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || crate::bpf::unpin_links(crate::bpf::bpffs_root(), &ifname))
+                .await
+                .map_err(|e| BpfError::Syscall {
+                    what: "unpin task",
+                    source: std::io::Error::other(e.to_string()),
+                })?
+        })
     }
 }
 
@@ -160,6 +176,13 @@ pub enum PrepareError {
         ifname: String,
         #[source]
         source: EthtoolError,
+    },
+    #[error("device {device}: unpinning the eBPF links of {ifname} (disableEbpfPrograms)")]
+    Ebpf {
+        device: String,
+        ifname: String,
+        #[source]
+        source: BpfError,
     },
     #[error("storing the plan of pod {pod_uid}: {detail}")]
     Sink { pod_uid: String, detail: String },
@@ -495,7 +518,9 @@ pub async fn plan_claim(
                 _ => None,
             };
             let cfg = with_host_state(cfg, &dev, lease.as_ref());
-            with_offloads(&r.device, &r.request, cfg, dev.ifname.as_deref(), devices)?
+            let cfg = with_offloads(&r.device, &r.request, cfg, dev.ifname.as_deref(), devices)?;
+            unpin_ebpf(&r.device, &cfg, dev.ifname.as_deref(), devices).await?;
+            cfg
         };
         share_ids.insert(r.device.clone(), r.share_id.clone());
         plans.push(DevicePlan {
@@ -628,6 +653,33 @@ fn with_offloads(
                 .collect(),
         }),
     }
+}
+
+/// Upstream step 11, last (nothing else can fail the device after it): with
+/// `disableEbpfPrograms: true`, the bpffs pins of the host device's links go now, the
+/// programs themselves are detached inside the pod at attach time ([`crate::bpf`]).
+async fn unpin_ebpf(
+    device: &str,
+    cfg: &NetworkConfig,
+    ifname: Option<&str>,
+    devices: &dyn DeviceLookup,
+) -> Result<(), PrepareError> {
+    let (Some(true), Some(ifname)) = (cfg.interface.disable_ebpf_programs, ifname) else {
+        return Ok(());
+    };
+    let unpinned = devices
+        .unpin_ebpf(ifname)
+        .await
+        .map_err(|source| PrepareError::Ebpf {
+            device: device.to_owned(),
+            ifname: ifname.to_owned(),
+            source,
+        })?;
+    if !unpinned.is_empty() {
+        let list: Vec<String> = unpinned.iter().map(ToString::to_string).collect();
+        tracing::info!(device, ifname, unpinned = ?list, "disableEbpfPrograms: bpf links unpinned");
+    }
+    Ok(())
 }
 
 /// Which opaque config applies to `request`: entries for this driver whose `requests` is empty

@@ -70,6 +70,8 @@ pub enum LinkError {
     Sysctl { key: String, reason: String },
     #[error("interface.vrf {name:?}: {reason}")]
     Vrf { name: String, reason: String },
+    #[error(transparent)]
+    Ebpf(#[from] crate::bpf::BpfError),
 }
 
 impl LinkError {
@@ -472,6 +474,9 @@ pub struct AttachSpec {
     /// `interface.vrf`: the VRF (name, table) the device is enslaved to in the pod; every route
     /// of the device then goes to that table.
     pub vrf: Option<(String, u32)>,
+    /// `interface.disableEbpfPrograms`: detach the device's TC BPF filters and TCX programs
+    /// inside the pod right after the move (never re-attached when it comes home).
+    pub disable_ebpf: bool,
 }
 
 /// A policy routing rule inside the pod (validated from `RuleConfig`).
@@ -675,6 +680,7 @@ impl AttachSpec {
                 .as_ref()
                 .map(|e| e.private_flags.clone())
                 .unwrap_or_default(),
+            disable_ebpf: i.disable_ebpf_programs == Some(true),
         })
     }
 }
@@ -870,6 +876,9 @@ pub async fn attach(
         .ok_or_else(|| LinkError::NotFound(spec.pod_ifname.clone()))?;
     // ARP and forwarding sysctls before the link comes up (the first ARP already obeys them).
     sysctl::set_in_pod(netns, &spec.pod_ifname, &spec.sysctls)?;
+    if spec.disable_ebpf {
+        detach_ebpf(pod_nl, netns, index, &spec.pod_ifname).await?;
+    }
     for (ip, len) in &spec.addresses {
         add_address(pod_nl, index, *ip, *len).await?;
     }
@@ -995,6 +1004,18 @@ async fn enslave_to_vrf(
         ],
     )?;
     Ok(table)
+}
+
+/// `disableEbpfPrograms`, inside the pod, before the link is set up: every TC BPF filter and
+/// TCX program of the device goes; one left over fails the attach (the caller rolls back).
+/// What is detached here is not re-attached when the device comes home: dranet does not own
+/// those programs (upstream does not re-attach them either).
+async fn detach_ebpf(pod_nl: &Netlink, netns: &Netns, index: u32, ifname: &str) -> Result<(), LinkError> {
+    let done = crate::bpf::detach_in_pod(&pod_nl.handle, netns, index).await?;
+    if !done.is_empty() {
+        tracing::info!(device = ifname, detached = ?done.describe(), "eBPF programs detached in the pod");
+    }
+    Ok(())
 }
 
 /// How a device came home.

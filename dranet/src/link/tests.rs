@@ -203,3 +203,12 @@ fn offload_requests_resolve_with_kernel_names_winning_over_aliases() {
     let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(fields, ["features.loopback", "features.nope", "privateFlags.x"]);
 }
+
+#[test]
+fn attach_spec_detaches_ebpf_only_when_asked() {
+    let spec = |c| AttachSpec::from_plan(&plan(c), "net1").unwrap().disable_ebpf;
+    assert!(spec(r#"{"interface":{"disableEbpfPrograms":true}}"#));
+    assert!(!spec(r#"{"interface":{"disableEbpfPrograms":false}}"#));
+    assert!(!spec(r#"{"interface":{}}"#));
+    assert!(!spec("{}"));
+}

@@ -1,0 +1,87 @@
+//! Shared pieces of the root tests that drive the rescue engine directly: a state dir guard,
+//! plans for stand-in NICs, an engine on that state dir. Test support only.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use dranet::config::NetworkConfig;
+use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
+use dranet::rescue::{Engine, EngineOptions, PodRef};
+use dranet::watch::Watcher;
+
+use crate::kernel::unique;
+use crate::nic::Nic;
+
+/// A state dir removed (with any pins left in it unmounted) at drop.
+pub struct StateDir(pub PathBuf);
+
+impl StateDir {
+    #[must_use]
+    pub fn new(tag: &str) -> Self {
+        Self(std::env::temp_dir().join(unique(&format!("dranet-state-{tag}-"))))
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(self.0.join("pins")) {
+            for e in rd.flatten() {
+                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The plan of one stand-in NIC moved into the pod as `pod_if`, with `config` (its
+/// `interface.name` is set to `pod_if`).
+#[must_use]
+pub fn device_plan(nic: &Nic, pod_if: &str, uid: &str, mut config: NetworkConfig) -> DevicePlan {
+    config.interface.name = Some(pod_if.to_owned());
+    DevicePlan {
+        device: nic.name.clone(),
+        pool: "node-a".into(),
+        request: "nic".into(),
+        claim: ClaimRef {
+            namespace: "default".into(),
+            name: format!("claim-{uid}"),
+            uid: format!("claim-{uid}"),
+        },
+        host_ifname: Some(nic.name.clone()),
+        pci_address: None,
+        permanent_mac: None,
+        rdma_device: None,
+        config,
+        char_devices: vec![],
+    }
+}
+
+/// A pod `uid` (namespace `default`, name `p`) with `devices`.
+#[must_use]
+pub fn pod_plan(uid: &str, devices: Vec<DevicePlan>) -> PodPlan {
+    PodPlan {
+        pod_uid: uid.into(),
+        pod_namespace: "default".into(),
+        pod_name: "p".into(),
+        devices,
+    }
+}
+
+/// An engine on `state`, default options otherwise.
+pub async fn engine(state: &StateDir, watcher: Option<Watcher>) -> Result<Engine> {
+    let opts = EngineOptions {
+        state_dir: state.0.clone(),
+        ..EngineOptions::default()
+    };
+    Ok(Engine::new(opts, watcher).await?)
+}
+
+/// The runtime's name of pod `uid` (as [`pod_plan`] names it).
+#[must_use]
+pub fn pod_ref(uid: &str) -> PodRef<'_> {
+    PodRef {
+        uid,
+        namespace: "default",
+        name: "p",
+    }
+}
