@@ -2,8 +2,9 @@
 //! plans for stand-in NICs, an engine on that state dir. Test support only.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use dranet::config::NetworkConfig;
 use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
 use dranet::rescue::{Engine, EngineOptions, PodRef};
@@ -84,4 +85,17 @@ pub fn pod_ref(uid: &str) -> PodRef<'_> {
         namespace: "default",
         name: "p",
     }
+}
+
+/// Polls `ok` every 2 ms until it holds (how long that took) or `timeout` passes (an error
+/// naming `what`).
+pub async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(start.elapsed())
 }

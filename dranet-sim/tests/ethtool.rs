@@ -3,104 +3,33 @@
 //! (not the one that set them), in the pod netns and at home.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use dranet::config::{EthtoolConfig, NetworkConfig};
 use dranet::dra::{ResourceClaim, plan_claim};
 use dranet::ethtool::{Dev, Ethtool, Features};
 use dranet::inventory::{Device, SharedInventory};
 use dranet::netns::Netns;
-use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
-use dranet::rescue::{AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef, RescueError};
+use dranet::plan::{ClaimRef, DevicePlan};
+use dranet::rescue::{AttachOutcome, DetachOutcome, RescueError};
 use dranet::state::{PodPhase, ReturnReason};
 use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
 use serde_json::json;
 
-/// A state dir removed (with any pins left in it unmounted) at drop.
-struct StateDir(PathBuf);
-
-impl StateDir {
-    fn new(tag: &str) -> Self {
-        Self(std::env::temp_dir().join(unique(&format!("dranet-state-eth{tag}-"))))
-    }
-}
-
-impl Drop for StateDir {
-    fn drop(&mut self) {
-        if let Ok(rd) = std::fs::read_dir(self.0.join("pins")) {
-            for e in rd.flatten() {
-                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use dranet_sim::fixtures::{StateDir, engine, pod_plan as plan, pod_ref as pod, wait_for};
 
 fn device(nic: &Nic, pod_if: &str, uid: &str, features: &[(&str, bool)]) -> DevicePlan {
     let mut config = NetworkConfig::default();
-    config.interface.name = Some(pod_if.to_owned());
     if !features.is_empty() {
         config.ethtool = Some(EthtoolConfig {
             features: features.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
             private_flags: BTreeMap::new(),
         });
     }
-    DevicePlan {
-        device: nic.name.clone(),
-        pool: "node-a".into(),
-        request: "nic".into(),
-        claim: ClaimRef {
-            namespace: "default".into(),
-            name: format!("claim-{uid}"),
-            uid: format!("claim-{uid}"),
-        },
-        host_ifname: Some(nic.name.clone()),
-        pci_address: None,
-        permanent_mac: None,
-        rdma_device: None,
-        config,
-        char_devices: vec![],
-    }
-}
-
-fn plan(uid: &str, devices: Vec<DevicePlan>) -> PodPlan {
-    PodPlan {
-        pod_uid: uid.into(),
-        pod_namespace: "default".into(),
-        pod_name: "p".into(),
-        devices,
-    }
-}
-
-async fn engine(state: &StateDir, watcher: Option<Watcher>) -> Result<Engine> {
-    let opts = EngineOptions {
-        state_dir: state.0.clone(),
-        ..EngineOptions::default()
-    };
-    Ok(Engine::new(opts, watcher).await?)
-}
-
-fn pod(uid: &str) -> PodRef<'_> {
-    PodRef {
-        uid,
-        namespace: "default",
-        name: "p",
-    }
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    Ok(())
+    dranet_sim::fixtures::device_plan(nic, pod_if, uid, config)
 }
 
 /// The features of `name` in the host, over a fresh genetlink socket.

@@ -5,93 +5,22 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use dranet::config::NetworkConfig;
-use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
-use dranet::rescue::{AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef, RescueError};
+use dranet::plan::{DevicePlan, PodPlan};
+use dranet::rescue::{AttachOutcome, DetachOutcome, RescueError};
 use dranet::state::{PodPhase, ReturnReason};
 use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::kernel::{PodNetns, host_has, require_root, sh, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
 use serde_json::Value;
 
-/// A state dir removed (with any pins left in it unmounted) at drop.
-struct StateDir(PathBuf);
-
-impl StateDir {
-    fn new(tag: &str) -> Self {
-        Self(std::env::temp_dir().join(unique(&format!("dranet-state-{tag}-"))))
-    }
-}
-
-impl Drop for StateDir {
-    fn drop(&mut self) {
-        if let Ok(rd) = std::fs::read_dir(self.0.join("pins")) {
-            for e in rd.flatten() {
-                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use dranet_sim::fixtures::{StateDir, engine, pod_plan as plan, pod_ref as pod, wait_for};
 
 fn device(nic: &Nic, pod_if: &str, uid: &str) -> DevicePlan {
-    let mut config = NetworkConfig::default();
-    config.interface.name = Some(pod_if.to_owned());
-    DevicePlan {
-        device: nic.name.clone(),
-        pool: "node-a".into(),
-        request: "nic".into(),
-        claim: ClaimRef {
-            namespace: "default".into(),
-            name: format!("claim-{uid}"),
-            uid: format!("claim-{uid}"),
-        },
-        host_ifname: Some(nic.name.clone()),
-        pci_address: None,
-        permanent_mac: None,
-        rdma_device: None,
-        config,
-        char_devices: vec![],
-    }
-}
-
-fn plan(uid: &str, devices: Vec<DevicePlan>) -> PodPlan {
-    PodPlan {
-        pod_uid: uid.into(),
-        pod_namespace: "default".into(),
-        pod_name: "p".into(),
-        devices,
-    }
-}
-
-async fn engine(state: &StateDir, watcher: Option<Watcher>) -> Result<Engine> {
-    let opts = EngineOptions {
-        state_dir: state.0.clone(),
-        ..EngineOptions::default()
-    };
-    Ok(Engine::new(opts, watcher).await?)
-}
-
-fn pod(uid: &str) -> PodRef<'_> {
-    PodRef {
-        uid,
-        namespace: "default",
-        name: "p",
-    }
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    Ok(start.elapsed())
+    dranet_sim::fixtures::device_plan(nic, pod_if, uid, NetworkConfig::default())
 }
 
 fn in_pod(ns: &PodNetns, name: &str) -> bool {
