@@ -99,3 +99,18 @@ pub async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> boo
     }
     Ok(start.elapsed())
 }
+
+/// A claim in namespace `ns` reserved for one pod, allocating `device` of pool `node-a` with
+/// `parameters` as this driver's opaque config.
+pub fn claim_for(device: &str, parameters: serde_json::Value) -> Result<dranet::dra::ResourceClaim> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "status": {
+            "allocation": {"devices": {
+                "results": [{"request": "r", "driver": "dra.net", "pool": "node-a", "device": device}],
+                "config": [{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": parameters}}]
+            }},
+            "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "pod-u"}]
+        }
+    }))?)
+}

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use dranet::config::NetworkConfig;
-use dranet::dra::{ResourceClaim, plan_claim};
+use dranet::dra::plan_claim;
 use dranet::inventory::{Device, SharedInventory};
 use dranet::link::Netlink;
 use dranet::netns::Netns;
@@ -31,21 +31,6 @@ use dranet_sim::kernel::{PodNetns, Veth, require_root, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
 use serde_json::json;
 
-#[allow(clippy::expect_used)] // test helper: a fixed JSON literal
-fn claim_for(device: &str, interface: serde_json::Value) -> ResourceClaim {
-    serde_json::from_value(json!({
-        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
-        "status": {
-            "allocation": {"devices": {
-                "results": [{"request": "r", "driver": "dra.net", "pool": "node-a", "device": device}],
-                "config": [{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": interface}}}]
-            }},
-            "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "pod-u"}]
-        }
-    }))
-    .expect("claim JSON")
-}
-
 /// Prepare (the real `plan_claim`, host netns, default bpffs walk) of one claim for `nic`.
 async fn prepare(nic: &Nic, interface: serde_json::Value) -> Result<Vec<DevicePlan>> {
     let inv = SharedInventory::new(vec![Device {
@@ -59,7 +44,7 @@ async fn prepare(nic: &Nic, interface: serde_json::Value) -> Result<Vec<DevicePl
         uid: "u".into(),
     };
     let leases = dranet::dhcp::Client::host();
-    let rc = claim_for(&nic.name, interface);
+    let rc = dranet_sim::fixtures::claim_for(&nic.name, json!({"interface": interface}))?;
     let planned = plan_claim("dra.net", "node-a", &cref, &rc, &inv, &leases, &[])
         .await?
         .context("a plan")?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dranet::config::{EthtoolConfig, NetworkConfig};
-use dranet::dra::{ResourceClaim, plan_claim};
+use dranet::dra::plan_claim;
 use dranet::ethtool::{Dev, Ethtool, Features};
 use dranet::inventory::{Device, SharedInventory};
 use dranet::netns::Netns;
@@ -114,21 +114,6 @@ async fn genetlink_reads_and_sets_features_of_a_veth() -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::expect_used)] // test helper: a fixed JSON literal
-fn claim_for(device: &str, ethtool: serde_json::Value) -> ResourceClaim {
-    serde_json::from_value(json!({
-        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
-        "status": {
-            "allocation": {"devices": {
-                "results": [{"request": "r", "driver": "dra.net", "pool": "node-a", "device": device}],
-                "config": [{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"ethtool": ethtool}}}]
-            }},
-            "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "pod-u"}]
-        }
-    }))
-    .expect("claim JSON")
-}
-
 #[tokio::test]
 async fn prepare_checks_ethtool_names_against_the_host_nic() -> Result<()> {
     if !require_root("prepare_checks_ethtool_names_against_the_host_nic")? {
@@ -148,7 +133,8 @@ async fn prepare_checks_ethtool_names_against_the_host_nic() -> Result<()> {
     // No `interface.dhcp` here, so the lease source is never asked.
     let leases = dranet::dhcp::Client::host();
     let run = |ethtool| {
-        let rc = claim_for(&nic.name, ethtool);
+        #[allow(clippy::expect_used)] // a fixed JSON shape
+        let rc = dranet_sim::fixtures::claim_for(&nic.name, json!({"ethtool": ethtool})).expect("claim JSON");
         let (cref, inv, leases) = (&cref, &inv, &leases);
         async move { plan_claim("dra.net", "node-a", cref, &rc, inv, leases, &[]).await }
     };

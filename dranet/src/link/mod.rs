@@ -363,7 +363,6 @@ fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnapshot {
     }
     s.altnames.sort();
     s.addresses.sort();
-    s.sysctls = sysctl::of_link(m);
     s
 }
 
@@ -375,6 +374,8 @@ pub async fn snapshot(nl: &Netlink, name: &str) -> Result<LinkSnapshot, LinkErro
         .ok_or_else(|| LinkError::NotFound(name.to_owned()))?;
     let addrs = nl.addresses(m.header.index).await?;
     let mut s = snapshot_of(&m, &addrs);
+    // Not in `snapshot_of`: device lookups by MAC call that for every link.
+    s.sysctls = sysctl::of_link(&m);
     match host_offloads(&Dev::Index(s.ifindex)) {
         Ok((features, flags)) => {
             s.features = features.changeable_wanted();
@@ -445,7 +446,9 @@ pub async fn snapshot_index(nl: &Netlink, index: u32) -> Result<Option<LinkSnaps
         return Ok(None);
     };
     let addrs = nl.addresses(index).await?;
-    Ok(Some(snapshot_of(&m, &addrs)))
+    let mut s = snapshot_of(&m, &addrs);
+    s.sysctls = sysctl::of_link(&m);
+    Ok(Some(s))
 }
 
 /// How a device looks inside the pod (from the claim's config).

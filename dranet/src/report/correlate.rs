@@ -243,22 +243,9 @@ impl Correlator {
     }
 }
 
-/// client-go's `getEventKey`.
+/// client-go's `getEventKey`: the spam key plus type, reason and message.
 fn event_key(e: &Event) -> String {
-    let o = &e.involved_object;
-    [
-        e.source.component.as_str(),
-        &e.source.host,
-        &o.kind,
-        &o.namespace,
-        &o.name,
-        &o.uid,
-        &o.api_version,
-        &e.type_,
-        &e.reason,
-        &e.message,
-    ]
-    .join("\u{0}")
+    [spam_key(e).as_str(), &e.type_, &e.reason, &e.message].join("\u{0}")
 }
 
 /// client-go's `getSpamKey`.
