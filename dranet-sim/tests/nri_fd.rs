@@ -29,6 +29,15 @@ impl PodHooks for Quiet {
     async fn shutdown(&self) {}
 }
 
+/// Waits (bounded, 5 s) for the plugin to have counted `n` registrations, and asserts it did.
+async fn wait_registrations(m: &NriMetrics, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while m.registrations() < n && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(m.registrations(), n);
+}
+
 #[test]
 fn inherited_socket_then_dial_after_loss() {
     let dir = std::env::temp_dir().join(format!("dranet-nri-fd-{}", std::process::id()));
@@ -57,16 +66,17 @@ fn inherited_socket_then_dial_after_loss() {
         let plugin = tokio::spawn(dranet::nri::run(cfg, Arc::new(Quiet), stop_rx));
         let reg = sim.wait_ready(1, Duration::from_secs(5)).await.unwrap();
         assert_eq!((reg.name.as_str(), reg.index.as_str()), ("dranet", "42"));
+        // The runtime sees the plugin ready when it replies to RegisterPlugin; the plugin counts
+        // its registration only once that reply has arrived. Dropping the connection in between
+        // fails the plugin's first handshake (it then registers once, not twice): this race was
+        // the cause of this test's rare failures. Wait for the plugin's side first.
+        wait_registrations(&metrics, 1).await;
         // The inherited connection is lost: the plugin dials the socket instead.
         sim.disconnect();
         sim.wait_ready(2, Duration::from_secs(5)).await.unwrap();
         // The plugin counts a registration once its side of the handshake has finished, which
         // can be just after the runtime sees it ready: wait for the count, bounded.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while metrics.registrations() < 2 && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(metrics.registrations(), 2);
+        wait_registrations(&metrics, 2).await;
         stop.send(true).unwrap();
         assert!(plugin.await.unwrap().is_ok());
     });

@@ -144,6 +144,14 @@ async fn harness(rcfg: RuntimeConfig, index: &str) -> Harness {
     let (stop, stop_rx) = watch::channel(false);
     let plugin = Some(tokio::spawn(dranet::nri::run(cfg, hooks.clone(), stop_rx)));
     rt.wait_ready(1, WAIT).await.unwrap();
+    // The runtime counts the handshake when it replies to RegisterPlugin; the plugin only when
+    // that reply has arrived. A test that drops the connection in between would make the
+    // plugin's first handshake fail (and not count): wait for the plugin's side too.
+    assert_eq!(
+        registrations_reach(&metrics, 1).await,
+        1,
+        "the plugin finished its handshake"
+    );
     Harness {
         rt,
         hooks,
