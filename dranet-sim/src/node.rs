@@ -258,6 +258,43 @@ impl Node {
         Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
     }
 
+    /// The daemon's fd count once it is quiet: the same count five times 100 ms apart (or, if it
+    /// never holds still within 3 s, the lowest count seen). Between operations the daemon
+    /// briefly holds extra fds (a netlink socket of an operation, a pod netns, a connection the
+    /// peer closed but the server has not reaped yet); a snapshot at such a moment is not a leak.
+    pub async fn daemon_fds_settled(&self) -> Result<usize> {
+        let start = std::time::Instant::now();
+        let (mut last, mut same, mut lowest) = (self.daemon_fds()?, 1, usize::MAX);
+        while same < 5 && start.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let n = self.daemon_fds()?;
+            lowest = lowest.min(n);
+            same = if n == last { same + 1 } else { 1 };
+            last = n;
+        }
+        Ok(if same >= 5 { last } else { lowest })
+    }
+
+    /// What the daemon's fds point at, by kind (`socket`, `anon_inode:[eventfd]`, a path...),
+    /// with counts: printed when a soak finds more fds than it started with.
+    pub fn daemon_fd_kinds(&self) -> Result<std::collections::BTreeMap<String, usize>> {
+        let pid = self.child.as_ref().context("daemon not running")?.id();
+        let mut kinds = std::collections::BTreeMap::new();
+        for e in std::fs::read_dir(format!("/proc/{pid}/fd"))?.flatten() {
+            let Ok(t) = std::fs::read_link(e.path()) else {
+                continue;
+            };
+            let t = t.to_string_lossy().into_owned();
+            // `socket:[1234]` / `net:[4026...]`: the kind, not the inode.
+            let kind = match t.split_once(":[") {
+                Some((k, _)) if !t.starts_with("anon_inode") => k.to_string(),
+                _ => t,
+            };
+            *kinds.entry(kind).or_insert(0) += 1;
+        }
+        Ok(kinds)
+    }
+
     /// Pod network namespaces the daemon holds open by fd (a netlink socket's netns is not
     /// visible here; pins are checked separately).
     pub fn daemon_netns_fds(&self) -> Result<usize> {
