@@ -20,6 +20,12 @@ pub enum ClaimError {
         #[source]
         source: kube::Error,
     },
+    #[error("getting ResourceClaim {namespace}/{name}: no answer from the API server within {after:?}")]
+    Timeout {
+        namespace: String,
+        name: String,
+        after: std::time::Duration,
+    },
     #[error("decoding ResourceClaim {namespace}/{name}")]
     Decode {
         namespace: String,
@@ -132,16 +138,32 @@ pub trait ClaimSource: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>>;
 }
 
+/// How long Prepare waits for the API server's answer to one claim GET by default: well inside
+/// kubelet's 45 s NodePrepareResources deadline, so a hung API server is a clear per-claim error
+/// (and kubelet's retry a fresh attempt) rather than a call kubelet gives up on.
+pub const CLAIM_GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// GET `resource.k8s.io/v1` resourceclaims from the API server.
 #[derive(Clone)]
 pub struct KubeClaimSource {
     client: kube::Client,
+    timeout: std::time::Duration,
 }
 
 impl KubeClaimSource {
     #[must_use]
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            timeout: CLAIM_GET_TIMEOUT,
+        }
+    }
+
+    /// Bounds each GET by `timeout` instead of [`CLAIM_GET_TIMEOUT`].
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 }
 
@@ -154,7 +176,14 @@ impl ClaimSource for KubeClaimSource {
         Box::pin(async move {
             use k8s_openapi::api::resource::v1::ResourceClaim as Rc;
             let api: kube::Api<Rc> = kube::Api::namespaced(self.client.clone(), namespace);
-            let rc = match api.get(name).await {
+            let Ok(got) = tokio::time::timeout(self.timeout, api.get(name)).await else {
+                return Err(ClaimError::Timeout {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    after: self.timeout,
+                });
+            };
+            let rc = match got {
                 Ok(rc) => rc,
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     return Err(ClaimError::NotFound {

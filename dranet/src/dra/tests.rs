@@ -710,3 +710,122 @@ async fn sink_failure_is_a_claim_error_and_is_rolled_back() {
     let devs: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
     assert_eq!(devs, ["eth2"], "the failed claim's device was not merged");
 }
+
+#[tokio::test]
+async fn scenario_claim_get_found_vanished_failing_and_hung() {
+    use crate::slices::kube_mock::{Step, scenario, status};
+    use std::time::{Duration, Instant};
+    const C: &str = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims";
+    let found = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c1", "namespace": "ns", "uid": "u1"},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "dra.net"}}]}},
+        "status": {
+            "allocation": {"devices": {
+                "results": [{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}],
+                "config": [{"source": "FromClaim", "requests": ["nic"],
+                            "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "net1"}}}}]
+            }},
+            "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "pod-1"}]
+        }
+    });
+    let (client, verifier) = scenario(
+        vec![
+            Step::get(&format!("{C}/c1")).reply(200, found),
+            Step::get(&format!("{C}/gone")).reply(404, status(404, "NotFound")),
+            Step::get(&format!("{C}/c1")).reply(500, status(500, "etcdserver: leader changed")),
+            Step::get(&format!("{C}/c1")).hang(),
+        ],
+        Duration::from_secs(5),
+    );
+    let timeout = Duration::from_millis(300);
+    let src = KubeClaimSource::new(client).with_timeout(timeout);
+    let bound = |f| tokio::time::timeout(Duration::from_secs(10), f);
+    let ok = bound(src.get("ns", "c1")).await.unwrap();
+    let gone = bound(src.get("ns", "gone")).await.unwrap();
+    let failing = bound(src.get("ns", "c1")).await.unwrap();
+    let t0 = Instant::now();
+    let hung = bound(src.get("ns", "c1")).await.unwrap();
+    let hung_took = t0.elapsed();
+    verifier.done().await;
+
+    let rc = ok.unwrap();
+    assert_eq!(rc.metadata.uid, "u1");
+    assert_eq!(rc.status.reserved_for[0].uid, "pod-1");
+    let e = gone.unwrap_err();
+    assert!(matches!(e, ClaimError::NotFound { .. }), "{e:?}");
+    assert_eq!(e.to_string(), "ResourceClaim ns/gone not found");
+    let e = failing.unwrap_err();
+    assert!(matches!(e, ClaimError::Kube { .. }), "{e:?}");
+    let e = hung.unwrap_err();
+    assert!(matches!(e, ClaimError::Timeout { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "getting ResourceClaim ns/c1: no answer from the API server within 300ms"
+    );
+    assert!(hung_took < Duration::from_secs(3), "{hung_took:?}");
+}
+
+#[tokio::test]
+async fn scenario_prepare_through_the_api_server_and_a_hung_get_stores_no_plan() {
+    use crate::slices::kube_mock::{Step, scenario, status};
+    use std::time::Duration;
+    const C: &str = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims";
+    let alloc = |uid: &str, pod: &str| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c1", "namespace": "ns", "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "dra.net"}}]}},
+            "status": {
+                "allocation": {"devices": {
+                    "results": [{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}],
+                    "config": [{"source": "FromClaim", "requests": ["nic"],
+                                "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "net1", "mtu": 9000}}}}]
+                }},
+                "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": pod}]
+            }
+        })
+    };
+    let (client, verifier) = scenario(
+        vec![
+            Step::get(&format!("{C}/c1")).reply(200, alloc("u1", "pod-1")),
+            Step::get(&format!("{C}/c2")).hang(),
+            Step::get(&format!("{C}/c3")).reply(404, status(404, "NotFound")),
+        ],
+        Duration::from_secs(5),
+    );
+    let rec = Arc::new(Recorder::default());
+    let src = KubeClaimSource::new(client).with_timeout(Duration::from_millis(300));
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(src),
+        Arc::new(inventory()),
+        rec.clone(),
+    );
+    let (c1, c2, c3) = (cref("c1", "u1"), cref("c2", "u2"), cref("c3", "u3"));
+    let t = Duration::from_secs(10);
+    let ok = tokio::time::timeout(t, p.prepare(&c1)).await.unwrap();
+    let hung = tokio::time::timeout(t, p.prepare(&c2)).await.unwrap();
+    let gone = tokio::time::timeout(t, p.prepare(&c3)).await.unwrap();
+    verifier.done().await;
+
+    let devs = ok.unwrap();
+    assert_eq!(devs.len(), 1);
+    assert_eq!(devs[0].device, "eth1");
+    let plans = rec.plans.lock().unwrap();
+    assert_eq!(
+        plans.len(),
+        1,
+        "only the claim the API server answered has a plan"
+    );
+    let plan = &plans["pod-1"];
+    assert_eq!(plan.devices.len(), 1);
+    assert_eq!(plan.devices[0].pod_ifname(), Some("net1"));
+    assert_eq!(plan.devices[0].claim.uid, "u1");
+    assert_eq!(plan.devices[0].host_ifname.as_deref(), Some("eth1"));
+    let e = hung.unwrap_err().to_string();
+    assert!(e.contains("no answer from the API server within 300ms"), "{e}");
+    let e = gone.unwrap_err().to_string();
+    assert!(e.contains("ResourceClaim ns/c3 not found"), "{e}");
+}

@@ -2,6 +2,9 @@
 //! name, forced), then deletion of this node's slices of this driver that are no longer wanted.
 //! Slices carry an ownerReference to the Node (controller) so they go away with it.
 
+use std::future::Future;
+use std::time::Duration;
+
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -9,12 +12,17 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 
 use super::{API_VERSION, KIND, OwnerReference, Publisher, ResourceSlice, SliceError};
 
+/// How long one API request of a publish may take before the publish fails (and the publish
+/// loop retries it with backoff): a hung API server must not stall slice updates forever.
+pub const API_REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// Publishes to the cluster.
 #[derive(Clone)]
 pub struct KubePublisher {
     client: kube::Client,
     driver: String,
     node: String,
+    timeout: Duration,
 }
 
 impl KubePublisher {
@@ -24,6 +32,33 @@ impl KubePublisher {
             client,
             driver: driver.to_owned(),
             node: node.to_owned(),
+            timeout: API_REQUEST_TIMEOUT,
+        }
+    }
+
+    /// Bounds each API request by `timeout` instead of [`API_REQUEST_TIMEOUT`].
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs one API request under the timeout.
+    async fn call<T>(
+        &self,
+        what: impl Into<String>,
+        req: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, SliceError> {
+        match tokio::time::timeout(self.timeout, req).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(SliceError::Kube {
+                what: what.into(),
+                source,
+            }),
+            Err(_) => Err(SliceError::Timeout {
+                what: what.into(),
+                after: self.timeout,
+            }),
         }
     }
 
@@ -33,23 +68,14 @@ impl KubePublisher {
         Api::all_with(self.client.clone(), &ar)
     }
 
-    fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> SliceError {
-        let what = what.into();
-        move |source| SliceError::Kube { what, source }
-    }
-
     /// This node's slices of this driver.
     async fn existing(&self) -> Result<Vec<DynamicObject>, SliceError> {
         let lp = ListParams::default().fields(&format!(
             "spec.nodeName={},spec.driver={}",
             self.node, self.driver
         ));
-        Ok(self
-            .api()
-            .list(&lp)
-            .await
-            .map_err(Self::kube_err("listing ResourceSlices"))?
-            .items)
+        let api = self.api();
+        Ok(self.call("listing ResourceSlices", api.list(&lp)).await?.items)
     }
 }
 
@@ -76,7 +102,10 @@ impl Publisher for KubePublisher {
     fn owner<'a>(&'a self) -> BoxFuture<'a, Option<OwnerReference>> {
         Box::pin(async move {
             let nodes: Api<Node> = Api::all(self.client.clone());
-            match nodes.get(&self.node).await {
+            match self
+                .call(format!("getting Node {}", self.node), nodes.get(&self.node))
+                .await
+            {
                 Ok(n) => n.metadata.uid.map(|uid| OwnerReference {
                     api_version: "v1".to_owned(),
                     kind: "Node".to_owned(),
@@ -98,12 +127,11 @@ impl Publisher for KubePublisher {
             let pp = PatchParams::apply(&self.driver).force();
             for s in slices {
                 debug_assert_eq!(s.api_version, API_VERSION);
-                api.patch(&s.metadata.name, &pp, &Patch::Apply(s))
-                    .await
-                    .map_err(Self::kube_err(format!(
-                        "applying ResourceSlice {}",
-                        s.metadata.name
-                    )))?;
+                self.call(
+                    format!("applying ResourceSlice {}", s.metadata.name),
+                    api.patch(&s.metadata.name, &pp, &Patch::Apply(s)),
+                )
+                .await?;
             }
             for old in self.existing().await? {
                 let Some(name) = old.metadata.name else {
@@ -112,15 +140,20 @@ impl Publisher for KubePublisher {
                 if slices.iter().any(|s| s.metadata.name == name) {
                     continue;
                 }
-                match api.delete(&name, &DeleteParams::default()).await {
+                let dp = DeleteParams::default();
+                match self
+                    .call(
+                        format!("deleting stale ResourceSlice {name}"),
+                        api.delete(&name, &dp),
+                    )
+                    .await
+                {
                     Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => {
-                        return Err(SliceError::Kube {
-                            what: format!("deleting stale ResourceSlice {name}"),
-                            source: e,
-                        });
-                    }
+                    Err(SliceError::Kube {
+                        source: kube::Error::Api(e),
+                        ..
+                    }) if e.code == 404 => {}
+                    Err(e) => return Err(e),
                 }
             }
             Ok(())

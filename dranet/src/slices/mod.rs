@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 pub use dir::DirPublisher;
-pub use kube_api::KubePublisher;
+pub use kube_api::{API_REQUEST_TIMEOUT, KubePublisher};
 pub use metrics::SliceMetrics;
 pub use run::{
     DEFAULT_MAX_INTERVAL, DEFAULT_MIN_INTERVAL, LoopTiming, RescanHandle, link_events, publish_loop,
@@ -47,6 +47,11 @@ pub enum SliceError {
         name: String,
         #[source]
         source: serde_json::Error,
+    },
+    #[error("kube API: {what}: no answer within {after:?}")]
+    Timeout {
+        what: String,
+        after: std::time::Duration,
     },
     #[error("kube API: {what}")]
     Kube {
@@ -285,7 +290,12 @@ impl<P: Publisher> SliceController<P> {
         };
         let owner = self.publisher.owner().await;
         let slices = build_slices(&self.driver, &self.node, generation, owner.as_ref(), devices);
-        self.publisher.publish(&slices).await?;
+        if let Err(e) = self.publisher.publish(&slices).await {
+            // Some slices of this generation may be out already: the next attempt takes a new
+            // one, so no two different device sets are ever published under one generation.
+            self.generation = Some(generation);
+            return Err(e);
+        }
         if let Some(m) = &self.metrics {
             m.published(devices);
         }

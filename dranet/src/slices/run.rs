@@ -73,17 +73,20 @@ pub async fn publish_loop<P, S>(
 {
     let scan = Arc::new(scan);
     let mut last_scan: Option<Instant> = None;
+    // After a failed publish: the wait before the next attempt (doubling up to max_interval).
+    let mut retry: Option<Duration> = None;
     loop {
         if let Some(t) = last_scan {
-            // Rate limit, then wait for a request or the periodic rescan.
+            // Rate limit, then wait for a request, the periodic rescan or the retry.
             let earliest = t + timing.min_interval;
             tokio::select! {
                 () = tokio::time::sleep_until(earliest) => {}
                 _ = shutdown.wait_for(|s| *s) => return,
             }
+            let next = t + retry.map_or(timing.max_interval, |r| r.min(timing.max_interval));
             tokio::select! {
                 () = handle.notify.notified() => {}
-                () = tokio::time::sleep_until(t + timing.max_interval) => {}
+                () = tokio::time::sleep_until(next) => {}
                 _ = shutdown.wait_for(|s| *s) => return,
             }
         }
@@ -108,14 +111,23 @@ pub async fn publish_loop<P, S>(
             controller.update(&devices).await
         };
         match res {
-            Ok(true) => tracing::info!(
-                devices = devices.len(),
-                generation = controller.generation().unwrap_or_default(),
-                "published ResourceSlices"
-            ),
-            Ok(false) => {}
+            Ok(true) => {
+                retry = None;
+                tracing::info!(
+                    devices = devices.len(),
+                    generation = controller.generation().unwrap_or_default(),
+                    "published ResourceSlices"
+                );
+            }
+            Ok(false) => retry = None,
             Err(e) => {
-                tracing::warn!(error = %e, "publishing ResourceSlices failed; retrying at the next scan");
+                let wait = retry.map_or(timing.min_interval, |r| (r * 2).min(timing.max_interval));
+                retry = Some(wait);
+                tracing::warn!(
+                    error = %error_chain(&e),
+                    retry_in = ?wait,
+                    "publishing ResourceSlices failed"
+                );
                 handle.force.store(true, Ordering::SeqCst);
             }
         }
@@ -146,4 +158,16 @@ pub async fn link_events(
     }
     task.abort();
     Ok(())
+}
+
+/// `e: cause: cause…` (a kube error's reason is in its source).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }

@@ -291,3 +291,196 @@ async fn publish_loop_rescans_on_request_and_forces_republish() {
         .unwrap()
         .unwrap();
 }
+
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const NODE_SEL: &str = "fieldSelector=spec.nodeName%3Dnode-a%2Cspec.driver%3Ddra.net";
+
+fn slice_list(items: &[(&str, i64)]) -> serde_json::Value {
+    let items: Vec<_> = items
+        .iter()
+        .map(|(name, g)| {
+            serde_json::json!({"apiVersion": API_VERSION, "kind": KIND,
+                "metadata": {"name": name}, "spec": {"pool": {"generation": g}}})
+        })
+        .collect();
+    serde_json::json!({"apiVersion": API_VERSION, "kind": "ResourceSliceList", "metadata": {}, "items": items})
+}
+
+fn node_a() -> serde_json::Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "uid": "node-uid"}})
+}
+
+/// A server-side apply of slice `name` with `n` devices of pool generation `g` out of `count`.
+fn apply(name: &str, g: i64, count: i64, n: usize, owner: bool) -> kube_mock::Step {
+    let name2 = name.to_owned();
+    kube_mock::Step::patch(&format!("{SLICES}/{name}"))
+        .query("fieldManager=dra.net")
+        .query("force=true")
+        .check(move |r| {
+            assert_eq!(r.content_type, "application/apply-patch+yaml", "{name2}");
+            let b = &r.body;
+            assert_eq!(b["metadata"]["name"], name2.as_str());
+            assert_eq!(b["spec"]["driver"], "dra.net");
+            assert_eq!(b["spec"]["nodeName"], "node-a");
+            assert_eq!(b["spec"]["pool"]["name"], "node-a");
+            assert_eq!(b["spec"]["pool"]["generation"], g, "{name2}");
+            assert_eq!(b["spec"]["pool"]["resourceSliceCount"], count, "{name2}");
+            assert_eq!(b["spec"]["devices"].as_array().map(Vec::len), Some(n), "{name2}");
+            if owner {
+                assert_eq!(b["metadata"]["ownerReferences"][0]["uid"], "node-uid");
+            } else {
+                assert!(b["metadata"]["ownerReferences"].is_null(), "{b}");
+            }
+        })
+        .echo(200)
+}
+
+const STEP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Bounds a call of the code under test, so a missing answer fails the test instead of hanging it.
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(10), f)
+        .await
+        .expect("the code under test did not finish within 10 s")
+}
+
+#[tokio::test]
+async fn scenario_publish_130_devices_in_two_slices_then_shrink_and_prune() {
+    use kube_mock::Step;
+    let (client, verifier) = kube_mock::scenario(
+        vec![
+            Step::get(SLICES).query(NODE_SEL).reply(200, slice_list(&[])),
+            Step::get("/api/v1/nodes/node-a").reply(200, node_a()),
+            apply("node-a-dra.net-0", 1, 2, 128, true),
+            apply("node-a-dra.net-1", 1, 2, 2, true),
+            Step::get(SLICES).query(NODE_SEL).reply(
+                200,
+                slice_list(&[("node-a-dra.net-0", 1), ("node-a-dra.net-1", 1)]),
+            ),
+            // 120 devices: one slice, generation 2, the second slice pruned.
+            Step::get("/api/v1/nodes/node-a").reply(200, node_a()),
+            apply("node-a-dra.net-0", 2, 1, 120, true),
+            Step::get(SLICES).query(NODE_SEL).reply(
+                200,
+                slice_list(&[("node-a-dra.net-0", 2), ("node-a-dra.net-1", 1)]),
+            ),
+            Step::delete(&format!("{SLICES}/node-a-dra.net-1")).reply(
+                200,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            ),
+        ],
+        STEP,
+    );
+    let mut ctl = SliceController::new(
+        KubePublisher::new(client, "dra.net", "node-a"),
+        "dra.net",
+        "node-a",
+    );
+    let first = within(ctl.update(&devices(130))).await;
+    let second = within(ctl.update(&devices(120))).await;
+    // Unchanged devices: no request at all.
+    let third = within(ctl.update(&devices(120))).await;
+    verifier.done().await;
+    assert!(first.unwrap());
+    assert!(second.unwrap());
+    assert!(!third.unwrap());
+    assert_eq!(ctl.generation(), Some(2));
+}
+
+#[tokio::test]
+async fn scenario_hung_and_failing_api_server_then_a_new_generation() {
+    use kube_mock::Step;
+    let timeout = std::time::Duration::from_millis(300);
+    let (client, verifier) = kube_mock::scenario(
+        vec![
+            // The list never answers: the publish fails with a timeout.
+            Step::get(SLICES).query(NODE_SEL).hang(),
+            // Then a Node that is not there (slices go out without owner) and a failed apply
+            // of the second slice after the first went out.
+            Step::get(SLICES).query(NODE_SEL).reply(200, slice_list(&[])),
+            Step::get("/api/v1/nodes/node-a").reply(404, kube_mock::status(404, "NotFound")),
+            apply("node-a-dra.net-0", 1, 2, 128, false),
+            Step::patch(&format!("{SLICES}/node-a-dra.net-1"))
+                .reply(500, kube_mock::status(500, "etcdserver: request timed out")),
+            // The retry publishes the same devices under a new generation.
+            Step::get("/api/v1/nodes/node-a").reply(200, node_a()),
+            apply("node-a-dra.net-0", 2, 2, 128, true),
+            apply("node-a-dra.net-1", 2, 2, 1, true),
+            Step::get(SLICES).query(NODE_SEL).reply(
+                200,
+                slice_list(&[("node-a-dra.net-0", 2), ("node-a-dra.net-1", 2)]),
+            ),
+        ],
+        STEP,
+    );
+    let publisher = KubePublisher::new(client, "dra.net", "node-a").with_timeout(timeout);
+    let mut ctl = SliceController::new(publisher, "dra.net", "node-a");
+    let t0 = std::time::Instant::now();
+    let hung = within(ctl.update(&devices(129))).await;
+    let hung_took = t0.elapsed();
+    let failed = within(ctl.update(&devices(129))).await;
+    let ok = within(ctl.update(&devices(129))).await;
+    verifier.done().await;
+    let e = hung.unwrap_err();
+    assert!(matches!(e, SliceError::Timeout { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "kube API: listing ResourceSlices: no answer within 300ms"
+    );
+    assert!(hung_took < std::time::Duration::from_secs(3), "{hung_took:?}");
+    let e = failed.unwrap_err();
+    assert!(matches!(e, SliceError::Kube { .. }), "{e:?}");
+    assert_eq!(e.to_string(), "kube API: applying ResourceSlice node-a-dra.net-1");
+    assert!(ok.unwrap());
+    assert_eq!(ctl.generation(), Some(2));
+}
+
+#[tokio::test]
+async fn scenario_publish_loop_retries_a_failed_publish_without_a_rescan_request() {
+    use kube_mock::Step;
+    use std::time::Duration;
+    let (client, verifier) = kube_mock::scenario(
+        vec![
+            Step::get(SLICES)
+                .query(NODE_SEL)
+                .reply(503, kube_mock::status(503, "ServiceUnavailable")),
+            Step::get(SLICES)
+                .query(NODE_SEL)
+                .reply(503, kube_mock::status(503, "ServiceUnavailable")),
+            Step::get(SLICES)
+                .query(NODE_SEL)
+                .reply(200, slice_list(&[("node-a-dra.net-0", 7)])),
+            Step::get("/api/v1/nodes/node-a").reply(200, node_a()),
+            apply("node-a-dra.net-0", 8, 1, 3, true),
+            Step::get(SLICES)
+                .query(NODE_SEL)
+                .reply(200, slice_list(&[("node-a-dra.net-0", 8)])),
+        ],
+        STEP,
+    );
+    let ctl = SliceController::new(
+        KubePublisher::new(client, "dra.net", "node-a"),
+        "dra.net",
+        "node-a",
+    );
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let inv = crate::inventory::SharedInventory::default();
+    // The periodic rescan is an hour away: only the retry can publish.
+    let timing = LoopTiming {
+        min_interval: Duration::from_millis(20),
+        max_interval: Duration::from_secs(3600),
+    };
+    let task = tokio::spawn(publish_loop(
+        || Ok(devices(3)),
+        inv.clone(),
+        ctl,
+        RescanHandle::new(),
+        timing,
+        stop_rx,
+    ));
+    let seen = verifier.done().await;
+    assert_eq!(seen.len(), 6);
+    stop.send(true).unwrap();
+    within(task).await.unwrap();
+    assert_eq!(inv.snapshot().len(), 3);
+}
