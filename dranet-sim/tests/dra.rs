@@ -493,21 +493,10 @@ fn inventory_of_the_host_netns_sees_a_new_link() {
     assert!(!d.attributes.contains_key("dra.net/pciAddress"));
 }
 
-#[tokio::test]
-async fn slices_of_130_real_links_split_at_128() {
-    if !require_root("slices_of_130_real_links_split_at_128").unwrap() {
-        return;
-    }
-    let ns = PodNetns::create(&unique("dsl")).unwrap();
-    let batch: String = (0..65)
-        .map(|i| format!("link add a{i} type veth peer name b{i}\n"))
-        .collect();
-    let file = TempDir::new("batch");
-    let path = file.0.join("batch");
-    std::fs::write(&path, batch).unwrap();
-    ns.ip(&["-batch", path.to_str().unwrap()]).unwrap();
+/// Scans the test netns on the blocking pool.
+async fn scan_netns(ns: &PodNetns) -> Vec<inventory::Device> {
     let nspath = ns.path.clone();
-    let devs = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         inventory::scan(&ScanOptions {
             netns: NetnsTarget::Path(nspath),
             sysfs: Sysfs::new("/nonexistent-sysfs"),
@@ -516,10 +505,32 @@ async fn slices_of_130_real_links_split_at_128() {
     })
     .await
     .unwrap()
-    .unwrap();
+    .unwrap()
+}
+
+/// Runs `ip -batch` with `lines` in the test netns.
+fn ip_batch(ns: &PodNetns, dir: &TempDir, lines: impl Iterator<Item = String>) {
+    let path = dir.0.join("batch");
+    std::fs::write(&path, lines.collect::<String>()).unwrap();
+    ns.ip(&["-batch", path.to_str().unwrap()]).unwrap();
+}
+
+#[tokio::test]
+async fn slices_of_256_real_links_split_at_128() {
+    if !require_root("slices_of_256_real_links_split_at_128").unwrap() {
+        return;
+    }
+    let ns = PodNetns::create(&unique("dsl")).unwrap();
+    let file = TempDir::new("batch");
+    ip_batch(
+        &ns,
+        &file,
+        (0..128).map(|i| format!("link add a{i} type veth peer name b{i}\n")),
+    );
+    let devs = scan_netns(&ns).await;
     assert_eq!(
         devs.len(),
-        130,
+        256,
         "{:?}",
         devs.iter().map(|d| &d.name).collect::<Vec<_>>()
     );
@@ -527,36 +538,36 @@ async fn slices_of_130_real_links_split_at_128() {
     let out = TempDir::new("slices");
     let publisher = DirPublisher::new(&out.0, "dra.net", "node-a");
     let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
+    let check = |want: &[usize], generation: i64| {
+        let slices = publisher.read_all().unwrap();
+        let sizes: Vec<usize> = slices.iter().map(|s| s.spec.devices.len()).collect();
+        assert_eq!(sizes, want);
+        let mut names = std::collections::BTreeSet::new();
+        for s in &slices {
+            assert_eq!(s.spec.pool.resource_slice_count, want.len() as i64);
+            assert_eq!(s.spec.pool.generation, generation);
+            assert_eq!(s.spec.pool.name, "node-a");
+            for d in &s.spec.devices {
+                assert!(names.insert(d.name.clone()), "{} in two slices", d.name);
+            }
+        }
+    };
     assert!(ctl.update(&devs).await.unwrap());
-    let slices = publisher.read_all().unwrap();
-    assert_eq!(slices.len(), 2);
-    assert_eq!(slices[0].spec.devices.len(), 128);
-    assert_eq!(slices[1].spec.devices.len(), 2);
-    for s in &slices {
-        assert_eq!(s.spec.pool.resource_slice_count, 2);
-        assert_eq!(s.spec.pool.generation, 1);
-        assert_eq!(s.spec.pool.name, "node-a");
-    }
-    // Removing links (5 pairs) re-publishes a single slice with a new generation.
-    let batch: String = (0..5).map(|i| format!("link del a{i}\n")).collect();
-    std::fs::write(&path, batch).unwrap();
-    ns.ip(&["-batch", path.to_str().unwrap()]).unwrap();
-    let nspath = ns.path.clone();
-    let devs = tokio::task::spawn_blocking(move || {
-        inventory::scan(&ScanOptions {
-            netns: NetnsTarget::Path(nspath),
-            sysfs: Sysfs::new("/nonexistent-sysfs"),
-            ..ScanOptions::default()
-        })
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    check(&[128, 128], 1);
+    // One device over: a third slice.
+    ip_batch(
+        &ns,
+        &file,
+        std::iter::once("link add a128 type veth peer name b128\n".to_owned()),
+    );
+    assert!(ctl.update(&scan_netns(&ns).await).await.unwrap());
+    check(&[128, 128, 2], 2);
+    // Removing 5 pairs: two slices again, the third one deleted, a new generation.
+    ip_batch(&ns, &file, (0..5).map(|i| format!("link del a{i}\n")));
+    let devs = scan_netns(&ns).await;
+    assert_eq!(devs.len(), 248);
     assert!(ctl.update(&devs).await.unwrap());
-    let slices = publisher.read_all().unwrap();
-    assert_eq!(slices.len(), 1);
-    assert_eq!(slices[0].spec.devices.len(), 120);
-    assert_eq!(slices[0].spec.pool.generation, 2);
+    check(&[128, 120], 3);
 }
 
 #[tokio::test]
