@@ -753,3 +753,74 @@ async fn failed_start_leaves_no_dra_socket() {
     assert!(err.to_string().contains("removing stale socket"), "{err}");
     assert!(!cfg.dra_socket().exists());
 }
+
+/// `dranet validate-config FILE|-`: `ok` and 0, or every error with its path and 1.
+#[test]
+fn validate_config_binary_prints_ok_or_every_error_with_its_path() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let bin = dranet_sim::kernel::dranet_bin().unwrap();
+    let run = |args: &[&str], stdin: &str| {
+        let mut child = Command::new(&bin)
+            .arg("validate-config")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let good = r#"{"interface": {"name": "net1", "mtu": 9000, "addresses": ["10.9.0.2/24"]},
+                   "routes": [{"destination": "10.8.0.0/16", "gateway": "10.9.0.1"}]}"#;
+    assert_eq!(run(&["-"], good), (Some(0), "ok\n".to_owned(), String::new()));
+    let dir = TempDir::new("vc");
+    let file = dir.0.join("good.json");
+    std::fs::write(&file, good).unwrap();
+    assert_eq!(run(&[file.to_str().unwrap()], "").0, Some(0));
+    let (code, out, _) = run(&["--print", file.to_str().unwrap()], "");
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["interface"]["mtu"],
+        9000
+    );
+
+    // Rule failures: all of them, each with its path.
+    let bad = r#"{"interface": {"name": "name-longer-than-15", "mtu": 10, "addresses": ["10.0.0.1"]},
+                  "routes": [{"destination": "fd00::/64", "gateway": "10.0.0.1"}]}"#;
+    let (code, out, _) = run(&["-"], bad);
+    assert_eq!(code, Some(1), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    for want in [
+        "interface.name:",
+        "interface.mtu:",
+        "interface.addresses[0]:",
+        "routes[0]",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(want)),
+            "{want} missing in {lines:?}"
+        );
+    }
+    // Decoding failures: every unknown field and wrong type.
+    let (code, out, _) = run(
+        &["-"],
+        r#"{"interface": {"nmae": "x", "mtu": "big"}, "rutes": []}"#,
+    );
+    assert_eq!(code, Some(1));
+    let paths: Vec<&str> = out.lines().filter_map(|l| l.split(':').next()).collect();
+    assert_eq!(paths, ["interface.mtu", "interface.nmae", "rutes"], "{out}");
+    // Not JSON; a file that is not there.
+    let (code, out, _) = run(&["-"], "{");
+    assert_eq!(code, Some(1));
+    assert!(out.starts_with("failed to unmarshal JSON data"), "{out}");
+    let (code, _, err) = run(&["/nonexistent/dranet-config.json"], "");
+    assert_eq!(code, Some(2));
+    assert!(err.contains("/nonexistent/dranet-config.json"), "{err}");
+}

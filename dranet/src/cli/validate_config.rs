@@ -1,6 +1,7 @@
 //! `dranet validate-config`: checks an opaque device config (the `parameters` of a claim or
-//! class config for driver `dra.net`) with the same rules as Prepare. Prints the normalised
-//! config (defaults applied) on success, one error per line otherwise.
+//! class config for driver `dra.net`) with the same rules as Prepare. Prints `ok` (or, with
+//! `--print`, the normalised config with defaults applied) and exits 0, or prints every error
+//! with its JSON path, one per line, and exits 1.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -17,6 +18,9 @@ pub struct ValidateConfigArgs {
     /// Also apply the rules for devices without a netdev (RDMA-only).
     #[arg(long)]
     pub rdma_only: bool,
+    /// On success, print the normalised config (defaults applied) instead of `ok`.
+    #[arg(long)]
+    pub print: bool,
 }
 
 /// Runs the subcommand.
@@ -37,12 +41,13 @@ pub fn main(args: &ValidateConfigArgs) -> ExitCode {
     };
     match check(&raw, args.rdma_only) {
         Ok(normalised) => {
-            println!("{normalised}");
+            println!("{}", if args.print { normalised.as_str() } else { "ok" });
             ExitCode::SUCCESS
         }
         Err(lines) => {
+            // Errors are the answer here, so they go to stdout, like `ok`.
             for l in lines {
-                eprintln!("{l}");
+                println!("{l}");
             }
             ExitCode::FAILURE
         }
@@ -52,7 +57,9 @@ pub fn main(args: &ValidateConfigArgs) -> ExitCode {
 /// The normalised JSON, or the error lines.
 pub fn check(raw: &[u8], rdma_only: bool) -> Result<String, Vec<String>> {
     let lines = |e: ConfigError| match &e {
-        ConfigError::Invalid { errors } => errors.iter().map(ToString::to_string).collect(),
+        ConfigError::Decode { errors } | ConfigError::Invalid { errors } => {
+            errors.iter().map(ToString::to_string).collect()
+        }
         ConfigError::Json { .. } => vec![e.to_string()],
     };
     let cfg = config::parse_and_validate(raw).map_err(lines)?;
@@ -75,5 +82,12 @@ mod tests {
         assert!(ok.contains("\"table\""), "defaults applied: {ok}");
         assert!(check(br#"{"interface": {"name": "x"}}"#, true).is_err());
         assert!(check(br#"{"interface": {"name": "x"}}"#, false).is_ok());
+        let errs = check(br#"{"interface": {"mtu": "x", "bogus": 1}}"#, false).unwrap_err();
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(
+            errs[0].starts_with("interface.bogus: unknown field `bogus`"),
+            "{errs:?}"
+        );
+        assert!(errs[1].starts_with("interface.mtu: invalid type"), "{errs:?}");
     }
 }

@@ -44,24 +44,28 @@ fn join(errors: &[FieldError]) -> String {
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// Not JSON, wrong types, or unknown fields (strict decoding).
+    /// Not JSON at all (the position is in the message).
     #[error("failed to unmarshal JSON data: {source}")]
     Json {
         #[source]
         source: serde_json::Error,
     },
+    /// JSON, but with unknown fields or values of the wrong type (strict decoding): every one,
+    /// each with its field path.
+    #[error("failed to unmarshal JSON data: {}", join(.errors))]
+    Decode { errors: Vec<FieldError> },
     /// Decoded, but one or more rules fail.
     #[error("invalid configuration: {}", join(.errors))]
     Invalid { errors: Vec<FieldError> },
 }
 
 impl ConfigError {
-    /// The individual rule failures (empty for JSON errors).
+    /// The individual failures, each with its path (empty when the input is not JSON).
     #[must_use]
     pub fn field_errors(&self) -> &[FieldError] {
         match self {
             Self::Json { .. } => &[],
-            Self::Invalid { errors } => errors,
+            Self::Decode { errors } | Self::Invalid { errors } => errors,
         }
     }
 }
@@ -75,13 +79,120 @@ pub fn parse_and_validate(raw: &[u8]) -> Result<NetworkConfig, ConfigError> {
     Ok(cfg)
 }
 
+/// At most this many decoding errors are reported for one config.
+const MAX_DECODE_ERRORS: usize = 32;
+
+/// Strict decoding that reports every unknown field and wrong type, not only the first: after
+/// each error the offending member is taken out of the document and decoding starts again.
 fn parse(raw: &[u8]) -> Result<NetworkConfig, ConfigError> {
     if raw.iter().all(u8::is_ascii_whitespace) {
         return Ok(NetworkConfig::default());
     }
-    let cfg: Option<NetworkConfig> =
+    let mut doc: serde_json::Value =
         serde_json::from_slice(raw).map_err(|source| ConfigError::Json { source })?;
-    Ok(cfg.unwrap_or_default())
+    let mut errors: Vec<FieldError> = Vec::new();
+    let mut removed = Removed::default();
+    while errors.len() < MAX_DECODE_ERRORS {
+        let err = match serde_path_to_error::deserialize::<_, Option<NetworkConfig>>(&doc) {
+            Ok(cfg) if errors.is_empty() => return Ok(cfg.unwrap_or_default()),
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let segments: Vec<serde_path_to_error::Segment> = err.path().iter().cloned().collect();
+        errors.push(FieldError {
+            path: removed.original_path(&segments),
+            problem: err.into_inner().to_string(),
+        });
+        if !removed.take_out(&mut doc, &segments) {
+            break;
+        }
+    }
+    Err(ConfigError::Decode { errors })
+}
+
+/// Array elements taken out so far, by the original path of their array, so that the paths of
+/// later errors name the elements as the user wrote them.
+#[derive(Default)]
+struct Removed(std::collections::HashMap<String, Vec<usize>>);
+
+impl Removed {
+    /// The original index of what is now element `current` of the array at `array`.
+    fn original_index(&self, array: &str, current: usize) -> usize {
+        let Some(gone) = self.0.get(array) else {
+            return current;
+        };
+        // The `current`-th index (0-based) not in `gone` (sorted).
+        let mut idx = current;
+        for g in gone {
+            if *g <= idx {
+                idx += 1;
+            } else {
+                break;
+            }
+        }
+        idx
+    }
+
+    /// `interface.addresses[1]`: map keys joined by dots, indices in brackets, as written.
+    fn original_path(&self, segments: &[serde_path_to_error::Segment]) -> String {
+        use serde_path_to_error::Segment;
+        let mut out = String::new();
+        for s in segments {
+            match s {
+                Segment::Seq { index } => {
+                    let i = self.original_index(&out, *index);
+                    out.push_str(&format!("[{i}]"));
+                }
+                Segment::Map { key } | Segment::Enum { variant: key } => {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    out.push_str(key);
+                }
+                Segment::Unknown => {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    out.push('?');
+                }
+            }
+        }
+        out
+    }
+
+    /// Removes the member at `path` (an object key or an array element) and records a removed
+    /// element. False if there is nothing to take out (the document itself is wrong).
+    fn take_out(&mut self, doc: &mut serde_json::Value, path: &[serde_path_to_error::Segment]) -> bool {
+        use serde_path_to_error::Segment;
+        let Some((last, parents)) = path.split_last() else {
+            return false;
+        };
+        let mut cur = doc;
+        for seg in parents {
+            let next = match (seg, cur) {
+                (Segment::Map { key }, serde_json::Value::Object(m)) => m.get_mut(key.as_str()),
+                (Segment::Seq { index }, serde_json::Value::Array(a)) => a.get_mut(*index),
+                _ => None,
+            };
+            let Some(n) = next else {
+                return false;
+            };
+            cur = n;
+        }
+        match (last, cur) {
+            (Segment::Map { key }, serde_json::Value::Object(m)) => m.remove(key.as_str()).is_some(),
+            (Segment::Seq { index }, serde_json::Value::Array(a)) if *index < a.len() => {
+                a.remove(*index);
+                let array = self.original_path(parents);
+                let original = self.original_index(&array, *index);
+                let gone = self.0.entry(array).or_default();
+                gone.push(original);
+                gone.sort_unstable();
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Checks every rule on an already decoded config.

@@ -4,7 +4,9 @@ fn errors_of(json: &str) -> Vec<String> {
     match parse_and_validate(json.as_bytes()) {
         Ok(_) => Vec::new(),
         Err(e @ ConfigError::Json { .. }) => vec![e.to_string()],
-        Err(ConfigError::Invalid { errors }) => errors.iter().map(ToString::to_string).collect(),
+        Err(ConfigError::Decode { errors } | ConfigError::Invalid { errors }) => {
+            errors.iter().map(ToString::to_string).collect()
+        }
     }
 }
 
@@ -60,7 +62,7 @@ fn malformed_json_and_unknown_fields_are_rejected() {
     assert_one(r#"{"routes": [{"dst": "1.2.3.0/24"}]}"#, "unknown field `dst`");
     assert_one(
         r#"{"interface": {"mtu": "big"}}"#,
-        "failed to unmarshal JSON data",
+        "interface.mtu: invalid type: string \"big\", expected i32",
     );
     // Case-sensitive like sigs.k8s.io/json strict decoding.
     assert_one(r#"{"Interface": {}}"#, "unknown field `Interface`");
@@ -71,8 +73,65 @@ fn malformed_json_and_unknown_fields_are_rejected() {
     );
     assert!(matches!(
         parse_and_validate(b"[1]"),
+        Err(ConfigError::Decode { .. })
+    ));
+    assert!(matches!(
+        parse_and_validate(b"{\"interface\": "),
         Err(ConfigError::Json { .. })
     ));
+}
+
+#[test]
+fn every_decoding_error_is_reported_with_its_path() {
+    let json = r#"{
+      "bogus": 1,
+      "interface": {"nmae": "x", "mtu": "big", "addresses": [1, "10.0.0.1/24", 2, {"a": 1}]},
+      "routes": [{"dst": "x"}, {"destination": "10.0.0.0/8"}, {"destination": "10.1.0.0/16", "gw": "y"}],
+      "neighbors": ["x", {"destination": "10.0.0.9", "hardwareAddr": 5}]
+    }"#;
+    let err = parse_and_validate(json.as_bytes()).unwrap_err();
+    assert!(matches!(err, ConfigError::Decode { .. }), "{err:?}");
+    let got: Vec<(&str, &str)> = err
+        .field_errors()
+        .iter()
+        .map(|e| (e.path.as_str(), e.problem.as_str()))
+        .collect();
+    let paths: Vec<&str> = got.iter().map(|(p, _)| *p).collect();
+    assert_eq!(
+        paths,
+        [
+            // Members in key order (the decoder sees an ordered map), array elements in order.
+            "bogus",
+            "interface.addresses[0]",
+            "interface.addresses[2]",
+            "interface.addresses[3]",
+            "interface.mtu",
+            "interface.nmae",
+            "neighbors[0]",
+            "neighbors[1].hardwareAddr",
+            "routes[0].dst",
+            "routes[2].gw",
+        ],
+        "{got:#?}"
+    );
+    assert!(
+        got[0].1.starts_with("unknown field `bogus`, expected one of"),
+        "{}",
+        got[0].1
+    );
+    assert_eq!(got[1].1, "invalid type: integer `1`, expected a string");
+    assert_eq!(got[4].1, "invalid type: string \"big\", expected i32");
+    assert!(
+        err.to_string()
+            .starts_with("failed to unmarshal JSON data: bogus: unknown field")
+    );
+    // Bounded: a config with hundreds of errors reports the first 32.
+    let many: String = (0..100)
+        .map(|i| format!("\"f{i}\": 1"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let err = parse_and_validate(format!("{{{many}}}").as_bytes()).unwrap_err();
+    assert_eq!(err.field_errors().len(), 32);
 }
 
 #[test]
@@ -385,4 +444,70 @@ fn null_means_zero_value_like_go() {
     assert!(cfg.interface.addresses.is_empty());
     assert_eq!(cfg.routes[0].table, 0);
     assert_eq!(cfg.routes[0].gateway, "");
+}
+
+/// Every member of a full config replaced, one at a time, by values of every JSON type: the
+/// decoder ends, and a failure names at least one path that exists in the document.
+#[test]
+fn wrong_types_everywhere_are_reported_with_paths() {
+    fn leaves(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    leaves(x, format!("{at}/{k}"), out);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    leaves(x, format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+        out.push(at);
+    }
+    let full: serde_json::Value = serde_json::from_str(
+        r#"{"interface": {"name": "eth9", "addresses": ["10.0.0.2/24"], "mtu": 9000,
+            "hardwareAddr": "02:00:00:00:00:01", "vrf": {"name": "v", "table": 1001}},
+           "routes": [{"destination": "0.0.0.0/0", "gateway": "10.0.0.1"}],
+           "neighbors": [{"destination": "10.0.0.9", "hardwareAddr": "aa:bb:cc:dd:ee:ff"}],
+           "ethtool": {"features": {"tso": false}}}"#,
+    )
+    .unwrap();
+    let mut ptrs = Vec::new();
+    leaves(&full, String::new(), &mut ptrs);
+    let kinds = [
+        serde_json::json!(7),
+        serde_json::json!(-1.5),
+        serde_json::json!("s"),
+        serde_json::json!(true),
+        serde_json::json!([1, {"x": 1}]),
+        serde_json::json!({"bogus": [1]}),
+    ];
+    let mut decode_failures = 0;
+    for p in ptrs.iter().filter(|p| !p.is_empty()) {
+        for k in &kinds {
+            let mut doc = full.clone();
+            *doc.pointer_mut(p).unwrap() = k.clone();
+            let raw = serde_json::to_vec(&doc).unwrap();
+            match parse_and_validate(&raw) {
+                Ok(_) | Err(ConfigError::Invalid { .. }) => {}
+                Err(e @ ConfigError::Decode { .. }) => {
+                    decode_failures += 1;
+                    let errs = e.field_errors();
+                    assert!(!errs.is_empty() && errs.len() <= 32, "{p} = {k}: {e}");
+                    assert!(errs.iter().all(|f| !f.problem.is_empty()), "{p} = {k}: {e}");
+                    // The path of the member that was replaced (or something inside it).
+                    let want = p.trim_start_matches('/').replace('/', ".");
+                    let named = errs.iter().any(|f| {
+                        let norm = f.path.replace('[', ".").replace(']', "");
+                        norm.starts_with(&want) || want.starts_with(&norm)
+                    });
+                    assert!(named, "{p} = {k}: {e}");
+                }
+                Err(e) => panic!("{p} = {k}: not JSON? {e}"),
+            }
+        }
+    }
+    assert!(decode_failures > 50, "{decode_failures}");
 }
