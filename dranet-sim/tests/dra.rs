@@ -477,6 +477,77 @@ fn inventory_of_a_netns_with_bridge_and_veth() {
     assert!(filtered.iter().any(|d| d.name == br));
 }
 
+/// The default-route interface and everything enslaved under it (here a bridge port: this kernel
+/// has no bond module; deeper chains are unit-tested) are the node's uplink and never published;
+/// a link beside them is; moving the default route moves the exclusion.
+#[test]
+fn inventory_excludes_the_default_route_uplink_and_its_members() {
+    if !require_root("inventory_excludes_the_default_route_uplink_and_its_members").unwrap() {
+        return;
+    }
+    let ns = PodNetns::create(&unique("dup")).unwrap();
+    let ip = |args: &[&str]| ns.ip(args).unwrap();
+    // br0 (default route) <- ua (port); ub (peer of ua) and the other pair free.
+    ip(&["link", "add", "br0", "type", "bridge"]);
+    ip(&["link", "add", "ua", "type", "veth", "peer", "name", "ub"]);
+    ip(&["link", "add", "fa", "type", "veth", "peer", "name", "fb"]);
+    ip(&["link", "set", "ua", "master", "br0"]);
+    for l in ["br0", "ua", "ub", "fa", "fb"] {
+        ip(&["link", "set", l, "up"]);
+    }
+    ip(&["addr", "add", "198.51.100.2/24", "dev", "br0"]);
+    ip(&["addr", "add", "203.0.113.2/24", "dev", "fa"]);
+    ip(&["route", "add", "default", "via", "198.51.100.1", "dev", "br0"]);
+    let names = || -> Vec<String> {
+        let opts = ScanOptions {
+            netns: NetnsTarget::Path(ns.path.clone()),
+            sysfs: Sysfs::new("/nonexistent-sysfs"),
+            ..ScanOptions::default()
+        };
+        inventory::scan(&opts)
+            .unwrap()
+            .into_iter()
+            .filter_map(|d| d.ifname)
+            .collect()
+    };
+    let got = names();
+    for uplink in ["br0", "ua"] {
+        assert!(!got.iter().any(|n| n == uplink), "{uplink} published: {got:?}");
+    }
+    for free in ["ub", "fa", "fb"] {
+        assert!(got.iter().any(|n| n == free), "{free} missing: {got:?}");
+    }
+    // A better (lower-metric) default route through fa makes fa the uplink instead.
+    ip(&["route", "del", "default", "via", "198.51.100.1", "dev", "br0"]);
+    ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "198.51.100.1",
+        "dev",
+        "br0",
+        "metric",
+        "100",
+    ]);
+    ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "203.0.113.1",
+        "dev",
+        "fa",
+        "metric",
+        "50",
+    ]);
+    let got = names();
+    assert!(!got.iter().any(|n| n == "fa"), "{got:?}");
+    for back in ["br0", "ua"] {
+        assert!(got.iter().any(|n| n == back), "{back} missing: {got:?}");
+    }
+}
+
 #[test]
 fn inventory_of_the_host_netns_sees_a_new_link() {
     if !require_root("inventory_of_the_host_netns_sees_a_new_link").unwrap() {
