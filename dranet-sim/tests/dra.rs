@@ -364,6 +364,10 @@ async fn v1beta1_and_two_claims_of_one_pod() {
 /// `ip link del` on drop.
 struct HostLink(String);
 
+/// Tests that add links to the host netns run one at a time (the rescan test counts the scans
+/// that host link events cause).
+static HOST_LINKS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 impl Drop for HostLink {
     fn drop(&mut self) {
         let _ = std::process::Command::new("ip")
@@ -553,6 +557,7 @@ fn inventory_of_the_host_netns_sees_a_new_link() {
     if !require_root("inventory_of_the_host_netns_sees_a_new_link").unwrap() {
         return;
     }
+    let _host = HOST_LINKS.blocking_lock();
     let name = unique("hd");
     sh(&["ip", "link", "add", &name, "type", "bridge"]).unwrap();
     let _guard = HostLink(name.clone());
@@ -894,4 +899,139 @@ fn validate_config_binary_prints_ok_or_every_error_with_its_path() {
     let (code, _, err) = run(&["/nonexistent/dranet-config.json"], "");
     assert_eq!(code, Some(2));
     assert!(err.contains("/nonexistent/dranet-config.json"), "{err}");
+}
+
+/// Rescans are driven by real rtnetlink link events and debounced: a link renamed 30 ms after it
+/// appeared (as udev renames a new NIC) is only ever scanned under its final name, and a burst
+/// of 20 new pairs costs one scan, not one per event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_events_drive_debounced_rescans() {
+    use dranet::slices::{LoopTiming, RescanHandle, link_events, publish_loop};
+    if !require_root("link_events_drive_debounced_rescans").unwrap() {
+        return;
+    }
+    let _host = HOST_LINKS.lock().await;
+    let tag = unique("ev");
+    let (tmp, fin, peer) = (format!("{tag}t"), format!("{tag}f"), format!("{tag}p"));
+    let mut guards = vec![HostLink(tmp.clone()), HostLink(fin.clone())];
+    guards.extend((0..20).map(|i| HostLink(format!("{tag}a{i}"))));
+    // Every scan: the names of this test's links in the host netns.
+    let scans: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let (s2, tag2) = (scans.clone(), tag.clone());
+    let scan = move || {
+        let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+            .map_err(|source| inventory::InventoryError::Io {
+                what: "sysfs",
+                source,
+            })?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&tag2))
+            .collect();
+        names.sort();
+        s2.lock().unwrap().push(names.clone());
+        Ok(names
+            .into_iter()
+            .map(|name| Device {
+                name,
+                ..Device::default()
+            })
+            .collect())
+    };
+    let out = TempDir::new("evslices");
+    let publisher = DirPublisher::new(&out.0, "dra.net", "node-a");
+    let ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
+    let handle = RescanHandle::new();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let timing = LoopTiming {
+        min_interval: Duration::from_millis(20),
+        max_interval: Duration::from_secs(3600),
+        settle: Duration::from_millis(400),
+        settle_max: Duration::from_secs(3),
+    };
+    let inv = SharedInventory::default();
+    let lp = tokio::spawn(publish_loop(
+        scan,
+        inv,
+        ctl,
+        handle.clone(),
+        timing,
+        stop_rx.clone(),
+    ));
+    let ev = tokio::spawn(link_events(handle, stop_rx));
+    let count = || scans.lock().unwrap().len();
+    let wait_for = |pred: &dyn Fn() -> bool, what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !pred() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: {:?}",
+                scans.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(&|| count() >= 1, "first scan");
+    // Let the link monitor subscribe and any earlier host event pass.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let before = count();
+
+    let script =
+        format!("ip link add {tmp} type veth peer name {peer} && sleep 0.03 && ip link set {tmp} name {fin}");
+    sh(&["sh", "-c", &script]).unwrap();
+    guards.push(HostLink(peer.clone()));
+    let want = {
+        let mut v = vec![fin.clone(), peer.clone()];
+        v.sort();
+        v
+    };
+    wait_for(
+        &|| scans.lock().unwrap().last() == Some(&want),
+        "scan with the renamed link",
+    );
+    let seen = scans.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|names| !names.contains(&tmp)),
+        "a scan saw the link before its rename: {seen:?}"
+    );
+    assert_eq!(seen.len() - before, 1, "{seen:?}");
+    let published = publisher.read_all().unwrap();
+    let names: Vec<&str> = published[0]
+        .spec
+        .devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(names, want);
+
+    // A burst: 20 pairs in one batch.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let before = count();
+    let batch = TempDir::new("evbatch");
+    let path = batch.0.join("b");
+    let lines: String = (0..20)
+        .map(|i| format!("link add {tag}a{i} type veth peer name {tag}b{i}\n"))
+        .collect();
+    std::fs::write(&path, lines).unwrap();
+    sh(&["ip", "-batch", path.to_str().unwrap()]).unwrap();
+    wait_for(
+        &|| scans.lock().unwrap().last().is_some_and(|n| n.len() == 42),
+        "scan with the burst",
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let burst_scans = count() - before;
+    assert!(
+        (1..=2).contains(&burst_scans),
+        "{burst_scans} scans for one burst of 40 new links"
+    );
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), lp)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), ev)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    drop(guards);
 }

@@ -20,7 +20,8 @@ pub use dir::DirPublisher;
 pub use kube_api::{API_REQUEST_TIMEOUT, KubePublisher};
 pub use metrics::SliceMetrics;
 pub use run::{
-    DEFAULT_MAX_INTERVAL, DEFAULT_MIN_INTERVAL, LoopTiming, RescanHandle, link_events, publish_loop,
+    DEFAULT_MAX_INTERVAL, DEFAULT_MIN_INTERVAL, DEFAULT_SETTLE, DEFAULT_SETTLE_MAX, LoopTiming, RescanHandle,
+    link_events, publish_loop,
 };
 
 use crate::inventory::{AttrValue, Device};

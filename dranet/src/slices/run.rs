@@ -1,6 +1,7 @@
-//! The publish loop: rescan the inventory when asked (rtnetlink link events, Prepare misses,
-//! kubelet re-registration) or every `max_interval`, at most once per `min_interval`, and
-//! re-publish the slices when the devices changed (always, when a re-publish was forced).
+//! The publish loop: rescan the inventory when asked (rtnetlink link events, devices coming
+//! home, kubelet re-registration) once the requests have been quiet for `settle`, at most once
+//! per `min_interval`, or every `max_interval`; re-publish the slices when the devices changed
+//! (always, when a re-publish was forced); retry a failed publish with backoff.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,11 +44,21 @@ impl RescanHandle {
     }
 }
 
+/// A burst of link events is over after this much quiet (a new NIC is renamed by udev a few
+/// milliseconds after it appears: scanning at its first event would publish the kernel's name).
+pub const DEFAULT_SETTLE: Duration = Duration::from_millis(150);
+/// A burst that never goes quiet is scanned after this long anyway.
+pub const DEFAULT_SETTLE_MAX: Duration = Duration::from_secs(1);
+
 /// Timing of the loop.
 #[derive(Clone, Copy, Debug)]
 pub struct LoopTiming {
     pub min_interval: Duration,
     pub max_interval: Duration,
+    /// Debounce: after a request, wait until none came for this long...
+    pub settle: Duration,
+    /// ...but at most this long.
+    pub settle_max: Duration,
 }
 
 impl Default for LoopTiming {
@@ -55,6 +66,8 @@ impl Default for LoopTiming {
         Self {
             min_interval: DEFAULT_MIN_INTERVAL,
             max_interval: DEFAULT_MAX_INTERVAL,
+            settle: DEFAULT_SETTLE,
+            settle_max: DEFAULT_SETTLE_MAX,
         }
     }
 }
@@ -84,10 +97,22 @@ pub async fn publish_loop<P, S>(
                 _ = shutdown.wait_for(|s| *s) => return,
             }
             let next = t + retry.map_or(timing.max_interval, |r| r.min(timing.max_interval));
-            tokio::select! {
-                () = handle.notify.notified() => {}
-                () = tokio::time::sleep_until(next) => {}
+            let requested = tokio::select! {
+                () = handle.notify.notified() => true,
+                () = tokio::time::sleep_until(next) => false,
                 _ = shutdown.wait_for(|s| *s) => return,
+            };
+            if requested {
+                // Debounce: scan once the burst of requests is over.
+                let cap = Instant::now() + timing.settle_max;
+                loop {
+                    let quiet = (Instant::now() + timing.settle).min(cap);
+                    tokio::select! {
+                        () = handle.notify.notified() => {}
+                        () = tokio::time::sleep_until(quiet) => break,
+                        _ = shutdown.wait_for(|s| *s) => return,
+                    }
+                }
             }
         }
         last_scan = Some(Instant::now());

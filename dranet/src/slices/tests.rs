@@ -240,6 +240,8 @@ async fn publish_loop_rescans_on_request_and_forces_republish() {
     let timing = LoopTiming {
         min_interval: Duration::from_millis(10),
         max_interval: Duration::from_secs(3600),
+        settle: Duration::from_millis(5),
+        settle_max: Duration::from_millis(50),
     };
     let task = tokio::spawn(publish_loop(
         scan,
@@ -469,6 +471,8 @@ async fn scenario_publish_loop_retries_a_failed_publish_without_a_rescan_request
     let timing = LoopTiming {
         min_interval: Duration::from_millis(20),
         max_interval: Duration::from_secs(3600),
+        settle: Duration::from_millis(5),
+        settle_max: Duration::from_millis(50),
     };
     let task = tokio::spawn(publish_loop(
         || Ok(devices(3)),
