@@ -1,3 +1,4 @@
+pub mod apiserver;
 pub mod bpf;
 pub mod fixtures;
 pub mod kernel;

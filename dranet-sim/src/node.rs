@@ -23,6 +23,9 @@ pub struct NodeOptions {
     pub probes: bool,
     /// Extra `dranet run` arguments.
     pub extra_args: Vec<String>,
+    /// Kube mode: `--kubeconfig` this file (an API server, e.g. [`crate::apiserver::ApiServer`])
+    /// instead of `--claims-dir` / `--slices-dir` (embedded mode, the default).
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl Default for NodeOptions {
@@ -31,6 +34,7 @@ impl Default for NodeOptions {
             runtime: RuntimeConfig::default(),
             probes: true,
             extra_args: Vec::new(),
+            kubeconfig: None,
         }
     }
 }
@@ -95,12 +99,31 @@ impl Node {
             .arg("--kubelet-root-dir")
             .arg(self.dir.join("kubelet"))
             .arg("--nri-socket")
-            .arg(self.dir.join("nri.sock"))
-            .arg("--slices-dir")
-            .arg(self.dir.join("slices"))
-            .arg("--claims-dir")
-            .arg(self.dir.join("claims"))
-            .args(&self.opts.extra_args)
+            .arg(self.dir.join("nri.sock"));
+        match &self.opts.kubeconfig {
+            None => {
+                cmd.arg("--slices-dir")
+                    .arg(self.dir.join("slices"))
+                    .arg("--claims-dir")
+                    .arg(self.dir.join("claims"));
+            }
+            Some(kc) => {
+                cmd.arg("--kubeconfig").arg(kc);
+                // Nothing from the environment may pick another place or route: the API server
+                // is the one in the kubeconfig, reached directly.
+                for v in [
+                    "DRANET_SLICES_DIR",
+                    "DRANET_CLAIMS_DIR",
+                    "HTTPS_PROXY",
+                    "https_proxy",
+                    "HTTP_PROXY",
+                    "http_proxy",
+                ] {
+                    cmd.env_remove(v);
+                }
+            }
+        }
+        cmd.args(&self.opts.extra_args)
             .env(
                 "RUST_LOG",
                 std::env::var("DRANET_NODE_LOG").unwrap_or_else(|_| "warn".into()),
@@ -177,27 +200,7 @@ impl Node {
         pod_uid: &str,
         devices: &[(String, serde_json::Value)],
     ) -> Result<()> {
-        let results: Vec<_> = devices
-            .iter()
-            .enumerate()
-            .map(|(i, (d, _))| json!({"request": format!("nic{i}"), "driver": "dra.net", "pool": "sim-node", "device": d}))
-            .collect();
-        let config: Vec<_> = devices
-            .iter()
-            .enumerate()
-            .map(|(i, (_, c))| {
-                json!({"source": "FromClaim", "requests": [format!("nic{i}")], "opaque": {"driver": "dra.net", "parameters": c}})
-            })
-            .collect();
-        let obj = json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
-            "status": {
-                "allocation": {"devices": {"results": results, "config": config}},
-                "reservedFor": [{"resource": "pods", "name": format!("pod-{pod_uid}"), "uid": pod_uid}]
-            }
-        });
+        let obj = claim_object(claim, pod_uid, devices);
         let dir = self.dir.join("claims").join(&claim.namespace);
         std::fs::create_dir_all(&dir)?;
         std::fs::write(
@@ -338,6 +341,43 @@ impl Drop for Node {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The ResourceClaim [`Node::write_claim`] writes: allocated on `sim-node` to `devices` (slice
+/// device name, opaque config), one request `nic<i>` each, reserved for the pod `pod_uid`.
+#[must_use]
+pub fn claim_object(
+    claim: &Claim,
+    pod_uid: &str,
+    devices: &[(String, serde_json::Value)],
+) -> serde_json::Value {
+    let results: Vec<_> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, (d, _))| {
+            json!({"request": format!("nic{i}"), "driver": "dra.net", "pool": "sim-node", "device": d})
+        })
+        .collect();
+    let config: Vec<_> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, (_, c))| {
+            json!({
+                "source": "FromClaim",
+                "requests": [format!("nic{i}")],
+                "opaque": {"driver": "dra.net", "parameters": c}
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+        "status": {
+            "allocation": {"devices": {"results": results, "config": config}},
+            "reservedFor": [{"resource": "pods", "name": format!("pod-{pod_uid}"), "uid": pod_uid}]
+        }
+    })
 }
 
 /// A pod sandbox as the runtime reports it.

@@ -1,0 +1,508 @@
+//! End to end in kube mode, as root, on the real kernel: the `dranet run` binary selected onto an
+//! in-memory API server (`dranet_sim::apiserver`, real HTTP/1.1 on 127.0.0.1) with
+//! `--kubeconfig`, between the kubelet simulator and the NRI runtime harness, a veth pair
+//! standing in for a NIC. ResourceSlices are applied to the API server, claims are read from it,
+//! their device status is applied to it and failures show up there as Events.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dranet_sim::apiserver::{ApiServer, Recorded, TOKEN};
+use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::kubelet::Claim;
+use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::node::{Node, NodeOptions, claim_object, sandbox};
+use serde_json::{Value, json};
+
+/// The node name the harness runs the daemon under (`--node-name`): also the pool name.
+const NODE: &str = "sim-node";
+const DRIVER: &str = "dra.net";
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+/// A file removed on drop (the kubeconfig).
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The API server, with the Node seeded, and the daemon in kube mode talking to it. Fields drop
+/// in order: the daemon goes before its API server.
+struct KubeNode {
+    node: Node,
+    api: ApiServer,
+    node_uid: String,
+    _kubeconfig: TempFile,
+}
+
+async fn kube_node() -> Result<KubeNode> {
+    kube_node_with(|_| {}).await
+}
+
+/// [`kube_node`], with `seed` storing more objects before the daemon starts.
+async fn kube_node_with(seed: impl FnOnce(&ApiServer)) -> Result<KubeNode> {
+    let api = ApiServer::start().await?;
+    let node_uid = format!("node-uid-{}", unique(""));
+    api.put(
+        &format!("/api/v1/nodes/{NODE}"),
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": node_uid}}),
+    );
+    seed(&api);
+    let kubeconfig = TempFile(std::env::temp_dir().join(unique("dranet-kubeconfig-")));
+    api.write_kubeconfig(&kubeconfig.0)?;
+    let node = Node::start(NodeOptions {
+        kubeconfig: Some(kubeconfig.0.clone()),
+        ..NodeOptions::default()
+    })
+    .await
+    .context("starting the daemon in kube mode")?;
+    Ok(KubeNode {
+        node,
+        api,
+        node_uid,
+        _kubeconfig: kubeconfig,
+    })
+}
+
+fn claim_path(namespace: &str, name: &str) -> String {
+    format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+}
+
+/// Seeds the claim as the scheduler would have left it: the harness's allocated claim plus the
+/// spec every API object has (one request per device).
+fn seed_claim(api: &ApiServer, claim: &Claim, pod_uid: &str, devices: &[(String, Value)]) {
+    let mut obj = claim_object(claim, pod_uid, devices);
+    let requests: Vec<Value> = (0..devices.len())
+        .map(|i| json!({"name": format!("nic{i}"), "exactly": {"deviceClassName": DRIVER}}))
+        .collect();
+    obj["spec"] = json!({"devices": {"requests": requests}});
+    api.put(&claim_path(&claim.namespace, &claim.name), obj);
+}
+
+/// Every request carried the kubeconfig user's token and was served by a route.
+fn assert_clean_traffic(api: &ApiServer) {
+    let reqs = api.requests();
+    let bearer = format!("Bearer {TOKEN}");
+    for r in &reqs {
+        assert_eq!(
+            r.header("authorization"),
+            Some(bearer.as_str()),
+            "{} {} without the token",
+            r.method,
+            r.path
+        );
+    }
+    let unhandled: Vec<String> = api
+        .unhandled()
+        .iter()
+        .map(|r| format!("{} {}?{}", r.method, r.path, r.raw_query))
+        .collect();
+    assert!(unhandled.is_empty(), "requests no route served: {unhandled:?}");
+}
+
+fn summary(reqs: &[Recorded]) -> Vec<String> {
+    reqs.iter()
+        .map(|r| {
+            format!(
+                "#{} {:?}ms {} {}?{} -> {:?}",
+                r.conn,
+                r.at.as_millis(),
+                r.method,
+                r.path,
+                r.raw_query,
+                r.status
+            )
+        })
+        .collect()
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// Slices published for the node, with the device named `device` in one of them.
+fn slices_with(api: &ApiServer, device: &str) -> Option<Vec<Value>> {
+    let slices: Vec<Value> = api
+        .objects_under(&format!("{SLICES}/"))
+        .into_iter()
+        .map(|(_, v)| v)
+        .filter(|s| s["spec"]["nodeName"] == NODE)
+        .collect();
+    let has = slices.iter().any(|s| {
+        s["spec"]["devices"]
+            .as_array()
+            .is_some_and(|ds| ds.iter().any(|d| d["name"] == device))
+    });
+    has.then_some(slices)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -> Result<()> {
+    if !require_root("kube_mode_publishes_slices_prepares_from_the_api_and_reports_status")? {
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let device = dranet::inventory::netdev_device_name(&nic.name);
+    // Left over from an earlier run of the driver on this node (generation 5, a slice index
+    // the new pool does not use), and a slice of another node that is none of its business.
+    let stale = format!("{SLICES}/{NODE}-{DRIVER}-7");
+    let other = format!("{SLICES}/other-node-{DRIVER}-0");
+    let slice = |node: &str, name: &str| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": 5, "resourceSliceCount": 8}, "devices": []}
+        })
+    };
+    let kn = kube_node_with(|api| {
+        api.put(&stale, slice(NODE, &format!("{NODE}-{DRIVER}-7")));
+        api.put(&other, slice("other-node", &format!("other-node-{DRIVER}-0")));
+    })
+    .await?;
+    let (api, node) = (&kn.api, &kn.node);
+
+    // ResourceSlices: applied server-side, owned by the Node, the NIC in the pool; the stale
+    // slice deleted, the other node's kept, the generation continued above the stale one.
+    let slices = api
+        .wait_for(
+            "a ResourceSlice with the test NIC",
+            Duration::from_secs(20),
+            |a| slices_with(a, &device),
+        )
+        .await
+        .with_context(|| format!("requests: {:#?}", summary(&api.requests())))?;
+    for s in &slices {
+        assert_eq!(s["apiVersion"], "resource.k8s.io/v1", "{s}");
+        assert_eq!(s["kind"], "ResourceSlice", "{s}");
+        assert_eq!(s["spec"]["driver"], DRIVER, "{s}");
+        assert_eq!(s["spec"]["pool"]["name"], NODE, "{s}");
+        assert_eq!(s["spec"]["pool"]["resourceSliceCount"], slices.len(), "{s}");
+        let owner = &s["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["apiVersion"], "v1", "{s}");
+        assert_eq!(owner["kind"], "Node", "{s}");
+        assert_eq!(owner["name"], NODE, "{s}");
+        assert_eq!(owner["uid"], kn.node_uid.as_str(), "{s}");
+        assert_eq!(owner["controller"], true, "{s}");
+        assert!(
+            s["spec"]["pool"]["generation"].as_i64().is_some_and(|g| g > 5),
+            "the pool generation does not continue above the stale one: {s}"
+        );
+    }
+    api.wait_for("the stale slice deleted", Duration::from_secs(5), |a| {
+        a.get(&stale).is_none().then_some(())
+    })
+    .await?;
+    let deletes = api.requests_to("DELETE", SLICES);
+    assert_eq!(deletes.len(), 1, "{:#?}", summary(&deletes));
+    assert_eq!(deletes[0].path, stale);
+    assert_eq!(deletes[0].status, Some(200));
+    assert!(api.get(&other).is_some(), "another node's slice was deleted");
+    let applies = api.requests_to("PATCH", &format!("{SLICES}/"));
+    assert!(!applies.is_empty());
+    for r in &applies {
+        assert_eq!(r.content_type, "application/apply-patch+yaml", "{r:?}");
+        assert_eq!(r.param("fieldManager"), Some(DRIVER), "{r:?}");
+        assert_eq!(r.param("force"), Some("true"), "{r:?}");
+    }
+    let lists = api.requests_to("GET", SLICES);
+    assert!(
+        lists
+            .iter()
+            .any(|r| r.param("fieldSelector") == Some(&format!("spec.nodeName={NODE},spec.driver={DRIVER}"))),
+        "no list by node and driver: {:#?}",
+        summary(&lists)
+    );
+    assert!(
+        !api.requests_to("GET", &format!("/api/v1/nodes/{NODE}"))
+            .is_empty(),
+        "the Node was never read"
+    );
+
+    // Prepare reads the claim from the API server.
+    let uid = unique("kube-pod-");
+    let mut ns = PodNetns::create(&unique("dranet-kube-"))?;
+    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    let config = json!({"interface": {"name": "net0", "addresses": ["192.168.70.2/24"]}});
+    seed_claim(api, &claim, &uid, &[(device.clone(), config)]);
+    node.prepare(&claim).await.context("NodePrepareResources")?;
+    let path = claim_path(&claim.namespace, &claim.name);
+    let gets = api.requests_to("GET", &path);
+    assert!(
+        gets.iter().any(|r| r.path == path && r.status == Some(200)),
+        "{:#?}",
+        summary(&gets)
+    );
+
+    // The pod runs: the NIC is in its netns under the configured name.
+    let pod = sandbox(&uid, &ns.path);
+    node.runtime
+        .run_pod_sandbox(&pod)
+        .await
+        .context("RunPodSandbox")?;
+    node.runtime.set_state(vec![pod.clone()], vec![]);
+    assert!(!host_has(&nic.name), "{} still in the host", nic.name);
+    let v = ns.ip(&["-j", "addr", "show", "dev", "net0"])?;
+    assert!(v.contains("192.168.70.2"), "net0 has no address in the pod: {v}");
+    assert!(
+        v.contains(&nic.mac),
+        "net0 in the pod is not the NIC ({}): {v}",
+        nic.mac
+    );
+
+    // The device status is applied on the claim's status subresource.
+    let st = api
+        .wait_for("the claim's device status", Duration::from_secs(5), |a| {
+            a.get(&path)
+                .filter(|c| c["status"]["devices"].as_array().is_some_and(|d| !d.is_empty()))
+        })
+        .await
+        .with_context(|| format!("requests: {:#?}", summary(&api.requests())))?;
+    let devs = st["status"]["devices"].as_array().context("status.devices")?;
+    assert_eq!(devs.len(), 1, "{st}");
+    let d = &devs[0];
+    assert_eq!(d["driver"], DRIVER, "{st}");
+    assert_eq!(d["pool"], NODE, "{st}");
+    assert_eq!(d["device"], device.as_str(), "{st}");
+    assert_eq!(d["networkData"]["interfaceName"], "net0", "{st}");
+    assert_eq!(d["networkData"]["hardwareAddress"], nic.mac.as_str(), "{st}");
+    assert_eq!(d["networkData"]["ips"][0], "192.168.70.2/24", "{st}");
+    assert_eq!(d["conditions"][0]["reason"], "NetworkDeviceReady", "{st}");
+    // The apply touched the status only: the allocation and reservation are still there.
+    assert_eq!(
+        st["status"]["allocation"]["devices"]["results"][0]["device"],
+        device.as_str(),
+        "{st}"
+    );
+    assert_eq!(st["status"]["reservedFor"][0]["uid"], uid.as_str(), "{st}");
+    let status_applies = api.requests_to("PATCH", &format!("{path}/status"));
+    assert!(!status_applies.is_empty());
+    for r in &status_applies {
+        assert_eq!(r.content_type, "application/apply-patch+yaml", "{r:?}");
+        assert_eq!(r.param("fieldManager"), Some(DRIVER), "{r:?}");
+        assert_eq!(r.param("force"), Some("true"), "{r:?}");
+        assert_eq!(r.status, Some(200), "{r:?}");
+        let b = r.json();
+        assert_eq!(b["kind"], "ResourceClaim", "{b}");
+        assert_eq!(b["metadata"]["name"], claim.name.as_str(), "{b}");
+        assert!(
+            b["status"]["allocation"].is_null(),
+            "the apply claims the allocation: {b}"
+        );
+    }
+
+    // Teardown: the NIC comes home as it was; unprepare.
+    node.runtime
+        .stop_pod_sandbox(&pod)
+        .await
+        .context("StopPodSandbox")?;
+    assert!(host_has(&nic.name), "{} not home after StopPodSandbox", nic.name);
+    ns.remove_crio_style()?;
+    node.runtime
+        .remove_pod_sandbox(&pod)
+        .await
+        .context("RemovePodSandbox")?;
+    node.runtime.set_state(vec![], vec![]);
+    let mut last = Ok(());
+    for _ in 0..100 {
+        last = assert_same(&before, &view(&nic.name, None)?);
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    last.context("the NIC was not restored")?;
+    node.unprepare(&claim).await?;
+    assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+
+    // The client is the real one: bearer token on every request, and keep-alive in use.
+    assert_clean_traffic(api);
+    let reqs = api.requests();
+    let most = reqs
+        .iter()
+        .map(|r| reqs.iter().filter(|x| x.conn == r.conn).count())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        most >= 2,
+        "no connection carried two requests: {:#?}",
+        summary(&reqs)
+    );
+    let mut kn = kn;
+    kn.node.stop()?;
+    eprintln!(
+        "kube mode life cycle: {} requests, {:?}",
+        kn.api.requests().len(),
+        t0.elapsed()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_mode_prepare_of_a_vanished_claim_fails_with_an_event() -> Result<()> {
+    if !require_root("kube_mode_prepare_of_a_vanished_claim_fails_with_an_event")? {
+        return Ok(());
+    }
+    let mut kn = kube_node().await?;
+    let (api, node) = (&kn.api, &kn.node);
+    let namespace = unique("ns-");
+    let claim = Claim::new(&namespace, &unique("gone-"), &unique("gone-uid-"));
+    let err = node
+        .prepare(&claim)
+        .await
+        .err()
+        .context("prepare of a claim the API server does not have succeeded")?;
+    let msg = format!("{err:#}");
+    assert!(msg.contains("not found"), "{msg}");
+    let path = claim_path(&namespace, &claim.name);
+    let gets = api.requests_to("GET", &path);
+    assert!(
+        gets.iter().any(|r| r.status == Some(404)),
+        "{:#?}",
+        summary(&gets)
+    );
+
+    // A Warning on the claim, in the claim's namespace.
+    let events = format!("/api/v1/namespaces/{namespace}/events");
+    let (ev_path, ev) = api
+        .wait_for("a ClaimPrepareFailed event", Duration::from_secs(5), |a| {
+            a.objects_under(&format!("{events}/"))
+                .into_iter()
+                .find(|(_, e)| e["reason"] == "ClaimPrepareFailed")
+        })
+        .await
+        .with_context(|| format!("requests: {:#?}", summary(&api.requests())))?;
+    assert_eq!(ev["type"], "Warning", "{ev}");
+    assert_eq!(ev["involvedObject"]["kind"], "ResourceClaim", "{ev}");
+    assert_eq!(ev["involvedObject"]["apiVersion"], "resource.k8s.io/v1", "{ev}");
+    assert_eq!(ev["involvedObject"]["namespace"], namespace.as_str(), "{ev}");
+    assert_eq!(ev["involvedObject"]["name"], claim.name.as_str(), "{ev}");
+    assert_eq!(ev["involvedObject"]["uid"], claim.uid.as_str(), "{ev}");
+    assert_eq!(ev["metadata"]["namespace"], namespace.as_str(), "{ev}");
+    assert_eq!(ev["source"]["component"], DRIVER, "{ev}");
+    assert_eq!(ev["source"]["host"], NODE, "{ev}");
+    assert_eq!(ev["count"], 1, "{ev}");
+    assert!(
+        ev["message"].as_str().is_some_and(|m| m.contains("not found")),
+        "{ev}"
+    );
+    let posts = api.requests_to("POST", &events);
+    assert_eq!(posts.len(), 1, "{:#?}", summary(&posts));
+    assert_eq!(posts[0].path, events);
+    assert_eq!(posts[0].status, Some(201));
+
+    // kubelet retries: the same failure again is counted on the same Event (strategic merge
+    // PATCH), not a second Event.
+    assert!(node.prepare(&claim).await.is_err());
+    let ev = api
+        .wait_for("the Event's count at 2", Duration::from_secs(5), |a| {
+            a.get(&ev_path).filter(|e| e["count"] == 2)
+        })
+        .await
+        .with_context(|| format!("requests: {:#?}", summary(&api.requests())))?;
+    let patches = api.requests_to("PATCH", &ev_path);
+    assert_eq!(patches.len(), 1, "{:#?}", summary(&patches));
+    assert_eq!(patches[0].content_type, "application/strategic-merge-patch+json");
+    assert_eq!(patches[0].status, Some(200));
+    assert_eq!(api.objects_under(&format!("{events}/")).len(), 1, "{ev}");
+    assert_clean_traffic(api);
+    kn.node.stop()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_mode_hung_api_server_fails_prepare_in_bounded_time() -> Result<()> {
+    if !require_root("kube_mode_hung_api_server_fails_prepare_in_bounded_time")? {
+        return Ok(());
+    }
+    let nic = Nic::create()?;
+    let device = dranet::inventory::netdev_device_name(&nic.name);
+    let mut kn = kube_node().await?;
+    let (api, node) = (&kn.api, &kn.node);
+    let uid = unique("kube-hang-");
+    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    seed_claim(
+        api,
+        &claim,
+        &uid,
+        &[(device.clone(), json!({"interface": {"name": "net0"}}))],
+    );
+    let claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/";
+    api.hang(claims);
+
+    // The claim GET gets no answer: a per-claim error after the daemon's 10 s claim timeout,
+    // well inside kubelet's 45 s call deadline.
+    let start = Instant::now();
+    let err = node
+        .prepare(&claim)
+        .await
+        .err()
+        .context("prepare succeeded against a hung API server")?;
+    let took = start.elapsed();
+    let msg = format!("{err:#}");
+    eprintln!("hung API server: prepare failed after {took:?}: {msg}");
+    assert!(msg.contains("no answer from the API server"), "{msg}");
+    assert!(
+        took >= Duration::from_secs(9),
+        "failed before the timeout: {took:?}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let hung = api.requests_to("GET", &claim_path("default", &claim.name));
+    assert!(
+        !hung.is_empty() && hung.iter().all(|r| r.status.is_none()),
+        "{:#?}",
+        summary(&hung)
+    );
+
+    // An API server that answers 500 fails the claim at once.
+    api.fail(claims, 500);
+    let start = Instant::now();
+    let err = node
+        .prepare(&claim)
+        .await
+        .err()
+        .context("prepare succeeded against a failing API server")?;
+    let took = start.elapsed();
+    eprintln!("500 from the API server: prepare failed after {took:?}: {err:#}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(format!("{err:#}").contains(&claim.name), "{err:#}");
+
+    // The API server is back: kubelet's retry succeeds.
+    api.heal(claims);
+    node.prepare(&claim)
+        .await
+        .context("prepare after the API server came back")?;
+    let gets = api.requests_to("GET", &claim_path("default", &claim.name));
+    assert_eq!(
+        gets.last().and_then(|r| r.status),
+        Some(200),
+        "{:#?}",
+        summary(&gets)
+    );
+    node.unprepare(&claim).await?;
+    // The failures were reported on the claim meanwhile (the events path never hung).
+    wait_until("ClaimPrepareFailed events", Duration::from_secs(5), || {
+        api.objects_under("/api/v1/namespaces/default/events/")
+            .iter()
+            .any(|(_, e)| {
+                e["reason"] == "ClaimPrepareFailed" && e["involvedObject"]["name"] == claim.name.as_str()
+            })
+    })
+    .await?;
+    assert!(host_has(&nic.name));
+    assert_clean_traffic(api);
+    kn.node.stop()?;
+    Ok(())
+}
