@@ -563,3 +563,6 @@ pub fn is_valid_mac(s: &str) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod table;
