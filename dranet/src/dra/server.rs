@@ -288,28 +288,40 @@ impl Registration for Registrar {
     }
 }
 
-/// Runs Prepare for every claim, one result per claim UID.
-async fn prepare_all(
+/// Claims of one NodePrepareResources call prepared at once. Each waits on the API server (a
+/// GET of up to [`crate::dra::claim::KubeClaimSource`]'s timeout) and possibly on a DHCP lease;
+/// one at a time, a pod of 16 claims on a slow API server would cost 16 round trips, and 16
+/// timeouts on a hung one, past kubelet's deadline for the whole call.
+pub(super) const PREPARE_CONCURRENCY: usize = 16;
+
+/// Runs Prepare for every claim, at most [`PREPARE_CONCURRENCY`] at once; one result per claim
+/// UID, in the request's order. Two claims of one pod may finish in either order: the merged
+/// pod plan is handed over under the preparer's lock.
+pub(super) async fn prepare_all(
     p: &Preparer,
     claims: Vec<ClaimRef>,
 ) -> Vec<(String, Result<Vec<PreparedDevice>, String>)> {
+    use futures::StreamExt;
     let start = std::time::Instant::now();
-    let mut out = Vec::with_capacity(claims.len());
-    for c in claims {
-        let res = p.prepare(&c).await.map_err(|e| {
-            tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "prepare failed");
-            // As upstream: a Warning on the claim (in the background, never failing the RPC).
-            let r = p.reporter();
-            r.event(r.make_event(
-                crate::report::ObjectRef::claim(&c.namespace, &c.name, &c.uid),
-                true,
-                "ClaimPrepareFailed",
-                format!("failed to prepare claim {}/{}: {e}", c.namespace, c.name),
-            ));
-            e.to_string()
-        });
-        out.push((c.uid, res));
-    }
+    let out: Vec<(String, Result<Vec<PreparedDevice>, String>)> = futures::stream::iter(claims)
+        .map(|c| async move {
+            let res = p.prepare(&c).await.map_err(|e| {
+                tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "prepare failed");
+                // As upstream: a Warning on the claim (in the background, never failing the RPC).
+                let r = p.reporter();
+                r.event(r.make_event(
+                    crate::report::ObjectRef::claim(&c.namespace, &c.name, &c.uid),
+                    true,
+                    "ClaimPrepareFailed",
+                    format!("failed to prepare claim {}/{}: {e}", c.namespace, c.name),
+                ));
+                e.to_string()
+            });
+            (c.uid, res)
+        })
+        .buffered(PREPARE_CONCURRENCY)
+        .collect()
+        .await;
     if let Some(m) = p.metrics() {
         let ok = out.iter().all(|(_, r)| r.is_ok());
         m.observe(super::metrics::PREPARE, ok, start.elapsed());

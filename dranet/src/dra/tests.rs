@@ -829,3 +829,103 @@ async fn scenario_prepare_through_the_api_server_and_a_hung_get_stores_no_plan()
     let e = gone.unwrap_err().to_string();
     assert!(e.contains("ResourceClaim ns/c3 not found"), "{e}");
 }
+
+/// A claim source whose GETs only answer once `n` of them are in flight at once: a Prepare that
+/// fetches claims one at a time never gets an answer.
+struct InFlightSource {
+    inner: MemoryClaimSource,
+    barrier: tokio::sync::Barrier,
+}
+
+impl ClaimSource for InFlightSource {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<ResourceClaim, ClaimError>> {
+        Box::pin(async move {
+            self.barrier.wait().await;
+            self.inner.get(namespace, name).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn claims_of_one_call_are_fetched_concurrently_and_answered_in_order() {
+    let inner = MemoryClaimSource::new();
+    for (name, uid, dev) in [("c1", "u1", "eth1"), ("c2", "u2", "eth2"), ("c3", "u3", "vf0")] {
+        inner.insert(claim(
+            name,
+            uid,
+            "pod-1",
+            json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": dev}]),
+            json!([]),
+        ));
+    }
+    let rec = Arc::new(Recorder::default());
+    let p = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(InFlightSource {
+            inner,
+            barrier: tokio::sync::Barrier::new(3),
+        }),
+        Arc::new(inventory()),
+        rec.clone(),
+    );
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        super::server::prepare_all(&p, vec![cref("c3", "u3"), cref("c1", "u1"), cref("c2", "u2")]),
+    )
+    .await
+    .expect("the three GETs were never in flight together: claims are fetched one at a time");
+    let uids: Vec<&str> = out.iter().map(|(u, _)| u.as_str()).collect();
+    assert_eq!(uids, ["u3", "u1", "u2"], "answers follow the request's order");
+    for (uid, res) in &out {
+        let devs = res.as_ref().unwrap_or_else(|e| panic!("{uid}: {e}"));
+        assert_eq!(devs.len(), 1, "{uid}");
+    }
+    let plans = rec.plans.lock().unwrap();
+    let mut devices: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
+    devices.sort_unstable();
+    assert_eq!(
+        devices,
+        ["eth1", "eth2", "vf0"],
+        "the merged plan holds every claim's device"
+    );
+}
+
+#[test]
+fn more_claims_than_the_concurrency_bound_are_all_answered() {
+    const { assert!(super::server::PREPARE_CONCURRENCY >= 8) };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (p, claims, rec) = setup();
+    let n = super::server::PREPARE_CONCURRENCY * 2 + 3;
+    let mut refs = Vec::new();
+    for i in 0..n {
+        let (name, uid) = (format!("c{i}"), format!("u{i}"));
+        // Every claim on the same device of another pod: the answers are what is compared.
+        claims.insert(claim(
+            &name,
+            &uid,
+            &format!("pod-{i}"),
+            json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}]),
+            json!([]),
+        ));
+        refs.push(cref(&name, &uid));
+    }
+    refs.push(cref("missing", "u-missing"));
+    let out = rt.block_on(super::server::prepare_all(&p, refs));
+    assert_eq!(out.len(), n + 1);
+    for (i, (uid, res)) in out.iter().take(n).enumerate() {
+        assert_eq!(uid, &format!("u{i}"));
+        assert!(res.is_ok(), "{uid}: {res:?}");
+    }
+    let (uid, res) = &out[n];
+    assert_eq!(uid, "u-missing");
+    assert!(res.as_ref().is_err_and(|e| e.contains("not found")), "{res:?}");
+    assert_eq!(rec.plans.lock().unwrap().len(), n);
+}

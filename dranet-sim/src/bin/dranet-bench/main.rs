@@ -9,7 +9,9 @@
 //! | watcher overhead | netns create+delete loop, probes loaded vs not, alternating runs |
 //! | footprint | idle child with watcher + engine: VmRSS, context switches/s |
 //! | inventory | scan + slice build of 256 veth devices in a private netns; baseline: bare link dump |
+//! | dra prepare/unprepare N | NodePrepareResources / NodeUnprepareResources of N claims over the DRA unix socket (tonic, v1), engine plan store checkpointed; baseline: the same call with no claims |
 mod baseline;
+mod dra;
 mod footprint;
 mod inventory;
 mod latency;
@@ -40,7 +42,8 @@ struct Args {
     /// Rounds per latency figure (default 60, quick 8).
     #[arg(long)]
     rounds: Option<usize>,
-    /// Only these parts: rescue (reaction, rescue and attach latency), overhead, footprint, inventory.
+    /// Only these parts: rescue (reaction, rescue and attach latency), overhead, footprint, inventory,
+    /// dra (Prepare/Unprepare over the kubelet socket).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Internal: the idle child of the footprint measurement.
@@ -83,6 +86,9 @@ async fn bench(args: &Args) -> Result<()> {
     }
     if want(args, "inventory") {
         rows.push(inventory::row(if args.quick { 5 } else { 30 }).await?);
+    }
+    if want(args, "dra") {
+        rows.extend(dra::rows(if args.quick { 10 } else { 100 }).await?);
     }
     let doc = json!({
         "quick": args.quick,
