@@ -195,10 +195,35 @@ pub fn identity(f: &File) -> Result<dranet::netns::NetnsId> {
     Ok(dranet::watch::identify_fd(f.as_fd())?)
 }
 
-/// Path of the `dranet` binary next to the running test binary, built on demand.
+/// Path of the `dranet` binary next to the running test binary, built on demand. Under cargo
+/// (`CARGO` set, as in `cargo test`) it is brought up to date once per process first: `cargo
+/// test -p dranet-sim` alone does not rebuild the daemon's binary, and an old one next to the
+/// test would run yesterday's daemon against today's tests.
 pub fn dranet_bin() -> Result<PathBuf> {
+    static FRESH: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe()?;
     let here = exe.parent().context("binary has no directory")?;
+    // Only test binaries (target/<profile>/deps/): the demo and the bench run next to the
+    // binaries their own build made.
+    let profile_dir = here.parent().filter(|_| here.ends_with("deps"));
+    if let (Ok(cargo), Some(profile_dir)) = (std::env::var("CARGO"), profile_dir) {
+        let release = profile_dir.ends_with("release");
+        FRESH
+            .get_or_init(|| {
+                let mut cmd = Command::new(cargo);
+                cmd.args(["build", "--quiet", "-p", "dranet", "--bin", "dranet"]);
+                if release {
+                    cmd.arg("--release");
+                }
+                match cmd.status() {
+                    Ok(s) if s.success() => Ok(()),
+                    Ok(s) => Err(format!("building the dranet binary failed: {s}")),
+                    Err(e) => Err(format!("running cargo to build the dranet binary: {e}")),
+                }
+            })
+            .clone()
+            .map_err(anyhow::Error::msg)?;
+    }
     // A binary in target/<profile>/ has it next to it; a test in target/<profile>/deps/ one up.
     for dir in [Some(here), here.parent()].into_iter().flatten() {
         let bin = dir.join("dranet");
