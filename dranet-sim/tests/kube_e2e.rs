@@ -442,29 +442,49 @@ async fn kube_mode_hung_api_server_fails_prepare_in_bounded_time() -> Result<()>
     let claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/";
     api.hang(claims);
 
-    // The claim GET gets no answer: a per-claim error after the daemon's 10 s claim timeout,
-    // well inside kubelet's 45 s call deadline.
+    // The claim GETs get no answer: a per-claim error after the daemon's 10 s claim timeout,
+    // well inside kubelet's 45 s call deadline. A pod of five claims: fetched one at a time,
+    // five timeouts (50 s) would run past that deadline; they are fetched at once.
+    let mut pod_claims = vec![claim.clone()];
+    for i in 1..5 {
+        pod_claims.push(Claim::new(
+            "default",
+            &format!("claim-{uid}-{i}"),
+            &format!("claim-uid-{uid}-{i}"),
+        ));
+    }
+    let plugin = node.plugin.as_ref().context("daemon not registered")?;
     let start = Instant::now();
-    let err = node
-        .prepare(&claim)
-        .await
-        .err()
-        .context("prepare succeeded against a hung API server")?;
+    let results = plugin.prepare(&pod_claims).await?;
     let took = start.elapsed();
-    let msg = format!("{err:#}");
-    eprintln!("hung API server: prepare failed after {took:?}: {msg}");
-    assert!(msg.contains("no answer from the API server"), "{msg}");
+    eprintln!("hung API server: 5 claims failed after {took:?}: {results:?}");
+    assert_eq!(results.len(), 5, "{results:?}");
+    for c in &pod_claims {
+        let res = &results[&c.uid];
+        assert!(res.devices.is_empty(), "{res:?}");
+        assert!(
+            res.error.contains("no answer from the API server") && res.error.contains(&c.name),
+            "{}: {res:?}",
+            c.name
+        );
+    }
     assert!(
         took >= Duration::from_secs(9),
         "failed before the timeout: {took:?}"
     );
-    assert!(took < Duration::from_secs(20), "took {took:?}");
-    let hung = api.requests_to("GET", &claim_path("default", &claim.name));
     assert!(
-        !hung.is_empty() && hung.iter().all(|r| r.status.is_none()),
-        "{:#?}",
-        summary(&hung)
+        took < Duration::from_secs(20),
+        "5 hung claim GETs took {took:?}: fetched one at a time, not at once"
     );
+    for c in &pod_claims {
+        let hung = api.requests_to("GET", &claim_path("default", &c.name));
+        assert!(
+            !hung.is_empty() && hung.iter().all(|r| r.status.is_none()),
+            "{}: {:#?}",
+            c.name,
+            summary(&hung)
+        );
+    }
 
     // An API server that answers 500 fails the claim at once.
     api.fail(claims, 500);
