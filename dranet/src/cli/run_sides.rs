@@ -13,9 +13,8 @@ use tracing::{info, warn};
 
 use super::run::RunArgs;
 use crate::dra::claim::{ClaimError, ClaimSource, ResourceClaim};
-use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PlanSink, PluginConfig, Preparer};
+use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PluginConfig, Preparer};
 use crate::inventory::{Device, ScanOptions, SharedInventory};
-use crate::plan::PodPlan;
 use crate::report::Reporter;
 use crate::rescue::Engine;
 use crate::slices::{LoopTiming, Publisher, RescanHandle, SliceController, link_events, publish_loop};
@@ -141,19 +140,6 @@ impl crate::dra::DeviceLookup for RescanOnMiss {
                 None
             }
         }
-    }
-}
-
-/// The rescue engine as the DRA side's plan store.
-struct EngineSink(Engine);
-
-impl PlanSink for EngineSink {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        self.0.set_plan(plan).map_err(|e| e.to_string())
-    }
-
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
-        self.0.remove_claim(claim_uid).map_err(|e| e.to_string())
     }
 }
 
@@ -338,7 +324,7 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
                     inventory: inventory.clone(),
                     opts: scan_opts.clone(),
                 }),
-                Arc::new(EngineSink(engine.clone())),
+                Arc::new(engine.clone()),
             )
             .with_reporter(sides.reporter.clone()),
         );

@@ -1,8 +1,9 @@
 //! DRA Prepare: NodePrepareResources + NodeUnprepareResources over the plugin's unix socket, as
 //! kubelet calls them (tonic client, v1), for pods of 1 and 16 claims. The daemon's stack behind
 //! the socket: strict config validation, inventory lookup of real veth devices in the host
-//! netns (their addresses and routes are read from the kernel at Prepare), and the rescue
-//! engine's plan store, checkpointed to a tmpfs state dir. Baseline: the same calls with an
+//! netns (the `ethtool` block is checked against their offloads, read from the kernel), and the
+//! rescue engine's plan store (the engine itself, as `dranet run` wires it), checkpointed to a
+//! tmpfs state dir. Baseline: the same calls with an
 //! empty claim list on the same channel (socket + HTTP/2 + protobuf, no dranet work).
 //!
 //! A last figure gives every claim GET an API server's round trip ([`API_RTT`]): the 16 claims
@@ -15,11 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dranet::dra::{
-    ClaimError, ClaimSource, KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer,
-    ResourceClaim,
+    ClaimError, ClaimSource, KubeletPlugin, MemoryClaimSource, PluginConfig, Preparer, ResourceClaim,
 };
 use dranet::inventory::{Device, SharedInventory};
-use dranet::plan::PodPlan;
 use dranet::rescue::{Engine, EngineOptions};
 use dranet_sim::kernel::{Veth, sh, unique};
 use dranet_sim::kubelet::{Claim, KubeletSim, RegisteredPlugin};
@@ -27,18 +26,6 @@ use serde_json::json;
 
 use crate::latency::StateDir;
 use crate::stats::Row;
-
-/// The engine as the plan store, as `dranet run` wires it.
-struct EngineSink(Engine);
-
-impl PlanSink for EngineSink {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        self.0.set_plan(plan).map_err(|e| e.to_string())
-    }
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
-        self.0.remove_claim(claim_uid).map_err(|e| e.to_string())
-    }
-}
 
 /// Claims from memory, each GET answered after `delay_us` (an API server's round trip).
 #[derive(Clone)]
@@ -133,7 +120,7 @@ pub async fn rows(rounds: usize) -> Result<Vec<Row>> {
         "bench-node",
         Arc::new(source.clone()),
         Arc::new(SharedInventory::new(devices)),
-        Arc::new(EngineSink(engine.clone())),
+        Arc::new(engine.clone()),
     ));
     let plugin = KubeletPlugin::start(&cfg, preparer).await?;
     let kubelet = KubeletSim::new(&root.0);
