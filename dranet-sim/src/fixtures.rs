@@ -77,11 +77,13 @@ pub async fn engine(state: &StateDir, watcher: Option<Watcher>) -> Result<Engine
     Ok(Engine::new(opts, watcher).await?)
 }
 
-/// The runtime's name of pod `uid` (as [`pod_plan`] names it).
+/// The runtime's name of pod `uid` (as [`pod_plan`] names it), in a sandbox whose id is the
+/// pod UID.
 #[must_use]
 pub fn pod_ref(uid: &str) -> PodRef<'_> {
     PodRef {
         uid,
+        sandbox: uid,
         namespace: "default",
         name: "p",
     }

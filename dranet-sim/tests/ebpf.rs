@@ -406,7 +406,12 @@ async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Resu
             2,
             "and come home with the device"
         );
-        e.forget_pod(&uid)?;
+        e.forget_sandbox(dranet::rescue::SandboxRef {
+            uid: &uid,
+            sandbox: &uid,
+            netns: None,
+        })
+        .await?;
     }
     Ok(())
 }

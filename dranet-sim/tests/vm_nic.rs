@@ -96,6 +96,7 @@ fn plan(nic: &str, uid: &str) -> PodPlan {
 fn pod(uid: &str) -> PodRef<'_> {
     PodRef {
         uid,
+        sandbox: uid,
         namespace: "default",
         name: "vm",
     }

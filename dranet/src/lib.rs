@@ -23,6 +23,7 @@ pub mod dra;
 pub mod driver;
 pub mod ethtool;
 pub mod http;
+pub mod ids;
 pub mod inventory;
 pub mod link;
 pub mod netns;

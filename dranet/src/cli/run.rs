@@ -190,6 +190,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let e = engine.clone();
         tokio::spawn(async move { e.run_events(sub).await });
     }
+    // Records of sandboxes whose netns is gone (a runtime that never sends Stop/Remove for them).
+    let e = engine.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(crate::rescue::SWEEP_EVERY);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            e.sweep().await;
+        }
+    });
     let mut registry = Registry::default();
     engine.metrics().register(&mut registry);
     registry.register(

@@ -142,6 +142,7 @@ impl Devices {
 fn pod(uid: &str) -> PodRef<'_> {
     PodRef {
         uid,
+        sandbox: uid,
         namespace: "default",
         name: "bench",
     }
@@ -207,7 +208,13 @@ fn us(from: u64, to: u64) -> f64 {
 
 impl Ctx {
     async fn forget(&self, uid: &str) -> Result<()> {
-        self.engine.forget_pod(uid)?;
+        self.engine
+            .forget_sandbox(dranet::rescue::SandboxRef {
+                uid,
+                sandbox: uid,
+                netns: None,
+            })
+            .await?;
         self.engine.remove_claim(&format!("claim-{uid}"))?;
         Ok(())
     }
