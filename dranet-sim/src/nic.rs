@@ -99,7 +99,20 @@ pub fn view(name: &str, netns: Option<&str>) -> Result<Value> {
         .unwrap_or_default()
         .iter()
         .filter(|a| a["scope"] != "link")
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or(""), a["prefixlen"]))
+        .map(|a| {
+            // Everything a restore must put back as it was, not only ip/prefix: a broadcast
+            // address (or none), the label.
+            let mut s = format!("{}/{}", a["local"].as_str().unwrap_or(""), a["prefixlen"]);
+            if let Some(b) = a["broadcast"].as_str() {
+                s.push_str(&format!(" brd {b}"));
+            }
+            if let Some(l) = a["label"].as_str()
+                && l != name
+            {
+                s.push_str(&format!(" label {l}"));
+            }
+            s
+        })
         .collect();
     addrs.sort();
     let up = l["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "UP"));

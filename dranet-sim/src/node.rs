@@ -326,6 +326,43 @@ impl Node {
     pub fn pins(&self) -> Vec<PathBuf> {
         dranet::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
     }
+
+    /// The daemon's checkpoint as it is on disk now (read as JSON, so any format shows).
+    pub fn checkpoint(&self) -> Result<serde_json::Value> {
+        match std::fs::read(self.state_dir().join("state.json")) {
+            Ok(b) => Ok(serde_json::from_slice(&b)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(json!({})),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The sandbox records of the checkpoint: (pod UID, sandbox id or "" when the format has
+    /// none).
+    pub fn records(&self) -> Result<Vec<(String, String)>> {
+        let cp = self.checkpoint()?;
+        Ok(cp["pods"]
+            .as_object()
+            .map(|m| {
+                m.values()
+                    .map(|r| {
+                        (
+                            r["pod_uid"].as_str().unwrap_or_default().to_owned(),
+                            r["sandbox_id"].as_str().unwrap_or_default().to_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Runs `dranet <args>` against this node's state dir (`--state-dir` appended).
+    pub fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
+        Ok(Command::new(dranet_bin()?)
+            .args(args)
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .output()?)
+    }
 }
 
 impl Drop for Node {
@@ -380,11 +417,18 @@ pub fn claim_object(
     })
 }
 
-/// A pod sandbox as the runtime reports it.
+/// A pod sandbox as the runtime reports it (sandbox id `sb-<uid>`).
 #[must_use]
 pub fn sandbox(uid: &str, netns: &Path) -> pb::PodSandbox {
+    sandbox_with_id(uid, &format!("sb-{uid}"), netns)
+}
+
+/// A sandbox of pod `uid` with the runtime's id `id`: kubelet re-creates a pod's sandbox under
+/// the same UID with a new id.
+#[must_use]
+pub fn sandbox_with_id(uid: &str, id: &str, netns: &Path) -> pb::PodSandbox {
     pb::PodSandbox {
-        id: format!("sb-{uid}"),
+        id: id.into(),
         name: format!("pod-{uid}"),
         uid: uid.into(),
         namespace: "default".into(),

@@ -101,9 +101,6 @@ impl Engine {
 
     /// Re-opens the pin of a pod whose runtime path still names the pinned netns.
     async fn adopt(&self, key: &str) -> bool {
-        if super::lock(&self.inner.live).contains_key(key) {
-            return true;
-        }
         let Some((path, id, pin_path)) = self
             .cp()
             .pods
@@ -112,6 +109,11 @@ impl Engine {
         else {
             return false;
         };
+        if super::lock(&self.inner.live).contains_key(key) {
+            // Held by this process already (a reconcile at runtime, after lost events): still
+            // running only if the runtime's path still names its netns.
+            return Netns::open_path(&path).is_ok_and(|ns| ns.id() == id);
+        }
         let Some(Live { pin, .. }) = self.repin(key, pin_path.as_deref()) else {
             return false;
         };
