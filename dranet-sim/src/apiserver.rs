@@ -841,7 +841,11 @@ fn authorize(
     let key = parse_target(path).map(|t| t.key());
     let existing = key.as_ref().and_then(|k| st.objects.get(k));
     // Server-side apply of an object that does not exist yet creates it: `create` too.
-    if a.verb == "patch" && a.subresource.is_empty() && media == "application/apply-patch+yaml" && existing.is_none() {
+    if a.verb == "patch"
+        && a.subresource.is_empty()
+        && media == "application/apply-patch+yaml"
+        && existing.is_none()
+    {
         let c = Attributes {
             verb: "create".into(),
             ..a.clone()

@@ -106,13 +106,19 @@ impl Authorizer {
                 .iter()
                 .find(|d| d["kind"] == "ClusterRole" && &d["metadata"]["name"] == role_name)
             else {
-                bail!("{}: binding to ClusterRole {role_name} that is not there", path.display());
+                bail!(
+                    "{}: binding to ClusterRole {role_name} that is not there",
+                    path.display()
+                );
             };
             grants.extend(dranet::rbac::grants_of_rules(&role["rules"]));
             bound += 1;
         }
         if bound == 0 {
-            bail!("{}: no ClusterRole bound to {SA_NAMESPACE}/{SA_NAME}", path.display());
+            bail!(
+                "{}: no ClusterRole bound to {SA_NAMESPACE}/{SA_NAME}",
+                path.display()
+            );
         }
         Ok(Self {
             grants,
@@ -222,7 +228,11 @@ pub fn forbidden(user: &str, a: &Attributes, extra: &str) -> Value {
         a.group
     );
     if a.name.is_empty() {
-        message = message.replacen(&format!("{gr} \"\" is forbidden"), &format!("{gr} is forbidden"), 1);
+        message = message.replacen(
+            &format!("{gr} \"\" is forbidden"),
+            &format!("{gr} is forbidden"),
+            1,
+        );
     }
     if !extra.is_empty() {
         message.push_str(": ");
@@ -276,13 +286,13 @@ pub fn allocated_on(claim: &Value, node: &str) -> bool {
             t["matchFields"].as_array().into_iter().flatten().any(|f| {
                 f["key"] == "metadata.name"
                     && f["operator"] == "In"
-                    && f["values"].as_array().is_some_and(|v| v.iter().any(|x| x == node))
+                    && f["values"]
+                        .as_array()
+                        .is_some_and(|v| v.iter().any(|x| x == node))
             })
         });
     }
-    let results = alloc
-        .pointer("/devices/results")
-        .and_then(Value::as_array);
+    let results = alloc.pointer("/devices/results").and_then(Value::as_array);
     results.is_some_and(|r| !r.is_empty() && r.iter().all(|d| d["pool"] == node))
 }
 
@@ -291,25 +301,104 @@ mod tests {
     use super::*;
 
     fn q(s: &[(&str, &str)]) -> Vec<(String, String)> {
-        s.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect()
+        s.iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
     }
 
     #[test]
     fn verbs_from_methods_as_the_rbac_authorizer() {
         let cases = [
             ("GET", "/api/v1/nodes/a", vec![], "get", "", "nodes", "", "a", ""),
-            ("GET", "/apis/resource.k8s.io/v1/resourceslices", vec![], "list", "resource.k8s.io", "resourceslices", "", "", ""),
-            ("GET", "/apis/resource.k8s.io/v1/resourceslices", vec![("watch", "true")], "watch", "resource.k8s.io", "resourceslices", "", "", ""),
-            ("POST", "/api/v1/namespaces/ns/events", vec![], "create", "", "events", "", "", "ns"),
-            ("PUT", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status", vec![], "update", "resource.k8s.io", "resourceclaims", "status", "c", "ns"),
-            ("PATCH", "/api/v1/namespaces/ns/events/e", vec![], "patch", "", "events", "", "e", "ns"),
-            ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/s", vec![], "delete", "resource.k8s.io", "resourceslices", "", "s", ""),
-            ("DELETE", "/apis/resource.k8s.io/v1/resourceslices", vec![], "deletecollection", "resource.k8s.io", "resourceslices", "", "", ""),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1/resourceslices",
+                vec![],
+                "list",
+                "resource.k8s.io",
+                "resourceslices",
+                "",
+                "",
+                "",
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1/resourceslices",
+                vec![("watch", "true")],
+                "watch",
+                "resource.k8s.io",
+                "resourceslices",
+                "",
+                "",
+                "",
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/ns/events",
+                vec![],
+                "create",
+                "",
+                "events",
+                "",
+                "",
+                "ns",
+            ),
+            (
+                "PUT",
+                "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status",
+                vec![],
+                "update",
+                "resource.k8s.io",
+                "resourceclaims",
+                "status",
+                "c",
+                "ns",
+            ),
+            (
+                "PATCH",
+                "/api/v1/namespaces/ns/events/e",
+                vec![],
+                "patch",
+                "",
+                "events",
+                "",
+                "e",
+                "ns",
+            ),
+            (
+                "DELETE",
+                "/apis/resource.k8s.io/v1/resourceslices/s",
+                vec![],
+                "delete",
+                "resource.k8s.io",
+                "resourceslices",
+                "",
+                "s",
+                "",
+            ),
+            (
+                "DELETE",
+                "/apis/resource.k8s.io/v1/resourceslices",
+                vec![],
+                "deletecollection",
+                "resource.k8s.io",
+                "resourceslices",
+                "",
+                "",
+                "",
+            ),
         ];
         for (m, p, query, verb, group, res, sub, name, ns) in cases {
             let a = attributes(m, p, &q(&query)).unwrap();
             assert_eq!(
-                (a.verb.as_str(), a.group.as_str(), a.resource.as_str(), a.subresource.as_str(), a.name.as_str(), a.namespace.as_str()),
+                (
+                    a.verb.as_str(),
+                    a.group.as_str(),
+                    a.resource.as_str(),
+                    a.subresource.as_str(),
+                    a.name.as_str(),
+                    a.namespace.as_str()
+                ),
                 (verb, group, res, sub, name, ns),
                 "{m} {p}"
             );
@@ -321,7 +410,11 @@ mod tests {
     fn shipped_roles_load_and_match_with_resource_names_and_wildcards() {
         let a = Authorizer::shipped().unwrap();
         let h = Authorizer::shipped_helm().unwrap();
-        assert_eq!(a.grants(), h.grants(), "deploy/rbac.yaml and the chart grant the same");
+        assert_eq!(
+            a.grants(),
+            h.grants(),
+            "deploy/rbac.yaml and the chart grant the same"
+        );
         let attrs = |verb: &str, res: &str, sub: &str, name: &str| Attributes {
             verb: verb.into(),
             group: "resource.k8s.io".into(),
@@ -330,18 +423,57 @@ mod tests {
             name: name.into(),
             namespace: "ns".into(),
         };
-        assert!(a.allowing(&attrs("associated-node:patch", "resourceclaims", "driver", "dra.net")).is_some());
-        assert!(a.allowing(&attrs("associated-node:patch", "resourceclaims", "driver", "other.net")).is_none());
-        assert!(a.allowing(&attrs("arbitrary-node:patch", "resourceclaims", "driver", "dra.net")).is_none());
-        assert!(a.allowing(&attrs("update", "resourceclaims", "status", "c")).is_none());
+        assert!(
+            a.allowing(&attrs(
+                "associated-node:patch",
+                "resourceclaims",
+                "driver",
+                "dra.net"
+            ))
+            .is_some()
+        );
+        assert!(
+            a.allowing(&attrs(
+                "associated-node:patch",
+                "resourceclaims",
+                "driver",
+                "other.net"
+            ))
+            .is_none()
+        );
+        assert!(
+            a.allowing(&attrs(
+                "arbitrary-node:patch",
+                "resourceclaims",
+                "driver",
+                "dra.net"
+            ))
+            .is_none()
+        );
+        assert!(
+            a.allowing(&attrs("update", "resourceclaims", "status", "c"))
+                .is_none()
+        );
         assert!(a.allowing(&attrs("watch", "resourceslices", "", "")).is_none());
-        let g = a.allowing(&attrs("patch", "resourceslices", "", "s")).cloned().unwrap();
-        assert!(a.without(&g).allowing(&attrs("patch", "resourceslices", "", "s")).is_none());
+        let g = a
+            .allowing(&attrs("patch", "resourceslices", "", "s"))
+            .cloned()
+            .unwrap();
+        assert!(
+            a.without(&g)
+                .allowing(&attrs("patch", "resourceslices", "", "s"))
+                .is_none()
+        );
     }
 
     #[test]
     fn forbidden_status_reads_like_the_api_servers() {
-        let a = attributes("PATCH", "/apis/resource.k8s.io/v1/resourceslices/n-dra.net-0", &[]).unwrap();
+        let a = attributes(
+            "PATCH",
+            "/apis/resource.k8s.io/v1/resourceslices/n-dra.net-0",
+            &[],
+        )
+        .unwrap();
         let s = forbidden("system:serviceaccount:kube-system:dranet", &a, "");
         assert_eq!(
             s["message"],

@@ -100,7 +100,10 @@ pub fn resource_slice(obj: &Value) -> Vec<Cause> {
         other => out.push((
             "spec.pool.resourceSliceCount".into(),
             "FieldValueInvalid",
-            format!("Invalid value: {}: must be greater than zero", other.unwrap_or_default()),
+            format!(
+                "Invalid value: {}: must be greater than zero",
+                other.unwrap_or_default()
+            ),
         )),
     }
     if spec["pool"]["generation"].as_i64().is_some_and(|g| g < 0) {
@@ -126,7 +129,10 @@ pub fn resource_slice(obj: &Value) -> Vec<Cause> {
         out.push((
             "spec.devices".into(),
             "FieldValueTooMany",
-            format!("Too many: {}: must have at most {MAX_DEVICES} items", devices.len()),
+            format!(
+                "Too many: {}: must have at most {MAX_DEVICES} items",
+                devices.len()
+            ),
         ));
     }
     let mut seen = std::collections::BTreeSet::new();
@@ -227,10 +233,17 @@ pub fn claim_status(obj: &Value) -> Vec<Cause> {
             ));
         }
         if seen.contains(&id) {
-            out.push((f.clone(), "FieldValueDuplicate", format!("Duplicate value: {shown:?}")));
+            out.push((
+                f.clone(),
+                "FieldValueDuplicate",
+                format!("Duplicate value: {shown:?}"),
+            ));
         }
         seen.push(id);
-        if d["conditions"].as_array().is_some_and(|c| c.len() > MAX_CONDITIONS) {
+        if d["conditions"]
+            .as_array()
+            .is_some_and(|c| c.len() > MAX_CONDITIONS)
+        {
             out.push((
                 format!("{f}.conditions"),
                 "FieldValueTooMany",
@@ -247,7 +260,12 @@ pub fn claim_status(obj: &Value) -> Vec<Cause> {
                 "Too long: may not be more than 256 bytes".into(),
             ));
         }
-        for (j, ip) in d["networkData"]["ips"].as_array().into_iter().flatten().enumerate() {
+        for (j, ip) in d["networkData"]["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             let s = ip.as_str().unwrap_or_default();
             let ok = s.split_once('/').is_some_and(|(a, p)| {
                 a.parse::<std::net::IpAddr>().is_ok() && p.parse::<u8>().is_ok_and(|p| p <= 128)
@@ -317,7 +335,9 @@ pub fn pool_problems(slices: &[Value]) -> Vec<String> {
         .filter_map(|s| s["spec"]["pool"]["resourceSliceCount"].as_i64())
         .collect();
     if counts.len() != 1 {
-        out.push(format!("generation {g}: slices disagree on resourceSliceCount: {counts:?}"));
+        out.push(format!(
+            "generation {g}: slices disagree on resourceSliceCount: {counts:?}"
+        ));
     } else if counts.first().copied() != i64::try_from(current.len()).ok() {
         out.push(format!(
             "generation {g}: {} slices, resourceSliceCount {counts:?}",
@@ -346,7 +366,9 @@ mod tests {
 
     #[test]
     fn slice_limits() {
-        let ok = slice(vec![json!({"name": "eth1", "attributes": {"dra.net/ifName": {"string": "eth1"}, "mtu": {"int": 1500}}})]);
+        let ok = slice(vec![
+            json!({"name": "eth1", "attributes": {"dra.net/ifName": {"string": "eth1"}, "mtu": {"int": 1500}}}),
+        ]);
         assert!(resource_slice(&ok).is_empty(), "{:?}", resource_slice(&ok));
         let many = slice((0..129).map(|i| json!({"name": format!("d{i}")})).collect());
         assert_eq!(resource_slice(&many)[0].0, "spec.devices");
@@ -391,7 +413,11 @@ mod tests {
         let fields: Vec<&str> = c.iter().map(|c| c.0.as_str()).collect();
         assert_eq!(
             fields,
-            ["status.devices[1]", "status.devices[2]", "status.devices[2].networkData.ips[0]"],
+            [
+                "status.devices[1]",
+                "status.devices[2]",
+                "status.devices[2].networkData.ips[0]"
+            ],
             "{c:?}"
         );
         let s = invalid("ResourceClaim", "resource.k8s.io", "c", &c[..1]);

@@ -94,7 +94,15 @@ fn assert_clean_traffic(api: &ApiServer) {
         .requests()
         .iter()
         .filter(|r| matches!(r.status, Some(403 | 422)))
-        .map(|r| format!("{} {} -> {:?}: {}", r.method, r.path, r.status, String::from_utf8_lossy(&r.body)))
+        .map(|r| {
+            format!(
+                "{} {} -> {:?}: {}",
+                r.method,
+                r.path,
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            )
+        })
         .collect();
     assert!(refused.is_empty(), "refused requests: {refused:#?}");
     let reqs = api.requests();
@@ -577,7 +585,12 @@ async fn prepare_pod(api: &ApiServer, node: &Node, nic: &Nic, tag: &str) -> Resu
     let uid = unique(tag);
     let ns = PodNetns::create(&unique("dranet-kube-"))?;
     let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    seed_claim(api, &claim, &uid, &[(device, json!({"interface": {"name": "net0"}}))]);
+    seed_claim(
+        api,
+        &claim,
+        &uid,
+        &[(device, json!({"interface": {"name": "net0"}}))],
+    );
     node.prepare(&claim).await.context("NodePrepareResources")?;
     Ok(PodOn { uid, claim, ns })
 }
@@ -633,7 +646,13 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
     // The API server is gone (connection refused); the daemon starts anyway.
     drop(api);
     node.restart().await.context("start with the API server down")?;
-    let health = wait_http(&http, "/healthz", "healthy while the API server is down", |c, _| c == 200).await?;
+    let health = wait_http(
+        &http,
+        "/healthz",
+        "healthy while the API server is down",
+        |c, _| c == 200,
+    )
+    .await?;
     assert_eq!(health.trim(), "ok");
     let why = wait_http(&http, "/readyz", "not ready, slices named", |c, b| {
         c == 503 && b.contains("slices: ResourceSlices not published")
@@ -643,14 +662,25 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
 
     // NRI hooks and a CRI-O-order rescue during the outage.
     let pod1 = sandbox(&p1.uid, &p1.ns.path);
-    node.runtime.run_pod_sandbox(&pod1).await.context("RunPodSandbox during the outage")?;
+    node.runtime
+        .run_pod_sandbox(&pod1)
+        .await
+        .context("RunPodSandbox during the outage")?;
     assert!(!host_has(&nic1.name), "{} not moved into the pod", nic1.name);
     p1.ns.remove_crio_style()?;
-    assert_home(&nic1, &before1).await.context("CRI-O-order rescue during the outage")?;
-    node.runtime.stop_pod_sandbox(&pod1).await.context("StopPodSandbox")?;
+    assert_home(&nic1, &before1)
+        .await
+        .context("CRI-O-order rescue during the outage")?;
+    node.runtime
+        .stop_pod_sandbox(&pod1)
+        .await
+        .context("StopPodSandbox")?;
     node.runtime.remove_pod_sandbox(&pod1).await?;
     let pod2 = sandbox(&p2.uid, &p2.ns.path);
-    node.runtime.run_pod_sandbox(&pod2).await.context("RunPodSandbox during the outage")?;
+    node.runtime
+        .run_pod_sandbox(&pod2)
+        .await
+        .context("RunPodSandbox during the outage")?;
     assert!(!host_has(&nic2.name), "{} not moved into the pod", nic2.name);
     assert!(node.daemon_running(), "the daemon exited during the outage");
 
@@ -659,9 +689,11 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
     seed_node(&api);
     let device2 = dranet::inventory::netdev_device_name(&nic2.name);
     let device1 = dranet::inventory::netdev_device_name(&nic1.name);
-    api.wait_for("the slices once the API server is back", Duration::from_secs(60), |a| {
-        slices_with(a, &device1).filter(|_| slices_with(a, &device2).is_some())
-    })
+    api.wait_for(
+        "the slices once the API server is back",
+        Duration::from_secs(60),
+        |a| slices_with(a, &device1).filter(|_| slices_with(a, &device2).is_some()),
+    )
     .await
     .with_context(|| format!("requests: {:#?}", summary(&api.requests())))?;
     wait_http(&http, "/readyz", "ready once the slices are out", |c, _| c == 200).await?;
@@ -708,12 +740,13 @@ async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -
     })
     .await?;
     api.wait_for("a refused slice apply", Duration::from_secs(20), |a| {
-        a.forbidden().into_iter().find(|r| r.method == "PATCH" && r.path.starts_with(SLICES))
+        a.forbidden()
+            .into_iter()
+            .find(|r| r.method == "PATCH" && r.path.starts_with(SLICES))
     })
     .await?;
     let refused = &api.forbidden()[0];
-    let status = refused.json();
-    eprintln!("403: {}", String::from_utf8_lossy(&refused.body));
+    eprintln!("refused: {} {}", refused.method, refused.path);
     let why = wait_http(&http, "/readyz", "names the missing permission", |c, b| {
         c == 503 && b.contains("cannot patch resourceslices.resource.k8s.io")
     })
@@ -721,10 +754,11 @@ async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -
     eprintln!("/readyz:\n{why}");
     assert!(why.contains("403 Forbidden"), "{why}");
     assert!(
-        why.contains("User \"system:serviceaccount:kube-system:dranet\" cannot patch resource \"resourceslices\""),
+        why.contains(
+            "User \"system:serviceaccount:kube-system:dranet\" cannot patch resource \"resourceslices\""
+        ),
         "{why}"
     );
-    let _ = status;
     wait_http(&http, "/healthz", "healthy", |c, _| c == 200).await?;
     let (_, metrics) = http_get(&http, "/metrics").await?;
     assert!(
@@ -738,7 +772,9 @@ async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -
     node.runtime.run_pod_sandbox(&pod).await?;
     assert!(!host_has(&nic.name));
     p.ns.remove_crio_style()?;
-    assert_home(&nic, &before).await.context("rescue with a role lacking patch")?;
+    assert_home(&nic, &before)
+        .await
+        .context("rescue with a role lacking patch")?;
     node.runtime.stop_pod_sandbox(&pod).await?;
     node.runtime.remove_pod_sandbox(&pod).await?;
     node.unprepare(&p.claim).await?;
@@ -747,8 +783,10 @@ async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -
     // The permission granted: the retry publishes (no restart).
     api.set_authorizer(Some(role));
     let device = dranet::inventory::netdev_device_name(&nic.name);
-    api.wait_for("the slices once patch is granted", Duration::from_secs(90), |a| slices_with(a, &device))
-        .await?;
+    api.wait_for("the slices once patch is granted", Duration::from_secs(90), |a| {
+        slices_with(a, &device)
+    })
+    .await?;
     node.stop()?;
     Ok(())
 }
