@@ -214,6 +214,14 @@ fn logged() -> &'static Mutex<BTreeSet<(String, String, String)>> {
     LOGGED.get_or_init(Mutex::default)
 }
 
+/// Whether this is the first 403 for (verb, group, resource) in this process.
+fn first_time(verb: &str, group: &str, resource: &str) -> bool {
+    logged()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert((verb.to_owned(), group.to_owned(), resource.to_owned()))
+}
+
 /// Logs a 403 once per missing permission (later ones at debug level), naming the verb, group
 /// and resource the server refused and the code path that needs it; returns a one-line reason
 /// for readiness (`403 Forbidden: cannot patch resourceslices.resource.k8s.io`). `fallback` is
@@ -236,10 +244,7 @@ pub fn note_forbidden(e: &kube::Error, fallback: (&str, &str, &str)) -> Option<S
         .iter()
         .find(|p| p.verb == verb && p.group == group && p.resource == resource)
         .map_or("(not a permission dranet asks for)", |p| p.used_by);
-    let first = logged()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert((verb.clone(), group.clone(), resource.clone()));
+    let first = first_time(&verb, &group, &resource);
     let api_group = if group.is_empty() {
         "\"\" (core)"
     } else {
@@ -343,6 +348,26 @@ mod tests {
             ))
         );
         assert_eq!(missing_permission("something else"), None);
+    }
+
+    #[test]
+    fn a_403_is_noted_once_per_permission_with_a_reason() {
+        let e = kube::Error::Api(
+            kube::core::Status::failure(
+                r#"resourceslices.resource.k8s.io "x" is forbidden: User "u" cannot delete resource "resourceslices" in API group "resource.k8s.io" at the cluster scope"#,
+                "Forbidden",
+            )
+            .with_code(403)
+            .boxed(),
+        );
+        let why = note_forbidden(&e, ("patch", "", "x")).unwrap();
+        assert!(
+            why.starts_with("403 Forbidden: cannot delete resourceslices.resource.k8s.io: "),
+            "{why}"
+        );
+        // Logged at error level the first time only.
+        assert!(!first_time("delete", "resource.k8s.io", "resourceslices"));
+        assert!(first_time("never", "seen", "before"));
     }
 
     #[test]

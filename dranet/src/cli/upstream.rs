@@ -360,6 +360,48 @@ mod tests {
     }
 
     #[test]
+    fn upstreams_daemonset_command_line_is_dranet_run() {
+        use clap::Parser;
+        let argv = |a: &[&str]| crate::cli::upstream_argv(a.iter().map(std::ffi::OsString::from).collect());
+        for line in [
+            &["dranet", "/dranet", "--v=4", "--hostname-override=node-a"][..],
+            &["dranet", "--v=4", "--hostname-override=node-a"],
+            &["dranet", "run", "--v=4", "--hostname-override=node-a"],
+        ] {
+            let cli = crate::cli::Cli::try_parse_from(argv(line)).unwrap();
+            let crate::cli::Command::Run(r) = cli.command else {
+                panic!("{line:?} is not `run`");
+            };
+            assert_eq!(r.node_name, "node-a");
+            assert_eq!(r.upstream.verbosity, Some(4));
+        }
+        assert_eq!(argv(&["dranet", "--help"]).len(), 2);
+        let cli = crate::cli::Cli::try_parse_from(argv(&[
+            "dranet",
+            "run",
+            "--node-name=n",
+            "--move-ib-interfaces",
+            "--logtostderr",
+        ]))
+        .unwrap();
+        let crate::cli::Command::Run(r) = cli.command else {
+            panic!("not run");
+        };
+        assert!(r.upstream.move_ib_interfaces());
+        assert!(
+            crate::cli::Cli::try_parse_from([
+                "dranet",
+                "run",
+                "--node-name=n",
+                "--move-ib-interfaces",
+                "false"
+            ])
+            .is_err(),
+            "a Go bool flag takes its value after '=' only"
+        );
+    }
+
+    #[test]
     fn bind_address_forms() {
         assert_eq!(
             bind_addresses(":9177"),
