@@ -43,8 +43,14 @@ async fn dranet_run_starts_with_upstreams_daemonset_and_chart_args() -> Result<(
     .await
     .context("dranet run with upstream's arguments did not start")?;
     let addr = format!("127.0.0.1:{port}");
-    let (code, body) = http_get(&addr, "/healthz").await?;
-    assert_eq!((code, body.trim()), (200, "ok"), "/healthz on :{port}");
+    // Healthy once the NRI connection is seen (the daemon polls it every 200 ms).
+    let start = std::time::Instant::now();
+    let mut last = http_get(&addr, "/healthz").await?;
+    while last.0 != 200 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = http_get(&addr, "/healthz").await?;
+    }
+    assert_eq!((last.0, last.1.trim()), (200, "ok"), "/healthz on :{port}");
     // The pool is named after --hostname-override.
     let slices = node.dir.join("slices");
     let start = std::time::Instant::now();

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 pub mod inventory;
 pub mod release_all;
 pub mod run;
+mod run_api;
 mod run_nri;
 mod run_sides;
 pub mod status;
