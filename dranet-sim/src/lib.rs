@@ -1,8 +1,10 @@
 pub mod apiserver;
+pub mod authz;
 pub mod bpf;
 pub mod fixtures;
 pub mod kernel;
 pub mod kubelet;
+pub mod limits;
 pub mod nic;
 pub mod node;
 pub mod nri_runtime;

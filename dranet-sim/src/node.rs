@@ -26,6 +26,11 @@ pub struct NodeOptions {
     /// Kube mode: `--kubeconfig` this file (an API server, e.g. [`crate::apiserver::ApiServer`])
     /// instead of `--claims-dir` / `--slices-dir` (embedded mode, the default).
     pub kubeconfig: Option<PathBuf>,
+    /// `--bind-address` of `/healthz`, `/readyz`, `/metrics` (default `127.0.0.1:0`).
+    pub bind_address: String,
+    /// Replaces the node-identity arguments (`--node-name sim-node --filter "" --bind-address
+    /// <bind_address>`), e.g. with upstream dranet's spelling of them.
+    pub node_args: Option<Vec<String>>,
 }
 
 impl Default for NodeOptions {
@@ -35,6 +40,8 @@ impl Default for NodeOptions {
             probes: true,
             extra_args: Vec::new(),
             kubeconfig: None,
+            bind_address: "127.0.0.1:0".to_owned(),
+            node_args: None,
         }
     }
 }
@@ -85,15 +92,20 @@ impl Node {
             }
         }
         let mut cmd = Command::new(&bin);
-        cmd.arg("run")
-            .args([
+        let node_args = self.opts.node_args.clone().unwrap_or_else(|| {
+            [
                 "--node-name",
                 "sim-node",
                 "--filter",
                 "",
                 "--bind-address",
-                "127.0.0.1:0",
-            ])
+                &self.opts.bind_address,
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        });
+        cmd.arg("run")
+            .args(node_args)
             .arg("--state-dir")
             .arg(self.state_dir())
             .arg("--kubelet-root-dir")
@@ -322,6 +334,18 @@ impl Node {
             .context("VmRSS")
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the daemon process is still running (not exited).
+    pub fn daemon_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Pins currently held in the state dir.
     pub fn pins(&self) -> Vec<PathBuf> {
         dranet::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
@@ -441,4 +465,35 @@ pub fn sandbox_with_id(uid: &str, id: &str, netns: &Path) -> pb::PodSandbox {
         }),
         ..Default::default()
     }
+}
+
+/// `GET path` from the daemon's HTTP endpoint at `addr`: the status code and the body.
+pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .context("no answer within 5 s")??;
+    let text = String::from_utf8_lossy(&buf);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status line")?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released: good enough for a test that binds it
+/// right after).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

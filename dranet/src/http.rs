@@ -25,6 +25,10 @@ pub enum HttpError {
 pub trait Endpoints: Send + Sync + 'static {
     /// `Ok(())` when ready, `Err(reason)` otherwise.
     fn health(&self) -> Result<(), String>;
+    /// `/readyz`: `Ok(())` when ready to serve the cluster, `Err(reasons)` otherwise.
+    fn ready(&self) -> Result<(), String> {
+        self.health()
+    }
     /// The metrics exposition (OpenMetrics text).
     fn metrics(&self) -> String;
 }
@@ -80,10 +84,12 @@ async fn serve(mut conn: TcpStream, ep: &dyn Endpoints) {
     let mut parts = head.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let (status, ctype, body) = match (method, path.split('?').next().unwrap_or("")) {
-        ("GET", "/healthz" | "/readyz") => match ep.health() {
-            Ok(()) => ("200 OK", "text/plain", "ok\n".to_owned()),
-            Err(reason) => ("503 Service Unavailable", "text/plain", format!("{reason}\n")),
-        },
+        ("GET", p @ ("/healthz" | "/readyz")) => {
+            match if p == "/readyz" { ep.ready() } else { ep.health() } {
+                Ok(()) => ("200 OK", "text/plain", "ok\n".to_owned()),
+                Err(reason) => ("503 Service Unavailable", "text/plain", format!("{reason}\n")),
+            }
+        }
         ("GET", "/metrics") => (
             "200 OK",
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
