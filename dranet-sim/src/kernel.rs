@@ -169,6 +169,18 @@ impl Veth {
         })
     }
 
+    /// Creates `a` <-> `b` with `a` carrying `mac` from its first RTM_NEWLINK on (as a CNI that
+    /// sets the MAC at creation: Calico's host-side veths all carry `ee:ee:ee:ee:ee:ee`).
+    pub fn create_with_mac(a: &str, b: &str, mac: &str) -> Result<Self> {
+        sh(&[
+            "ip", "link", "add", a, "address", mac, "type", "veth", "peer", "name", b,
+        ])?;
+        Ok(Self {
+            a: a.to_owned(),
+            b: b.to_owned(),
+        })
+    }
+
     /// ifindex of a host-side device by name.
     pub fn ifindex(name: &str) -> Result<u32> {
         let s = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))

@@ -8,3 +8,4 @@ pub mod limits;
 pub mod nic;
 pub mod node;
 pub mod nri_runtime;
+pub mod soak;

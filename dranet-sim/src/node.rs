@@ -84,6 +84,7 @@ impl Node {
 
     async fn spawn(&mut self) -> Result<()> {
         let bin = dranet_bin()?;
+        let sessions_before = self.runtime.sessions();
         // kubelet reacts to the *creation* of a registration socket: forget a killed daemon's
         // stale one, so we wait for the new process to create its own.
         if let Ok(rd) = std::fs::read_dir(self.kubelet.registry_dir()) {
@@ -164,7 +165,9 @@ impl Node {
             .wait_for_registration_socket(Duration::from_secs(20))
             .await?;
         self.plugin = Some(self.kubelet.register(&reg).await?);
-        self.sessions += 1;
+        // One more handshake than the runtime has seen so far (a runtime restart in between
+        // counts too).
+        self.sessions = self.sessions.max(sessions_before) + 1;
         self.runtime
             .wait_ready(self.sessions, Duration::from_secs(20))
             .await?;
@@ -175,6 +178,24 @@ impl Node {
             bail!("the daemon exited before it was ready");
         }
         Ok(())
+    }
+
+    /// The runtime restarts: it drops the plugin's connection; the plugin reconnects, registers
+    /// again and gets a Synchronize of what [`NriRuntime::set_state`] says the runtime has.
+    pub async fn restart_runtime(&mut self) -> Result<()> {
+        let before = self.runtime.sessions();
+        self.runtime.disconnect();
+        self.runtime
+            .wait_ready(before + 1, Duration::from_secs(20))
+            .await?;
+        self.sessions = before + 1;
+        Ok(())
+    }
+
+    /// Whether the daemon process is running (not killed or stopped by the test).
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// SIGKILLs the daemon (no cleanup of any kind).

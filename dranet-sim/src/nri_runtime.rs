@@ -235,6 +235,11 @@ impl NriRuntime {
         lock(&self.inner.current).clone().ok_or(RuntimeError::NoPlugin)
     }
 
+    /// Which runtime's wire habits to imitate from now on.
+    pub fn set_flavor(&self, flavor: Flavor) {
+        lock(&self.inner.cfg).flavor = flavor;
+    }
+
     /// Pods and containers for the next Synchronize (e.g. after a reconnect).
     pub fn set_state(&self, pods: Vec<pb::PodSandbox>, containers: Vec<pb::Container>) {
         let mut c = lock(&self.inner.cfg);

@@ -196,8 +196,13 @@ async fn a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them() ->
 /// A veth pair in the host whose first end carries `mac` (as Calico gives every host-side veth
 /// one MAC): what it looked like, to compare later.
 fn decoy(mac: &str) -> Result<(Veth, Value)> {
-    let v = Veth::create(&unique("dcy"), &unique("dcz"))?;
-    sh(&["ip", "link", "set", &v.a, "address", mac, "mtu", "1280", "up"])?;
+    let v = Veth::create_with_mac(&unique("dcy"), &unique("dcz"), mac)?;
+    sh(&["ip", "link", "set", &v.a, "mtu", "1280", "up"]).with_context(|| {
+        format!(
+            "host link {} (MAC {mac}) was renamed away right after it appeared",
+            v.a
+        )
+    })?;
     let seen = view(&v.a, None)?;
     Ok((v, seen))
 }

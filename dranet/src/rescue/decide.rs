@@ -4,6 +4,7 @@
 //! | event | condition | action |
 //! |---|---|---|
 //! | `NetnsUnmounted` (ret 0) / `NetnsUnlinked` (ret 0) | path or identity of an attached sandbox's netns | rescue that sandbox |
+//! | `NetnsUnmounted` (ret 0) / `NetnsUnlinked` (ret 0) | path or identity of a returned sandbox's netns | forget its record |
 //! | `NsfsUnmounting` (tier B) | identity of an attached sandbox's netns | rescue that sandbox |
 //! | `NetnsReleased` (tier B) | identity of an attached sandbox's netns | rescue it (cannot happen while pinned; defensive) |
 //! | `DeviceMoving` (tier B) | (ifindex, netns) of a device we placed | record where it went (repair it if that is the host) |
@@ -46,6 +47,10 @@ pub enum Action {
         device: String,
         to: DeviceAt,
     },
+    /// The netns of a sandbox whose devices are all home was torn down: the sandbox can never
+    /// run again, so its record goes (containerd sends no RemovePodSandbox for sandboxes it
+    /// recovered after a restart).
+    Forget { pod_uid: String, key: String },
     /// Events were lost: re-check every pod.
     Reconcile,
 }
@@ -78,6 +83,32 @@ fn pod_by_path_or_id<'a>(cp: &'a Checkpoint, ev: &LifecycleEvent) -> Option<&'a 
         .find(|p| path.is_some_and(|path| p.netns_path.to_str().map(normalize_path) == Some(path)))
 }
 
+/// A returned sandbox (devices home, pin released) whose netns path or identity the event names.
+fn returned_by_path_or_id<'a>(cp: &'a Checkpoint, ev: &LifecycleEvent) -> Option<&'a PodRecord> {
+    let returned = |p: &&PodRecord| matches!(p.phase, PodPhase::Returned(_)) && p.pin.is_none();
+    if let Some(id) = ev.netns() {
+        return cp.pods.values().filter(returned).find(|p| p.netns == id);
+    }
+    let path = ev.path().map(normalize_path)?;
+    cp.pods
+        .values()
+        .filter(returned)
+        .find(|p| p.netns_path.to_str().map(normalize_path) == Some(path))
+}
+
+/// Rescue an attached sandbox, or forget a returned one, whose netns the event says is going.
+fn teardown(cp: &Checkpoint, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Action> {
+    if let Some(p) = pod_by_path_or_id(cp, ev) {
+        return rescue(p, trigger, ev);
+    }
+    returned_by_path_or_id(cp, ev).map_or_else(Vec::new, |p| {
+        vec![Action::Forget {
+            pod_uid: p.pod_uid.clone(),
+            key: p.key(),
+        }]
+    })
+}
+
 fn rescue(pod: &PodRecord, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Action> {
     vec![Action::Rescue {
         pod_uid: pod.pod_uid.clone(),
@@ -91,12 +122,8 @@ fn rescue(pod: &PodRecord, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Ac
 #[must_use]
 pub fn decide(cp: &Checkpoint, ev: &LifecycleEvent) -> Vec<Action> {
     match &ev.kind {
-        EventKind::NetnsUnmounted { ret: 0, .. } => {
-            pod_by_path_or_id(cp, ev).map_or_else(Vec::new, |p| rescue(p, "netns_unmounted", ev))
-        }
-        EventKind::NetnsUnlinked { ret: 0, .. } => {
-            pod_by_path_or_id(cp, ev).map_or_else(Vec::new, |p| rescue(p, "netns_unlinked", ev))
-        }
+        EventKind::NetnsUnmounted { ret: 0, .. } => teardown(cp, "netns_unmounted", ev),
+        EventKind::NetnsUnlinked { ret: 0, .. } => teardown(cp, "netns_unlinked", ev),
         EventKind::NsfsUnmounting { netns: Some(id), .. } => cp
             .pods
             .values()

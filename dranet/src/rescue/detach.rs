@@ -252,16 +252,13 @@ impl Engine {
         live: Option<Live>,
         reason: ReturnReason,
     ) -> Result<(), RescueError> {
-        let id = self.cp().pods.get(key).map(|r| r.netns);
         if let Some(Live { pin, netlink }) = live {
             drop(netlink);
             if let Err(e) = pin.release() {
                 warn!(sandbox = key, error = %e, "releasing the pin failed");
             }
         }
-        if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
-            w.unwatch_netns(id);
-        }
+        // The netns stays watched while the record stays: its teardown drops the record.
         self.update(|cp| {
             if let Some(rec) = cp.pods.get_mut(key) {
                 rec.phase = PodPhase::Returned(reason);

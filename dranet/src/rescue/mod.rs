@@ -445,6 +445,15 @@ impl Engine {
                     warn!(pod = %pod_uid, sandbox = %key, device, error = %e, "recording a device move failed");
                 }
             }
+            Action::Forget { pod_uid, key } => {
+                {
+                    let _owner = self.own(&pod_uid).await;
+                    if let Err(e) = self.drop_if_torn_down(&key) {
+                        warn!(pod = %pod_uid, sandbox = %key, error = %e, "cannot drop the record");
+                    }
+                }
+                self.prune_lock(&pod_uid);
+            }
             Action::Reconcile => {
                 self.inner.metrics.lost_events.inc();
                 if let Err(e) = self.reconcile().await {

@@ -69,6 +69,7 @@ impl Engine {
             }
         }
         report.dropped = self.sweep().await;
+        self.watch_returned().await;
         report.stray_pins = self.release_stray_pins();
         info!(?report, "reconcile done");
         Ok(report)
@@ -135,6 +136,26 @@ impl Engine {
             return false;
         }
         true
+    }
+
+    /// Watches the netns of returned sandboxes whose record stays (their teardown drops it).
+    async fn watch_returned(&self) {
+        let Some(w) = &self.inner.watcher else { return };
+        let returned: Vec<(std::path::PathBuf, crate::netns::NetnsId)> = self
+            .cp()
+            .pods
+            .values()
+            .filter(|r| matches!(r.phase, PodPhase::Returned(_)))
+            .map(|r| (r.netns_path.clone(), r.netns))
+            .collect();
+        for (path, id) in returned {
+            if let Ok(ns) = Netns::open_path(&path)
+                && ns.id() == id
+                && let Err(e) = w.watch_netns(&path, id, ns.as_fd()).await
+            {
+                warn!(netns = %id, error = %e, "cannot watch a returned sandbox's netns");
+            }
+        }
     }
 
     /// Releases pins no pod record refers to.

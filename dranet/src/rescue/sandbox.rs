@@ -202,9 +202,13 @@ impl Engine {
         if !droppable {
             return Ok(false);
         }
+        let id = self.cp().pods.get(key).map(|r| r.netns);
         self.update(|cp| {
             cp.pods.remove(key);
         })?;
+        if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
+            w.unwatch_netns(id);
+        }
         self.inner.metrics.records_dropped.inc();
         info!(sandbox = key, why, "sandbox record dropped");
         Ok(true)
@@ -254,4 +258,4 @@ impl Engine {
 }
 
 /// How often the daemon sweeps records of sandboxes whose netns is gone.
-pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
