@@ -89,6 +89,12 @@ pub fn pod_ref(uid: &str) -> PodRef<'_> {
     }
 }
 
+/// The checkpoint key of the sandbox [`pod_ref`] names (its id is the pod UID).
+#[must_use]
+pub fn sandbox_key(uid: &str) -> String {
+    dranet::state::pod_key(uid, uid)
+}
+
 /// Polls `ok` every 2 ms until it holds (how long that took) or `timeout` passes (an error
 /// naming `what`).
 pub async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {

@@ -304,7 +304,7 @@ impl World {
                     format!("after step: {}", self.steps.last().cloned().unwrap_or_default())
                 })?;
                 if self.summary.passed >= self.next_footprint {
-                    self.next_footprint = self.summary.passed + 50;
+                    self.next_footprint = self.summary.passed + 10;
                     self.footprint().await?;
                 }
             }
@@ -457,6 +457,7 @@ impl World {
         self.node.restart().await.context("restarting dranet")?;
         self.down = None;
         self.baseline = None;
+        self.next_footprint = self.summary.passed + 3;
         Ok(())
     }
 

@@ -470,6 +470,16 @@ async fn a_reconcile_during_an_attach_does_not_roll_it_back() -> Result<()> {
         "the reconcile rolled back a pod that had just attached: {report:?}"
     );
     e.detach_pod(&uid, ReturnReason::Hook).await?;
+    // Once the sandbox is removed and its claim unprepared, nothing of the pod stays in memory.
+    e.forget_sandbox(dranet::rescue::SandboxRef {
+        uid: &uid,
+        sandbox: &uid,
+        netns: None,
+    })
+    .await?;
+    e.remove_claim(&format!("claim-{uid}"))?;
+    assert!(e.checkpoint().pods.is_empty());
+    assert_eq!(e.lock_count(), 0, "the per-pod lock map was not pruned");
     Ok(())
 }
 

@@ -222,7 +222,12 @@ async fn hostile_netns_paths_are_refused_and_nothing_moves() -> Result<()> {
         assert!(host_has(&nic.name), "{what}: device moved");
     }
     assert_same(&before, &view(&nic.name, None)?)?;
-    assert!(e.checkpoint().pods.get(&uid).is_none_or(|p| !p.has_devices_out()));
+    assert!(
+        e.checkpoint()
+            .pods
+            .get(&key(&uid))
+            .is_none_or(|p| !p.has_devices_out())
+    );
     Ok(())
 }
 

@@ -370,12 +370,24 @@ impl Engine {
     /// Forgets the plans of a claim (NodeUnprepareResources). Devices already in a pod stay
     /// tracked until they are home.
     pub fn remove_claim(&self, claim_uid: &str) -> Result<(), RescueError> {
-        let mut cp = self.cp();
-        for plan in cp.plans.values_mut() {
-            plan.devices.retain(|d| d.claim.uid != claim_uid);
+        let emptied: Vec<String> = {
+            let mut cp = self.cp();
+            for plan in cp.plans.values_mut() {
+                plan.devices.retain(|d| d.claim.uid != claim_uid);
+            }
+            let emptied = cp
+                .plans
+                .iter()
+                .filter(|(_, p)| p.devices.is_empty())
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            cp.plans.retain(|_, p| !p.devices.is_empty());
+            self.inner.store.save(&cp)?;
+            emptied
+        };
+        for uid in emptied {
+            self.prune_lock(&uid);
         }
-        cp.plans.retain(|_, p| !p.devices.is_empty());
-        self.inner.store.save(&cp)?;
         Ok(())
     }
 
