@@ -15,6 +15,11 @@ use crate::kernel::{dranet_bin, unique};
 use crate::kubelet::{Claim, KubeletSim, RegisteredPlugin};
 use crate::nri_runtime::{NriRuntime, RuntimeConfig};
 
+/// How long a daemon start may take (registration, the runtime's handshake, "dranet ready").
+/// Well under a second on this machine; the qemu TCG kernel matrix runs the same start with a
+/// start-up reconcile of several devices 20–50× slower.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// How to run the node.
 #[derive(Clone, Debug)]
 pub struct NodeOptions {
@@ -162,16 +167,16 @@ impl Node {
         self.child = Some(child);
         let reg = self
             .kubelet
-            .wait_for_registration_socket(Duration::from_secs(20))
+            .wait_for_registration_socket(START_TIMEOUT)
             .await?;
         self.plugin = Some(self.kubelet.register(&reg).await?);
         // One more handshake than the runtime has seen so far (a runtime restart in between
         // counts too).
         self.sessions = self.sessions.max(sessions_before) + 1;
         self.runtime
-            .wait_ready(self.sessions, Duration::from_secs(20))
+            .wait_ready(self.sessions, START_TIMEOUT)
             .await?;
-        if !tokio::time::timeout(Duration::from_secs(20), ready)
+        if !tokio::time::timeout(START_TIMEOUT, ready)
             .await
             .context("daemon never printed ready")??
         {
