@@ -165,17 +165,12 @@ impl Node {
             found
         });
         self.child = Some(child);
-        let reg = self
-            .kubelet
-            .wait_for_registration_socket(START_TIMEOUT)
-            .await?;
+        let reg = self.kubelet.wait_for_registration_socket(START_TIMEOUT).await?;
         self.plugin = Some(self.kubelet.register(&reg).await?);
         // One more handshake than the runtime has seen so far (a runtime restart in between
         // counts too).
         self.sessions = self.sessions.max(sessions_before) + 1;
-        self.runtime
-            .wait_ready(self.sessions, START_TIMEOUT)
-            .await?;
+        self.runtime.wait_ready(self.sessions, START_TIMEOUT).await?;
         if !tokio::time::timeout(START_TIMEOUT, ready)
             .await
             .context("daemon never printed ready")??

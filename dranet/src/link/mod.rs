@@ -363,6 +363,13 @@ fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnapshot {
     s
 }
 
+/// What a link message says of a device (no addresses, no sysctls): its name, MTU, MACs, link
+/// kind and parent device.
+#[must_use]
+pub fn snapshot_of_message(m: &LinkMessage) -> LinkSnapshot {
+    snapshot_of(m, &[])
+}
+
 fn kind_of(infos: &[netlink_packet_route::link::LinkInfo]) -> Option<String> {
     use netlink_packet_route::link::LinkInfo;
     infos.iter().find_map(|i| match i {

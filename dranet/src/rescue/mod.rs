@@ -24,6 +24,7 @@
 //! device home and removes the pins; a pin left behind by hand only keeps an empty netns alive.
 
 pub mod activity;
+mod adopt;
 mod attach;
 pub mod decide;
 mod detach;
@@ -44,6 +45,7 @@ use crate::plan::{DevicePlan, PodPlan};
 use crate::state::{Checkpoint, PodPhase, ReturnReason, StateError, Store};
 use crate::watch::{Subscription, Watcher};
 
+pub use adopt::{AdoptOutcome, Allocated, parent_pci_address};
 pub use attach::PodRef;
 pub use decide::{Action, decide};
 pub use metrics::RescueMetrics;

@@ -77,7 +77,7 @@ impl Engine {
 
     /// Returns whether the sandbox was adopted (still running).
     async fn reconcile_pod(&self, key: &str, phase: PodPhase) -> Result<bool, RescueError> {
-        if phase == PodPhase::Attached && self.adopt(key).await {
+        if phase == PodPhase::Attached && self.readopt(key).await {
             return Ok(true);
         }
         if let PodPhase::Returned(why) = phase {
@@ -101,7 +101,7 @@ impl Engine {
     }
 
     /// Re-opens the pin of a pod whose runtime path still names the pinned netns.
-    async fn adopt(&self, key: &str) -> bool {
+    async fn readopt(&self, key: &str) -> bool {
         let Some((path, id, pin_path)) = self
             .cp()
             .pods

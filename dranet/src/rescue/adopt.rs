@@ -1,0 +1,248 @@
+//! Adoption: a running sandbox dranet has no record of, whose netns holds devices allocated to
+//! its pod by this driver, is pinned and protected as if dranet had attached it. This covers pods
+//! started by upstream dranet before a switch, and a lost or corrupt checkpoint.
+//!
+//! What says a link in the pod's netns is one of ours is the kernel, never a name or a MAC: the
+//! link's parent device (`IFLA_PARENT_DEV_NAME` on its bus) resolves, through sysfs, to the PCI
+//! address of a device allocated to the pod (from the plan, or from the claims and the attributes
+//! this driver published). A device without a PCI address (a veth, a virtual device) cannot be
+//! recognised in a netns dranet did not put it in, and is left alone (logged).
+//!
+//! Its host state before it moved is unknown: at teardown an adopted device comes home under its
+//! host name with its permanent MAC and the MTU it has, and is set up; addresses, offloads and
+//! sysctls are not restored (there is no snapshot of them).
+
+use std::path::Path;
+
+use serde::Serialize;
+use tracing::{info, warn};
+
+use super::{Engine, Live, RescueError, SandboxInfo};
+use crate::link::{LinkSnapshot, Netlink};
+use crate::netns::{Netns, Pin};
+use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, pod_key};
+
+/// A device of this driver allocated to a pod, as adoption looks for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Allocated {
+    /// ResourceSlice device name.
+    pub device: String,
+    /// Its name in the host (the slice device name for a netdev, or `dra.net/ifName`).
+    pub host_ifname: Option<String>,
+    /// PCI address (`dra.net/pciAddress`): its kernel identity anywhere.
+    pub pci_address: Option<String>,
+    pub rdma_device: Option<String>,
+}
+
+/// What [`Engine::adopt`] did for one sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum AdoptOutcome {
+    /// dranet has a record of this sandbox: nothing to adopt.
+    Known,
+    /// None of the pod's devices is in the sandbox's netns.
+    NothingFound { unidentified: Vec<String> },
+    /// Pinned and recorded: these devices (by slice device name) come home at teardown.
+    Adopted {
+        devices: Vec<String>,
+        unidentified: Vec<String>,
+    },
+}
+
+/// The PCI address behind a parent device `<bus>/<name>` (`pci/0000:3b:00.1`,
+/// `virtio/virtio2` → the virtio device's PCI function), read from sysfs (not per netns).
+#[must_use]
+pub fn parent_pci_address(sysfs: &Path, parent: &str) -> Option<String> {
+    let (bus, name) = parent.split_once('/')?;
+    if bus.is_empty() || name.is_empty() || name.contains('/') || bus.contains('.') {
+        return None;
+    }
+    let real = std::fs::canonicalize(sysfs.join("bus").join(bus).join("devices").join(name)).ok()?;
+    crate::inventory::pci_address_of(&real)
+}
+
+impl Engine {
+    /// Adopts the running sandbox `sb` (no record of it) if its netns holds any of `devices` by
+    /// kernel identity: pins the netns and records the devices found, so they come home at
+    /// teardown in either order.
+    pub async fn adopt(&self, sb: &SandboxInfo, devices: &[Allocated]) -> Result<AdoptOutcome, RescueError> {
+        crate::ids::pod_uid(&sb.uid)?;
+        crate::ids::sandbox_id(&sb.sandbox)?;
+        let _owner = self.own(&sb.uid).await;
+        let key = pod_key(&sb.uid, &sb.sandbox);
+        if self.cp().pods.contains_key(&key) || self.cp().records_of(&sb.uid).any(PodRecord::has_devices_out)
+        {
+            return Ok(AdoptOutcome::Known);
+        }
+        let Some(path) = sb.netns.as_deref() else {
+            return Ok(AdoptOutcome::NothingFound {
+                unidentified: Vec::new(),
+            });
+        };
+        let netns = Netns::open_path(path).map_err(|source| RescueError::Netns {
+            pod: sb.uid.clone(),
+            path: path.to_owned(),
+            source,
+        })?;
+        if netns.id() == self.inner.host.id() {
+            return Err(RescueError::HostNetns {
+                pod: sb.uid.clone(),
+                path: path.to_owned(),
+            });
+        }
+        let pod_nl = Netlink::in_netns(&netns)
+            .await
+            .map_err(|source| RescueError::PodNetlink {
+                pod: sb.uid.clone(),
+                source,
+            })?;
+        let links = pod_nl.links().await.map_err(|source| RescueError::PodNetlink {
+            pod: sb.uid.clone(),
+            source,
+        })?;
+        let sysfs = self.inner.opts.sysfs.clone();
+        let mut found = Vec::new();
+        let mut unidentified = Vec::new();
+        for d in devices {
+            let Some(pci) = d.pci_address.as_deref() else {
+                unidentified.push(d.device.clone());
+                continue;
+            };
+            let hit = links.iter().find_map(|m| {
+                let s = crate::link::snapshot_of_message(m);
+                let parent = s.parent.as_deref()?;
+                (s.kind.is_none() && parent_pci_address(&sysfs, parent).as_deref() == Some(pci)).then_some(s)
+            });
+            match hit {
+                Some(in_pod) => found.push(adopted_record(d, in_pod, netns.id())),
+                None => unidentified.push(d.device.clone()),
+            }
+        }
+        if found.is_empty() {
+            return Ok(AdoptOutcome::NothingFound { unidentified });
+        }
+        let names: Vec<String> = found.iter().map(|r| r.device.clone()).collect();
+        let pin_path = self.inner.store.pins_dir().join(&sb.sandbox);
+        self.update(|cp| {
+            cp.pods.insert(
+                key.clone(),
+                PodRecord {
+                    pod_uid: sb.uid.clone(),
+                    sandbox_id: sb.sandbox.clone(),
+                    namespace: String::new(),
+                    name: String::new(),
+                    netns_path: path.to_owned(),
+                    netns: netns.id(),
+                    pin: Some(pin_path.clone()),
+                    phase: PodPhase::Attached,
+                    devices: found,
+                },
+            );
+        })?;
+        let pin = match Pin::create(&netns, &self.inner.store.pins_dir(), &sb.sandbox) {
+            Ok(p) => p,
+            Err(source) => {
+                // Not pinned: forget the record again rather than claim a protection we lack.
+                self.update(|cp| {
+                    cp.pods.remove(&key);
+                })?;
+                return Err(RescueError::Pin {
+                    pod: sb.uid.clone(),
+                    source,
+                });
+            }
+        };
+        if let Some(w) = &self.inner.watcher
+            && let Err(e) = w.watch_netns(path, netns.id(), pin.netns().as_fd()).await
+        {
+            warn!(pod = sb.uid, error = %e, "cannot watch the adopted netns");
+        }
+        self.inner.live_put(
+            &key,
+            Live {
+                pin,
+                netlink: Some(pod_nl),
+            },
+        );
+        info!(pod = sb.uid, sandbox = sb.sandbox, devices = ?names, ?unidentified,
+              "adopted a running sandbox dranet had no record of: its devices are pinned and come home at teardown");
+        Ok(AdoptOutcome::Adopted {
+            devices: names,
+            unidentified,
+        })
+    }
+}
+
+/// The record of a device found in a pod's netns by its kernel identity. Its host state before
+/// the move is unknown: it comes home under its host name, with its permanent MAC and current
+/// MTU, up.
+fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::netns::NetnsId) -> DeviceRecord {
+    let host_name = d.host_ifname.clone().unwrap_or_else(|| d.device.clone());
+    let snapshot = LinkSnapshot {
+        ifindex: in_pod.ifindex,
+        name: host_name,
+        mtu: in_pod.mtu,
+        mac: in_pod.perm_mac.clone().or_else(|| in_pod.mac.clone()),
+        perm_mac: in_pod.perm_mac.clone(),
+        up: true,
+        kind: None,
+        parent: in_pod.parent.clone(),
+        identified: true,
+        ..LinkSnapshot::default()
+    };
+    DeviceRecord {
+        device: d.device.clone(),
+        pod_ifname: in_pod.name.clone(),
+        pci_address: d.pci_address.clone(),
+        permanent_mac: in_pod.perm_mac,
+        rdma_device: d.rdma_device.clone(),
+        rdma_in_pod: false,
+        pod_mac: None,
+        snapshot,
+        state: DeviceState::InPod,
+        temp_name: None,
+        at: Some(DeviceAt {
+            ifindex: in_pod.ifindex,
+            netns,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parent_resolves_to_its_pci_function_through_sysfs() {
+        let root = std::env::temp_dir().join(format!("dranet-adopt-sysfs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dev = root.join("devices/pci0000:00/0000:00:04.0/virtio3");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::create_dir_all(root.join("bus/virtio/devices")).unwrap();
+        std::os::unix::fs::symlink(&dev, root.join("bus/virtio/devices/virtio3")).unwrap();
+        std::fs::create_dir_all(root.join("bus/pci/devices")).unwrap();
+        std::os::unix::fs::symlink(
+            root.join("devices/pci0000:00/0000:00:04.0"),
+            root.join("bus/pci/devices/0000:00:04.0"),
+        )
+        .unwrap();
+        assert_eq!(
+            parent_pci_address(&root, "virtio/virtio3").as_deref(),
+            Some("0000:00:04.0")
+        );
+        assert_eq!(
+            parent_pci_address(&root, "pci/0000:00:04.0").as_deref(),
+            Some("0000:00:04.0")
+        );
+        for bad in [
+            "virtio/virtio9",
+            "virtio",
+            "/virtio3",
+            "virtio/../x",
+            "../bus/virtio3",
+        ] {
+            assert_eq!(parent_pci_address(&root, bad), None, "{bad}");
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
