@@ -11,6 +11,7 @@ mod filter;
 mod host_state;
 mod names;
 mod netlink;
+mod pciids;
 mod sysfs;
 mod tc;
 
@@ -22,7 +23,8 @@ use serde::{Deserialize, Serialize};
 pub use filter::{DEFAULT_FILTER, Filter};
 pub use names::{base32_lower_nopad, is_dns_label, netdev_device_name, pci_device_name};
 pub use netlink::{LinkRecord, MAX_ATTRIBUTE_LEN, NetScan, NetnsTarget, capped_join, is_global_unicast};
-pub use sysfs::{PciIds, PciInfo, RdmaInfo, Sysfs, is_pci_address, pci_address_of};
+pub use pciids::{PciIds, PciIdsSource};
+pub use sysfs::{PciInfo, RdmaInfo, Sysfs, is_pci_address, pci_address_of};
 
 use crate::plan::CharDevice;
 
@@ -129,8 +131,8 @@ pub struct ScanOptions {
     pub netns: NetnsTarget,
     /// `--move-ib-interfaces`: false skips IPoIB netdevs (the device stays RDMA-only).
     pub move_ib_interfaces: bool,
-    /// Vendor/device names (default: [`PciIds::load_default`]); unknown IDs are published as
-    /// 4-digit hex.
+    /// Vendor/device names (default: [`PciIds::load_default`]); IDs the database does not know
+    /// are published as `unknown`, as upstream.
     pub pci_ids: PciIds,
     pub filter: Option<Filter>,
 }
@@ -258,14 +260,12 @@ fn pci_device(p: &PciInfo, ids: &PciIds) -> Device {
         ..Device::default()
     };
     d.set_str(attr::PCI_ADDRESS, p.address.clone());
-    let vendor = ids.vendor(&p.vendor_id).unwrap_or(&p.vendor_id);
-    if !vendor.is_empty() {
-        d.set_str(attr::PCI_VENDOR, truncate(vendor));
-    }
-    let product = ids.device(&p.vendor_id, &p.device_id).unwrap_or(&p.device_id);
-    if !product.is_empty() {
-        d.set_str(attr::PCI_DEVICE, truncate(product));
-    }
+    // Upstream's slice would be refused for a name over 64 bytes: cut it instead.
+    d.set_str(attr::PCI_VENDOR, truncate(&ids.vendor_attribute(&p.vendor_id)));
+    d.set_str(
+        attr::PCI_DEVICE,
+        truncate(&ids.device_attribute(&p.vendor_id, &p.device_id)),
+    );
     if !p.subsystem_id.is_empty() {
         d.set_str(attr::PCI_SUBSYSTEM, p.subsystem_id.clone());
     }

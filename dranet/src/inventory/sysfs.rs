@@ -1,7 +1,6 @@
 //! sysfs readers (under a configurable root so tests can use a fixture tree): PCI network
 //! devices, SR-IOV, NUMA, PCIe root, RDMA devices and their character devices.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -260,93 +259,4 @@ fn list_dir(dir: &Path) -> Vec<String> {
 
 fn first_entry(dir: &Path) -> Option<String> {
     list_dir(dir).into_iter().next()
-}
-
-/// Vendor and device names from a `pci.ids` file, when one is installed.
-#[derive(Debug, Default)]
-pub struct PciIds {
-    vendors: BTreeMap<String, (String, BTreeMap<String, String>)>,
-}
-
-impl PciIds {
-    /// Loads `$PCIDB_PATH/pci.ids` (as upstream exports it) or the first readable of the usual
-    /// locations; without any, a small built-in table of common NIC vendors.
-    #[must_use]
-    pub fn load_default() -> Self {
-        let env = std::env::var_os("PCIDB_PATH").map(|d| PathBuf::from(d).join("pci.ids"));
-        let usual = [
-            "/usr/share/hwdata/pci.ids",
-            "/usr/share/misc/pci.ids",
-            "/usr/share/pci.ids",
-        ];
-        for p in env.into_iter().chain(usual.iter().map(PathBuf::from)) {
-            if let Ok(text) = fs::read_to_string(&p) {
-                return Self::parse(&text);
-            }
-        }
-        Self::builtin()
-    }
-
-    /// Vendor names (as `pci.ids` spells them) of common NIC vendors; no device names.
-    #[must_use]
-    pub fn builtin() -> Self {
-        const VENDORS: [(&str, &str); 8] = [
-            ("8086", "Intel Corporation"),
-            ("15b3", "Mellanox Technologies"),
-            ("14e4", "Broadcom Inc. and subsidiaries"),
-            ("1d0f", "Amazon.com, Inc."),
-            ("1ae0", "Google, Inc."),
-            ("1af4", "Red Hat, Inc."),
-            ("10de", "NVIDIA Corporation"),
-            ("1414", "Microsoft Corporation"),
-        ];
-        let mut ids = Self::default();
-        for (id, name) in VENDORS {
-            ids.vendors
-                .insert(id.to_owned(), (name.to_owned(), BTreeMap::new()));
-        }
-        ids
-    }
-
-    /// Parses the `pci.ids` format (vendor lines, tab-indented device lines).
-    #[must_use]
-    pub fn parse(text: &str) -> Self {
-        let mut ids = Self::default();
-        let mut current: Option<String> = None;
-        for line in text.lines() {
-            if line.starts_with('#') || line.trim().is_empty() {
-                continue;
-            }
-            if line.starts_with("C ") {
-                current = None; // class section: stop attributing lines to a vendor
-                continue;
-            }
-            if let Some(rest) = line.strip_prefix('\t') {
-                if rest.starts_with('\t') {
-                    continue; // subsystem line
-                }
-                if let (Some(v), Some((id, name))) = (&current, rest.split_once("  "))
-                    && let Some(entry) = ids.vendors.get_mut(v)
-                {
-                    entry.1.insert(id.to_ascii_lowercase(), name.trim().to_owned());
-                }
-            } else if let Some((id, name)) = line.split_once("  ") {
-                let id = id.to_ascii_lowercase();
-                ids.vendors
-                    .insert(id.clone(), (name.trim().to_owned(), BTreeMap::new()));
-                current = Some(id);
-            }
-        }
-        ids
-    }
-
-    #[must_use]
-    pub fn vendor(&self, vendor_id: &str) -> Option<&str> {
-        self.vendors.get(vendor_id).map(|(n, _)| n.as_str())
-    }
-
-    #[must_use]
-    pub fn device(&self, vendor_id: &str, device_id: &str) -> Option<&str> {
-        self.vendors.get(vendor_id)?.1.get(device_id).map(String::as_str)
-    }
 }

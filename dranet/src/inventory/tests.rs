@@ -258,8 +258,9 @@ fn devices_merge_pci_rdma_and_netdevs() {
     let nic = &devs[2];
     let a = &nic.attributes;
     assert_eq!(a[attr::PCI_ADDRESS], s("0000:10:1b.0"));
-    assert_eq!(a[attr::PCI_VENDOR], s("15b3"));
-    assert_eq!(a[attr::PCI_DEVICE], s("101b"));
+    // No pci.ids in these options: upstream's placeholder, never hex.
+    assert_eq!(a[attr::PCI_VENDOR], s("unknown"));
+    assert_eq!(a[attr::PCI_DEVICE], s("unknown"));
     assert_eq!(a[attr::PCI_SUBSYSTEM], s("0001"));
     assert_eq!(a[attr::NUMA_NODE], AttrValue::Int(1));
     assert_eq!(a[attr::STD_NUMA_NODE], AttrValue::Int(1));
@@ -335,15 +336,6 @@ fn pci_ids_names_are_used() {
     let nic = devs.iter().find(|d| d.name == "pci-0000-10-1b-0").unwrap();
     assert_eq!(nic.attributes[attr::PCI_VENDOR], s("Mellanox Technologies"));
     assert_eq!(nic.attributes[attr::PCI_DEVICE], s("MT28908 Family [ConnectX-6]"));
-}
-
-#[test]
-fn builtin_vendor_names() {
-    let ids = PciIds::builtin();
-    assert_eq!(ids.vendor("15b3"), Some("Mellanox Technologies"));
-    assert_eq!(ids.vendor("1d0f"), Some("Amazon.com, Inc."));
-    assert_eq!(ids.vendor("abcd"), None);
-    assert_eq!(ids.device("15b3", "101b"), None);
 }
 
 #[test]
