@@ -32,6 +32,10 @@ pub struct InventoryArgs {
     pub node: Option<String>,
     #[arg(long, default_value = DEFAULT_DRIVER)]
     pub driver: String,
+    /// Upstream feature gates, `Name=true,...` (`DRAListTypeAttributes=true`: the NUMA node as
+    /// a list, as `dranet run` would publish it).
+    #[arg(long, value_name = "GATES")]
+    pub feature_gates: Option<String>,
 }
 
 /// Runs the subcommand.
@@ -44,12 +48,21 @@ pub fn main(args: &InventoryArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Err(e)) = args
+        .feature_gates
+        .as_deref()
+        .map(super::upstream::parse_feature_gates)
+    {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     let opts = ScanOptions {
         sysfs: Sysfs::new(&args.sysfs),
         netns: args.netns.clone().map_or(NetnsTarget::Current, NetnsTarget::Path),
         move_ib_interfaces: !args.no_move_ib_interfaces,
         pci_ids: PciIds::load_default(),
         filter,
+        numa_list: super::upstream::gate_on(args.feature_gates.as_deref(), "DRAListTypeAttributes"),
     };
     let devices = match inventory::scan(&opts) {
         Ok(d) => d,

@@ -246,6 +246,7 @@ async fn start_kubelet_side(
         sysfs: crate::inventory::Sysfs::new(&args.sysfs),
         filter,
         move_ib_interfaces: args.upstream.move_ib_interfaces(),
+        numa_list: args.upstream.gate("DRAListTypeAttributes"),
         ..ScanOptions::default()
     });
     let health = HealthHub::with_options(

@@ -86,7 +86,7 @@ pub struct UpstreamArgs {
 const GATES: &[(&str, &str)] = &[
     (
         "DRAListTypeAttributes",
-        "list-valued NUMA attributes are not published: dra.net/numaNode stays one int (the API server needs the gate too)",
+        "resource.kubernetes.io/numaNode is published as an int list (the device's node, then the equally near nodes of its socket); the API server and scheduler need the gate too, or the slices are refused",
     ),
     (
         "PersistentResourceSliceAttributes",
@@ -102,6 +102,13 @@ impl UpstreamArgs {
     #[must_use]
     pub fn move_ib_interfaces(&self) -> bool {
         self.move_ib_interfaces.unwrap_or(true)
+    }
+
+    /// Whether upstream feature gate `name` is on (all are off by default, as upstream). Call
+    /// [`Self::check`] first: gates that do not parse count as off here.
+    #[must_use]
+    pub fn gate(&self, name: &str) -> bool {
+        gate_on(self.feature_gates.as_deref(), name)
     }
 
     /// The publish loop's timing, with the poll-interval flags applied. Call [`Self::check`]
@@ -225,6 +232,15 @@ impl UpstreamArgs {
     }
 }
 
+/// Whether gate `name` is on in a `--feature-gates` value (the last mention wins).
+#[must_use]
+pub fn gate_on(gates: Option<&str>, name: &str) -> bool {
+    gates
+        .and_then(|g| parse_feature_gates(g).ok())
+        .and_then(|v| v.into_iter().rev().find(|(n, _)| n == name))
+        .is_some_and(|(_, on)| on)
+}
+
 /// `Name=true,Other=false` (spaces around items allowed, as component-base's parser).
 pub fn parse_feature_gates(s: &str) -> Result<Vec<(String, bool)>, UpstreamFlagError> {
     s.split(',')
@@ -334,6 +350,16 @@ mod tests {
             ])
         );
         assert!(parse_feature_gates("Foo").is_err());
+        assert!(gate_on(
+            Some("DRAListTypeAttributes=true"),
+            "DRAListTypeAttributes"
+        ));
+        assert!(!gate_on(
+            Some("DRAListTypeAttributes=true,DRAListTypeAttributes=false"),
+            "DRAListTypeAttributes"
+        ));
+        assert!(!gate_on(None, "DRAListTypeAttributes"));
+        assert!(!gate_on(Some("bad"), "DRAListTypeAttributes"));
         assert!(parse_feature_gates("Foo=maybe").is_err());
         let a = UpstreamArgs {
             feature_gates: Some("PersistentResourceSliceAttributes=true,Bogus=true".into()),

@@ -75,6 +75,9 @@ pub mod attr {
 }
 
 /// A `DeviceAttribute` value; serialises as the API does (`{"string": "…"}`, `{"int": 1}`…).
+/// `Ints` is the list form (`{"ints": [1, 0]}`) of resource.k8s.io/v1 from Kubernetes 1.36
+/// with the `DRAListTypeAttributes` gate; k8s-openapi's v1 types have no list forms, so slices
+/// are serialised from these.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttrValue {
@@ -82,6 +85,15 @@ pub enum AttrValue {
     Int(i64),
     Bool(bool),
     Version(String),
+    Ints(Vec<i64>),
+}
+
+impl AttrValue {
+    /// True for a list form (a slice with one holds at most 64 devices).
+    #[must_use]
+    pub fn is_list(&self) -> bool {
+        matches!(self, Self::Ints(_))
+    }
 }
 
 /// One allocatable device: its slice name and attributes, plus what Prepare needs to find it.
@@ -135,6 +147,9 @@ pub struct ScanOptions {
     /// are published as `unknown`, as upstream.
     pub pci_ids: PciIds,
     pub filter: Option<Filter>,
+    /// Upstream's `DRAListTypeAttributes` gate: `resource.kubernetes.io/numaNode` as an int
+    /// list (the physical node, then the equally near nodes of its socket).
+    pub numa_list: bool,
 }
 
 impl Default for ScanOptions {
@@ -145,6 +160,7 @@ impl Default for ScanOptions {
             move_ib_interfaces: true,
             pci_ids: PciIds::load_default(),
             filter: None,
+            numa_list: false,
         }
     }
 }
@@ -163,9 +179,15 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
     let sysfs = &opts.sysfs;
     let host_view = opts.netns == NetnsTarget::Current;
     let rdma = sysfs.rdma_devices();
+    let pci_opts = PciAttrs {
+        ids: &opts.pci_ids,
+        sysfs,
+        numa_arch: sysfs.numa_architecture(),
+        numa_list: opts.numa_list,
+    };
     let mut pci: BTreeMap<String, Device> = BTreeMap::new();
     for p in sysfs.network_pci_devices() {
-        let mut d = pci_device(&p, &opts.pci_ids);
+        let mut d = pci_device(&p, &pci_opts);
         if let Some(r) = rdma.iter().find(|r| r.pci_address.as_deref() == Some(&p.address)) {
             set_rdma(&mut d, r);
         }
@@ -178,7 +200,7 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
             continue;
         }
         let mut d = match addr.as_deref().and_then(|a| sysfs.pci_info(a)) {
-            Some(info) => pci_device(&info, &opts.pci_ids),
+            Some(info) => pci_device(&info, &pci_opts),
             None => Device {
                 name: netdev_device_name(&r.name),
                 ..Device::default()
@@ -207,9 +229,14 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
             .then(|| sysfs.netdev_is_virtual(&link.name))
             .flatten()
             .unwrap_or(link.kind != "device");
-        match pci_addr.as_ref().and_then(|a| pci.get_mut(a)) {
-            Some(d) if d.ifname.is_none() => {
-                set_link(d, link, is_virtual);
+        let sriov = if host_view {
+            sysfs.netdev_sriov(&link.name)
+        } else {
+            sysfs::NetdevSriov::default()
+        };
+        match (&pci_addr, pci_addr.as_ref().and_then(|a| pci.get_mut(a))) {
+            (_, Some(d)) if d.ifname.is_none() => {
+                set_link(d, link, is_virtual, sriov);
                 d.pf_mtu = sysfs.netdev_pf_mtu(&link.name);
                 if d.rdma_device.is_none()
                     && let Some(r) = sysfs.netdev_rdma_device(&link.name)
@@ -219,15 +246,19 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
                     d.set_str(attr::RDMA_DEVICE, r);
                 }
             }
-            Some(_) => {} // a second netdev of the same PCI function: the first one wins
-            None => {
-                let mut d = match pci_addr.as_deref().and_then(|a| sysfs.pci_info(a)) {
-                    Some(info) => pci_device(&info, &opts.pci_ids),
-                    None => Device::default(),
+            (_, Some(_)) => {} // a second netdev of the same PCI function: the first one wins
+            (Some(a), None) => {
+                // As upstream: a PCI netdev whose function is not a published PCI device (not
+                // class 0x02, no usable driver) is not published.
+                tracing::debug!(ifname = %link.name, pci = %a, "netdev of an unpublished PCI function: skipped");
+            }
+            (None, None) => {
+                let mut d = Device {
+                    name: netdev_device_name(&link.name),
+                    ..Device::default()
                 };
-                d.name = netdev_device_name(&link.name);
                 d.set(attr::RDMA, AttrValue::Bool(false));
-                set_link(&mut d, link, is_virtual);
+                set_link(&mut d, link, is_virtual, sriov);
                 netdevs.push(d);
             }
         }
@@ -253,7 +284,21 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
     out
 }
 
-fn pci_device(p: &PciInfo, ids: &PciIds) -> Device {
+/// What the PCI attributes of a device need besides its [`PciInfo`].
+struct PciAttrs<'a> {
+    ids: &'a PciIds,
+    sysfs: &'a Sysfs,
+    /// ghw's view: more (or fewer) than one NUMA node.
+    numa_arch: bool,
+    numa_list: bool,
+}
+
+/// The attributes upstream gives every device with a PCI address (`addPCIAttributes`): the
+/// address, vendor, device and subsystem, the legacy NUMA node (only on a NUMA machine, as ghw
+/// reports it), the standard NUMA node (scalar, or the list with `DRAListTypeAttributes`) and
+/// PCIe root, and `rdma` (false until an RDMA device is found). SR-IOV attributes come with
+/// the netdev ([`set_link`]).
+fn pci_device(p: &PciInfo, o: &PciAttrs<'_>) -> Device {
     let mut d = Device {
         name: pci_device_name(&p.address),
         pci_address: Some(p.address.clone()),
@@ -261,28 +306,27 @@ fn pci_device(p: &PciInfo, ids: &PciIds) -> Device {
     };
     d.set_str(attr::PCI_ADDRESS, p.address.clone());
     // Upstream's slice would be refused for a name over 64 bytes: cut it instead.
-    d.set_str(attr::PCI_VENDOR, truncate(&ids.vendor_attribute(&p.vendor_id)));
+    d.set_str(attr::PCI_VENDOR, truncate(&o.ids.vendor_attribute(&p.vendor_id)));
     d.set_str(
         attr::PCI_DEVICE,
-        truncate(&ids.device_attribute(&p.vendor_id, &p.device_id)),
+        truncate(&o.ids.device_attribute(&p.vendor_id, &p.device_id)),
     );
     if !p.subsystem_id.is_empty() {
         d.set_str(attr::PCI_SUBSYSTEM, p.subsystem_id.clone());
     }
     if let Some(n) = p.numa_node {
-        d.set(attr::NUMA_NODE, AttrValue::Int(n));
-        d.set(attr::STD_NUMA_NODE, AttrValue::Int(n));
+        if o.numa_arch {
+            d.set(attr::NUMA_NODE, AttrValue::Int(n));
+        }
+        let std = if o.numa_list {
+            AttrValue::Ints(o.sysfs.numa_node_list(n))
+        } else {
+            AttrValue::Int(n)
+        };
+        d.set(attr::STD_NUMA_NODE, std);
     }
     if let Some(root) = &p.pcie_root {
         d.set_str(attr::STD_PCIE_ROOT, root.clone());
-    }
-    let sriov = p.sriov_total_vfs.unwrap_or(0) > 0;
-    d.set(attr::SRIOV, AttrValue::Bool(sriov));
-    if sriov {
-        d.set(attr::SRIOV_VFS, AttrValue::Int(p.sriov_num_vfs.unwrap_or(0)));
-    }
-    if p.is_vf {
-        d.set(attr::IS_SRIOV_VF, AttrValue::Bool(true));
     }
     d.set(attr::RDMA, AttrValue::Bool(false));
     d
@@ -295,7 +339,8 @@ fn set_rdma(d: &mut Device, r: &RdmaInfo) {
     d.set_str(attr::RDMA_DEVICE, r.name.clone());
 }
 
-fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
+/// The netdev's attributes (upstream's `addLinkAttributes`).
+fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool, sriov: sysfs::NetdevSriov) {
     d.ifname = Some(l.name.clone());
     d.mtu = l.mtu;
     d.addresses = l.ipv4.iter().chain(&l.ipv6).cloned().collect();
@@ -303,9 +348,7 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
     d.neighbors.clone_from(&l.neighbors);
     d.mac = l.perm_mac.clone().or_else(|| l.mac.clone());
     d.set_str(attr::IF_NAME, l.name.clone());
-    if let Some(mac) = &l.mac {
-        d.set_str(attr::MAC, mac.clone());
-    }
+    d.set_str(attr::MAC, l.hardware_addr.clone());
     if let Some(mtu) = l.mtu {
         d.set(attr::MTU, AttrValue::Int(i64::from(mtu)));
     }
@@ -321,6 +364,13 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
     }
     d.set(attr::VIRTUAL, AttrValue::Bool(is_virtual));
     d.set(attr::EBPF, AttrValue::Bool(l.ebpf));
+    d.set(attr::SRIOV, AttrValue::Bool(sriov.total_vfs > 0));
+    if sriov.total_vfs > 0 {
+        d.set(attr::SRIOV_VFS, AttrValue::Int(sriov.num_vfs));
+    }
+    if sriov.is_vf {
+        d.set(attr::IS_SRIOV_VF, AttrValue::Bool(true));
+    }
     if !l.tc_filter_names.is_empty() {
         d.set_str(attr::TC_FILTER_NAMES, capped_join(&l.tc_filter_names));
     }
@@ -381,5 +431,7 @@ impl SharedInventory {
     }
 }
 
+#[cfg(test)]
+mod parity_tests;
 #[cfg(test)]
 mod tests;

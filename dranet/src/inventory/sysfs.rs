@@ -260,3 +260,104 @@ fn list_dir(dir: &Path) -> Vec<String> {
 fn first_entry(dir: &Path) -> Option<String> {
     list_dir(dir).into_iter().next()
 }
+
+/// SR-IOV state of a netdev's device, read as upstream does through `class/net/<if>/device`
+/// (a netdev without a device, i.e. a virtual one, has none: `sriov` false).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetdevSriov {
+    /// `device/sriov_totalvfs` (0 when absent or unreadable).
+    pub total_vfs: i64,
+    /// `device/sriov_numvfs` (0 when absent or unreadable).
+    pub num_vfs: i64,
+    /// `device/physfn` is a symlink: the netdev is a VF.
+    pub is_vf: bool,
+}
+
+impl Sysfs {
+    /// SR-IOV state of netdev `ifname` (upstream's `sriovTotalVFs`, `sriovNumVFs`, `isSriovVf`).
+    #[must_use]
+    pub fn netdev_sriov(&self, ifname: &str) -> NetdevSriov {
+        let dev = self.root.join("class/net").join(ifname).join("device");
+        NetdevSriov {
+            total_vfs: read_i64(&dev.join("sriov_totalvfs")).unwrap_or(0),
+            num_vfs: read_i64(&dev.join("sriov_numvfs")).unwrap_or(0),
+            is_vf: fs::symlink_metadata(dev.join("physfn")).is_ok_and(|m| m.file_type().is_symlink()),
+        }
+    }
+
+    /// True when ghw (upstream's PCI library) sees a NUMA machine: the number of `node<N>`
+    /// entries in `devices/system/node` is not 1 (an unreadable directory counts as none).
+    /// Upstream publishes `dra.net/numaNode` only then.
+    #[must_use]
+    pub fn numa_architecture(&self) -> bool {
+        let nodes = list_dir(&self.root.join("devices/system/node"))
+            .into_iter()
+            .filter(|n| n.strip_prefix("node").is_some_and(|i| i.parse::<u32>().is_ok()))
+            .count();
+        nodes != 1
+    }
+
+    /// The list form of `resource.kubernetes.io/numaNode` for a device on NUMA node `node`
+    /// (Kubernetes' `deviceattribute` helper): `node` first, then, in ascending order, the
+    /// nodes at the smallest distance from it in its SLIT row (`node<N>/distance`) that are on
+    /// the same socket (the `physical_package_id` of the lowest CPU in each node's `cpulist`;
+    /// a node whose socket cannot be read is kept). Just `[node]` when the row is missing or
+    /// has no other node.
+    #[must_use]
+    pub fn numa_node_list(&self, node: i64) -> Vec<i64> {
+        let nodes = self.root.join("devices/system/node");
+        let row: Option<Vec<i64>> = read_trim(&nodes.join(format!("node{node}/distance")))
+            .and_then(|s| s.split_whitespace().map(|f| f.parse().ok()).collect());
+        let Some(row) = row else {
+            return vec![node];
+        };
+        let Ok(me) = usize::try_from(node) else {
+            return vec![node];
+        };
+        if me >= row.len() {
+            return vec![node];
+        }
+        let Some(min) = row
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != me)
+            .map(|(_, d)| *d)
+            .min()
+        else {
+            return vec![node];
+        };
+        let my_socket = self.numa_node_socket(node);
+        let mut out = vec![node];
+        for (i, d) in row.iter().enumerate() {
+            let Ok(n) = i64::try_from(i) else { continue };
+            if i == me || *d != min {
+                continue;
+            }
+            if let (Some(mine), Some(theirs)) = (my_socket, self.numa_node_socket(n))
+                && mine != theirs
+            {
+                continue;
+            }
+            out.push(n);
+        }
+        out
+    }
+
+    fn numa_node_socket(&self, node: i64) -> Option<i64> {
+        let cpulist = read_trim(&self.root.join(format!("devices/system/node/node{node}/cpulist")))?;
+        let cpu = lowest_cpu(&cpulist)?;
+        read_i64(&self.root.join(format!(
+            "devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+        )))
+    }
+}
+
+/// The lowest CPU of a cpulist (`0-3,8-11`); `None` when empty or malformed.
+fn lowest_cpu(list: &str) -> Option<u32> {
+    let mut lowest: Option<u32> = None;
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let first = part.split('-').next()?.trim().parse::<u32>().ok()?;
+        lowest = Some(lowest.map_or(first, |l| l.min(first)));
+    }
+    lowest
+}

@@ -125,6 +125,7 @@ fn rec(index: u32, name: &str, kind: &str) -> LinkRecord {
         name: name.into(),
         kind: kind.into(),
         mac: Some(format!("02:00:00:00:00:{index:02x}")),
+        hardware_addr: format!("02:00:00:00:00:{index:02x}"),
         mtu: Some(1500),
         encapsulation: "ether".into(),
         operstate: "up".into(),
@@ -299,6 +300,10 @@ fn devices_merge_pci_rdma_and_netdevs() {
     assert_eq!(dummy.attributes[attr::VIRTUAL], AttrValue::Bool(true));
     assert_eq!(dummy.attributes[attr::RDMA], AttrValue::Bool(false));
     assert!(!dummy.attributes.contains_key(attr::PCI_ADDRESS));
+    // As upstream: every netdev says whether it is SR-IOV capable; a device without a host
+    // netdev (IB-only here) does not.
+    assert_eq!(dummy.attributes[attr::SRIOV], AttrValue::Bool(false));
+    assert!(!ib.attributes.contains_key(attr::SRIOV));
     // Not in sysfs: virtual from the link kind.
     assert_eq!(devs[1].attributes[attr::IF_NAME], s("eth0.100"));
     assert_eq!(devs[1].attributes[attr::VIRTUAL], AttrValue::Bool(true));
