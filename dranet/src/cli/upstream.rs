@@ -90,7 +90,7 @@ const GATES: &[(&str, &str)] = &[
     ),
     (
         "PersistentResourceSliceAttributes",
-        "always on here while the daemon runs: a device in a pod keeps its published entry and attributes (after a restart it is listed again when it comes home)",
+        "always on here: a device in a pod keeps its last published attributes, across restarts too (<state-dir>/published-devices.json)",
     ),
 ];
 

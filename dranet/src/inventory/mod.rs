@@ -8,6 +8,7 @@
 //! `move_ib_interfaces == false`; then the CEL filter runs.
 
 mod filter;
+mod held;
 mod host_state;
 mod names;
 mod netlink;
@@ -21,6 +22,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 
 pub use filter::{DEFAULT_FILTER, Filter};
+pub use held::{HELD_FILE, Held, HeldAttributes, HeldError};
 pub use names::{base32_lower_nopad, is_dns_label, netdev_device_name, pci_device_name};
 pub use netlink::{LinkRecord, MAX_ATTRIBUTE_LEN, NetScan, NetnsTarget, capped_join, is_global_unicast};
 pub use pciids::{PciIds, PciIdsSource};
