@@ -63,6 +63,7 @@ pub fn main(args: &InventoryArgs) -> ExitCode {
         pci_ids: PciIds::load_default(),
         filter,
         numa_list: super::upstream::gate_on(args.feature_gates.as_deref(), "DRAListTypeAttributes"),
+        extra: None,
     };
     let devices = match inventory::scan(&opts) {
         Ok(d) => d,

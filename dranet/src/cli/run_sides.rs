@@ -242,7 +242,10 @@ async fn start_kubelet_side(
     let readiness = sides.readiness.clone();
     let inventory = SharedInventory::new(Vec::new());
     let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
+    // Cloud attributes and profiles: found in the background (see the task below).
+    let providers = crate::cloud::NodeProviders::default();
     let scan_opts = Arc::new(ScanOptions {
+        extra: Some(Arc::new(providers.cloud.clone())),
         sysfs: crate::inventory::Sysfs::new(&args.sysfs),
         filter,
         move_ib_interfaces: args.upstream.move_ib_interfaces(),
@@ -339,6 +342,15 @@ async fn start_kubelet_side(
         engine.clone(),
         move || r.request_rescan(),
     )));
+    // The cloud's metadata is read off the start path; its attributes join at the next scan.
+    let r = rescan.clone();
+    sides.tasks.push(tokio::spawn(crate::cloud::run_providers(
+        args.upstream
+            .cloud_options(&args.sysfs, args.cloud_metadata_endpoint.clone()),
+        args.upstream.profile_choice(),
+        providers.clone(),
+        move || r.request_rescan(),
+    )));
     let republish = rescan.clone();
     sides.tasks.push(tokio::spawn(crate::report::rescue_events(
         sides.reporter.clone(),
@@ -355,7 +367,8 @@ async fn start_kubelet_side(
             }),
             Arc::new(engine.clone()),
         )
-        .with_reporter(sides.reporter.clone()),
+        .with_reporter(sides.reporter.clone())
+        .with_providers(Arc::new(providers)),
     );
     let cfg = PluginConfig {
         kubelet_root: args.kubelet_root_dir.clone(),

@@ -98,6 +98,49 @@ impl AttrValue {
     }
 }
 
+/// Identifiers of a device that a cloud provider or webhook matches against its metadata
+/// (upstream's `cloudprovider.DeviceIdentifiers`, same JSON).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct DeviceIds {
+    #[serde(rename = "mac_address", default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+    #[serde(rename = "pci_address", default, skip_serializing_if = "String::is_empty")]
+    pub pci_address: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+impl DeviceIds {
+    /// From a device's attributes, as upstream: `name` is its `dra.net/ifName`, `mac` its
+    /// `dra.net/mac`, `pci_address` its `dra.net/pciAddress`.
+    #[must_use]
+    pub fn of(d: &Device) -> Self {
+        let s = |k: &str| match d.attributes.get(k) {
+            Some(AttrValue::String(v)) => v.clone(),
+            _ => String::new(),
+        };
+        Self {
+            mac: s(attr::MAC),
+            pci_address: s(attr::PCI_ADDRESS),
+            name: s(attr::IF_NAME),
+        }
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.mac.is_empty() && self.pci_address.is_empty() && self.name.is_empty()
+    }
+}
+
+/// More attributes for a device (the cloud provider's): called during a scan, on a blocking
+/// thread.
+pub trait DeviceAttributeSource: Send + Sync + std::fmt::Debug {
+    fn attributes(&self, ids: &DeviceIds) -> BTreeMap<String, AttrValue>;
+}
+
+/// The API's limit of attributes (and capacities) per device.
+pub const MAX_ATTRIBUTES: usize = 32;
+
 /// One allocatable device: its slice name and attributes, plus what Prepare needs to find it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Device {
@@ -152,6 +195,8 @@ pub struct ScanOptions {
     /// Upstream's `DRAListTypeAttributes` gate: `resource.kubernetes.io/numaNode` as an int
     /// list (the physical node, then the equally near nodes of its socket).
     pub numa_list: bool,
+    /// Cloud attributes (added before the filter runs, as upstream).
+    pub extra: Option<std::sync::Arc<dyn DeviceAttributeSource>>,
 }
 
 impl Default for ScanOptions {
@@ -163,6 +208,7 @@ impl Default for ScanOptions {
             pci_ids: PciIds::load_default(),
             filter: None,
             numa_list: false,
+            extra: None,
         }
     }
 }
@@ -270,6 +316,12 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
         .filter(|(a, _)| !removed_pci.contains(a))
         .map(|(_, d)| d)
         .chain(netdevs)
+        .map(|mut d| {
+            if let Some(extra) = &opts.extra {
+                add_extra(&mut d, extra.as_ref());
+            }
+            d
+        })
         .filter(|d| opts.filter.as_ref().is_none_or(|f| f.keep(d)))
         .collect();
     for d in &mut out {
@@ -284,6 +336,28 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out.dedup_by(|a, b| a.name == b.name);
     out
+}
+
+/// Adds a source's attributes (they replace the device's own of the same name, as upstream),
+/// within the API's 32 per device: what does not fit is left out (upstream's slice would be
+/// refused), with a warning the first time.
+fn add_extra(d: &mut Device, extra: &dyn DeviceAttributeSource) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let ids = DeviceIds::of(d);
+    if ids.is_empty() {
+        return;
+    }
+    let mut dropped = Vec::new();
+    for (k, v) in extra.attributes(&ids) {
+        if d.attributes.contains_key(&k) || d.attributes.len() < MAX_ATTRIBUTES {
+            d.attributes.insert(k, v);
+        } else {
+            dropped.push(k);
+        }
+    }
+    if !dropped.is_empty() && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(device = %d.name, ?dropped, "cloud attributes left out: a device has at most {MAX_ATTRIBUTES} attributes");
+    }
 }
 
 /// What the PCI attributes of a device need besides its [`PciInfo`].

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -383,4 +384,47 @@ fn shared_inventory_reports_changes() {
     assert!(!inv.replace(vec![d.clone()]));
     assert_eq!(inv.get("a"), Some(d));
     assert_eq!(inv.get("b"), None);
+}
+
+/// A cloud: one attribute per device from its identifiers, plus 40 more for `dummy1`.
+#[derive(Debug)]
+struct Cloud;
+
+impl DeviceAttributeSource for Cloud {
+    fn attributes(&self, ids: &DeviceIds) -> BTreeMap<String, AttrValue> {
+        let mut out = BTreeMap::from([(
+            "example.com/ids".to_owned(),
+            s(&format!("{}|{}|{}", ids.name, ids.mac, ids.pci_address)),
+        )]);
+        if ids.name == "dummy1" {
+            for i in 0..40 {
+                out.insert(format!("example.com/a{i:02}"), AttrValue::Int(i));
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn cloud_attributes_join_before_the_filter_within_32() {
+    let fx = fixture();
+    let mut o = opts(&fx);
+    o.extra = Some(std::sync::Arc::new(Cloud));
+    o.filter = Filter::compile(r#"attributes["example.com/ids"].StringValue != "veth1|02:00:00:00:00:08|""#)
+        .unwrap();
+    let devs = build_devices(&netscan(), &o);
+    assert!(
+        devs.iter().all(|d| d.name != "veth1"),
+        "the filter saw the cloud attribute"
+    );
+    let nic = devs.iter().find(|d| d.name == "pci-0000-10-1b-0").unwrap();
+    assert_eq!(
+        nic.attributes["example.com/ids"],
+        s("ens1|02:00:00:00:00:02|0000:10:1b.0"),
+        "upstream's identifiers: ifName, mac, pciAddress"
+    );
+    let ib = devs.iter().find(|d| d.name == "pci-0000-30-00-0").unwrap();
+    assert_eq!(ib.attributes["example.com/ids"], s("||0000:30:00.0"));
+    let dummy = devs.iter().find(|d| d.name == "dummy1").unwrap();
+    assert_eq!(dummy.attributes.len(), MAX_ATTRIBUTES);
 }
