@@ -197,6 +197,9 @@ pub struct ScanOptions {
     pub numa_list: bool,
     /// Cloud attributes (added before the filter runs, as upstream).
     pub extra: Option<std::sync::Arc<dyn DeviceAttributeSource>>,
+    /// Also list the uplinks (the default-route holders and their master descendants), which
+    /// are never published (`dranet inventory --with-uplinks`, for a look at them).
+    pub keep_uplinks: bool,
 }
 
 impl Default for ScanOptions {
@@ -209,6 +212,7 @@ impl Default for ScanOptions {
             filter: None,
             numa_list: false,
             extra: None,
+            keep_uplinks: false,
         }
     }
 }
@@ -267,7 +271,7 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
             continue;
         }
         let pci_addr = host_view.then(|| sysfs.netdev_pci_address(&link.name)).flatten();
-        if net.uplinks.contains(&link.index) {
+        if net.uplinks.contains(&link.index) && !opts.keep_uplinks {
             if let Some(a) = pci_addr {
                 removed_pci.insert(a);
             }

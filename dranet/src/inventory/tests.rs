@@ -428,3 +428,18 @@ fn cloud_attributes_join_before_the_filter_within_32() {
     let dummy = devs.iter().find(|d| d.name == "dummy1").unwrap();
     assert_eq!(dummy.attributes.len(), MAX_ATTRIBUTES);
 }
+
+#[test]
+fn uplinks_are_listed_only_when_asked() {
+    let fx = fixture();
+    let mut o = opts(&fx);
+    assert!(
+        build_devices(&netscan(), &o)
+            .iter()
+            .all(|d| d.name != "pci-0000-40-00-0")
+    );
+    o.keep_uplinks = true;
+    let devs = build_devices(&netscan(), &o);
+    let up = devs.iter().find(|d| d.name == "pci-0000-40-00-0").unwrap();
+    assert_eq!(up.attributes[attr::IF_NAME], s("eth0"));
+}
