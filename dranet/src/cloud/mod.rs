@@ -549,15 +549,16 @@ impl crate::dra::Providers for NodeProviders {
     ) -> futures::future::BoxFuture<'a, Option<crate::config::NetworkConfig>> {
         Box::pin(async move {
             let instance = self.cloud.get()?;
-            let CloudInstance::Webhook(w) = &*instance else {
-                return None;
-            };
-            match w.device_config(ids).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(device = %ids.name, error = %e, "webhook GetDeviceConfig failed");
-                    None
-                }
+            match &*instance {
+                CloudInstance::Azure(a) => a.device_config(ids),
+                CloudInstance::Webhook(w) => match w.device_config(ids).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(device = %ids.name, error = %e, "webhook GetDeviceConfig failed");
+                        None
+                    }
+                },
+                _ => None,
             }
         })
     }

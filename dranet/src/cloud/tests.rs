@@ -256,6 +256,9 @@ async fn aws_other_instances_publish_nothing_and_imdsv1_works() {
 /// `/metadata/instance/compute` of an ND H100 v5 VM (recorded layout, trimmed).
 const AZURE_COMPUTE: &str = r#"{"azEnvironment":"AzurePublicCloud","isHostCompatibilityLayerVm":"false","location":"eastus","name":"aks-gpu-12345678-vmss_0","offer":"","osType":"Linux","placementGroupId":"a1b2c3d4-e5f6-4789-abcd-ef0123456789","plan":{"name":"","product":"","publisher":""},"platformFaultDomain":"0","platformUpdateDomain":"0","provider":"Microsoft.Compute","resourceGroupName":"MC_rg_cluster_eastus","sku":"","tags":"","vmId":"02aab8a4-74ef-476e-8182-f6d2ba4166a6","vmScaleSetName":"aks-gpu-12345678-vmss","vmSize":"Standard_ND96isr_H100_v5","interconnectGroupId":"ig-7","interconnectSubgroupId":""}"#;
 
+/// `/metadata/instance/network` with two NICs (recorded layout).
+const AZURE_NETWORK: &str = r#"{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"10.0.0.4","publicIpAddress":""}],"subnet":[{"address":"10.0.0.0","prefix":"24"}]},"ipv6":{"ipAddress":[]},"macAddress":"6045BDA7E0F1"},{"ipv4":{"ipAddress":[{"privateIpAddress":"10.9.255.4","publicIpAddress":""}],"subnet":[{"address":"10.9.255.0","prefix":"24"}]},"ipv6":{"ipAddress":[]},"macAddress":"6045BDA7E0F2"}]}"#;
+
 fn azure(r: &Req) -> Resp {
     if r.header("Metadata") != Some("true") {
         return Resp::status(400);
@@ -263,6 +266,7 @@ fn azure(r: &Req) -> Resp {
     match r.path.as_str() {
         "/metadata/instance?api-version=2025-11-11&format=text" => Resp::ok("compute/\nnetwork/\n"),
         "/metadata/instance/compute?api-version=2025-11-11&format=json" => Resp::ok(AZURE_COMPUTE),
+        "/metadata/instance/network?api-version=2025-11-11&format=json" => Resp::ok(AZURE_NETWORK),
         _ => Resp::status(404),
     }
 }
@@ -284,6 +288,27 @@ async fn azure_node_attributes_on_every_device() {
             ("azure.dra.net/vmSize".to_owned(), s("Standard_ND96isr_H100_v5")),
         ])
     );
+    // Per-NIC policy routing for Prepare: the second NIC, table 101.
+    let CloudInstance::Azure(az) = &i else {
+        panic!("not Azure")
+    };
+    let cfg = az
+        .device_config(&ids("60:45:bd:a7:e0:f2", "", "pci-0001-00-00-0"))
+        .unwrap();
+    assert_eq!(cfg.rules.len(), 1);
+    assert_eq!(
+        (cfg.rules[0].source.as_str(), cfg.rules[0].table),
+        ("10.9.255.0/24", 101)
+    );
+    assert_eq!(
+        (
+            cfg.routes[0].destination.as_str(),
+            cfg.routes[0].gateway.as_str(),
+            cfg.routes[0].table
+        ),
+        ("0.0.0.0/0", "10.9.255.1", 101)
+    );
+    assert!(az.device_config(&ids("02:00:00:00:00:09", "", "eth9")).is_none());
 }
 
 // ---- OKE ----
