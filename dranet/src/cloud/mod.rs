@@ -131,8 +131,10 @@ pub fn parse_hint(hint: Option<&str>) -> Result<Hint, CloudError> {
 /// Deadlines and retries of the metadata clients.
 #[derive(Clone, Copy, Debug)]
 pub struct CloudTiming {
-    /// One request.
+    /// One request to a metadata service (and the webhook's `/health`).
     pub request: Duration,
+    /// One POST to the webhook (upstream's client: 10 s).
+    pub webhook: Duration,
     /// How long a detection probe keeps trying (upstream: 5 s).
     pub probe_for: Duration,
     /// How long reading the instance data keeps trying (upstream: 15 s).
@@ -145,6 +147,7 @@ impl Default for CloudTiming {
     fn default() -> Self {
         Self {
             request: Duration::from_secs(3),
+            webhook: Duration::from_secs(10),
             probe_for: Duration::from_secs(5),
             fetch_for: Duration::from_secs(15),
             retry_every: Duration::from_secs(1),

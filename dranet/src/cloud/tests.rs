@@ -12,6 +12,7 @@ use super::*;
 fn timing() -> CloudTiming {
     CloudTiming {
         request: Duration::from_millis(300),
+        webhook: Duration::from_millis(300),
         probe_for: Duration::from_millis(400),
         fetch_for: Duration::from_millis(600),
         retry_every: Duration::from_millis(100),

@@ -110,7 +110,7 @@ impl Webhook {
             path,
             &[("Content-Type", "application/json")],
             Some(body),
-            self.timing.request,
+            self.timing.webhook,
         )
         .await?;
         super::ok(&self.endpoint, path, r)

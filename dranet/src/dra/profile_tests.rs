@@ -83,6 +83,7 @@ fn cref(uid: &str) -> ClaimRef {
 fn timing() -> CloudTiming {
     CloudTiming {
         request: Duration::from_millis(500),
+        webhook: Duration::from_millis(500),
         probe_for: Duration::from_millis(500),
         fetch_for: Duration::from_millis(500),
         retry_every: Duration::from_millis(100),
