@@ -42,15 +42,18 @@ impl std::fmt::Display for PciIdsSource {
     }
 }
 
-#[derive(Clone, Debug, Default)]
+/// Where one vendor is in the text: its name and its block of device lines.
+#[derive(Clone, Copy, Debug, Default)]
 struct Vendor {
-    name: String,
-    devices: BTreeMap<String, String>,
+    name: (usize, usize),
+    block: (usize, usize),
 }
 
-/// Vendor and device names by lowercase 4-digit hex ID.
+/// Vendor and device names by lowercase 4-digit hex ID. The text is kept as read, with an
+/// index of vendors (about 1.4 MB for the whole database, instead of a map of every device).
 #[derive(Clone)]
 pub struct PciIds {
+    text: std::sync::Arc<str>,
     vendors: BTreeMap<String, Vendor>,
     bundled: bool,
     source: PciIdsSource,
@@ -60,6 +63,7 @@ impl Default for PciIds {
     /// No database: every name is [`UNKNOWN`].
     fn default() -> Self {
         Self {
+            text: std::sync::Arc::from(""),
             vendors: BTreeMap::new(),
             bundled: false,
             source: PciIdsSource::None,
@@ -117,9 +121,9 @@ impl PciIds {
     #[must_use]
     pub fn bundled() -> Self {
         Self {
-            vendors: BTreeMap::new(),
             bundled: true,
             source: PciIdsSource::Bundled(BUNDLED_VERSION),
+            ..Self::default()
         }
     }
 
@@ -137,10 +141,15 @@ impl PciIds {
     /// interfaces) carry no name we publish. A later duplicate ID wins, as in pcidb's maps.
     #[must_use]
     pub fn parse(text: &str) -> Self {
+        let text: std::sync::Arc<str> = std::sync::Arc::from(text);
         let mut vendors: BTreeMap<String, Vendor> = BTreeMap::new();
         let mut current: Option<String> = None;
         let mut in_classes = false;
-        for line in text.lines() {
+        let mut pos = 0;
+        for raw in text.split_inclusive('\n') {
+            let start = pos;
+            pos += raw.len();
+            let line = raw.trim_end_matches(['\n', '\r']);
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
@@ -149,28 +158,29 @@ impl PciIds {
                 current = None;
                 continue;
             }
-            if let Some(rest) = line.strip_prefix('\t') {
-                if rest.starts_with('\t') || in_classes {
-                    continue;
-                }
-                // `\tdddd  Name`: pcidb takes the name from the 8th character on.
-                if let (Some(v), Some(id), Some(name)) = (&current, rest.get(..4), rest.get(6..))
-                    && let Some(vendor) = vendors.get_mut(v)
-                {
-                    vendor.devices.insert(id.to_ascii_lowercase(), name.to_owned());
+            if line.starts_with('\t') {
+                // Device or subsystem lines: part of the current vendor's block.
+                if !in_classes && let Some(v) = current.as_ref().and_then(|v| vendors.get_mut(v)) {
+                    v.block.1 = pos;
                 }
                 continue;
             }
             in_classes = false;
             // `vvvv  Name`: the name from the 7th character on.
-            if let (Some(id), Some(name)) = (line.get(..4), line.get(6..)) {
+            if let (Some(id), Some(_)) = (line.get(..4), line.get(6..)) {
                 let id = id.to_ascii_lowercase();
-                let vendor = vendors.entry(id.clone()).or_default();
-                vendor.name = name.to_owned();
+                vendors.insert(
+                    id.clone(),
+                    Vendor {
+                        name: (start + 6, start + line.len()),
+                        block: (pos, pos),
+                    },
+                );
                 current = Some(id);
             }
         }
         Self {
+            text,
             vendors,
             bundled: false,
             source: PciIdsSource::Text,
@@ -189,9 +199,8 @@ impl PciIds {
         if self.bundled {
             return bundled_vendor(vendor_id);
         }
-        self.vendors
-            .get(&vendor_id.to_ascii_lowercase())
-            .map(|v| v.name.clone())
+        let v = self.vendors.get(&vendor_id.to_ascii_lowercase())?;
+        self.text.get(v.name.0..v.name.1).map(str::to_owned)
     }
 
     /// The device's name, if the database has it.
@@ -200,11 +209,19 @@ impl PciIds {
         if self.bundled {
             return bundled_device(vendor_id, device_id);
         }
-        self.vendors
-            .get(&vendor_id.to_ascii_lowercase())?
-            .devices
-            .get(&device_id.to_ascii_lowercase())
-            .cloned()
+        let v = self.vendors.get(&vendor_id.to_ascii_lowercase())?;
+        let block = self.text.get(v.block.0..v.block.1)?;
+        let want = device_id.to_ascii_lowercase();
+        // `\tdddd  Name` (pcidb takes the name from the 8th character on); two tabs are
+        // subsystems. A later duplicate wins, as in pcidb's map.
+        block
+            .lines()
+            .rev()
+            .filter_map(|l| l.strip_prefix('\t'))
+            .filter(|l| !l.starts_with('\t'))
+            .filter(|l| l.get(..4).is_some_and(|id| id.eq_ignore_ascii_case(&want)))
+            .find_map(|l| l.get(6..))
+            .map(str::to_owned)
     }
 
     /// `dra.net/pciVendor` as upstream publishes it: the name, or [`UNKNOWN`].
