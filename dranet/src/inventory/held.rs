@@ -158,6 +158,7 @@ impl HeldAttributes {
                             ..Device::default()
                         });
                         d.attributes = prev;
+                        d.held = true;
                         devs.push(d);
                     }
                     (_, None) => {}
@@ -308,6 +309,13 @@ mod tests {
         assert_eq!(got["pci-0000-17-00-0"], &full_pci.attributes);
         assert_eq!(got["dummy0"], &dummy.attributes);
         assert_eq!(got["eth9"], &other.attributes);
+        // Published, but Prepare does not take a device the scan did not see.
+        let inv = crate::inventory::SharedInventory::new(out.clone());
+        assert!(inv.get("dummy0").is_none());
+        assert!(
+            inv.get("pci-0000-17-00-0").is_some(),
+            "seen by the scan, attributes filled in"
+        );
 
         // Live values win over kept ones.
         let moved = dev(
@@ -342,7 +350,8 @@ mod tests {
         let last: BTreeMap<String, Device> =
             [("dummy0".to_owned(), dev("dummy0", &[("dra.net/mtu", "9000")]))].into();
         let out = h.apply(Vec::new(), &held(&["dummy0"], &["dummy0"]), &last);
-        assert_eq!(out, vec![last["dummy0"].clone()]);
+        assert_eq!(out[0].attributes, last["dummy0"].attributes);
+        assert!(out[0].held);
         assert!(h.get("dummy0").is_some());
         let _ = std::fs::remove_dir_all(&dir);
     }

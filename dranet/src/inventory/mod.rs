@@ -166,6 +166,10 @@ pub struct Device {
     pub rules: Vec<crate::config::RuleConfig>,
     /// Permanent neighbour entries on the netdev.
     pub neighbors: Vec<crate::config::NeighborConfig>,
+    /// Published from the kept attributes of a device in a pod that the scan did not see
+    /// ([`HeldAttributes`]): in the slices, but not found by [`SharedInventory::get`] (Prepare
+    /// rescans for the live device instead).
+    pub held: bool,
 }
 
 impl Device {
@@ -501,13 +505,14 @@ impl SharedInventory {
         }
     }
 
+    /// A device the scan saw (not one only kept for the slices).
     #[must_use]
     pub fn get(&self, name: &str) -> Option<Device> {
         let g = match self.devices.read() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        g.iter().find(|d| d.name == name).cloned()
+        g.iter().find(|d| d.name == name && !d.held).cloned()
     }
 }
 
