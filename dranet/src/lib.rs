@@ -11,13 +11,15 @@
 //!
 //! Around it: [`nri`] (runtime hooks over multiplexed ttrpc), [`dra`] (kubelet gRPC),
 //! [`plan`] (per-pod device plans from Prepare), [`config`] (opaque config + validation),
-//! [`inventory`] and [`slices`] (ResourceSlice publishing), [`report`] (claim status and events),
+//! [`inventory`] and [`slices`] (ResourceSlice publishing), [`cloud`] (cloud provider attributes
+//! and the profile webhook), [`report`] (claim status and events),
 //! [`state`] (crash-safe checkpoint), [`cli`] (one file per subcommand).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod backoff;
 pub mod bpf;
 pub mod cli;
+pub mod cloud;
 pub mod config;
 pub mod dhcp;
 pub mod dra;

@@ -32,6 +32,18 @@ pub struct InventoryArgs {
     pub node: Option<String>,
     #[arg(long, default_value = DEFAULT_DRIVER)]
     pub driver: String,
+    /// Upstream feature gates, `Name=true,...` (`DRAListTypeAttributes=true`: the NUMA node as
+    /// a list, as `dranet run` would publish it).
+    #[arg(long, value_name = "GATES")]
+    pub feature_gates: Option<String>,
+    /// Also list the uplinks (the netdevs of the node's default routes and their PCI devices),
+    /// which `dranet run` never publishes.
+    #[arg(long)]
+    pub with_uplinks: bool,
+    /// Print every PCI function with its class, IDs, driver and names as `dra.net/pciVendor`
+    /// and `dra.net/pciDevice` would read (and where the names come from) instead.
+    #[arg(long, conflicts_with = "slices")]
+    pub pci: bool,
 }
 
 /// Runs the subcommand.
@@ -44,12 +56,26 @@ pub fn main(args: &InventoryArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Err(e)) = args
+        .feature_gates
+        .as_deref()
+        .map(super::upstream::parse_feature_gates)
+    {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    if args.pci {
+        return print(&pci_functions(&Sysfs::new(&args.sysfs), &PciIds::load_default()));
+    }
     let opts = ScanOptions {
         sysfs: Sysfs::new(&args.sysfs),
         netns: args.netns.clone().map_or(NetnsTarget::Current, NetnsTarget::Path),
         move_ib_interfaces: !args.no_move_ib_interfaces,
         pci_ids: PciIds::load_default(),
         filter,
+        numa_list: super::upstream::gate_on(args.feature_gates.as_deref(), "DRAListTypeAttributes"),
+        extra: None,
+        keep_uplinks: args.with_uplinks,
     };
     let devices = match inventory::scan(&opts) {
         Ok(d) => d,
@@ -83,7 +109,46 @@ pub fn main(args: &InventoryArgs) -> ExitCode {
                 .collect(),
         ))
     };
-    match out.and_then(|v| serde_json::to_string_pretty(&v)) {
+    match out {
+        Ok(v) => print(&v),
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Every PCI function: address, class, IDs, driver, names as upstream renders them.
+fn pci_functions(sysfs: &Sysfs, ids: &PciIds) -> serde_json::Value {
+    let dir = sysfs.root().join("bus/pci/devices");
+    let mut addrs: Vec<String> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    addrs.sort();
+    let list: Vec<serde_json::Value> = addrs
+        .iter()
+        .filter_map(|a| {
+            let info = sysfs.pci_info(a)?;
+            let class = std::fs::read_to_string(dir.join(a).join("class")).unwrap_or_default();
+            Some(json!({
+                "address": a,
+                "class": class.trim(),
+                "vendorId": info.vendor_id,
+                "deviceId": info.device_id,
+                "driver": info.driver,
+                "pciVendor": ids.vendor_attribute(&info.vendor_id),
+                "pciDevice": ids.device_attribute(&info.vendor_id, &info.device_id),
+            }))
+        })
+        .collect();
+    json!({"pciIds": ids.source().to_string(), "functions": list})
+}
+
+fn print(v: &serde_json::Value) -> ExitCode {
+    match serde_json::to_string_pretty(v) {
         Ok(s) => {
             use std::io::Write as _;
             // A closed pipe (`| head`) is not an error worth a panic.

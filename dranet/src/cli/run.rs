@@ -91,6 +91,10 @@ pub struct RunArgs {
     /// sysfs root (tests).
     #[arg(long, env = "DRANET_SYSFS", default_value = "/sys", hide = true)]
     pub sysfs: PathBuf,
+    /// Base URL that replaces every cloud's instance metadata address (169.254.169.254,
+    /// 100.100.100.200), e.g. http://127.0.0.1:8080 (tests).
+    #[arg(long, env = "DRANET_CLOUD_METADATA_ENDPOINT", hide = true)]
+    pub cloud_metadata_endpoint: Option<String>,
     #[command(flatten)]
     pub upstream: super::upstream::UpstreamArgs,
 }

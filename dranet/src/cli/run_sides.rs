@@ -242,10 +242,14 @@ async fn start_kubelet_side(
     let readiness = sides.readiness.clone();
     let inventory = SharedInventory::new(Vec::new());
     let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
+    // Cloud attributes and profiles: found in the background (see the task below).
+    let providers = crate::cloud::NodeProviders::default();
     let scan_opts = Arc::new(ScanOptions {
+        extra: Some(Arc::new(providers.cloud.clone())),
         sysfs: crate::inventory::Sysfs::new(&args.sysfs),
         filter,
         move_ib_interfaces: args.upstream.move_ib_interfaces(),
+        numa_list: args.upstream.gate("DRAListTypeAttributes"),
         ..ScanOptions::default()
     });
     let health = HealthHub::with_options(
@@ -258,7 +262,11 @@ async fn start_kubelet_side(
     // The first scan fills the inventory for Prepare; publishing is the loop's job (its first
     // round scans and publishes at once, then retries with backoff until the API server takes
     // the slices).
-    let devices = match scan(&scan_opts, engine, &BTreeMap::new(), &health).await {
+    // Devices in pods keep their last published attributes, across restarts too.
+    let held = Arc::new(std::sync::Mutex::new(crate::inventory::HeldAttributes::load(
+        engine.state_dir(),
+    )));
+    let devices = match scan(&scan_opts, engine, &held, &health).await {
         Ok(d) => d,
         Err(e) => {
             warn!(error = %e, "first inventory scan failed; the publish loop scans again");
@@ -310,7 +318,7 @@ async fn start_kubelet_side(
         let devs = crate::inventory::scan(&opts)?;
         hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &eng.checkpoint());
         let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let devs = keep_devices_in_pods(devs, &eng, &last);
+        let devs = keep_devices_in_pods(devs, &eng, &held, &last);
         *last = devs.iter().map(|d| (d.name.clone(), d.clone())).collect();
         Ok(devs)
     };
@@ -334,6 +342,15 @@ async fn start_kubelet_side(
         engine.clone(),
         move || r.request_rescan(),
     )));
+    // The cloud's metadata is read off the start path; its attributes join at the next scan.
+    let r = rescan.clone();
+    sides.tasks.push(tokio::spawn(crate::cloud::run_providers(
+        args.upstream
+            .cloud_options(&args.sysfs, args.cloud_metadata_endpoint.clone()),
+        args.upstream.profile_choice(),
+        providers.clone(),
+        move || r.request_rescan(),
+    )));
     let republish = rescan.clone();
     sides.tasks.push(tokio::spawn(crate::report::rescue_events(
         sides.reporter.clone(),
@@ -350,7 +367,8 @@ async fn start_kubelet_side(
             }),
             Arc::new(engine.clone()),
         )
-        .with_reporter(sides.reporter.clone()),
+        .with_reporter(sides.reporter.clone())
+        .with_providers(Arc::new(providers)),
     );
     let cfg = PluginConfig {
         kubelet_root: args.kubelet_root_dir.clone(),
@@ -380,35 +398,29 @@ async fn start_kubelet_side(
 }
 
 /// Devices that are in a pod right now (gone from the host netns) keep their last published
-/// entry, so a running pod's device does not vanish from the pool.
+/// attributes, so a running pod's device does not vanish from the pool or lose attributes
+/// (see [`crate::inventory::HeldAttributes`]).
 fn keep_devices_in_pods(
-    mut devs: Vec<Device>,
+    devs: Vec<Device>,
     engine: &Engine,
+    held: &std::sync::Mutex<crate::inventory::HeldAttributes>,
     last: &BTreeMap<String, Device>,
 ) -> Vec<Device> {
-    let cp = engine.checkpoint();
-    for rec in cp.pods.values().filter(|p| p.has_devices_out()) {
-        for d in &rec.devices {
-            if !devs.iter().any(|x| x.name == d.device)
-                && let Some(prev) = last.get(&d.device)
-            {
-                devs.push(prev.clone());
-            }
-        }
-    }
-    devs.sort_by(|a, b| a.name.cmp(&b.name));
-    devs
+    let which = crate::inventory::Held::from_checkpoint(&engine.checkpoint());
+    held.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .apply(devs, &which, last)
 }
 
 /// The first scan, before the loop runs.
 async fn scan(
     opts: &Arc<ScanOptions>,
     engine: &Engine,
-    last: &BTreeMap<String, Device>,
+    held: &std::sync::Mutex<crate::inventory::HeldAttributes>,
     health: &HealthHub,
 ) -> anyhow::Result<Vec<Device>> {
     let o = opts.clone();
     let devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
     health.observe_scan(devs.iter().map(|d| d.name.as_str()), &engine.checkpoint());
-    Ok(keep_devices_in_pods(devs, engine, last))
+    Ok(keep_devices_in_pods(devs, engine, held, &BTreeMap::new()))
 }

@@ -17,6 +17,8 @@ pub enum UpstreamFlagError {
     FeatureGate { item: String },
     #[error("--bind-address: {value:?} is not HOST:PORT or :PORT")]
     BindAddress { value: String },
+    #[error("{flag}: {why}")]
+    Provider { flag: &'static str, why: String },
 }
 
 /// Upstream's flags. Go's flag package spells a boolean `--flag` or `--flag=false`.
@@ -46,13 +48,16 @@ pub struct UpstreamArgs {
     /// Upstream feature gates, `Name=true,Other=false`.
     #[arg(long, value_name = "GATES")]
     pub feature_gates: Option<String>,
-    /// Upstream's cloud metadata providers: not implemented (devices carry kernel attributes).
+    /// Cloud provider whose instance metadata adds attributes: AWS, GCE, AZURE, OKE, ALIBABA,
+    /// webhook or NONE; not given: detected in the background.
     #[arg(long, value_name = "PROVIDER")]
     pub cloud_provider_hint: Option<String>,
-    /// Upstream's profile provider: not implemented (claims carry their own config).
+    /// Who resolves a claim's `profile`: cloud (the cloud provider's, when it has profiles:
+    /// the webhook), webhook, none. Default cloud.
     #[arg(long, value_name = "PROVIDER")]
     pub profile_provider: Option<String>,
-    /// Upstream's BYODP webhook: not implemented.
+    /// BYODP webhook: http://HOST[:PORT][/PATH] or unix:///PATH (for the webhook cloud or
+    /// profile provider).
     #[arg(long, value_name = "URL")]
     pub webhook_url: Option<String>,
     /// klog flags: logs go to stderr (text, or JSON with --log-format=json).
@@ -86,11 +91,11 @@ pub struct UpstreamArgs {
 const GATES: &[(&str, &str)] = &[
     (
         "DRAListTypeAttributes",
-        "list-valued NUMA attributes are not published: dra.net/numaNode stays one int (the API server needs the gate too)",
+        "resource.kubernetes.io/numaNode is published as an int list (the device's node, then the equally near nodes of its socket); the API server and scheduler need the gate too, or the slices are refused",
     ),
     (
         "PersistentResourceSliceAttributes",
-        "always on here while the daemon runs: a device in a pod keeps its published entry and attributes (after a restart it is listed again when it comes home)",
+        "always on here: a device in a pod keeps its last published attributes, across restarts too (<state-dir>/published-devices.json)",
     ),
 ];
 
@@ -102,6 +107,13 @@ impl UpstreamArgs {
     #[must_use]
     pub fn move_ib_interfaces(&self) -> bool {
         self.move_ib_interfaces.unwrap_or(true)
+    }
+
+    /// Whether upstream feature gate `name` is on (all are off by default, as upstream). Call
+    /// [`Self::check`] first: gates that do not parse count as off here.
+    #[must_use]
+    pub fn gate(&self, name: &str) -> bool {
+        gate_on(self.feature_gates.as_deref(), name)
     }
 
     /// The publish loop's timing, with the poll-interval flags applied. Call [`Self::check`]
@@ -154,7 +166,58 @@ impl UpstreamArgs {
         if let Some(g) = &self.feature_gates {
             parse_feature_gates(g)?;
         }
+        let profiles =
+            crate::cloud::parse_profile_provider(self.profile_provider.as_deref()).map_err(|why| {
+                UpstreamFlagError::Provider {
+                    flag: "--profile-provider",
+                    why,
+                }
+            })?;
+        if profiles == crate::cloud::ProfileChoice::Webhook && self.webhook().is_none() {
+            return Err(UpstreamFlagError::Provider {
+                flag: "--profile-provider",
+                why: "--webhook-url is required when using the webhook profile provider".to_owned(),
+            });
+        }
+        if let Some(url) = self.webhook() {
+            crate::cloud::Endpoint::parse(url).map_err(|e| UpstreamFlagError::Provider {
+                flag: "--webhook-url",
+                why: e.to_string(),
+            })?;
+        }
         Ok(())
+    }
+
+    /// `--webhook-url`, unless empty (upstream's chart renders `--webhook-url=`).
+    #[must_use]
+    pub fn webhook(&self) -> Option<&str> {
+        self.webhook_url.as_deref().filter(|u| !u.is_empty())
+    }
+
+    /// `--profile-provider` (call [`Self::check`] first: a bad value reads as none here).
+    #[must_use]
+    pub fn profile_choice(&self) -> crate::cloud::ProfileChoice {
+        crate::cloud::parse_profile_provider(self.profile_provider.as_deref())
+            .unwrap_or(crate::cloud::ProfileChoice::None)
+    }
+
+    /// How to find the cloud: the hint (an unknown one means none, as upstream, which logs it
+    /// and runs without), the webhook, `GCE_METADATA_HOST`.
+    #[must_use]
+    pub fn cloud_options(
+        &self,
+        sysfs: &std::path::Path,
+        metadata_endpoint: Option<String>,
+    ) -> crate::cloud::CloudOptions {
+        crate::cloud::CloudOptions {
+            hint: crate::cloud::parse_hint(self.cloud_provider_hint.as_deref())
+                .unwrap_or(crate::cloud::Hint::None),
+            webhook_url: self.webhook().map(str::to_owned),
+            metadata_endpoint,
+            gce_metadata_host: std::env::var("GCE_METADATA_HOST").ok().filter(|h| !h.is_empty()),
+            sysfs: sysfs.to_owned(),
+            timing: crate::cloud::CloudTiming::default(),
+        }
     }
 
     /// One line per upstream flag given that changes nothing here, or a gate not honoured.
@@ -176,21 +239,6 @@ impl UpstreamArgs {
             "--inventory-poll-burst",
             "scans are debounced (150 ms of quiet, at most 1 s) and at least --inventory-min-poll-interval apart",
         );
-        not_needed(
-            self.cloud_provider_hint.is_some(),
-            "--cloud-provider-hint",
-            "cloud metadata providers are not implemented; devices carry their kernel and PCI attributes",
-        );
-        not_needed(
-            self.profile_provider.is_some(),
-            "--profile-provider",
-            "profile providers are not implemented; a claim's opaque config is used as given",
-        );
-        not_needed(
-            self.webhook_url.is_some(),
-            "--webhook-url",
-            "webhook providers are not implemented",
-        );
         let klog = [
             self.logtostderr.is_some(),
             self.alsologtostderr.is_some(),
@@ -210,6 +258,21 @@ impl UpstreamArgs {
             "klog flags",
             "logs go to stderr as text or JSON (--log-format); --v sets the level",
         );
+        if let Some(Err(e)) = self
+            .cloud_provider_hint
+            .as_deref()
+            .map(|h| crate::cloud::parse_hint(Some(h)))
+        {
+            out.push(format!(
+                "--cloud-provider-hint: {e}: running without cloud attributes"
+            ));
+        }
+        if self.cloud_provider_hint.as_deref() == Some("webhook") && self.webhook().is_none() {
+            out.push(
+                "--cloud-provider-hint webhook: --webhook-url is required: running without cloud attributes"
+                    .to_owned(),
+            );
+        }
         if let Some(Ok(gates)) = self.feature_gates.as_deref().map(parse_feature_gates) {
             for (name, on) in gates {
                 match GATES.iter().find(|(n, _)| *n == name) {
@@ -223,6 +286,15 @@ impl UpstreamArgs {
         }
         out
     }
+}
+
+/// Whether gate `name` is on in a `--feature-gates` value (the last mention wins).
+#[must_use]
+pub fn gate_on(gates: Option<&str>, name: &str) -> bool {
+    gates
+        .and_then(|g| parse_feature_gates(g).ok())
+        .and_then(|v| v.into_iter().rev().find(|(n, _)| n == name))
+        .is_some_and(|(_, on)| on)
 }
 
 /// `Name=true,Other=false` (spaces around items allowed, as component-base's parser).
@@ -334,6 +406,16 @@ mod tests {
             ])
         );
         assert!(parse_feature_gates("Foo").is_err());
+        assert!(gate_on(
+            Some("DRAListTypeAttributes=true"),
+            "DRAListTypeAttributes"
+        ));
+        assert!(!gate_on(
+            Some("DRAListTypeAttributes=true,DRAListTypeAttributes=false"),
+            "DRAListTypeAttributes"
+        ));
+        assert!(!gate_on(None, "DRAListTypeAttributes"));
+        assert!(!gate_on(Some("bad"), "DRAListTypeAttributes"));
         assert!(parse_feature_gates("Foo=maybe").is_err());
         let a = UpstreamArgs {
             feature_gates: Some("PersistentResourceSliceAttributes=true,Bogus=true".into()),
@@ -398,6 +480,55 @@ mod tests {
             ])
             .is_err(),
             "a Go bool flag takes its value after '=' only"
+        );
+    }
+
+    #[test]
+    fn provider_flags_as_upstream() {
+        let a = |hint: Option<&str>, profiles: Option<&str>, url: Option<&str>| UpstreamArgs {
+            cloud_provider_hint: hint.map(str::to_owned),
+            profile_provider: profiles.map(str::to_owned),
+            webhook_url: url.map(str::to_owned),
+            ..UpstreamArgs::default()
+        };
+        assert!(a(None, None, None).check().is_ok());
+        assert!(
+            a(Some("NONE"), Some("none"), Some("")).check().is_ok(),
+            "upstream's chart"
+        );
+        assert_eq!(
+            a(None, None, None).profile_choice(),
+            crate::cloud::ProfileChoice::Cloud
+        );
+        // Fatal upstream, a flag error here: an unknown profile provider, the webhook one
+        // without a URL; and a URL this client cannot use.
+        assert!(a(None, Some("ipam"), None).check().is_err());
+        assert!(a(None, Some("webhook"), None).check().is_err());
+        assert!(a(None, Some("webhook"), Some("https://x")).check().is_err());
+        assert!(
+            a(None, Some("webhook"), Some("unix:///run/ipam.sock"))
+                .check()
+                .is_ok()
+        );
+        // An unknown hint is logged and ignored, as upstream.
+        let bad = a(Some("gcp"), None, None);
+        assert!(bad.check().is_ok());
+        assert!(
+            bad.notes()
+                .iter()
+                .any(|n| n.contains("unknown cloud provider hint")),
+            "{:?}",
+            bad.notes()
+        );
+        assert_eq!(
+            bad.cloud_options(std::path::Path::new("/sys"), None).hint,
+            crate::cloud::Hint::None
+        );
+        assert_eq!(
+            a(Some("OKE"), None, None)
+                .cloud_options(std::path::Path::new("/sys"), None)
+                .hint,
+            crate::cloud::Hint::Provider(crate::cloud::Provider::Oke)
         );
     }
 

@@ -39,6 +39,9 @@ pub fn main(args: &ValidateConfigArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for n in notes(&raw) {
+        eprintln!("{n}");
+    }
     match check(&raw, args.rdma_only) {
         Ok(normalised) => {
             println!("{}", if args.print { normalised.as_str() } else { "ok" });
@@ -52,6 +55,24 @@ pub fn main(args: &ValidateConfigArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What the rules cannot say here, one line each on stderr: a `profile` is resolved at Prepare
+/// by the node's profile provider, which this command does not know.
+#[must_use]
+pub fn notes(raw: &[u8]) -> Vec<String> {
+    let profile = serde_json::from_slice::<serde_json::Value>(raw)
+        .ok()
+        .and_then(|v| v.get("profile").and_then(|p| p.as_str().map(str::to_owned)))
+        .filter(|p| !p.is_empty());
+    profile
+        .map(|p| {
+            format!(
+                "profile: {p:?} is resolved at Prepare by the node's profile provider (dranet run --profile-provider, --webhook-url); Prepare fails on a node without one"
+            )
+        })
+        .into_iter()
+        .collect()
 }
 
 /// The normalised JSON, or the error lines.
@@ -89,5 +110,18 @@ mod tests {
             "{errs:?}"
         );
         assert!(errs[1].starts_with("interface.mtu: invalid type"), "{errs:?}");
+    }
+
+    #[test]
+    fn a_profile_is_noted_never_ignored_silently() {
+        let raw = br#"{"profile": "ipam-a"}"#;
+        assert!(check(raw, false).is_ok());
+        let n = super::notes(raw);
+        assert_eq!(n.len(), 1);
+        assert!(
+            n[0].starts_with("profile: \"ipam-a\" is resolved at Prepare"),
+            "{n:?}"
+        );
+        assert!(super::notes(br#"{"interface": {}}"#).is_empty());
     }
 }

@@ -2,6 +2,7 @@
 //! JSON-compatible with upstream dranet (`pkg/apis/types.go`), and its validation
 //! ([`parse_and_validate`], [`validate_rdma_only`]; rules in `validate.rs`).
 
+mod merge;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -207,6 +208,7 @@ fn is_zero_i64(v: &i64) -> bool {
     *v == 0
 }
 
+pub use merge::merge;
 pub use validate::{
     ConfigError, FieldError, MAX_INTERFACE_NAME_LEN, MIN_MTU, is_valid_mac, mac_bytes, not_a_station_address,
     parse_and_validate, validate, validate_rdma_only,

@@ -7,6 +7,7 @@ pub mod claim;
 pub mod health;
 pub mod metrics;
 mod prepare;
+pub mod profiles;
 pub mod proto;
 mod server;
 
@@ -14,10 +15,13 @@ pub use claim::{ClaimError, ClaimSource, KubeClaimSource, MemoryClaimSource, Res
 pub use health::HealthHub;
 pub use metrics::DraMetrics;
 pub use prepare::{
-    DeviceLookup, LeaseSource, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer, RescanOnMiss,
-    device_config, plan_claim,
+    DeviceLookup, LeaseSource, PlanContext, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer,
+    RescanOnMiss, device_config, plan_claim, plan_claim_in,
 };
+pub use profiles::{NoProviders, ProfileError, Providers};
 pub use server::{DraError, KubeletPlugin, PLUGIN_TYPE, PluginConfig, SUPPORTED_VERSIONS};
 
+#[cfg(test)]
+mod profile_tests;
 #[cfg(test)]
 mod tests;

@@ -13,7 +13,8 @@ use crate::dhcp::{DhcpError, Lease};
 use crate::ethtool::{Dev, EthtoolError, Features};
 use futures::future::BoxFuture;
 
-use crate::inventory::{Device, InventoryError, SharedInventory};
+use super::profiles::{NoProviders, Providers};
+use crate::inventory::{Device, DeviceIds, InventoryError, SharedInventory};
 use crate::plan::{ClaimRef, DevicePlan, PodPlan};
 
 /// Receives the plans (the rescue engine implements it).
@@ -198,6 +199,12 @@ pub enum PrepareError {
     },
     #[error("storing the plan of pod {pod_uid}: {detail}")]
     Sink { pod_uid: String, detail: String },
+    #[error("device {device} (request {request}): failed to get profile config: {why}")]
+    Profile {
+        device: String,
+        request: String,
+        why: String,
+    },
 }
 
 /// One prepared device, as the response lists it.
@@ -233,6 +240,7 @@ pub struct Preparer {
     state: Mutex<State>,
     metrics: Option<super::DraMetrics>,
     reporter: crate::report::Reporter,
+    providers: Arc<dyn Providers>,
 }
 
 impl Preparer {
@@ -253,7 +261,16 @@ impl Preparer {
             state: Mutex::new(State::default()),
             metrics: None,
             reporter: crate::report::Reporter::disabled(),
+            providers: Arc::new(NoProviders),
         }
+    }
+
+    /// Takes cloud device configs and resolves profiles with `providers` (default: none, so
+    /// a claim with a `profile` fails).
+    #[must_use]
+    pub fn with_providers(mut self, providers: Arc<dyn Providers>) -> Self {
+        self.providers = providers;
+        self
     }
 
     /// Takes `interface.dhcp` leases from `leases` instead of the host netns.
@@ -318,17 +335,14 @@ impl Preparer {
                 .cloned()
                 .unwrap_or_default()
         };
-        let Some(planned) = plan_claim(
-            &self.driver,
-            &self.node,
-            claim,
-            &rc,
-            self.devices.as_ref(),
-            self.leases.as_ref(),
-            &previous,
-        )
-        .await?
-        else {
+        let ctx = PlanContext {
+            driver: &self.driver,
+            node: &self.node,
+            devices: self.devices.as_ref(),
+            leases: self.leases.as_ref(),
+            providers: self.providers.as_ref(),
+        };
+        let Some(planned) = plan_claim_in(&ctx, claim, &rc, &previous).await? else {
             return Ok(Vec::new());
         };
         let prepared = planned
@@ -362,14 +376,18 @@ impl Preparer {
         // Handed over under the lock: two claims of one pod prepared at once must not store
         // their merged plans out of order.
         if let Err(detail) = self.sink.set_plan(plan) {
-            // Roll back, so a later claim of the pod does not merge devices never stored.
+            // Roll back, so a later claim of the pod does not merge devices never stored; what
+            // their profiles took is given back.
+            let mut forgotten = Vec::new();
             let empty = st.pods.get_mut(&planned.pod_uid).is_some_and(|e| {
-                e.claims.remove(&claim.uid);
+                forgotten = e.claims.remove(&claim.uid).unwrap_or_default();
                 e.claims.is_empty()
             });
             if empty {
                 st.pods.remove(&planned.pod_uid);
             }
+            drop(st);
+            self.release_profiles(&claim.uid, &forgotten);
             return Err(PrepareError::Sink {
                 pod_uid: planned.pod_uid,
                 detail,
@@ -410,9 +428,10 @@ impl Preparer {
             Err(p) => p.into_inner(),
         };
         let pod = st.claim_pod.remove(claim_uid);
+        let mut released = Vec::new();
         if let Some(pod) = &pod {
             let empty = st.pods.get_mut(pod).is_some_and(|e| {
-                e.claims.remove(claim_uid);
+                released = e.claims.remove(claim_uid).unwrap_or_default();
                 e.claims.is_empty()
             });
             if empty {
@@ -420,6 +439,7 @@ impl Preparer {
             }
         }
         drop(st);
+        self.release_profiles(claim_uid, &released);
         self.sink
             .remove_claim(claim_uid)
             .map_err(|detail| PrepareError::Sink {
@@ -427,6 +447,54 @@ impl Preparer {
                 detail,
             })
     }
+}
+
+impl Preparer {
+    /// Gives back, in the background, what the profiles of `plans` took (upstream releases at
+    /// Unprepare and only logs a failure).
+    fn release_profiles(&self, claim_uid: &str, plans: &[DevicePlan]) {
+        let mut todo: Vec<(DeviceIds, NetworkConfig)> = plans
+            .iter()
+            .filter(|p| p.config.profile.as_deref().is_some_and(|s| !s.is_empty()))
+            .map(|p| {
+                let ids = match self.devices.device(&p.device) {
+                    Some(d) => super::profiles::prepare_ids(&d),
+                    None => DeviceIds {
+                        name: p.device.clone(),
+                        pci_address: p.pci_address.clone().unwrap_or_default(),
+                        ..DeviceIds::default()
+                    },
+                };
+                (ids, p.config.clone())
+            })
+            .collect();
+        if todo.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(claim = claim_uid, "no runtime: profiles not released");
+            return;
+        };
+        let providers = self.providers.clone();
+        let claim = claim_uid.to_owned();
+        rt.spawn(async move {
+            for (ids, cfg) in todo.drain(..) {
+                match providers.release(&ids, &claim, &cfg).await {
+                    Ok(()) => tracing::info!(claim = %claim, device = %ids.name, "profile released"),
+                    Err(e) => tracing::warn!(claim = %claim, device = %ids.name, error = %e, "releasing the profile failed"),
+                }
+            }
+        });
+    }
+}
+
+/// What planning a claim needs besides the claim.
+pub struct PlanContext<'a> {
+    pub driver: &'a str,
+    pub node: &'a str,
+    pub devices: &'a dyn DeviceLookup,
+    pub leases: &'a dyn LeaseSource,
+    pub providers: &'a dyn Providers,
 }
 
 /// The plans of one claim and the pod they belong to.
@@ -450,6 +518,44 @@ pub async fn plan_claim(
     leases: &dyn LeaseSource,
     previous: &[DevicePlan],
 ) -> Result<Option<PlannedClaim>, PrepareError> {
+    let ctx = PlanContext {
+        driver,
+        node,
+        devices,
+        leases,
+        providers: &NoProviders,
+    };
+    plan_claim_in(&ctx, claim, rc, previous).await
+}
+
+/// [`plan_claim`] with the providers of `ctx`: a profile taken for a device is given back if
+/// the claim fails after it.
+pub async fn plan_claim_in(
+    ctx: &PlanContext<'_>,
+    claim: &ClaimRef,
+    rc: &ResourceClaim,
+    previous: &[DevicePlan],
+) -> Result<Option<PlannedClaim>, PrepareError> {
+    let mut taken: Vec<(DeviceIds, NetworkConfig)> = Vec::new();
+    let res = plan_devices(ctx, claim, rc, previous, &mut taken).await;
+    if res.is_err() {
+        for (ids, cfg) in &taken {
+            if let Err(e) = ctx.providers.release(ids, &claim.uid, cfg).await {
+                tracing::warn!(claim = %claim.uid, device = %ids.name, error = %e, "releasing the profile of a failed Prepare");
+            }
+        }
+    }
+    res
+}
+
+async fn plan_devices(
+    ctx: &PlanContext<'_>,
+    claim: &ClaimRef,
+    rc: &ResourceClaim,
+    previous: &[DevicePlan],
+    taken: &mut Vec<(DeviceIds, NetworkConfig)>,
+) -> Result<Option<PlannedClaim>, PrepareError> {
+    let (driver, node, devices, leases) = (ctx.driver, ctx.node, ctx.devices, ctx.leases);
     if rc.metadata.uid != claim.uid {
         return Err(PrepareError::UidMismatch {
             namespace: claim.namespace.clone(),
@@ -497,6 +603,31 @@ pub async fn plan_claim(
             .ok_or_else(|| PrepareError::UnknownDevice {
                 device: r.device.clone(),
             })?;
+        // A repeated Prepare keeps what the profile gave (it is not taken twice).
+        let profiled_before = previous.iter().find(|p| {
+            p.device == r.device
+                && p.request == r.request
+                && cfg.profile.as_deref().is_some_and(|s| !s.is_empty())
+                && p.config.profile == cfg.profile
+        });
+        if let Some(p) = profiled_before {
+            share_ids.insert(r.device.clone(), r.share_id.clone());
+            plans.push(p.clone());
+            continue;
+        }
+        let (cfg, profiled) = super::profiles::resolve(ctx.providers, &dev, &claim.uid, cfg)
+            .await
+            .map_err(|e| match e {
+                super::profiles::ResolveError::Config(source) => config_err(source),
+                super::profiles::ResolveError::Profile(why) => PrepareError::Profile {
+                    device: r.device.clone(),
+                    request: r.request.clone(),
+                    why,
+                },
+            })?;
+        if profiled {
+            taken.push((super::profiles::prepare_ids(&dev), cfg.clone()));
+        }
         let cfg = if dev.ifname.is_none() {
             if dev.rdma_device.is_none() {
                 return Err(PrepareError::NoInterface {

@@ -1,5 +1,6 @@
 //! The CEL `--filter` over device attributes, as upstream (`pkg/filter`): the expression sees
-//! `attributes`, a map from attribute name to `{StringValue|IntValue|BoolValue|VersionValue}`.
+//! `attributes`, a map from attribute name to `{StringValue|IntValue|BoolValue|VersionValue}`
+//! (or `IntValues` for a list).
 //! A device is kept when the expression is `true` or fails to evaluate; any other result drops it.
 
 use std::collections::HashMap;
@@ -67,6 +68,7 @@ fn attr_value(v: &AttrValue) -> Value {
         AttrValue::Int(i) => ("IntValue", (*i).into()),
         AttrValue::Bool(b) => ("BoolValue", (*b).into()),
         AttrValue::Version(s) => ("VersionValue", s.clone().into()),
+        AttrValue::Ints(v) => ("IntValues", v.clone().into()),
     };
     HashMap::from([(field.to_owned(), value)]).into()
 }
@@ -109,6 +111,13 @@ mod tests {
         // A non-bool result drops.
         let f = Filter::compile(r#""x""#).unwrap().unwrap();
         assert!(!f.keep(&dev(&[])));
+        // The NUMA list (DRAListTypeAttributes) as IntValues.
+        let f = Filter::compile(r#"1 in attributes["resource.kubernetes.io/numaNode"].IntValues"#)
+            .unwrap()
+            .unwrap();
+        let numa = |v: Vec<i64>| dev(&[("resource.kubernetes.io/numaNode", AttrValue::Ints(v))]);
+        assert!(f.keep(&numa(vec![0, 1])));
+        assert!(!f.keep(&numa(vec![2, 3])));
     }
 
     #[test]

@@ -8,9 +8,11 @@
 //! `move_ib_interfaces == false`; then the CEL filter runs.
 
 mod filter;
+mod held;
 mod host_state;
 mod names;
 mod netlink;
+mod pciids;
 mod sysfs;
 mod tc;
 
@@ -20,9 +22,11 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 
 pub use filter::{DEFAULT_FILTER, Filter};
+pub use held::{HELD_FILE, Held, HeldAttributes, HeldError};
 pub use names::{base32_lower_nopad, is_dns_label, netdev_device_name, pci_device_name};
 pub use netlink::{LinkRecord, MAX_ATTRIBUTE_LEN, NetScan, NetnsTarget, capped_join, is_global_unicast};
-pub use sysfs::{PciIds, PciInfo, RdmaInfo, Sysfs, is_pci_address, pci_address_of};
+pub use pciids::{PciIds, PciIdsSource};
+pub use sysfs::{PciInfo, RdmaInfo, Sysfs, is_pci_address, pci_address_of};
 
 use crate::plan::CharDevice;
 
@@ -73,6 +77,9 @@ pub mod attr {
 }
 
 /// A `DeviceAttribute` value; serialises as the API does (`{"string": "…"}`, `{"int": 1}`…).
+/// `Ints` is the list form (`{"ints": [1, 0]}`) of resource.k8s.io/v1 from Kubernetes 1.36
+/// with the `DRAListTypeAttributes` gate; k8s-openapi's v1 types have no list forms, so slices
+/// are serialised from these.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttrValue {
@@ -80,7 +87,59 @@ pub enum AttrValue {
     Int(i64),
     Bool(bool),
     Version(String),
+    Ints(Vec<i64>),
 }
+
+impl AttrValue {
+    /// True for a list form (a slice with one holds at most 64 devices).
+    #[must_use]
+    pub fn is_list(&self) -> bool {
+        matches!(self, Self::Ints(_))
+    }
+}
+
+/// Identifiers of a device that a cloud provider or webhook matches against its metadata
+/// (upstream's `cloudprovider.DeviceIdentifiers`, same JSON).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct DeviceIds {
+    #[serde(rename = "mac_address", default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+    #[serde(rename = "pci_address", default, skip_serializing_if = "String::is_empty")]
+    pub pci_address: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+impl DeviceIds {
+    /// From a device's attributes, as upstream: `name` is its `dra.net/ifName`, `mac` its
+    /// `dra.net/mac`, `pci_address` its `dra.net/pciAddress`.
+    #[must_use]
+    pub fn of(d: &Device) -> Self {
+        let s = |k: &str| match d.attributes.get(k) {
+            Some(AttrValue::String(v)) => v.clone(),
+            _ => String::new(),
+        };
+        Self {
+            mac: s(attr::MAC),
+            pci_address: s(attr::PCI_ADDRESS),
+            name: s(attr::IF_NAME),
+        }
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.mac.is_empty() && self.pci_address.is_empty() && self.name.is_empty()
+    }
+}
+
+/// More attributes for a device (the cloud provider's): called during a scan, on a blocking
+/// thread.
+pub trait DeviceAttributeSource: Send + Sync + std::fmt::Debug {
+    fn attributes(&self, ids: &DeviceIds) -> BTreeMap<String, AttrValue>;
+}
+
+/// The API's limit of attributes (and capacities) per device.
+pub const MAX_ATTRIBUTES: usize = 32;
 
 /// One allocatable device: its slice name and attributes, plus what Prepare needs to find it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -107,6 +166,10 @@ pub struct Device {
     pub rules: Vec<crate::config::RuleConfig>,
     /// Permanent neighbour entries on the netdev.
     pub neighbors: Vec<crate::config::NeighborConfig>,
+    /// Published from the kept attributes of a device in a pod that the scan did not see
+    /// ([`HeldAttributes`]): in the slices, but not found by [`SharedInventory::get`] (Prepare
+    /// rescans for the live device instead).
+    pub held: bool,
 }
 
 impl Device {
@@ -129,10 +192,18 @@ pub struct ScanOptions {
     pub netns: NetnsTarget,
     /// `--move-ib-interfaces`: false skips IPoIB netdevs (the device stays RDMA-only).
     pub move_ib_interfaces: bool,
-    /// Vendor/device names (default: [`PciIds::load_default`]); unknown IDs are published as
-    /// 4-digit hex.
+    /// Vendor/device names (default: [`PciIds::load_default`]); IDs the database does not know
+    /// are published as `unknown`, as upstream.
     pub pci_ids: PciIds,
     pub filter: Option<Filter>,
+    /// Upstream's `DRAListTypeAttributes` gate: `resource.kubernetes.io/numaNode` as an int
+    /// list (the physical node, then the equally near nodes of its socket).
+    pub numa_list: bool,
+    /// Cloud attributes (added before the filter runs, as upstream).
+    pub extra: Option<std::sync::Arc<dyn DeviceAttributeSource>>,
+    /// Also list the uplinks (the default-route holders and their master descendants), which
+    /// are never published (`dranet inventory --with-uplinks`, for a look at them).
+    pub keep_uplinks: bool,
 }
 
 impl Default for ScanOptions {
@@ -143,6 +214,9 @@ impl Default for ScanOptions {
             move_ib_interfaces: true,
             pci_ids: PciIds::load_default(),
             filter: None,
+            numa_list: false,
+            extra: None,
+            keep_uplinks: false,
         }
     }
 }
@@ -161,9 +235,15 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
     let sysfs = &opts.sysfs;
     let host_view = opts.netns == NetnsTarget::Current;
     let rdma = sysfs.rdma_devices();
+    let pci_opts = PciAttrs {
+        ids: &opts.pci_ids,
+        sysfs,
+        numa_arch: sysfs.numa_architecture(),
+        numa_list: opts.numa_list,
+    };
     let mut pci: BTreeMap<String, Device> = BTreeMap::new();
     for p in sysfs.network_pci_devices() {
-        let mut d = pci_device(&p, &opts.pci_ids);
+        let mut d = pci_device(&p, &pci_opts);
         if let Some(r) = rdma.iter().find(|r| r.pci_address.as_deref() == Some(&p.address)) {
             set_rdma(&mut d, r);
         }
@@ -176,7 +256,7 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
             continue;
         }
         let mut d = match addr.as_deref().and_then(|a| sysfs.pci_info(a)) {
-            Some(info) => pci_device(&info, &opts.pci_ids),
+            Some(info) => pci_device(&info, &pci_opts),
             None => Device {
                 name: netdev_device_name(&r.name),
                 ..Device::default()
@@ -195,7 +275,7 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
             continue;
         }
         let pci_addr = host_view.then(|| sysfs.netdev_pci_address(&link.name)).flatten();
-        if net.uplinks.contains(&link.index) {
+        if net.uplinks.contains(&link.index) && !opts.keep_uplinks {
             if let Some(a) = pci_addr {
                 removed_pci.insert(a);
             }
@@ -205,9 +285,14 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
             .then(|| sysfs.netdev_is_virtual(&link.name))
             .flatten()
             .unwrap_or(link.kind != "device");
-        match pci_addr.as_ref().and_then(|a| pci.get_mut(a)) {
-            Some(d) if d.ifname.is_none() => {
-                set_link(d, link, is_virtual);
+        let sriov = if host_view {
+            sysfs.netdev_sriov(&link.name)
+        } else {
+            sysfs::NetdevSriov::default()
+        };
+        match (&pci_addr, pci_addr.as_ref().and_then(|a| pci.get_mut(a))) {
+            (_, Some(d)) if d.ifname.is_none() => {
+                set_link(d, link, is_virtual, sriov);
                 d.pf_mtu = sysfs.netdev_pf_mtu(&link.name);
                 if d.rdma_device.is_none()
                     && let Some(r) = sysfs.netdev_rdma_device(&link.name)
@@ -217,15 +302,19 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
                     d.set_str(attr::RDMA_DEVICE, r);
                 }
             }
-            Some(_) => {} // a second netdev of the same PCI function: the first one wins
-            None => {
-                let mut d = match pci_addr.as_deref().and_then(|a| sysfs.pci_info(a)) {
-                    Some(info) => pci_device(&info, &opts.pci_ids),
-                    None => Device::default(),
+            (_, Some(_)) => {} // a second netdev of the same PCI function: the first one wins
+            (Some(a), None) => {
+                // As upstream: a PCI netdev whose function is not a published PCI device (not
+                // class 0x02, no usable driver) is not published.
+                tracing::debug!(ifname = %link.name, pci = %a, "netdev of an unpublished PCI function: skipped");
+            }
+            (None, None) => {
+                let mut d = Device {
+                    name: netdev_device_name(&link.name),
+                    ..Device::default()
                 };
-                d.name = netdev_device_name(&link.name);
                 d.set(attr::RDMA, AttrValue::Bool(false));
-                set_link(&mut d, link, is_virtual);
+                set_link(&mut d, link, is_virtual, sriov);
                 netdevs.push(d);
             }
         }
@@ -235,6 +324,12 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
         .filter(|(a, _)| !removed_pci.contains(a))
         .map(|(_, d)| d)
         .chain(netdevs)
+        .map(|mut d| {
+            if let Some(extra) = &opts.extra {
+                add_extra(&mut d, extra.as_ref());
+            }
+            d
+        })
         .filter(|d| opts.filter.as_ref().is_none_or(|f| f.keep(d)))
         .collect();
     for d in &mut out {
@@ -251,38 +346,71 @@ pub fn build_devices(net: &NetScan, opts: &ScanOptions) -> Vec<Device> {
     out
 }
 
-fn pci_device(p: &PciInfo, ids: &PciIds) -> Device {
+/// Adds a source's attributes (they replace the device's own of the same name, as upstream),
+/// within the API's 32 per device: what does not fit is left out (upstream's slice would be
+/// refused), with a warning the first time.
+fn add_extra(d: &mut Device, extra: &dyn DeviceAttributeSource) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let ids = DeviceIds::of(d);
+    if ids.is_empty() {
+        return;
+    }
+    let mut dropped = Vec::new();
+    for (k, v) in extra.attributes(&ids) {
+        if d.attributes.contains_key(&k) || d.attributes.len() < MAX_ATTRIBUTES {
+            d.attributes.insert(k, v);
+        } else {
+            dropped.push(k);
+        }
+    }
+    if !dropped.is_empty() && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(device = %d.name, ?dropped, "cloud attributes left out: a device has at most {MAX_ATTRIBUTES} attributes");
+    }
+}
+
+/// What the PCI attributes of a device need besides its [`PciInfo`].
+struct PciAttrs<'a> {
+    ids: &'a PciIds,
+    sysfs: &'a Sysfs,
+    /// ghw's view: more (or fewer) than one NUMA node.
+    numa_arch: bool,
+    numa_list: bool,
+}
+
+/// The attributes upstream gives every device with a PCI address (`addPCIAttributes`): the
+/// address, vendor, device and subsystem, the legacy NUMA node (only on a NUMA machine, as ghw
+/// reports it), the standard NUMA node (scalar, or the list with `DRAListTypeAttributes`) and
+/// PCIe root, and `rdma` (false until an RDMA device is found). SR-IOV attributes come with
+/// the netdev ([`set_link`]).
+fn pci_device(p: &PciInfo, o: &PciAttrs<'_>) -> Device {
     let mut d = Device {
         name: pci_device_name(&p.address),
         pci_address: Some(p.address.clone()),
         ..Device::default()
     };
     d.set_str(attr::PCI_ADDRESS, p.address.clone());
-    let vendor = ids.vendor(&p.vendor_id).unwrap_or(&p.vendor_id);
-    if !vendor.is_empty() {
-        d.set_str(attr::PCI_VENDOR, truncate(vendor));
-    }
-    let product = ids.device(&p.vendor_id, &p.device_id).unwrap_or(&p.device_id);
-    if !product.is_empty() {
-        d.set_str(attr::PCI_DEVICE, truncate(product));
-    }
+    // Upstream's slice would be refused for a name over 64 bytes: cut it instead.
+    d.set_str(attr::PCI_VENDOR, truncate(&o.ids.vendor_attribute(&p.vendor_id)));
+    d.set_str(
+        attr::PCI_DEVICE,
+        truncate(&o.ids.device_attribute(&p.vendor_id, &p.device_id)),
+    );
     if !p.subsystem_id.is_empty() {
         d.set_str(attr::PCI_SUBSYSTEM, p.subsystem_id.clone());
     }
     if let Some(n) = p.numa_node {
-        d.set(attr::NUMA_NODE, AttrValue::Int(n));
-        d.set(attr::STD_NUMA_NODE, AttrValue::Int(n));
+        if o.numa_arch {
+            d.set(attr::NUMA_NODE, AttrValue::Int(n));
+        }
+        let std = if o.numa_list {
+            AttrValue::Ints(o.sysfs.numa_node_list(n))
+        } else {
+            AttrValue::Int(n)
+        };
+        d.set(attr::STD_NUMA_NODE, std);
     }
     if let Some(root) = &p.pcie_root {
         d.set_str(attr::STD_PCIE_ROOT, root.clone());
-    }
-    let sriov = p.sriov_total_vfs.unwrap_or(0) > 0;
-    d.set(attr::SRIOV, AttrValue::Bool(sriov));
-    if sriov {
-        d.set(attr::SRIOV_VFS, AttrValue::Int(p.sriov_num_vfs.unwrap_or(0)));
-    }
-    if p.is_vf {
-        d.set(attr::IS_SRIOV_VF, AttrValue::Bool(true));
     }
     d.set(attr::RDMA, AttrValue::Bool(false));
     d
@@ -295,7 +423,8 @@ fn set_rdma(d: &mut Device, r: &RdmaInfo) {
     d.set_str(attr::RDMA_DEVICE, r.name.clone());
 }
 
-fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
+/// The netdev's attributes (upstream's `addLinkAttributes`).
+fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool, sriov: sysfs::NetdevSriov) {
     d.ifname = Some(l.name.clone());
     d.mtu = l.mtu;
     d.addresses = l.ipv4.iter().chain(&l.ipv6).cloned().collect();
@@ -303,9 +432,7 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
     d.neighbors.clone_from(&l.neighbors);
     d.mac = l.perm_mac.clone().or_else(|| l.mac.clone());
     d.set_str(attr::IF_NAME, l.name.clone());
-    if let Some(mac) = &l.mac {
-        d.set_str(attr::MAC, mac.clone());
-    }
+    d.set_str(attr::MAC, l.hardware_addr.clone());
     if let Some(mtu) = l.mtu {
         d.set(attr::MTU, AttrValue::Int(i64::from(mtu)));
     }
@@ -321,6 +448,13 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool) {
     }
     d.set(attr::VIRTUAL, AttrValue::Bool(is_virtual));
     d.set(attr::EBPF, AttrValue::Bool(l.ebpf));
+    d.set(attr::SRIOV, AttrValue::Bool(sriov.total_vfs > 0));
+    if sriov.total_vfs > 0 {
+        d.set(attr::SRIOV_VFS, AttrValue::Int(sriov.num_vfs));
+    }
+    if sriov.is_vf {
+        d.set(attr::IS_SRIOV_VF, AttrValue::Bool(true));
+    }
     if !l.tc_filter_names.is_empty() {
         d.set_str(attr::TC_FILTER_NAMES, capped_join(&l.tc_filter_names));
     }
@@ -371,15 +505,18 @@ impl SharedInventory {
         }
     }
 
+    /// A device the scan saw (not one only kept for the slices).
     #[must_use]
     pub fn get(&self, name: &str) -> Option<Device> {
         let g = match self.devices.read() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        g.iter().find(|d| d.name == name).cloned()
+        g.iter().find(|d| d.name == name && !d.held).cloned()
     }
 }
 
+#[cfg(test)]
+mod parity_tests;
 #[cfg(test)]
 mod tests;

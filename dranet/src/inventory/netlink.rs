@@ -28,11 +28,15 @@ pub const MAX_ATTRIBUTE_LEN: usize = 64;
 pub struct LinkRecord {
     pub index: u32,
     pub name: String,
+    /// The MAC to identify the device with (`None` when absent or all zeros).
     pub mac: Option<String>,
+    /// `dra.net/mac` as upstream publishes it (Go's `HardwareAddr.String()`): every byte of
+    /// `IFLA_ADDRESS`, zeros included, or empty when the link has none.
+    pub hardware_addr: String,
     pub perm_mac: Option<String>,
     pub mtu: Option<u32>,
-    /// Go netlink `Link.Type()`: the `IFLA_INFO_KIND` (`veth`, `dummy`, `bond`, `ipoib`…) or
-    /// `device` for a link without one.
+    /// Go netlink `Link.Type()`: the `IFLA_INFO_KIND` (`veth`, `dummy`, `bond`, `ipoib`…; a
+    /// `tun` is `tuntap`) or `device` for a link without one.
     pub kind: String,
     /// `ether`, `infiniband`, `loopback`, …
     pub encapsulation: String,
@@ -226,13 +230,25 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
 }
 
 pub(super) fn mac_string(bytes: &[u8]) -> Option<String> {
-    (!bytes.is_empty() && bytes.iter().any(|b| *b != 0)).then(|| {
-        bytes
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":")
-    })
+    (!bytes.is_empty() && bytes.iter().any(|b| *b != 0)).then(|| hex_colon(bytes))
+}
+
+/// Go's `net.HardwareAddr.String()`: `aa:bb:…`, empty for no bytes.
+fn hex_colon(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Go netlink's `Link.Type()` for an `IFLA_INFO_KIND`: the kind, but for the one type it names
+/// otherwise.
+fn go_link_type(kind: &str) -> &str {
+    match kind {
+        "tun" => "tuntap",
+        k => k,
+    }
 }
 
 fn link_record(msg: &LinkMessage) -> LinkRecord {
@@ -248,7 +264,10 @@ fn link_record(msg: &LinkMessage) -> LinkRecord {
     for attr in &msg.attributes {
         match attr {
             LinkAttribute::IfName(n) => r.name.clone_from(n),
-            LinkAttribute::Address(a) => r.mac = mac_string(a),
+            LinkAttribute::Address(a) => {
+                r.mac = mac_string(a);
+                r.hardware_addr = hex_colon(a);
+            }
             LinkAttribute::PermAddress(a) => r.perm_mac = mac_string(a),
             LinkAttribute::Mtu(m) => r.mtu = Some(*m),
             LinkAttribute::IfAlias(a) => r.alias = Some(a.clone()),
@@ -257,7 +276,7 @@ fn link_record(msg: &LinkMessage) -> LinkRecord {
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
                     if let LinkInfo::Kind(k) = i {
-                        r.kind = k.to_string();
+                        r.kind = go_link_type(&k.to_string()).to_owned();
                     }
                 }
             }
@@ -280,14 +299,67 @@ fn operstate(s: &State) -> String {
     .to_owned()
 }
 
+/// Go netlink's `EncapType()`: the name of the link's ARPHRD type.
 fn encapsulation(t: LinkLayerType) -> String {
-    match t {
-        LinkLayerType::Ether => "ether".to_owned(),
-        LinkLayerType::Infiniband => "infiniband".to_owned(),
-        LinkLayerType::Loopback => "loopback".to_owned(),
-        LinkLayerType::None => "none".to_owned(),
-        other => format!("{other:?}").to_ascii_lowercase(),
-    }
+    let name = match u16::from(t) {
+        0 => "generic",
+        1 => "ether",
+        2 => "eether",
+        3 => "ax25",
+        4 => "pronet",
+        5 => "chaos",
+        6 => "ieee802",
+        7 => "arcnet",
+        8 => "atalk",
+        15 => "dlci",
+        19 => "atm",
+        23 => "metricom",
+        24 => "ieee1394",
+        32 => "infiniband",
+        256 => "slip",
+        257 => "cslip",
+        258 => "slip6",
+        259 => "cslip6",
+        260 => "rsrvd",
+        264 => "adapt",
+        270 => "rose",
+        271 => "x25",
+        272 => "hwx25",
+        512 => "ppp",
+        513 => "hdlc",
+        516 => "lapb",
+        517 => "ddcmp",
+        518 => "rawhdlc",
+        768 => "ipip",
+        769 => "tunnel6",
+        770 => "frad",
+        771 => "skip",
+        772 => "loopback",
+        773 => "ltalk",
+        774 => "fddi",
+        775 => "bif",
+        776 => "sit",
+        777 => "ip/ddp",
+        778 => "gre",
+        779 => "pimreg",
+        780 => "hippi",
+        781 => "ash",
+        782 => "econet",
+        783 => "irda",
+        784 => "fcpp",
+        785 => "fcal",
+        786 => "fcpl",
+        787..=799 => return format!("fcfb{}", u16::from(t) - 787),
+        800 => "tr",
+        801 => "ieee802.11",
+        802 => "ieee802.11/prism",
+        803 => "ieee802.11/radiotap",
+        804 => "ieee802.15.4",
+        65534 => "none",
+        65535 => "void",
+        other => return format!("unknown{other}"),
+    };
+    name.to_owned()
 }
 
 fn address_cidr(a: &AddressMessage) -> Option<(IpAddr, String)> {

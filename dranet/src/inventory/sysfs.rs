@@ -1,7 +1,6 @@
 //! sysfs readers (under a configurable root so tests can use a fixture tree): PCI network
 //! devices, SR-IOV, NUMA, PCIe root, RDMA devices and their character devices.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -262,91 +261,103 @@ fn first_entry(dir: &Path) -> Option<String> {
     list_dir(dir).into_iter().next()
 }
 
-/// Vendor and device names from a `pci.ids` file, when one is installed.
-#[derive(Debug, Default)]
-pub struct PciIds {
-    vendors: BTreeMap<String, (String, BTreeMap<String, String>)>,
+/// SR-IOV state of a netdev's device, read as upstream does through `class/net/<if>/device`
+/// (a netdev without a device, i.e. a virtual one, has none: `sriov` false).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetdevSriov {
+    /// `device/sriov_totalvfs` (0 when absent or unreadable).
+    pub total_vfs: i64,
+    /// `device/sriov_numvfs` (0 when absent or unreadable).
+    pub num_vfs: i64,
+    /// `device/physfn` is a symlink: the netdev is a VF.
+    pub is_vf: bool,
 }
 
-impl PciIds {
-    /// Loads `$PCIDB_PATH/pci.ids` (as upstream exports it) or the first readable of the usual
-    /// locations; without any, a small built-in table of common NIC vendors.
+impl Sysfs {
+    /// SR-IOV state of netdev `ifname` (upstream's `sriovTotalVFs`, `sriovNumVFs`, `isSriovVf`).
     #[must_use]
-    pub fn load_default() -> Self {
-        let env = std::env::var_os("PCIDB_PATH").map(|d| PathBuf::from(d).join("pci.ids"));
-        let usual = [
-            "/usr/share/hwdata/pci.ids",
-            "/usr/share/misc/pci.ids",
-            "/usr/share/pci.ids",
-        ];
-        for p in env.into_iter().chain(usual.iter().map(PathBuf::from)) {
-            if let Ok(text) = fs::read_to_string(&p) {
-                return Self::parse(&text);
-            }
+    pub fn netdev_sriov(&self, ifname: &str) -> NetdevSriov {
+        let dev = self.root.join("class/net").join(ifname).join("device");
+        NetdevSriov {
+            total_vfs: read_i64(&dev.join("sriov_totalvfs")).unwrap_or(0),
+            num_vfs: read_i64(&dev.join("sriov_numvfs")).unwrap_or(0),
+            is_vf: fs::symlink_metadata(dev.join("physfn")).is_ok_and(|m| m.file_type().is_symlink()),
         }
-        Self::builtin()
     }
 
-    /// Vendor names (as `pci.ids` spells them) of common NIC vendors; no device names.
+    /// True when ghw (upstream's PCI library) sees a NUMA machine: the number of `node<N>`
+    /// entries in `devices/system/node` is not 1 (an unreadable directory counts as none).
+    /// Upstream publishes `dra.net/numaNode` only then.
     #[must_use]
-    pub fn builtin() -> Self {
-        const VENDORS: [(&str, &str); 8] = [
-            ("8086", "Intel Corporation"),
-            ("15b3", "Mellanox Technologies"),
-            ("14e4", "Broadcom Inc. and subsidiaries"),
-            ("1d0f", "Amazon.com, Inc."),
-            ("1ae0", "Google, Inc."),
-            ("1af4", "Red Hat, Inc."),
-            ("10de", "NVIDIA Corporation"),
-            ("1414", "Microsoft Corporation"),
-        ];
-        let mut ids = Self::default();
-        for (id, name) in VENDORS {
-            ids.vendors
-                .insert(id.to_owned(), (name.to_owned(), BTreeMap::new()));
-        }
-        ids
+    pub fn numa_architecture(&self) -> bool {
+        let nodes = list_dir(&self.root.join("devices/system/node"))
+            .into_iter()
+            .filter(|n| n.strip_prefix("node").is_some_and(|i| i.parse::<u32>().is_ok()))
+            .count();
+        nodes != 1
     }
 
-    /// Parses the `pci.ids` format (vendor lines, tab-indented device lines).
+    /// The list form of `resource.kubernetes.io/numaNode` for a device on NUMA node `node`
+    /// (Kubernetes' `deviceattribute` helper): `node` first, then, in ascending order, the
+    /// nodes at the smallest distance from it in its SLIT row (`node<N>/distance`) that are on
+    /// the same socket (the `physical_package_id` of the lowest CPU in each node's `cpulist`;
+    /// a node whose socket cannot be read is kept). Just `[node]` when the row is missing or
+    /// has no other node.
     #[must_use]
-    pub fn parse(text: &str) -> Self {
-        let mut ids = Self::default();
-        let mut current: Option<String> = None;
-        for line in text.lines() {
-            if line.starts_with('#') || line.trim().is_empty() {
+    pub fn numa_node_list(&self, node: i64) -> Vec<i64> {
+        let nodes = self.root.join("devices/system/node");
+        let row: Option<Vec<i64>> = read_trim(&nodes.join(format!("node{node}/distance")))
+            .and_then(|s| s.split_whitespace().map(|f| f.parse().ok()).collect());
+        let Some(row) = row else {
+            return vec![node];
+        };
+        let Ok(me) = usize::try_from(node) else {
+            return vec![node];
+        };
+        if me >= row.len() {
+            return vec![node];
+        }
+        let Some(min) = row
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != me)
+            .map(|(_, d)| *d)
+            .min()
+        else {
+            return vec![node];
+        };
+        let my_socket = self.numa_node_socket(node);
+        let mut out = vec![node];
+        for (i, d) in row.iter().enumerate() {
+            let Ok(n) = i64::try_from(i) else { continue };
+            if i == me || *d != min {
                 continue;
             }
-            if line.starts_with("C ") {
-                current = None; // class section: stop attributing lines to a vendor
+            if let (Some(mine), Some(theirs)) = (my_socket, self.numa_node_socket(n))
+                && mine != theirs
+            {
                 continue;
             }
-            if let Some(rest) = line.strip_prefix('\t') {
-                if rest.starts_with('\t') {
-                    continue; // subsystem line
-                }
-                if let (Some(v), Some((id, name))) = (&current, rest.split_once("  "))
-                    && let Some(entry) = ids.vendors.get_mut(v)
-                {
-                    entry.1.insert(id.to_ascii_lowercase(), name.trim().to_owned());
-                }
-            } else if let Some((id, name)) = line.split_once("  ") {
-                let id = id.to_ascii_lowercase();
-                ids.vendors
-                    .insert(id.clone(), (name.trim().to_owned(), BTreeMap::new()));
-                current = Some(id);
-            }
+            out.push(n);
         }
-        ids
+        out
     }
 
-    #[must_use]
-    pub fn vendor(&self, vendor_id: &str) -> Option<&str> {
-        self.vendors.get(vendor_id).map(|(n, _)| n.as_str())
+    fn numa_node_socket(&self, node: i64) -> Option<i64> {
+        let cpulist = read_trim(&self.root.join(format!("devices/system/node/node{node}/cpulist")))?;
+        let cpu = lowest_cpu(&cpulist)?;
+        read_i64(&self.root.join(format!(
+            "devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+        )))
     }
+}
 
-    #[must_use]
-    pub fn device(&self, vendor_id: &str, device_id: &str) -> Option<&str> {
-        self.vendors.get(vendor_id)?.1.get(device_id).map(String::as_str)
+/// The lowest CPU of a cpulist (`0-3,8-11`); `None` when empty or malformed.
+fn lowest_cpu(list: &str) -> Option<u32> {
+    let mut lowest: Option<u32> = None;
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let first = part.split('-').next()?.trim().parse::<u32>().ok()?;
+        lowest = Some(lowest.map_or(first, |l| l.min(first)));
     }
+    lowest
 }

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -125,6 +126,7 @@ fn rec(index: u32, name: &str, kind: &str) -> LinkRecord {
         name: name.into(),
         kind: kind.into(),
         mac: Some(format!("02:00:00:00:00:{index:02x}")),
+        hardware_addr: format!("02:00:00:00:00:{index:02x}"),
         mtu: Some(1500),
         encapsulation: "ether".into(),
         operstate: "up".into(),
@@ -258,8 +260,9 @@ fn devices_merge_pci_rdma_and_netdevs() {
     let nic = &devs[2];
     let a = &nic.attributes;
     assert_eq!(a[attr::PCI_ADDRESS], s("0000:10:1b.0"));
-    assert_eq!(a[attr::PCI_VENDOR], s("15b3"));
-    assert_eq!(a[attr::PCI_DEVICE], s("101b"));
+    // No pci.ids in these options: upstream's placeholder, never hex.
+    assert_eq!(a[attr::PCI_VENDOR], s("unknown"));
+    assert_eq!(a[attr::PCI_DEVICE], s("unknown"));
     assert_eq!(a[attr::PCI_SUBSYSTEM], s("0001"));
     assert_eq!(a[attr::NUMA_NODE], AttrValue::Int(1));
     assert_eq!(a[attr::STD_NUMA_NODE], AttrValue::Int(1));
@@ -298,6 +301,10 @@ fn devices_merge_pci_rdma_and_netdevs() {
     assert_eq!(dummy.attributes[attr::VIRTUAL], AttrValue::Bool(true));
     assert_eq!(dummy.attributes[attr::RDMA], AttrValue::Bool(false));
     assert!(!dummy.attributes.contains_key(attr::PCI_ADDRESS));
+    // As upstream: every netdev says whether it is SR-IOV capable; a device without a host
+    // netdev (IB-only here) does not.
+    assert_eq!(dummy.attributes[attr::SRIOV], AttrValue::Bool(false));
+    assert!(!ib.attributes.contains_key(attr::SRIOV));
     // Not in sysfs: virtual from the link kind.
     assert_eq!(devs[1].attributes[attr::IF_NAME], s("eth0.100"));
     assert_eq!(devs[1].attributes[attr::VIRTUAL], AttrValue::Bool(true));
@@ -335,15 +342,6 @@ fn pci_ids_names_are_used() {
     let nic = devs.iter().find(|d| d.name == "pci-0000-10-1b-0").unwrap();
     assert_eq!(nic.attributes[attr::PCI_VENDOR], s("Mellanox Technologies"));
     assert_eq!(nic.attributes[attr::PCI_DEVICE], s("MT28908 Family [ConnectX-6]"));
-}
-
-#[test]
-fn builtin_vendor_names() {
-    let ids = PciIds::builtin();
-    assert_eq!(ids.vendor("15b3"), Some("Mellanox Technologies"));
-    assert_eq!(ids.vendor("1d0f"), Some("Amazon.com, Inc."));
-    assert_eq!(ids.vendor("abcd"), None);
-    assert_eq!(ids.device("15b3", "101b"), None);
 }
 
 #[test]
@@ -386,4 +384,62 @@ fn shared_inventory_reports_changes() {
     assert!(!inv.replace(vec![d.clone()]));
     assert_eq!(inv.get("a"), Some(d));
     assert_eq!(inv.get("b"), None);
+}
+
+/// A cloud: one attribute per device from its identifiers, plus 40 more for `dummy1`.
+#[derive(Debug)]
+struct Cloud;
+
+impl DeviceAttributeSource for Cloud {
+    fn attributes(&self, ids: &DeviceIds) -> BTreeMap<String, AttrValue> {
+        let mut out = BTreeMap::from([(
+            "example.com/ids".to_owned(),
+            s(&format!("{}|{}|{}", ids.name, ids.mac, ids.pci_address)),
+        )]);
+        if ids.name == "dummy1" {
+            for i in 0..40 {
+                out.insert(format!("example.com/a{i:02}"), AttrValue::Int(i));
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn cloud_attributes_join_before_the_filter_within_32() {
+    let fx = fixture();
+    let mut o = opts(&fx);
+    o.extra = Some(std::sync::Arc::new(Cloud));
+    o.filter = Filter::compile(r#"attributes["example.com/ids"].StringValue != "veth1|02:00:00:00:00:08|""#)
+        .unwrap();
+    let devs = build_devices(&netscan(), &o);
+    assert!(
+        devs.iter().all(|d| d.name != "veth1"),
+        "the filter saw the cloud attribute"
+    );
+    let nic = devs.iter().find(|d| d.name == "pci-0000-10-1b-0").unwrap();
+    assert_eq!(
+        nic.attributes["example.com/ids"],
+        s("ens1|02:00:00:00:00:02|0000:10:1b.0"),
+        "upstream's identifiers: ifName, mac, pciAddress"
+    );
+    let ib = devs.iter().find(|d| d.name == "pci-0000-30-00-0").unwrap();
+    assert_eq!(ib.attributes["example.com/ids"], s("||0000:30:00.0"));
+    let dummy = devs.iter().find(|d| d.name == "dummy1").unwrap();
+    assert_eq!(dummy.attributes.len(), MAX_ATTRIBUTES);
+}
+
+#[test]
+fn uplinks_are_listed_only_when_asked() {
+    let fx = fixture();
+    let mut o = opts(&fx);
+    assert!(
+        build_devices(&netscan(), &o)
+            .iter()
+            .all(|d| d.name != "pci-0000-40-00-0")
+    );
+    o.keep_uplinks = true;
+    let devs = build_devices(&netscan(), &o);
+    let up = devs.iter().find(|d| d.name == "pci-0000-40-00-0").unwrap();
+    assert_eq!(up.attributes[attr::IF_NAME], s("eth0"));
 }

@@ -30,6 +30,8 @@ use crate::inventory::{AttrValue, Device};
 pub const DEFAULT_DRIVER: &str = "dra.net";
 /// `ResourceSliceMaxDevices` (v1).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The limit for a slice with list attributes (`DRAListTypeAttributes`; Kubernetes 1.35+).
+pub const MAX_DEVICES_PER_SLICE_WITH_LISTS: usize = 64;
 pub const API_VERSION: &str = "resource.k8s.io/v1";
 pub const KIND: &str = "ResourceSlice";
 
@@ -177,8 +179,9 @@ pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
     format!("{base}-{index}")
 }
 
-/// Splits `devices` into slices of ≤ 128 devices (always at least one slice, possibly empty, so
-/// the pool exists), all with `generation` and the same `resourceSliceCount`.
+/// Splits `devices` into slices of ≤ 128 devices (≤ 64 when a device has a list attribute;
+/// always at least one slice, possibly empty, so the pool exists), all with `generation` and
+/// the same `resourceSliceCount`.
 #[must_use]
 pub fn build_slices(
     driver: &str,
@@ -187,10 +190,18 @@ pub fn build_slices(
     owner: Option<&OwnerReference>,
     devices: &[Device],
 ) -> Vec<ResourceSlice> {
+    let lists = devices
+        .iter()
+        .any(|d| d.attributes.values().any(AttrValue::is_list));
+    let per_slice = if lists {
+        MAX_DEVICES_PER_SLICE_WITH_LISTS
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
     let chunks: Vec<&[Device]> = if devices.is_empty() {
         vec![&[]]
     } else {
-        devices.chunks(MAX_DEVICES_PER_SLICE).collect()
+        devices.chunks(per_slice).collect()
     };
     let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
     chunks

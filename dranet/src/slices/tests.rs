@@ -39,6 +39,23 @@ impl Drop for RmDir {
 }
 
 #[test]
+fn list_attributes_split_at_64_and_serialise_as_ints() {
+    let mut devs = devices(130);
+    devs[3].attributes.insert(
+        "resource.kubernetes.io/numaNode".into(),
+        AttrValue::Ints(vec![1, 0]),
+    );
+    let slices = build_slices("dra.net", "node-a", 1, None, &devs);
+    let sizes: Vec<usize> = slices.iter().map(|s| s.spec.devices.len()).collect();
+    assert_eq!(sizes, [64, 64, 2]);
+    let json = serde_json::to_value(&slices[0]).unwrap();
+    assert_eq!(
+        json["spec"]["devices"][3]["attributes"]["resource.kubernetes.io/numaNode"],
+        serde_json::json!({"ints": [1, 0]})
+    );
+}
+
+#[test]
 fn split_at_128() {
     for (n, want) in [
         (0, vec![0]),

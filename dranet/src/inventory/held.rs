@@ -1,0 +1,358 @@
+//! Devices in pods keep their published attributes (upstream's `PersistentResourceSliceAttributes`,
+//! always on here), across restarts too.
+//!
+//! A netdev moved into a pod leaves the host's `/sys/class/net`: a non-PCI device would vanish
+//! from the slice and a PCI one would shrink to its PCI attributes, so the scheduler and the
+//! Cluster Autoscaler would see a different node while the pod runs. So for every device that is
+//! in a pod, the last attributes published while it was home fill in what the live scan lacks
+//! (live values win, as upstream's `mergeDevices`), and a device the scan does not see at all
+//! is published as it was.
+//!
+//! Those attributes are kept in `<state-dir>/published-devices.json` (replaced atomically) for
+//! every device that is prepared or attached, so a restarted dranet publishes the same slice.
+//! The window it cannot cover: a device prepared, moved and dranet restarted before any scan saw
+//! it home (scans follow link events within a second).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{AttrValue, Device};
+
+/// The file in the state dir.
+pub const HELD_FILE: &str = "published-devices.json";
+const FORMAT: u32 = 1;
+
+type Attributes = BTreeMap<String, AttrValue>;
+
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+struct FileFormat {
+    version: u32,
+    devices: BTreeMap<String, Attributes>,
+}
+
+/// Errors of this module (logged by the caller: a lost file only loses attributes).
+#[derive(Debug, thiserror::Error)]
+pub enum HeldError {
+    #[error("{what} {path}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("decoding {path}")]
+    Decode {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path} has format {found}, this dranet reads {FORMAT}")]
+    Version { path: PathBuf, found: u32 },
+}
+
+/// The published attributes of prepared and attached devices.
+#[derive(Debug, Default)]
+pub struct HeldAttributes {
+    path: Option<PathBuf>,
+    saved: BTreeMap<String, Attributes>,
+}
+
+/// Which devices matter now (from the checkpoint).
+#[derive(Clone, Debug, Default)]
+pub struct Held {
+    /// Prepared (in a plan) or attached (in a sandbox record): their attributes are kept.
+    pub tracked: BTreeSet<String>,
+    /// In a pod now (moving, in the pod or on their way back): their kept attributes are
+    /// published.
+    pub out: BTreeSet<String>,
+}
+
+impl Held {
+    /// From the checkpoint: devices of every plan and sandbox record; out when their record
+    /// says moving, in the pod or returning.
+    #[must_use]
+    pub fn from_checkpoint(cp: &crate::state::Checkpoint) -> Self {
+        use crate::state::DeviceState;
+        let mut h = Self::default();
+        for plan in cp.plans.values() {
+            h.tracked.extend(plan.devices.iter().map(|d| d.device.clone()));
+        }
+        for rec in cp.pods.values() {
+            for d in &rec.devices {
+                h.tracked.insert(d.device.clone());
+                if matches!(
+                    d.state,
+                    DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
+                ) {
+                    h.out.insert(d.device.clone());
+                }
+            }
+        }
+        h
+    }
+}
+
+impl HeldAttributes {
+    /// Reads `<state_dir>/published-devices.json`; a missing file is empty, a bad one is
+    /// logged and ignored (it is rewritten at the next scan).
+    #[must_use]
+    pub fn load(state_dir: &Path) -> Self {
+        let path = state_dir.join(HELD_FILE);
+        let saved = match read(&path) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %crate::slices::error_chain(&e),
+                    "kept attributes of devices in pods unreadable: they come back as devices return");
+                BTreeMap::new()
+            }
+        };
+        Self {
+            path: Some(path),
+            saved,
+        }
+    }
+
+    /// Not persisted (tests, `dranet inventory`).
+    #[must_use]
+    pub fn in_memory() -> Self {
+        Self::default()
+    }
+
+    /// The kept attributes of `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&BTreeMap<String, AttrValue>> {
+        self.saved.get(name)
+    }
+
+    /// Merges the kept attributes into a scan: each device that is out gets the attributes of
+    /// its last published entry (`last`, else the file) where the scan has none, or is
+    /// published as it was when the scan does not see it. Then the file is brought up to date
+    /// for every tracked device (a write error is logged). Returns the devices sorted by name.
+    pub fn apply(
+        &mut self,
+        mut devs: Vec<Device>,
+        held: &Held,
+        last: &BTreeMap<String, Device>,
+    ) -> Vec<Device> {
+        let mut keep: BTreeMap<String, Attributes> = BTreeMap::new();
+        for name in &held.tracked {
+            let out = held.out.contains(name);
+            let idx = devs.iter().position(|d| &d.name == name);
+            if out {
+                let prev: Option<Attributes> = last
+                    .get(name)
+                    .map(|d| d.attributes.clone())
+                    .or_else(|| self.saved.get(name).cloned());
+                match (idx, prev) {
+                    (Some(i), Some(prev)) => {
+                        for (k, v) in prev {
+                            devs[i].attributes.entry(k).or_insert(v);
+                        }
+                    }
+                    (None, Some(prev)) => {
+                        let mut d = last.get(name).cloned().unwrap_or_else(|| Device {
+                            name: name.clone(),
+                            ..Device::default()
+                        });
+                        d.attributes = prev;
+                        d.held = true;
+                        devs.push(d);
+                    }
+                    (_, None) => {}
+                }
+            }
+            match devs.iter().find(|d| &d.name == name) {
+                Some(d) => {
+                    keep.insert(name.clone(), d.attributes.clone());
+                }
+                None => {
+                    if let Some(prev) = self.saved.get(name) {
+                        keep.insert(name.clone(), prev.clone());
+                    }
+                }
+            }
+        }
+        devs.sort_by(|a, b| a.name.cmp(&b.name));
+        if keep != self.saved {
+            self.saved = keep;
+            if let Some(path) = &self.path
+                && let Err(e) = write(path, &self.saved)
+            {
+                tracing::warn!(error = %crate::slices::error_chain(&e),
+                    "cannot keep the attributes of devices in pods across a restart");
+            }
+        }
+        devs
+    }
+}
+
+fn read(path: &Path) -> Result<BTreeMap<String, Attributes>, HeldError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(source) => {
+            return Err(HeldError::Io {
+                what: "reading",
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let f: FileFormat = serde_json::from_slice(&bytes).map_err(|source| HeldError::Decode {
+        path: path.to_owned(),
+        source,
+    })?;
+    if f.version != FORMAT {
+        return Err(HeldError::Version {
+            path: path.to_owned(),
+            found: f.version,
+        });
+    }
+    Ok(f.devices)
+}
+
+/// Temp file, fsync, rename over the file, fsync the directory.
+fn write(path: &Path, devices: &BTreeMap<String, Attributes>) -> Result<(), HeldError> {
+    let io = |what: &'static str, p: &Path| {
+        let p = p.to_owned();
+        move |source| HeldError::Io {
+            what,
+            path: p,
+            source,
+        }
+    };
+    let body = serde_json::to_vec(&FileFormat {
+        version: FORMAT,
+        devices: devices.clone(),
+    })
+    .map_err(|source| HeldError::Decode {
+        path: path.to_owned(),
+        source,
+    })?;
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+    f.write_all(&body).map_err(io("writing", &tmp))?;
+    f.sync_all().map_err(io("syncing", &tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(io("renaming over", path))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing", dir))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(name: &str, attrs: &[(&str, &str)]) -> Device {
+        Device {
+            name: name.into(),
+            attributes: attrs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), AttrValue::String((*v).to_owned())))
+                .collect(),
+            ..Device::default()
+        }
+    }
+
+    fn held(tracked: &[&str], out: &[&str]) -> Held {
+        Held {
+            tracked: tracked.iter().map(|s| (*s).to_owned()).collect(),
+            out: out.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    fn by_name(devs: &[Device]) -> BTreeMap<&str, &Attributes> {
+        devs.iter().map(|d| (d.name.as_str(), &d.attributes)).collect()
+    }
+
+    #[test]
+    fn devices_in_pods_keep_their_attributes_across_a_restart() {
+        let dir = std::env::temp_dir().join(format!("dranet-held-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let full_pci = dev(
+            "pci-0000-17-00-0",
+            &[("dra.net/pciAddress", "0000:17:00.0"), ("dra.net/ifName", "ens1")],
+        );
+        let dummy = dev("dummy0", &[("dra.net/ifName", "dummy0")]);
+        let other = dev("eth9", &[("dra.net/ifName", "eth9")]);
+        // Prepared, still home: the file keeps their attributes; untracked eth9 is not kept.
+        let mut h = HeldAttributes::load(&dir);
+        let live = vec![dummy.clone(), other.clone(), full_pci.clone()];
+        let out = h.apply(
+            live.clone(),
+            &held(&["pci-0000-17-00-0", "dummy0"], &[]),
+            &BTreeMap::new(),
+        );
+        assert_eq!(out, live);
+        let file: FileFormat = serde_json::from_slice(&std::fs::read(dir.join(HELD_FILE)).unwrap()).unwrap();
+        assert_eq!(
+            file.devices.keys().collect::<Vec<_>>(),
+            ["dummy0", "pci-0000-17-00-0"]
+        );
+
+        // Restart while both are in a pod: the scan sees the PCI function without its netdev
+        // and no dummy0 at all.
+        drop(h);
+        let mut h = HeldAttributes::load(&dir);
+        let shrunk = dev("pci-0000-17-00-0", &[("dra.net/pciAddress", "0000:17:00.0")]);
+        let both = held(&["pci-0000-17-00-0", "dummy0"], &["pci-0000-17-00-0", "dummy0"]);
+        let out = h.apply(vec![shrunk, other.clone()], &both, &BTreeMap::new());
+        let got = by_name(&out);
+        assert_eq!(got["pci-0000-17-00-0"], &full_pci.attributes);
+        assert_eq!(got["dummy0"], &dummy.attributes);
+        assert_eq!(got["eth9"], &other.attributes);
+        // Published, but Prepare does not take a device the scan did not see.
+        let inv = crate::inventory::SharedInventory::new(out.clone());
+        assert!(inv.get("dummy0").is_none());
+        assert!(
+            inv.get("pci-0000-17-00-0").is_some(),
+            "seen by the scan, attributes filled in"
+        );
+
+        // Live values win over kept ones.
+        let moved = dev(
+            "pci-0000-17-00-0",
+            &[
+                ("dra.net/pciAddress", "0000:17:00.0"),
+                ("dra.net/ifName", "renamed"),
+            ],
+        );
+        let out = h.apply(vec![moved], &both, &BTreeMap::new());
+        assert_eq!(
+            by_name(&out)["pci-0000-17-00-0"]["dra.net/ifName"],
+            AttrValue::String("renamed".into())
+        );
+
+        // Home and unprepared: nothing kept, the file empties.
+        let out = h.apply(vec![other.clone()], &Held::default(), &BTreeMap::new());
+        assert_eq!(out, vec![other]);
+        let file: FileFormat = serde_json::from_slice(&std::fs::read(dir.join(HELD_FILE)).unwrap()).unwrap();
+        assert!(file.devices.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_last_published_entry_wins_over_the_file_and_bad_files_are_ignored() {
+        let dir = std::env::temp_dir().join(format!("dranet-held-bad-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(HELD_FILE), b"{not json").unwrap();
+        let mut h = HeldAttributes::load(&dir);
+        assert!(h.get("dummy0").is_none());
+        let last: BTreeMap<String, Device> =
+            [("dummy0".to_owned(), dev("dummy0", &[("dra.net/mtu", "9000")]))].into();
+        let out = h.apply(Vec::new(), &held(&["dummy0"], &["dummy0"]), &last);
+        assert_eq!(out[0].attributes, last["dummy0"].attributes);
+        assert!(out[0].held);
+        assert!(h.get("dummy0").is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
