@@ -25,6 +25,7 @@ pub mod ethtool;
 pub mod http;
 pub mod inventory;
 pub mod link;
+pub mod listen;
 pub mod netns;
 pub mod nri;
 pub mod pci;

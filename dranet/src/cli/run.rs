@@ -122,6 +122,24 @@ impl Endpoints for Status {
 
 pub fn main(args: &RunArgs) -> ExitCode {
     super::init_logging(args.log_format == LogFormat::Json, "info");
+    // Before any thread or socket: every fd the hard limit allows, so the default soft limit
+    // (often 1024) is not what a burst of connections or pods exhausts first.
+    match crate::listen::raise_nofile_limit() {
+        Ok(l) if l.old_soft != l.new_soft => {
+            info!(
+                old = l.old_soft,
+                new = l.new_soft,
+                hard = l.hard,
+                "raised the soft RLIMIT_NOFILE to the hard limit"
+            );
+        }
+        Ok(l) => info!(
+            soft = l.old_soft,
+            hard = l.hard,
+            "RLIMIT_NOFILE already at the hard limit"
+        ),
+        Err(e) => warn!(error = %e, "cannot raise RLIMIT_NOFILE"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -192,6 +210,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let mut registry = Registry::default();
     engine.metrics().register(&mut registry);
+    crate::listen::metrics().register(&mut registry);
     registry.register(
         "dranet_probes_active",
         "Kernel probes loaded, by tier and probe (1 = active)",
@@ -228,35 +247,62 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// File name of the activity socket in the state dir.
 pub const ACTIVITY_SOCKET: &str = "events.sock";
 
+/// Clients of the activity socket served at once (`dranet trace` sessions); more are closed.
+const ACTIVITY_MAX_CLIENTS: usize = 16;
+
 /// Serves the engine's activity feed as JSON lines to every client of a root-only unix socket.
+/// The accept loop backs off on errors and never ends; a client that hangs up is noticed at once
+/// (not at the next write), so its slot frees.
 fn serve_activity(path: &std::path::Path, engine: Engine) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    use tokio::io::AsyncWriteExt;
     let _ = std::fs::remove_file(path);
     let listener = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let mut incoming = crate::listen::Incoming::new(listener, "events", ACTIVITY_MAX_CLIENTS);
     tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let mut rx = engine.activity();
-            tokio::spawn(async move {
-                loop {
-                    let a = match rx.recv().await {
-                        Ok(a) => a,
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                    };
-                    let Ok(mut line) = serde_json::to_string(&a) else {
-                        continue;
-                    };
-                    line.push('\n');
-                    if conn.write_all(line.as_bytes()).await.is_err() {
-                        break;
-                    }
+        loop {
+            match incoming.accept().await {
+                crate::listen::Accepted::Admitted(conn) => {
+                    tokio::spawn(feed_activity(conn, engine.activity()));
                 }
-            });
+                crate::listen::Accepted::OverCap(conn) => drop(conn),
+            }
         }
     });
     Ok(())
+}
+
+async fn feed_activity<C>(
+    conn: C,
+    mut rx: tokio::sync::broadcast::Receiver<crate::rescue::activity::Activity>,
+) where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::broadcast::error::RecvError;
+    let (mut rd, mut wr) = tokio::io::split(conn);
+    let mut sink = [0u8; 256];
+    loop {
+        let a = tokio::select! {
+            r = rx.recv() => match r {
+                Ok(a) => a,
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => break,
+            },
+            // Clients send nothing; end of file or an error means they hung up.
+            n = rd.read(&mut sink) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(_) => continue,
+            },
+        };
+        let Ok(mut line) = serde_json::to_string(&a) else {
+            continue;
+        };
+        line.push('\n');
+        if wr.write_all(line.as_bytes()).await.is_err() {
+            break;
+        }
+    }
 }
 
 async fn wait_for_signal() {
