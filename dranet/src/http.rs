@@ -67,7 +67,9 @@ impl Default for ServerOptions {
         Self {
             // kubelet probes and one or two scrapers need a handful.
             max_connections: 64,
-            header_timeout: Duration::from_secs(5),
+            // Probes and scrapers send their request in one packet at once; a client that
+            // holds a slot longer without one is squatting it.
+            header_timeout: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(30),
         }
     }
