@@ -26,6 +26,9 @@ pub struct NodeOptions {
     /// Kube mode: `--kubeconfig` this file (an API server, e.g. [`crate::apiserver::ApiServer`])
     /// instead of `--claims-dir` / `--slices-dir` (embedded mode, the default).
     pub kubeconfig: Option<PathBuf>,
+    /// Run the daemon with this soft *and* hard `RLIMIT_NOFILE` (it raises its soft limit to
+    /// the hard one, so both are set).
+    pub nofile_limit: Option<u64>,
 }
 
 impl Default for NodeOptions {
@@ -35,6 +38,7 @@ impl Default for NodeOptions {
             probes: true,
             extra_args: Vec::new(),
             kubeconfig: None,
+            nofile_limit: None,
         }
     }
 }
@@ -132,6 +136,25 @@ impl Node {
             .stderr(Stdio::inherit());
         if !self.opts.probes {
             cmd.arg("--no-probes");
+        }
+        if let Some(n) = self.opts.nofile_limit {
+            use std::os::unix::process::CommandExt;
+            let lim = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: the closure runs in the child between fork and exec; it only calls
+            // setrlimit (async-signal-safe) on a value it owns and allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    // SAFETY: `lim` is a valid rlimit for the duration of the call.
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
         }
         let mut child = cmd
             .spawn()
@@ -253,6 +276,11 @@ impl Node {
             bail!("unprepare {}: {e}", claim.name);
         }
         Ok(())
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Open file descriptors of the daemon.
