@@ -22,6 +22,8 @@ pub mod dhcp;
 pub mod dra;
 pub mod driver;
 pub mod ethtool;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod inventory;
 pub mod link;

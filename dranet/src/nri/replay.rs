@@ -318,6 +318,54 @@ mod tests {
         b.to_vec()
     }
 
+    /// Bounded random inputs, truncations and mutations of a valid stream through the real
+    /// path: the plugin always finishes and its output keeps the rules (the CI-sized sibling of
+    /// the cargo-fuzz target `nri`).
+    #[tokio::test]
+    async fn garbage_truncation_and_mutation_keep_the_rules() {
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let p = pod("u1", 8);
+        let mut valid = request_frame(
+            1,
+            "RunPodSandbox",
+            &api::RunPodSandboxRequest { pod: Some(p.clone()) }.encode_to_vec(),
+            0,
+        );
+        valid.extend(sync(3, vec![p.clone(), p], true));
+        valid.extend(request_frame(5, "Shutdown", &[], 0));
+        let limits = SyncLimits {
+            max_bytes: 1024,
+            max_pods: 4,
+            max_containers: 4,
+        };
+        for i in 0..20_000 {
+            let mut input = if i % 3 == 0 { Vec::new() } else { valid.clone() };
+            for _ in 0..(next() % 48) {
+                input.push((next() & 0xff) as u8);
+            }
+            for _ in 0..(next() % 4) {
+                if !input.is_empty() {
+                    let at = usize::try_from(next()).unwrap() % input.len();
+                    input[at] = (next() & 0xff) as u8;
+                }
+            }
+            let cut = usize::try_from(next()).unwrap() % (input.len() + 1);
+            let r = replay(&input[..cut], limits).await;
+            assert!(
+                r.check().is_ok(),
+                "input {i}: {:?} for {:02x?}",
+                r.check(),
+                &input[..cut]
+            );
+        }
+    }
+
     /// Parts past the limits are refused, and so is every later part up to the last: the hooks
     /// never see a partial pod list. The next synchronization starts clean.
     #[tokio::test]
