@@ -80,13 +80,24 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 }
 
 /// The test process holds thousands of client sockets: its own soft limit up to the hard one.
+/// (With libc, not the daemon's helper, so that this file also builds against older trees.)
 fn raise_own_fd_limit(want: u64) -> Result<()> {
-    let l = dranet::listen::raise_nofile_limit()?;
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is a valid, writable rlimit.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut l) };
+    ensure!(got == 0, "getrlimit");
     ensure!(
-        l.new_soft >= want,
+        l.rlim_max >= want,
         "the test needs {want} fds, the hard limit is {}",
-        l.hard
+        l.rlim_max
     );
+    l.rlim_cur = l.rlim_max;
+    // SAFETY: `l` is a valid rlimit.
+    let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const l) };
+    ensure!(set == 0, "setrlimit");
     Ok(())
 }
 
