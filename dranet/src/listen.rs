@@ -379,6 +379,16 @@ where
     }
 }
 
+/// Whether the peer of a connected stream socket closed it entirely (`POLLHUP`), as opposed to
+/// only shutting down its sending side (a reader that reached end of file sees both alike).
+#[must_use]
+pub fn peer_hung_up(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(fd, PollFlags::empty())];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLHUP))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,6 +408,18 @@ mod tests {
         let l = raise_nofile_limit().unwrap();
         assert_eq!(l.new_soft, l.hard);
         assert!(l.old_soft <= l.new_soft);
+    }
+
+    #[test]
+    fn a_closed_peer_is_told_from_a_half_closed_one() {
+        use std::os::fd::AsFd;
+        use std::os::unix::net::UnixStream as Std;
+        let (a, b) = Std::pair().unwrap();
+        assert!(!peer_hung_up(a.as_fd()));
+        b.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(!peer_hung_up(a.as_fd()), "a half-close is not a hang-up");
+        drop(b);
+        assert!(peer_hung_up(a.as_fd()));
     }
 
     #[tokio::test]

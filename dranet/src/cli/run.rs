@@ -252,7 +252,7 @@ const ACTIVITY_MAX_CLIENTS: usize = 16;
 
 /// Serves the engine's activity feed as JSON lines to every client of a root-only unix socket.
 /// The accept loop backs off on errors and never ends; a client that hangs up is noticed at once
-/// (not at the next write), so its slot frees.
+/// (not at the next activity), so its slot frees.
 fn serve_activity(path: &std::path::Path, engine: Engine) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(path);
@@ -272,16 +272,17 @@ fn serve_activity(path: &std::path::Path, engine: Engine) -> std::io::Result<()>
     Ok(())
 }
 
-async fn feed_activity<C>(
-    conn: C,
+async fn feed_activity(
+    mut conn: crate::listen::Guarded<tokio::net::UnixStream>,
     mut rx: tokio::sync::broadcast::Receiver<crate::rescue::activity::Activity>,
-) where
-    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
+) {
+    use std::os::fd::AsFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::broadcast::error::RecvError;
-    let (mut rd, mut wr) = tokio::io::split(conn);
     let mut sink = [0u8; 256];
+    // Clients send nothing. End of file means the client hung up, or only shut its sending side
+    // (`socat ... </dev/null`): then it is still fed, and its hang-up shows at the next write.
+    let mut reading = true;
     loop {
         let a = tokio::select! {
             r = rx.recv() => match r {
@@ -289,17 +290,21 @@ async fn feed_activity<C>(
                 Err(RecvError::Lagged(_)) => continue,
                 Err(RecvError::Closed) => break,
             },
-            // Clients send nothing; end of file or an error means they hung up.
-            n = rd.read(&mut sink) => match n {
-                Ok(0) | Err(_) => break,
+            n = conn.get_mut().read(&mut sink), if reading => match n {
+                Ok(0) if crate::listen::peer_hung_up(conn.get_ref().as_fd()) => break,
+                Ok(0) => {
+                    reading = false;
+                    continue;
+                }
                 Ok(_) => continue,
+                Err(_) => break,
             },
         };
         let Ok(mut line) = serde_json::to_string(&a) else {
             continue;
         };
         line.push('\n');
-        if wr.write_all(line.as_bytes()).await.is_err() {
+        if conn.write_all(line.as_bytes()).await.is_err() {
             break;
         }
     }
@@ -315,5 +320,67 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::listen::{Accepted, Incoming};
+    use crate::rescue::activity::{Activity, ActivityKind};
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::net::{UnixListener, UnixStream};
+
+    fn hook(uid: &str) -> Activity {
+        Activity {
+            at: 1,
+            pod_uid: uid.into(),
+            pod: String::new(),
+            netns_path: None,
+            kind: ActivityKind::Hook {
+                name: "RunPodSandbox".into(),
+            },
+        }
+    }
+
+    /// A client that hangs up frees its slot at once; one that only shuts its sending side is
+    /// still fed.
+    #[tokio::test]
+    async fn activity_clients_hang_up_or_half_close() {
+        let dir = std::env::temp_dir().join(format!("dranet-activity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("events.sock");
+        let _ = std::fs::remove_file(&path);
+        let mut inc = Incoming::new(UnixListener::bind(&path).unwrap(), "test-events", 4);
+        let (tx, _) = tokio::sync::broadcast::channel(16);
+        let mut admit = async || {
+            let Accepted::Admitted(conn) = inc.accept().await else {
+                panic!("refused")
+            };
+            conn
+        };
+        let gone = UnixStream::connect(&path).await.unwrap();
+        let feeder = tokio::spawn(feed_activity(admit().await, tx.subscribe()));
+        drop(gone);
+        tokio::time::timeout(std::time::Duration::from_secs(2), feeder)
+            .await
+            .expect("the feed of a client that hung up did not end")
+            .unwrap();
+        let half = UnixStream::connect(&path).await.unwrap();
+        let _feeder = tokio::spawn(feed_activity(admit().await, tx.subscribe()));
+        let (rd, mut wr) = half.into_split();
+        tokio::io::AsyncWriteExt::shutdown(&mut wr).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tx.send(hook("u-half")).unwrap();
+        let line = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            BufReader::new(rd).lines().next_line(),
+        )
+        .await
+        .expect("a half-closed client was not fed")
+        .unwrap()
+        .unwrap();
+        assert!(line.contains("u-half"), "{line}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
