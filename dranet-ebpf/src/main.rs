@@ -27,7 +27,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel_buf, bpf_probe_read_user_str_bytes,
     },
     macros::{btf_tracepoint, fentry, lsm, map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
     programs::{BtfTracePointContext, FEntryContext, LsmContext, TracePointContext},
 };
 use aya_log_ebpf::info;
@@ -42,6 +42,26 @@ static CONFIG: Config = Config::empty();
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// `[0]` = events dropped because `EVENTS` was full, per CPU. User space sums and polls it and
+/// turns an increase into a `Lost` event (then a reconcile): a dropped teardown signal must not
+/// go unnoticed.
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Reserves one event in the ring buffer, counting it in `LOST` when the buffer is full.
+#[inline(always)]
+fn reserve() -> Option<RingBufEntry<Event>> {
+    let entry = EVENTS.reserve::<Event>(0);
+    if entry.is_none()
+        && let Some(n) = LOST.get_ptr_mut(0)
+    {
+        // SAFETY: a per-CPU array slot of this CPU; a BPF program is not preempted by another
+        // program on the same CPU for this map, so the read-modify-write is not torn.
+        unsafe { *n += 1 };
+    }
+    entry
+}
 
 /// Watched path prefixes (e.g. `/run/netns/`, `/var/run/netns/`).
 #[map]
@@ -190,7 +210,7 @@ fn syscall_exit(ret: i64) {
         return;
     };
     let _ = PENDING.remove(tid);
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+    let Some(mut entry) = reserve() else {
         return;
     };
     let k = if p.call == 0 { kind::UMOUNT } else { kind::UNLINK };
@@ -279,7 +299,7 @@ fn is_cleanup_work(work: u64) -> bool {
 
 #[inline(always)]
 fn emit_simple(k: u32) {
-    if let Some(mut entry) = EVENTS.reserve::<Event>(0) {
+    if let Some(mut entry) = reserve() {
         {
             let ev = &mut *entry;
             // SAFETY: the reservation is sized for an Event; the header writes every scalar
@@ -343,7 +363,7 @@ pub fn dranet_dev_netns(ctx: FEntryContext) -> u32 {
     let dev: u64 = ctx.arg(0);
     let net: u64 = ctx.arg(1);
     let new_ifindex: i32 = ctx.arg(3);
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+    let Some(mut entry) = reserve() else {
         return 0;
     };
     {
@@ -376,7 +396,7 @@ pub fn dranet_dev_netns(ctx: FEntryContext) -> u32 {
 pub fn dranet_put_net(ctx: FEntryContext) -> u32 {
     let cfg = config();
     let net: u64 = ctx.arg(0);
-    if let Some(mut entry) = EVENTS.reserve::<Event>(0) {
+    if let Some(mut entry) = reserve() {
         {
             let ev = &mut *entry;
             // SAFETY: the reservation is sized for an Event; every field is written below.
@@ -414,7 +434,7 @@ pub fn dranet_nsfs_put(ctx: FEntryContext) -> u32 {
     if inum == PROC_NET_INIT_INO {
         return 0;
     }
-    if let Some(mut entry) = EVENTS.reserve::<Event>(0) {
+    if let Some(mut entry) = reserve() {
         {
             let ev = &mut *entry;
             // SAFETY: the reservation is sized for an Event; every field is written below.
@@ -441,7 +461,7 @@ fn nsfs_umount(mnt: u64, flags: u32) {
     let inode = read_at::<u64>(root, cfg.dentry_inode).unwrap_or(0);
     let ino = read_at::<u64>(inode, cfg.inode_ino).unwrap_or(0);
     let ns = read_at::<u64>(inode, cfg.inode_private).unwrap_or(0);
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+    let Some(mut entry) = reserve() else {
         return;
     };
     {

@@ -4,7 +4,14 @@
 //! uses in kube mode (Node GET; ResourceSlice apply / list by field selector / delete;
 //! ResourceClaim GET and server-side apply of its `status`; Event create and patch), answers
 //! anything else with a `NotFound` Status, and records every request. Faults (hang, error code)
-//! can be switched on per path prefix. Test support only.
+//! can be switched on per path prefix.
+//!
+//! [`ApiServer::enforcing`] also does what a real API server enforces on these requests: RBAC
+//! with the ClusterRole the shipped manifests bind to dranet's ServiceAccount
+//! ([`crate::authz`]: a refusal is a 403 `Forbidden` `Status`), and the resource.k8s.io/v1
+//! validation of slices and claim status ([`crate::limits`]: a 422 `Invalid` `Status`). The
+//! kubeconfig's token is the ServiceAccount `kube-system/dranet`, bound to the node
+//! [`SA_NODE`]. Test support only.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -369,6 +376,9 @@ pub struct Recorded {
     pub handled: bool,
     /// Since the server started.
     pub at: Duration,
+    /// What the authorizer checked for it and whether it allowed it (empty when authorization
+    /// is off or nothing was checked).
+    pub checks: Vec<(crate::authz::Attributes, bool)>,
 }
 
 impl Recorded {
@@ -413,6 +423,10 @@ struct State {
     log: Vec<Recorded>,
     /// Newest first.
     faults: Vec<(String, Fault)>,
+    /// RBAC in force (`None`: everything allowed).
+    authz: Option<crate::authz::Authorizer>,
+    /// Validate written slices and claim status (422 when invalid).
+    validate: bool,
 }
 
 struct Inner {
@@ -451,15 +465,26 @@ impl Drop for ApiServer {
     }
 }
 
-/// The token of the user in [`ApiServer::write_kubeconfig`].
+/// The token of the user in [`ApiServer::write_kubeconfig`]: dranet's ServiceAccount.
 pub const TOKEN: &str = "dranet-sim-token";
+/// The user [`TOKEN`] authenticates as.
+pub const SA_USER: &str = "system:serviceaccount:kube-system:dranet";
+/// The node [`TOKEN`] is bound to (a service-account token of a pod on that node), for the
+/// node-aware verbs.
+pub const SA_NODE: &str = "sim-node";
 
 impl ApiServer {
     /// Binds 127.0.0.1 on a free port and serves.
     pub async fn start() -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_at("127.0.0.1:0".parse()?).await
+    }
+
+    /// Binds `addr` and serves (an API server that comes back on the address a kubeconfig
+    /// names).
+    pub async fn start_at(addr: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind(addr)
             .await
-            .context("binding the API server")?;
+            .with_context(|| format!("binding the API server on {addr}"))?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Inner {
             state: Mutex::default(),
@@ -481,6 +506,40 @@ impl ApiServer {
             }
         });
         Ok(Self { inner, addr, accept })
+    }
+
+    /// [`ApiServer::start`] with what a real API server enforces: RBAC with the ClusterRole of
+    /// `deploy/rbac.yaml` bound to dranet's ServiceAccount, and the validation of slices and
+    /// claim status.
+    pub async fn enforcing() -> Result<Self> {
+        Self::enforcing_at("127.0.0.1:0".parse()?).await
+    }
+
+    /// [`ApiServer::enforcing`] on `addr`.
+    pub async fn enforcing_at(addr: SocketAddr) -> Result<Self> {
+        let api = Self::start_at(addr).await?;
+        api.set_authorizer(Some(crate::authz::Authorizer::shipped()?));
+        api.set_validation(true);
+        Ok(api)
+    }
+
+    /// RBAC from now on (`None`: everything allowed).
+    pub fn set_authorizer(&self, authz: Option<crate::authz::Authorizer>) {
+        self.inner.lock().authz = authz;
+    }
+
+    /// Validation of written slices and claim status from now on.
+    pub fn set_validation(&self, on: bool) {
+        self.inner.lock().validate = on;
+    }
+
+    /// Requests the authorizer refused.
+    #[must_use]
+    pub fn forbidden(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.status == Some(403))
+            .collect()
     }
 
     #[must_use]
@@ -687,6 +746,17 @@ fn fault_for(st: &State, path: &str) -> Option<Fault> {
 }
 
 fn record(inner: &Inner, conn: u64, req: &HttpRequest, status: Option<u16>, handled: bool) {
+    record_checked(inner, conn, req, status, handled, Vec::new());
+}
+
+fn record_checked(
+    inner: &Inner,
+    conn: u64,
+    req: &HttpRequest,
+    status: Option<u16>,
+    handled: bool,
+    checks: Vec<(crate::authz::Attributes, bool)>,
+) {
     let (path, raw_query) = req.path_and_query();
     let rec = Recorded {
         conn,
@@ -700,6 +770,7 @@ fn record(inner: &Inner, conn: u64, req: &HttpRequest, status: Option<u16>, hand
         status,
         handled,
         at: inner.started.elapsed(),
+        checks,
     };
     inner.lock().log.push(rec);
 }
@@ -722,9 +793,106 @@ fn handle(inner: &Inner, conn: u64, req: &HttpRequest) -> Option<(u16, Value)> {
     }
     let query = parse_query(raw_query);
     let content_type = req.header("content-type").unwrap_or_default();
+    let (checks, refusal) = authorize(inner, req, &path, &query, content_type);
+    if let Some(body) = refusal {
+        record_checked(inner, conn, req, Some(403), true, checks);
+        return Some((403, body));
+    }
     let (code, body, handled) = route(inner, &req.method, &path, &query, content_type, &req.body);
-    record(inner, conn, req, Some(code), handled);
+    record_checked(inner, conn, req, Some(code), handled, checks);
     Some((code, body))
+}
+
+/// RBAC, as the API server applies it to this request: the checks made (with their outcome)
+/// and the 403 body of the first refusal.
+fn authorize(
+    inner: &Inner,
+    req: &HttpRequest,
+    path: &str,
+    query: &[(String, String)],
+    content_type: &str,
+) -> (Vec<(crate::authz::Attributes, bool)>, Option<Value>) {
+    use crate::authz::{Attributes, allocated_on, attributes, device_entries, drivers_in, forbidden};
+    let st = inner.lock();
+    let Some(authz) = &st.authz else {
+        return (Vec::new(), None);
+    };
+    let Some(a) = attributes(&req.method, path, query) else {
+        return (Vec::new(), None);
+    };
+    let bearer = req
+        .header("authorization")
+        .and_then(|h| h.strip_prefix("Bearer "));
+    let (user, node) = if bearer == Some(TOKEN) {
+        (SA_USER, Some(SA_NODE))
+    } else {
+        ("system:anonymous", None)
+    };
+    let mut checks = Vec::new();
+    let mut check = |attrs: Attributes, message_attrs: &Attributes, extra: &str| {
+        let ok = user == SA_USER && authz.allowing(&attrs).is_some();
+        checks.push((attrs, ok));
+        (!ok).then(|| forbidden(user, message_attrs, extra))
+    };
+    if let Some(r) = check(a.clone(), &a, "") {
+        return (checks, Some(r));
+    }
+    let media = content_type.split(';').next().unwrap_or_default().trim();
+    let key = parse_target(path).map(|t| t.key());
+    let existing = key.as_ref().and_then(|k| st.objects.get(k));
+    // Server-side apply of an object that does not exist yet creates it: `create` too.
+    if a.verb == "patch"
+        && a.subresource.is_empty()
+        && media == "application/apply-patch+yaml"
+        && existing.is_none()
+    {
+        let c = Attributes {
+            verb: "create".into(),
+            ..a.clone()
+        };
+        if let Some(r) = check(c.clone(), &c, "") {
+            return (checks, Some(r));
+        }
+    }
+    // A claim status write that changes a driver's status.devices entries: the 1.36 granular
+    // authorization of `resourceclaims/driver`, per driver, node-aware.
+    if a.group == "resource.k8s.io"
+        && a.resource == "resourceclaims"
+        && a.subresource == "status"
+        && matches!(a.verb.as_str(), "patch" | "update")
+        && let Some(old) = existing
+    {
+        let new: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+        for driver in drivers_in(old, &new) {
+            if device_entries(old, &driver) == device_entries(&new, &driver) {
+                continue;
+            }
+            let mode = if node.is_some_and(|n| allocated_on(old, n)) {
+                "associated-node"
+            } else {
+                "arbitrary-node"
+            };
+            let verb = format!("{mode}:{}", a.verb);
+            let g = Attributes {
+                verb: verb.clone(),
+                subresource: "driver".into(),
+                name: driver.clone(),
+                ..a.clone()
+            };
+            let shown = Attributes {
+                verb: verb.clone(),
+                subresource: "driver".into(),
+                ..a.clone()
+            };
+            let extra = format!(
+                "changing the status.devices entries of driver {driver:?} requires resource=\"resourceclaims/driver\" verb={verb:?} name={driver:?}"
+            );
+            if let Some(r) = check(g, &shown, &extra) {
+                return (checks, Some(r));
+            }
+        }
+    }
+    (checks, None)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1211,6 +1379,9 @@ fn create(inner: &Inner, t: &Target, body: &[u8]) -> (u16, Value, bool) {
         subresource: None,
     };
     let mut st = inner.lock();
+    if let Some(r) = invalid_object(&st, t, &name, &obj) {
+        return r;
+    }
     if st.objects.contains_key(&item.key()) {
         let mut s = status_body(
             409,
@@ -1259,6 +1430,9 @@ fn patch(
                     return (404, not_found(t), true);
                 };
                 merge_status(&mut obj, &patch);
+                if let Some(r) = invalid_status(&st, t, &obj) {
+                    return r;
+                }
                 obj["metadata"]["resourceVersion"] = json!(rv.to_string());
                 st.objects.insert(key, obj.clone());
                 return (200, obj, true);
@@ -1267,6 +1441,9 @@ fn patch(
             obj["metadata"]["name"] = json!(t.name.clone().unwrap_or_default());
             if let Some(ns) = &t.namespace {
                 obj["metadata"]["namespace"] = json!(ns);
+            }
+            if let Some(r) = invalid_object(&st, t, &t.name.clone().unwrap_or_default(), &obj) {
+                return r;
             }
             match existing {
                 Some(old) => {
@@ -1307,6 +1484,9 @@ fn patch(
             };
             if status_only {
                 merge_status(&mut obj, &patch);
+                if let Some(r) = invalid_status(&st, t, &obj) {
+                    return r;
+                }
             } else {
                 merge(&mut obj, &patch);
             }
@@ -1326,6 +1506,41 @@ fn patch(
             false,
         ),
     }
+}
+
+/// A 422 for a slice the real API server would refuse (validation on).
+fn invalid_object(st: &State, t: &Target, name: &str, obj: &Value) -> Option<(u16, Value, bool)> {
+    if !st.validate || t.kind.resource != "resourceslices" {
+        return None;
+    }
+    let causes = crate::limits::resource_slice(obj);
+    (!causes.is_empty()).then(|| {
+        (
+            422,
+            crate::limits::invalid(t.kind.kind, t.group(), name, &causes),
+            true,
+        )
+    })
+}
+
+/// A 422 for a claim status the real API server would refuse (validation on).
+fn invalid_status(st: &State, t: &Target, obj: &Value) -> Option<(u16, Value, bool)> {
+    if !st.validate || t.kind.resource != "resourceclaims" {
+        return None;
+    }
+    let causes = crate::limits::claim_status(obj);
+    (!causes.is_empty()).then(|| {
+        (
+            422,
+            crate::limits::invalid(
+                t.kind.kind,
+                t.group(),
+                t.name.as_deref().unwrap_or_default(),
+                &causes,
+            ),
+            true,
+        )
+    })
 }
 
 fn delete(inner: &Inner, t: &Target) -> (u16, Value, bool) {

@@ -77,14 +77,22 @@ pub async fn engine(state: &StateDir, watcher: Option<Watcher>) -> Result<Engine
     Ok(Engine::new(opts, watcher).await?)
 }
 
-/// The runtime's name of pod `uid` (as [`pod_plan`] names it).
+/// The runtime's name of pod `uid` (as [`pod_plan`] names it), in a sandbox whose id is the
+/// pod UID.
 #[must_use]
 pub fn pod_ref(uid: &str) -> PodRef<'_> {
     PodRef {
         uid,
+        sandbox: uid,
         namespace: "default",
         name: "p",
     }
+}
+
+/// The checkpoint key of the sandbox [`pod_ref`] names (its id is the pod UID).
+#[must_use]
+pub fn sandbox_key(uid: &str) -> String {
+    dranet::state::pod_key(uid, uid)
 }
 
 /// Polls `ok` every 2 ms until it holds (how long that took) or `timeout` passes (an error

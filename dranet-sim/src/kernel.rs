@@ -169,6 +169,18 @@ impl Veth {
         })
     }
 
+    /// Creates `a` <-> `b` with `a` carrying `mac` from its first RTM_NEWLINK on (as a CNI that
+    /// sets the MAC at creation: Calico's host-side veths all carry `ee:ee:ee:ee:ee:ee`).
+    pub fn create_with_mac(a: &str, b: &str, mac: &str) -> Result<Self> {
+        sh(&[
+            "ip", "link", "add", a, "address", mac, "type", "veth", "peer", "name", b,
+        ])?;
+        Ok(Self {
+            a: a.to_owned(),
+            b: b.to_owned(),
+        })
+    }
+
     /// ifindex of a host-side device by name.
     pub fn ifindex(name: &str) -> Result<u32> {
         let s = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
@@ -195,12 +207,17 @@ pub fn identity(f: &File) -> Result<dranet::netns::NetnsId> {
     Ok(dranet::watch::identify_fd(f.as_fd())?)
 }
 
-/// Path of the `dranet` binary next to the running test binary, built on demand. Under cargo
+/// Path of the `dranet` binary next to the running test binary, built on demand (or the one in
+/// `DRANET_BIN`). Under cargo
 /// (`CARGO` set, as in `cargo test`) it is brought up to date once per process first: `cargo
 /// test -p dranet-sim` alone does not rebuild the daemon's binary, and an old one next to the
 /// test would run yesterday's daemon against today's tests.
 pub fn dranet_bin() -> Result<PathBuf> {
     static FRESH: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    // Another build of the daemon (e.g. an older commit's, to show a test fails there).
+    if let Some(bin) = std::env::var_os("DRANET_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
     let exe = std::env::current_exe()?;
     let here = exe.parent().context("binary has no directory")?;
     // Only test binaries (target/<profile>/deps/): the demo and the bench run next to the

@@ -1,8 +1,11 @@
 pub mod apiserver;
+pub mod authz;
 pub mod bpf;
 pub mod fixtures;
 pub mod kernel;
 pub mod kubelet;
+pub mod limits;
 pub mod nic;
 pub mod node;
 pub mod nri_runtime;
+pub mod soak;

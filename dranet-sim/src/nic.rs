@@ -99,7 +99,25 @@ pub fn view(name: &str, netns: Option<&str>) -> Result<Value> {
         .unwrap_or_default()
         .iter()
         .filter(|a| a["scope"] != "link")
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or(""), a["prefixlen"]))
+        .map(|a| {
+            // Everything a restore must put back as it was, not only ip/prefix: a broadcast
+            // address (or none), the label.
+            let mut s = format!("{}/{}", a["local"].as_str().unwrap_or(""), a["prefixlen"]);
+            // DRANET_SIM_PLAIN_ADDRS=1: ip/prefix only (to run a test against a daemon that
+            // restores addresses with a broadcast of its own, and see it fail for its own reason).
+            if std::env::var_os("DRANET_SIM_PLAIN_ADDRS").is_some() {
+                return s;
+            }
+            if let Some(b) = a["broadcast"].as_str() {
+                s.push_str(&format!(" brd {b}"));
+            }
+            if let Some(l) = a["label"].as_str()
+                && l != name
+            {
+                s.push_str(&format!(" label {l}"));
+            }
+            s
+        })
         .collect();
     addrs.sort();
     let up = l["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "UP"));

@@ -26,6 +26,11 @@ pub struct NodeOptions {
     /// Kube mode: `--kubeconfig` this file (an API server, e.g. [`crate::apiserver::ApiServer`])
     /// instead of `--claims-dir` / `--slices-dir` (embedded mode, the default).
     pub kubeconfig: Option<PathBuf>,
+    /// `--bind-address` of `/healthz`, `/readyz`, `/metrics` (default `127.0.0.1:0`).
+    pub bind_address: String,
+    /// Replaces the node-identity arguments (`--node-name sim-node --filter "" --bind-address
+    /// <bind_address>`), e.g. with upstream dranet's spelling of them.
+    pub node_args: Option<Vec<String>>,
     /// Run the daemon with this soft *and* hard `RLIMIT_NOFILE` (it raises its soft limit to
     /// the hard one, so both are set).
     pub nofile_limit: Option<u64>,
@@ -38,6 +43,8 @@ impl Default for NodeOptions {
             probes: true,
             extra_args: Vec::new(),
             kubeconfig: None,
+            bind_address: "127.0.0.1:0".to_owned(),
+            node_args: None,
             nofile_limit: None,
         }
     }
@@ -81,6 +88,7 @@ impl Node {
 
     async fn spawn(&mut self) -> Result<()> {
         let bin = dranet_bin()?;
+        let sessions_before = self.runtime.sessions();
         // kubelet reacts to the *creation* of a registration socket: forget a killed daemon's
         // stale one, so we wait for the new process to create its own.
         if let Ok(rd) = std::fs::read_dir(self.kubelet.registry_dir()) {
@@ -89,15 +97,20 @@ impl Node {
             }
         }
         let mut cmd = Command::new(&bin);
-        cmd.arg("run")
-            .args([
+        let node_args = self.opts.node_args.clone().unwrap_or_else(|| {
+            [
                 "--node-name",
                 "sim-node",
                 "--filter",
                 "",
                 "--bind-address",
-                "127.0.0.1:0",
-            ])
+                &self.opts.bind_address,
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        });
+        cmd.arg("run")
+            .args(node_args)
             .arg("--state-dir")
             .arg(self.state_dir())
             .arg("--kubelet-root-dir")
@@ -175,7 +188,9 @@ impl Node {
             .wait_for_registration_socket(Duration::from_secs(20))
             .await?;
         self.plugin = Some(self.kubelet.register(&reg).await?);
-        self.sessions += 1;
+        // One more handshake than the runtime has seen so far (a runtime restart in between
+        // counts too).
+        self.sessions = self.sessions.max(sessions_before) + 1;
         self.runtime
             .wait_ready(self.sessions, Duration::from_secs(20))
             .await?;
@@ -186,6 +201,24 @@ impl Node {
             bail!("the daemon exited before it was ready");
         }
         Ok(())
+    }
+
+    /// The runtime restarts: it drops the plugin's connection; the plugin reconnects, registers
+    /// again and gets a Synchronize of what [`NriRuntime::set_state`] says the runtime has.
+    pub async fn restart_runtime(&mut self) -> Result<()> {
+        let before = self.runtime.sessions();
+        self.runtime.disconnect();
+        self.runtime
+            .wait_ready(before + 1, Duration::from_secs(20))
+            .await?;
+        self.sessions = before + 1;
+        Ok(())
+    }
+
+    /// Whether the daemon process is running (not killed or stopped by the test).
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// SIGKILLs the daemon (no cleanup of any kind).
@@ -278,11 +311,6 @@ impl Node {
         Ok(())
     }
 
-    /// The daemon's process id, while it runs.
-    pub fn daemon_pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
     /// Open file descriptors of the daemon.
     pub fn daemon_fds(&self) -> Result<usize> {
         let pid = self.child.as_ref().context("daemon not running")?.id();
@@ -350,9 +378,58 @@ impl Node {
             .context("VmRSS")
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the daemon process is still running (not exited).
+    pub fn daemon_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Pins currently held in the state dir.
     pub fn pins(&self) -> Vec<PathBuf> {
         dranet::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
+    }
+
+    /// The daemon's checkpoint as it is on disk now (read as JSON, so any format shows).
+    pub fn checkpoint(&self) -> Result<serde_json::Value> {
+        match std::fs::read(self.state_dir().join("state.json")) {
+            Ok(b) => Ok(serde_json::from_slice(&b)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(json!({})),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The sandbox records of the checkpoint: (pod UID, sandbox id or "" when the format has
+    /// none).
+    pub fn records(&self) -> Result<Vec<(String, String)>> {
+        let cp = self.checkpoint()?;
+        Ok(cp["pods"]
+            .as_object()
+            .map(|m| {
+                m.values()
+                    .map(|r| {
+                        (
+                            r["pod_uid"].as_str().unwrap_or_default().to_owned(),
+                            r["sandbox_id"].as_str().unwrap_or_default().to_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Runs `dranet <args>` against this node's state dir (`--state-dir` appended).
+    pub fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
+        Ok(Command::new(dranet_bin()?)
+            .args(args)
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .output()?)
     }
 }
 
@@ -408,11 +485,18 @@ pub fn claim_object(
     })
 }
 
-/// A pod sandbox as the runtime reports it.
+/// A pod sandbox as the runtime reports it (sandbox id `sb-<uid>`).
 #[must_use]
 pub fn sandbox(uid: &str, netns: &Path) -> pb::PodSandbox {
+    sandbox_with_id(uid, &format!("sb-{uid}"), netns)
+}
+
+/// A sandbox of pod `uid` with the runtime's id `id`: kubelet re-creates a pod's sandbox under
+/// the same UID with a new id.
+#[must_use]
+pub fn sandbox_with_id(uid: &str, id: &str, netns: &Path) -> pb::PodSandbox {
     pb::PodSandbox {
-        id: format!("sb-{uid}"),
+        id: id.into(),
         name: format!("pod-{uid}"),
         uid: uid.into(),
         namespace: "default".into(),
@@ -425,4 +509,35 @@ pub fn sandbox(uid: &str, netns: &Path) -> pb::PodSandbox {
         }),
         ..Default::default()
     }
+}
+
+/// `GET path` from the daemon's HTTP endpoint at `addr`: the status code and the body.
+pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .context("no answer within 5 s")??;
+    let text = String::from_utf8_lossy(&buf);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status line")?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released: good enough for a test that binds it
+/// right after).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

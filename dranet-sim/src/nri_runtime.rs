@@ -124,6 +124,9 @@ impl RuntimeError {
 pub struct RegisteredPlugin {
     pub name: String,
     pub index: String,
+    /// The NRI version the plugin registered with (containerd logs "NRI version unknown" for an
+    /// empty one).
+    pub nri_version: String,
     /// The Configure answer, as sent (0 would mean all events).
     pub events: i32,
 }
@@ -230,6 +233,11 @@ impl NriRuntime {
 
     fn session(&self) -> Result<Arc<Session>, RuntimeError> {
         lock(&self.inner.current).clone().ok_or(RuntimeError::NoPlugin)
+    }
+
+    /// Which runtime's wire habits to imitate from now on.
+    pub fn set_flavor(&self, flavor: Flavor) {
+        lock(&self.inner.cfg).flavor = flavor;
     }
 
     /// Pods and containers for the next Synchronize (e.g. after a reconnect).
@@ -471,7 +479,7 @@ async fn accept_loop(listener: UnixListener, inner: Arc<Inner>) {
 
 /// The Runtime service: RegisterPlugin (validated like `pkg/adaptation`) and UpdateContainers.
 struct RuntimeService {
-    registered: mpsc::UnboundedSender<(String, String)>,
+    registered: mpsc::UnboundedSender<(String, String, String)>,
 }
 
 fn valid_name(s: &str) -> bool {
@@ -491,7 +499,9 @@ impl Service for RuntimeService {
                         "invalid plugin name or index",
                     ));
                 }
-                let _ = self.registered.send((req.plugin_name, req.plugin_idx));
+                let _ = self
+                    .registered
+                    .send((req.plugin_name, req.plugin_idx, req.nri_version));
                 Ok(pb::Empty {}.encode_to_vec().into())
             }
             (RUNTIME_SERVICE, "UpdateContainers") => Ok(pb::UpdateContainersResponse { failed: Vec::new() }
@@ -520,7 +530,7 @@ async fn handshake(stream: UnixStream, inner: &Arc<Inner>) -> Result<(), String>
         Arc::new(RuntimeService { registered: reg_tx }),
     ));
     let client = Arc::new(Client::new(plugin_conn));
-    let (name, index) = tokio::time::timeout(cfg.registration_timeout, reg_rx.recv())
+    let (name, index, nri_version) = tokio::time::timeout(cfg.registration_timeout, reg_rx.recv())
         .await
         .map_err(|_| "plugin did not register in time".to_string())?
         .ok_or("connection closed before registration")?;
@@ -553,6 +563,7 @@ async fn handshake(stream: UnixStream, inner: &Arc<Inner>) -> Result<(), String>
         plugin: RegisteredPlugin {
             name,
             index,
+            nri_version,
             events: resp.events,
         },
         events,

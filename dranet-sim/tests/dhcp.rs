@@ -611,7 +611,7 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
     let pod_nl = dranet::link::Netlink::in_netns(&pod_ns).await?;
     let snap = dranet::link::snapshot(&host_nl, &lab.cli_if).await?;
     let spec = dranet::link::AttachSpec::from_plan(&plans["pod-dhcp"].devices[0], "net1")?;
-    dranet::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec).await?;
+    dranet::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec, snap.ifindex).await?;
     let routes = pod.ip(&["-4", "route", "show", "dev", "net1"])?;
     let route = |dest: &str| routes.lines().find(|l| l.starts_with(dest)).unwrap_or("");
     assert!(route("192.168.60.0/24 ").contains("via 10.77.0.1"), "{routes}");

@@ -340,7 +340,7 @@ fn a_refused_detach_fails_the_attach_and_rolls_the_device_back() -> Result<()> {
             let Err(err) = e.attach_pod(pod_ref(&uid2), &ns_path).await else {
                 bail!("attach succeeded although the kernel refused every detach");
             };
-            let phase = e.checkpoint().pods[&uid2].phase;
+            let phase = e.checkpoint().pods[&dranet_sim::fixtures::sandbox_key(&uid2)].phase;
             Ok((err, phase))
         })
     })
@@ -406,7 +406,12 @@ async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Resu
             2,
             "and come home with the device"
         );
-        e.forget_pod(&uid)?;
+        e.forget_sandbox(dranet::rescue::SandboxRef {
+            uid: &uid,
+            sandbox: &uid,
+            netns: None,
+        })
+        .await?;
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use dranet::inventory::{Device, SharedInventory};
 use dranet::netns::Netns;
 use dranet::plan::{ClaimRef, DevicePlan};
 use dranet::rescue::{AttachOutcome, DetachOutcome, RescueError};
-use dranet::state::{PodPhase, ReturnReason};
+use dranet::state::ReturnReason;
 use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
@@ -249,7 +249,7 @@ async fn attach_applies_features_in_the_pod_and_detach_restores_them() -> Result
     }
     // The snapshot recorded the host's wanted state, checkpointed.
     let cp = e.checkpoint();
-    let snap = &cp.pods[&uid].devices[0].snapshot;
+    let snap = &cp.pods[&dranet_sim::fixtures::sandbox_key(&uid)].devices[0].snapshot;
     assert_eq!(snap.features.get("rx-gro"), Some(&false));
     assert_eq!(snap.features, before_off.0);
 
@@ -330,7 +330,7 @@ async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result
         before_off,
         "offloads restored"
     );
-    assert!(!e.checkpoint().pods[&uid].has_devices_out());
+    assert!(!e.checkpoint().pods[&dranet_sim::fixtures::sandbox_key(&uid)].has_devices_out());
 
     // An unknown name fails before anything moves.
     let uid2 = unique("pod-ethr2-");
@@ -374,11 +374,9 @@ async fn rescue_on_netns_teardown_restores_offloads() -> Result<()> {
     set_in_pod(&ns, "net1", &[("tx-generic-segmentation", false)])?;
 
     ns.remove_crio_style()?;
+    // Its netns is gone: once the device is home the sandbox's record goes too.
     wait_for("the rescue", Duration::from_secs(3), || {
-        e.checkpoint()
-            .pods
-            .get(&uid)
-            .is_some_and(|p| p.phase == PodPhase::Returned(ReturnReason::NetnsTeardown))
+        e.counters().rescued_by_teardown == 1 && e.checkpoint().pods.is_empty()
     })
     .await?;
     assert_same(&before, &view(&nic.name, None)?)?;
@@ -420,7 +418,7 @@ async fn kernel_returned_device_gets_its_offloads_back() -> Result<()> {
     wait_for("the repair", Duration::from_secs(3), || {
         e.checkpoint()
             .pods
-            .get(&uid)
+            .get(&dranet_sim::fixtures::sandbox_key(&uid))
             .is_some_and(|p| !p.has_devices_out())
     })
     .await?;

@@ -397,6 +397,7 @@ async fn health_stream_follows_a_rescue() -> Result<()> {
         .attach_pod(
             PodRef {
                 uid: &uid,
+                sandbox: &uid,
                 namespace: "default",
                 name: "p",
             },

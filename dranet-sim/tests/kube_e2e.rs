@@ -3,6 +3,11 @@
 //! `--kubeconfig`, between the kubelet simulator and the NRI runtime harness, a veth pair
 //! standing in for a NIC. ResourceSlices are applied to the API server, claims are read from it,
 //! their device status is applied to it and failures show up there as Events.
+//!
+//! The API server enforces what a real one does: RBAC with the ClusterRole the shipped
+//! `deploy/rbac.yaml` binds to dranet's ServiceAccount, and the resource.k8s.io/v1 validation
+//! of slices and claim status (`ApiServer::enforcing`). The daemon never depends on it: a start
+//! with the API server down, or with a role lacking `patch`, still protects every device.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -12,7 +17,7 @@ use dranet_sim::apiserver::{ApiServer, Recorded, TOKEN};
 use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
 use dranet_sim::kubelet::Claim;
 use dranet_sim::nic::{Nic, assert_same, view};
-use dranet_sim::node::{Node, NodeOptions, claim_object, sandbox};
+use dranet_sim::node::{Node, NodeOptions, claim_object, free_port, http_get, sandbox};
 use serde_json::{Value, json};
 
 /// The node name the harness runs the daemon under (`--node-name`): also the pool name.
@@ -44,7 +49,7 @@ async fn kube_node() -> Result<KubeNode> {
 
 /// [`kube_node`], with `seed` storing more objects before the daemon starts.
 async fn kube_node_with(seed: impl FnOnce(&ApiServer)) -> Result<KubeNode> {
-    let api = ApiServer::start().await?;
+    let api = ApiServer::enforcing().await?;
     let node_uid = format!("node-uid-{}", unique(""));
     api.put(
         &format!("/api/v1/nodes/{NODE}"),
@@ -82,8 +87,24 @@ fn seed_claim(api: &ApiServer, claim: &Claim, pod_uid: &str, devices: &[(String,
     api.put(&claim_path(&claim.namespace, &claim.name), obj);
 }
 
-/// Every request carried the kubeconfig user's token and was served by a route.
+/// Every request carried the kubeconfig user's token, was served by a route, was allowed by the
+/// shipped role and was valid.
 fn assert_clean_traffic(api: &ApiServer) {
+    let refused: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| matches!(r.status, Some(403 | 422)))
+        .map(|r| {
+            format!(
+                "{} {} -> {:?}: {}",
+                r.method,
+                r.path,
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            )
+        })
+        .collect();
+    assert!(refused.is_empty(), "refused requests: {refused:#?}");
     let reqs = api.requests();
     let bearer = format!("Bearer {TOKEN}");
     for r in &reqs {
@@ -205,6 +226,14 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
         a.get(&stale).is_none().then_some(())
     })
     .await?;
+    let pool: Vec<Value> = api
+        .objects_under(&format!("{SLICES}/"))
+        .into_iter()
+        .map(|(_, v)| v)
+        .filter(|s| s["spec"]["nodeName"] == NODE)
+        .collect();
+    let problems = dranet_sim::limits::pool_problems(&pool);
+    assert!(problems.is_empty(), "the pool is not consistent: {problems:?}");
     let deletes = api.requests_to("DELETE", SLICES);
     assert_eq!(deletes.len(), 1, "{:#?}", summary(&deletes));
     assert_eq!(deletes[0].path, stale);
@@ -486,25 +515,25 @@ async fn kube_mode_hung_api_server_fails_prepare_in_bounded_time() -> Result<()>
         );
     }
 
-    // An API server that answers 500 fails the claim at once.
+    // An API server that answers 500: the claim read is retried (jittered backoff) within the
+    // claim's deadline; healed after a second, the same NodePrepareResources call succeeds.
     api.fail(claims, 500);
     let start = Instant::now();
-    let err = node
-        .prepare(&claim)
-        .await
-        .err()
-        .context("prepare succeeded against a failing API server")?;
+    let heal = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        api.heal(claims);
+    };
+    let (res, ()) = tokio::join!(node.prepare(&claim), heal);
+    res.context("prepare while the API server failed for a second")?;
     let took = start.elapsed();
-    eprintln!("500 from the API server: prepare failed after {took:?}: {err:#}");
+    eprintln!("500 for a second: prepare succeeded after {took:?}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert!(format!("{err:#}").contains(&claim.name), "{err:#}");
-
-    // The API server is back: kubelet's retry succeeds.
-    api.heal(claims);
-    node.prepare(&claim)
-        .await
-        .context("prepare after the API server came back")?;
     let gets = api.requests_to("GET", &claim_path("default", &claim.name));
+    assert!(
+        gets.iter().filter(|r| r.status == Some(500)).count() >= 2,
+        "the failing read was not retried: {:#?}",
+        summary(&gets)
+    );
     assert_eq!(
         gets.last().and_then(|r| r.status),
         Some(200),
@@ -524,5 +553,240 @@ async fn kube_mode_hung_api_server_fails_prepare_in_bounded_time() -> Result<()>
     assert!(host_has(&nic.name));
     assert_clean_traffic(api);
     kn.node.stop()?;
+    Ok(())
+}
+
+/// `/healthz` and `/readyz` of the daemon at `addr`, polled until `ok` holds (10 s at most).
+async fn wait_http(addr: &str, path: &str, what: &str, ok: impl Fn(u16, &str) -> bool) -> Result<String> {
+    let start = Instant::now();
+    loop {
+        let got = http_get(addr, path).await;
+        if let Ok((code, body)) = &got
+            && ok(*code, body)
+        {
+            return Ok(body.clone());
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("{path}: {what}: last answer {got:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One pod's claim on `nic`, prepared, and its netns.
+struct PodOn {
+    uid: String,
+    claim: Claim,
+    ns: PodNetns,
+}
+
+async fn prepare_pod(api: &ApiServer, node: &Node, nic: &Nic, tag: &str) -> Result<PodOn> {
+    let device = dranet::inventory::netdev_device_name(&nic.name);
+    let uid = unique(tag);
+    let ns = PodNetns::create(&unique("dranet-kube-"))?;
+    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    seed_claim(
+        api,
+        &claim,
+        &uid,
+        &[(device, json!({"interface": {"name": "net0"}}))],
+    );
+    node.prepare(&claim).await.context("NodePrepareResources")?;
+    Ok(PodOn { uid, claim, ns })
+}
+
+/// The NIC comes home as it was before, within 5 s.
+async fn assert_home(nic: &Nic, before: &Value) -> Result<()> {
+    let mut last = Ok(());
+    for _ in 0..500 {
+        last = if host_has(&nic.name) {
+            assert_same(before, &view(&nic.name, None)?)
+        } else {
+            Err(anyhow::anyhow!("{} not in the host", nic.name))
+        };
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    last.with_context(|| format!("{} not home and restored", nic.name))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
+    if !require_root("kube_mode_api_server_down_at_start_then_up")? {
+        return Ok(());
+    }
+    let (nic1, nic2) = (Nic::create()?, Nic::create()?);
+    let (before1, before2) = (view(&nic1.name, None)?, view(&nic2.name, None)?);
+    let port = free_port()?;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let http = format!("127.0.0.1:{}", free_port()?);
+    let seed_node = |api: &ApiServer| {
+        api.put(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-1"}}),
+        );
+    };
+    // Two pods' claims prepared while the API server is up; then the daemon dies.
+    let api = ApiServer::enforcing_at(addr).await?;
+    seed_node(&api);
+    let kubeconfig = TempFile(std::env::temp_dir().join(unique("dranet-kubeconfig-")));
+    api.write_kubeconfig(&kubeconfig.0)?;
+    let mut node = Node::start(NodeOptions {
+        kubeconfig: Some(kubeconfig.0.clone()),
+        bind_address: http.clone(),
+        ..NodeOptions::default()
+    })
+    .await?;
+    let mut p1 = prepare_pod(&api, &node, &nic1, "down-1-").await?;
+    let p2 = prepare_pod(&api, &node, &nic2, "down-2-").await?;
+    node.kill()?;
+
+    // The API server is gone (connection refused); the daemon starts anyway.
+    drop(api);
+    node.restart().await.context("start with the API server down")?;
+    let health = wait_http(
+        &http,
+        "/healthz",
+        "healthy while the API server is down",
+        |c, _| c == 200,
+    )
+    .await?;
+    assert_eq!(health.trim(), "ok");
+    let why = wait_http(&http, "/readyz", "not ready, slices named", |c, b| {
+        c == 503 && b.contains("slices: ResourceSlices not published")
+    })
+    .await?;
+    eprintln!("/readyz during the outage:\n{why}");
+
+    // NRI hooks and a CRI-O-order rescue during the outage.
+    let pod1 = sandbox(&p1.uid, &p1.ns.path);
+    node.runtime
+        .run_pod_sandbox(&pod1)
+        .await
+        .context("RunPodSandbox during the outage")?;
+    assert!(!host_has(&nic1.name), "{} not moved into the pod", nic1.name);
+    p1.ns.remove_crio_style()?;
+    assert_home(&nic1, &before1)
+        .await
+        .context("CRI-O-order rescue during the outage")?;
+    node.runtime
+        .stop_pod_sandbox(&pod1)
+        .await
+        .context("StopPodSandbox")?;
+    node.runtime.remove_pod_sandbox(&pod1).await?;
+    let pod2 = sandbox(&p2.uid, &p2.ns.path);
+    node.runtime
+        .run_pod_sandbox(&pod2)
+        .await
+        .context("RunPodSandbox during the outage")?;
+    assert!(!host_has(&nic2.name), "{} not moved into the pod", nic2.name);
+    assert!(node.daemon_running(), "the daemon exited during the outage");
+
+    // The API server is back: the slices appear (the pod's NIC with them) and /readyz is OK.
+    let api = ApiServer::enforcing_at(addr).await?;
+    seed_node(&api);
+    let device2 = dranet::inventory::netdev_device_name(&nic2.name);
+    let device1 = dranet::inventory::netdev_device_name(&nic1.name);
+    api.wait_for(
+        "the slices once the API server is back",
+        Duration::from_secs(60),
+        |a| slices_with(a, &device1).filter(|_| slices_with(a, &device2).is_some()),
+    )
+    .await
+    .with_context(|| format!("requests: {:#?}", summary(&api.requests())))?;
+    wait_http(&http, "/readyz", "ready once the slices are out", |c, _| c == 200).await?;
+    assert_clean_traffic(&api);
+
+    node.runtime.stop_pod_sandbox(&pod2).await?;
+    assert_home(&nic2, &before2).await?;
+    node.runtime.remove_pod_sandbox(&pod2).await?;
+    node.unprepare(&p1.claim).await?;
+    node.unprepare(&p2.claim).await?;
+    node.stop()?;
+    drop(p2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -> Result<()> {
+    if !require_root("kube_mode_role_without_patch_keeps_running_and_names_the_permission")? {
+        return Ok(());
+    }
+    let nic = Nic::create()?;
+    let before = view(&nic.name, None)?;
+    let http = format!("127.0.0.1:{}", free_port()?);
+    let api = ApiServer::enforcing().await?;
+    let role = dranet_sim::authz::Authorizer::shipped()?;
+    let patch = (
+        "resource.k8s.io".to_owned(),
+        "resourceslices".to_owned(),
+        "patch".to_owned(),
+        None,
+    );
+    assert!(role.grants().contains(&patch));
+    api.set_authorizer(Some(role.without(&patch)));
+    api.put(
+        &format!("/api/v1/nodes/{NODE}"),
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-2"}}),
+    );
+    let kubeconfig = TempFile(std::env::temp_dir().join(unique("dranet-kubeconfig-")));
+    api.write_kubeconfig(&kubeconfig.0)?;
+    let mut node = Node::start(NodeOptions {
+        kubeconfig: Some(kubeconfig.0.clone()),
+        bind_address: http.clone(),
+        ..NodeOptions::default()
+    })
+    .await?;
+    api.wait_for("a refused slice apply", Duration::from_secs(20), |a| {
+        a.forbidden()
+            .into_iter()
+            .find(|r| r.method == "PATCH" && r.path.starts_with(SLICES))
+    })
+    .await?;
+    let refused = &api.forbidden()[0];
+    eprintln!("refused: {} {}", refused.method, refused.path);
+    let why = wait_http(&http, "/readyz", "names the missing permission", |c, b| {
+        c == 503 && b.contains("cannot patch resourceslices.resource.k8s.io")
+    })
+    .await?;
+    eprintln!("/readyz:\n{why}");
+    assert!(why.contains("403 Forbidden"), "{why}");
+    assert!(
+        why.contains(
+            "User \"system:serviceaccount:kube-system:dranet\" cannot patch resource \"resourceslices\""
+        ),
+        "{why}"
+    );
+    wait_http(&http, "/healthz", "healthy", |c, _| c == 200).await?;
+    let (_, metrics) = http_get(&http, "/metrics").await?;
+    assert!(
+        metrics.contains("dranet_driver_publish_failures_total{status=\"403\"}"),
+        "{metrics}"
+    );
+
+    // Devices are still protected: a pod gets its NIC and a CRI-O-order teardown brings it home.
+    let mut p = prepare_pod(&api, &node, &nic, "noperm-").await?;
+    let pod = sandbox(&p.uid, &p.ns.path);
+    node.runtime.run_pod_sandbox(&pod).await?;
+    assert!(!host_has(&nic.name));
+    p.ns.remove_crio_style()?;
+    assert_home(&nic, &before)
+        .await
+        .context("rescue with a role lacking patch")?;
+    node.runtime.stop_pod_sandbox(&pod).await?;
+    node.runtime.remove_pod_sandbox(&pod).await?;
+    node.unprepare(&p.claim).await?;
+    assert!(node.daemon_running(), "the daemon exited");
+
+    // The permission granted: the retry publishes (no restart).
+    api.set_authorizer(Some(role));
+    let device = dranet::inventory::netdev_device_name(&nic.name);
+    api.wait_for("the slices once patch is granted", Duration::from_secs(90), |a| {
+        slices_with(a, &device)
+    })
+    .await?;
+    node.stop()?;
     Ok(())
 }

@@ -211,20 +211,28 @@ async fn registration_bytes_and_event_mask() {
     let h = harness(RuntimeConfig::default(), "10").await;
     let reg = h.rt.wait_ready(1, WAIT).await.unwrap();
     assert_eq!(
-        (reg.name.as_str(), reg.index.as_str(), reg.events),
-        ("dranet", "10", 0xF)
+        (
+            reg.name.as_str(),
+            reg.index.as_str(),
+            reg.nri_version.as_str(),
+            reg.events
+        ),
+        ("dranet", "10", "v0.12.0", 0xF)
     );
-    // protocols.md §1.2, byte for byte: the first frame the plugin sends.
+    // protocols.md §1.2, byte for byte: the first frame the plugin sends, with the NRI version
+    // (field 3) the example leaves out (containerd logs "NRI version unknown" without it).
     let mut want = vec![
-        0, 0, 0, 2, 0, 0, 0, 0x4c, 0, 0, 0, 0x42, 0, 0, 0, 1, 1, 0, 0x0a, 0x1c,
+        0, 0, 0, 2, 0, 0, 0, 0x55, 0, 0, 0, 0x4b, 0, 0, 0, 1, 1, 0, 0x0a, 0x1c,
     ];
     want.extend_from_slice(b"nri.pkg.api.v1alpha1.Runtime");
     want.extend_from_slice(&[0x12, 0x0e]);
     want.extend_from_slice(b"RegisterPlugin");
-    want.extend_from_slice(&[0x1a, 0x0c, 0x0a, 0x06]);
+    want.extend_from_slice(&[0x1a, 0x15, 0x0a, 0x06]);
     want.extend_from_slice(b"dranet");
     want.extend_from_slice(&[0x12, 0x02]);
     want.extend_from_slice(b"10");
+    want.extend_from_slice(&[0x1a, 0x07]);
+    want.extend_from_slice(b"v0.12.0");
     want.extend_from_slice(&[0x20, 0x80, 0xe4, 0x97, 0xd0, 0x12]);
     let got = h.rt.received_bytes();
     assert!(got.len() >= want.len(), "only {} bytes", got.len());

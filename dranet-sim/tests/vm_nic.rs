@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use dranet::config::NetworkConfig;
 use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
 use dranet::rescue::{AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef};
-use dranet::state::{PodPhase, ReturnReason};
+use dranet::state::ReturnReason;
 use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::kernel::{PodNetns, host_has, sh, unique};
 use dranet_sim::nic::{assert_same, view};
@@ -96,6 +96,7 @@ fn plan(nic: &str, uid: &str) -> PodPlan {
 fn pod(uid: &str) -> PodRef<'_> {
     PodRef {
         uid,
+        sandbox: uid,
         namespace: "default",
         name: "vm",
     }
@@ -228,17 +229,18 @@ async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
     })
     .await??;
     let start = Instant::now();
+    let key = dranet_sim::fixtures::sandbox_key(&uid);
     let repaired = || {
         e.checkpoint()
             .pods
-            .get(&uid)
+            .get(&key)
             .is_some_and(|p| !p.has_devices_out())
     };
     while !repaired() {
         if start.elapsed() > Duration::from_secs(10) {
             bail!(
                 "no repair within 10 s: {:?}",
-                e.checkpoint().pods.get(&uid).map(|p| &p.phase)
+                e.checkpoint().pods.get(&key).map(|p| p.phase)
             );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -284,16 +286,13 @@ async fn pinned_nic_comes_home_before_the_netns_dies() -> Result<()> {
     // until dranet has the NIC home with its host configuration.
     ns.remove_crio_style()?;
     let start = Instant::now();
-    while !e
-        .checkpoint()
-        .pods
-        .get(&uid)
-        .is_some_and(|p| p.phase == PodPhase::Returned(ReturnReason::NetnsTeardown))
-    {
+    // Its netns is gone: once the devices are home the sandbox's record goes too.
+    let key = dranet_sim::fixtures::sandbox_key(&uid);
+    while e.counters().rescued_by_teardown == 0 || e.checkpoint().pods.contains_key(&key) {
         if start.elapsed() > Duration::from_secs(10) {
             bail!(
                 "no rescue within 10 s: {:?}",
-                e.checkpoint().pods.get(&uid).map(|p| &p.phase)
+                e.checkpoint().pods.get(&key).map(|p| p.phase)
             );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -1,7 +1,10 @@
 //! The runtime's pod hooks (NRI) on top of the rescue engine: RunPodSandbox attaches,
-//! StopPodSandbox / RemovePodSandbox detach (a no-op when the engine already rescued the pod),
-//! CreateContainer injects the RDMA character devices, Synchronize returns devices of pods the
-//! runtime no longer knows. Every hook is counted under upstream dranet's metric names.
+//! StopPodSandbox / RemovePodSandbox detach (a no-op when the engine already rescued the
+//! sandbox), CreateContainer injects the RDMA character devices, Synchronize returns devices of
+//! sandboxes the runtime no longer knows. Every hook is about one *sandbox* (pod UID + sandbox
+//! id): kubelet re-creates sandboxes under the same pod UID, and the old one's Stop or Remove
+//! must not touch the new one's devices. Every hook is counted under upstream dranet's metric
+//! names.
 //!
 //! After an attach the claims' device status (conditions, `networkData`) is applied, and a
 //! failed attach is a Warning event on the pod, both through [`Reporter`]: spawned, never
@@ -20,7 +23,7 @@ use tracing::{info, warn};
 use crate::nri::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
 use crate::report::{ObjectRef, Reporter};
 use crate::rescue::activity::ActivityKind;
-use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef, RescueError};
+use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef, RescueError, SandboxInfo, SandboxRef};
 use crate::state::ReturnReason;
 
 /// Labels of upstream's `dranet_driver_nri_plugin_requests_*` metrics.
@@ -127,10 +130,21 @@ impl Driver {
                 name: hook.to_owned(),
             },
         );
-        let r = match self.engine.detach_pod(&pod.uid, ReturnReason::Hook).await {
+        let sb = SandboxRef {
+            uid: &pod.uid,
+            sandbox: &pod.id,
+            netns: pod.netns.as_deref(),
+        };
+        let res = if hook == "RemovePodSandbox" {
+            self.engine.forget_sandbox(sb).await
+        } else {
+            self.engine.detach_sandbox(sb, ReturnReason::Hook).await
+        };
+        let r = match res {
             Ok(DetachOutcome::Returned { devices, name_busy }) => {
                 info!(
                     pod = pod.uid,
+                    sandbox = pod.id,
                     hook,
                     ?devices,
                     ?name_busy,
@@ -174,6 +188,7 @@ impl Driver {
             .attach_pod(
                 PodRef {
                     uid: &pod.uid,
+                    sandbox: &pod.id,
                     namespace: &pod.namespace,
                     name: &pod.name,
                 },
@@ -188,7 +203,7 @@ impl Driver {
                     took_us = start.elapsed().as_micros(),
                     "RunPodSandbox: attached"
                 );
-                self.report_status(&pod.uid);
+                self.report_status(&pod.uid, &pod.id);
                 Ok(Outcome::Applied)
             }
             Ok(AttachOutcome::AlreadyAttached | AttachOutcome::NotOurs) => Ok(Outcome::Noop),
@@ -203,9 +218,10 @@ impl Driver {
         }
     }
 
-    /// Applies the claims' device status of a pod just attached (in the background).
-    fn report_status(&self, uid: &str) {
-        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.checkpoint().pods.remove(uid))
+    /// Applies the claims' device status of a sandbox just attached (in the background).
+    fn report_status(&self, uid: &str, sandbox: &str) {
+        let key = crate::state::pod_key(uid, sandbox);
+        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.checkpoint().pods.remove(&key))
         else {
             return;
         };
@@ -280,11 +296,7 @@ impl PodHooks for Driver {
     }
 
     async fn remove_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
-        let out = self.detach(&pod, "RemovePodSandbox").await?;
-        if let Err(e) = self.engine.forget_pod(&pod.uid) {
-            warn!(pod = pod.uid, error = %e, "cannot drop the pod record");
-        }
-        Ok(out)
+        self.detach(&pod, "RemovePodSandbox").await
     }
 
     async fn create_container(
@@ -303,17 +315,17 @@ impl PodHooks for Driver {
     }
 
     async fn synchronize(&self, pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {
-        let running: HashSet<String> = pods.into_iter().map(|p| p.uid).collect();
-        for uid in self.engine.pods_with_devices_out() {
-            if !running.contains(&uid) {
-                info!(
-                    pod = uid,
-                    "the runtime no longer knows this pod: bringing its devices home"
-                );
-                if let Err(e) = self.engine.detach_pod(&uid, ReturnReason::Reconcile).await {
-                    warn!(pod = uid, error = %e, "devices of a vanished pod not all home");
-                }
-            }
+        let running: Vec<SandboxInfo> = pods
+            .into_iter()
+            .map(|p| SandboxInfo {
+                uid: p.uid,
+                sandbox: p.id,
+                netns: p.netns,
+            })
+            .collect();
+        let report = self.engine.synchronize(&running).await;
+        if report != crate::rescue::SyncReport::default() {
+            info!(?report, "Synchronize: sandboxes the runtime no longer has");
         }
     }
 

@@ -46,6 +46,10 @@ pub enum HttpError {
 pub trait Endpoints: Send + Sync + 'static {
     /// `Ok(())` when ready, `Err(reason)` otherwise.
     fn health(&self) -> Result<(), String>;
+    /// `/readyz`: `Ok(())` when ready to serve the cluster, `Err(reasons)` otherwise.
+    fn ready(&self) -> Result<(), String> {
+        self.health()
+    }
     /// The metrics exposition (OpenMetrics text).
     fn metrics(&self) -> String;
 }
@@ -208,7 +212,7 @@ fn respond(req: &Request<Body>, ep: &dyn Endpoints) -> Response<Full<Bytes>> {
         return r;
     }
     match req.uri().path() {
-        "/healthz" | "/readyz" => match ep.health() {
+        p @ ("/healthz" | "/readyz") => match if p == "/readyz" { ep.ready() } else { ep.health() } {
             Ok(()) => text(StatusCode::OK, "ok\n".into()),
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
         },

@@ -15,6 +15,7 @@
 //! [`state`] (crash-safe checkpoint), [`cli`] (one file per subcommand).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod backoff;
 pub mod bpf;
 pub mod cli;
 pub mod config;
@@ -25,6 +26,7 @@ pub mod ethtool;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod ids;
 pub mod inventory;
 pub mod link;
 pub mod listen;
@@ -33,7 +35,9 @@ pub mod nri;
 pub mod pci;
 pub mod plan;
 pub mod proto;
+pub mod rbac;
 pub mod rdma;
+pub mod ready;
 pub mod report;
 pub mod rescue;
 pub mod slices;

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod build_ebpf;
 mod demo;
+mod soak;
 mod vm;
 
 #[derive(Parser)]
@@ -26,6 +27,8 @@ enum Job {
     BuildEbpf(build_ebpf::Options),
     /// Set-up on a fresh machine, then dranet's main job: one pod life cycle in a runtime's order.
     Demo(demo::Options),
+    /// The model-based life-cycle soak against the real daemon (root): `--lifecycles N --seed S`.
+    Soak(soak::Options),
     /// Boot Debian kernels (6.1, 7.3) under qemu TCG and run the kernel-matrix cases in them.
     VmTest(vm::Options),
     /// Install the toolchain (Debian packages, bpf-linker); idempotent.
@@ -44,6 +47,7 @@ fn main() -> Result<()> {
         Job::Bench(opts) => bench::run_bench(&opts),
         Job::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Job::Demo(opts) => demo::run_demo(&opts),
+        Job::Soak(opts) => soak::run_soak(&opts),
         Job::VmTest(opts) => vm::run_vm_test(&opts),
         Job::InstallToolchain => install_toolchain(),
         Job::Test { args } => test(&args),

@@ -33,6 +33,7 @@ async fn main() -> Result<()> {
         .attach_pod(
             PodRef {
                 uid,
+                sandbox: uid,
                 namespace: "default",
                 name: "crash",
             },

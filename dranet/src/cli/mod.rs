@@ -6,10 +6,12 @@ use clap::{Parser, Subcommand};
 pub mod inventory;
 pub mod release_all;
 pub mod run;
+mod run_api;
 mod run_nri;
 mod run_sides;
 pub mod status;
 pub mod trace;
+pub mod upstream;
 pub mod validate_config;
 
 /// dranet: Kubernetes DRA network driver with runtime-independent device return.
@@ -39,7 +41,7 @@ pub enum Command {
 /// Entry point of the binary.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(upstream_argv(std::env::args_os().collect()));
     match cli.command {
         Command::Run(args) => run::main(&args),
         Command::Trace(args) => trace::main(&args),
@@ -48,6 +50,40 @@ pub fn main() -> ExitCode {
         Command::ValidateConfig(args) => validate_config::main(&args),
         Command::Inventory(args) => inventory::main(&args),
     }
+}
+
+/// Upstream's DaemonSet runs `/dranet --v=4 --hostname-override=...` (no subcommand; the
+/// binary's path is the first argument when the image has an entrypoint). Such a command line
+/// means `dranet run ...`: the upstream path is dropped and `run` put in front of the flags.
+#[must_use]
+pub fn upstream_argv(mut argv: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    if argv.get(1).is_some_and(|a| {
+        a.to_str()
+            .is_some_and(|s| s == "/dranet" || s.ends_with("/dranet"))
+    }) {
+        argv.remove(1);
+    }
+    let flags_first = argv
+        .get(1)
+        .and_then(|a| a.to_str())
+        .is_some_and(|s| s.starts_with("--") && !matches!(s, "--help" | "--version"));
+    if flags_first {
+        argv.insert(1, "run".into());
+    }
+    argv
+}
+
+/// [`init_logging`] with `filter` instead of `RUST_LOG`.
+pub fn init_logging_with(json: bool, filter: &str) {
+    use tracing_subscriber::EnvFilter;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(filter))
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 /// Sets up `tracing` (text or JSON) with `RUST_LOG`-style filtering, defaulting to `default`.

@@ -2,19 +2,22 @@
 //!
 //! Start-up order matters: the watcher first (so no teardown is missed), then the engine and its
 //! reconcile (pins re-opened, devices of pods torn down while we were away brought home), then
-//! the event loop, then the runtime (NRI) and kubelet (DRA) sides, then `/healthz` turns ready.
-//! On SIGTERM the hooks stop; pins stay (pods keep running and a restarted dranet re-adopts them).
+//! the event loop, then the runtime (NRI) side, then `/healthz` and `/readyz`, then the kubelet
+//! (DRA) side. Nothing before the kubelet side touches the API server, and nothing there waits
+//! for it or exits because of it: the node's devices are protected whatever the cluster does
+//! (`/readyz` says what is missing). On SIGTERM the hooks stop; pins stay (pods keep running and
+//! a restarted dranet re-adopts them).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, ValueEnum};
 use prometheus_client::registry::Registry;
 use tracing::{error, info, warn};
 
 use crate::http::{Endpoints, Server};
+use crate::ready::Readiness;
 use crate::rescue::{Engine, EngineOptions};
 use crate::watch::{Watcher, WatcherOptions};
 
@@ -47,7 +50,7 @@ pub struct RunArgs {
     /// Checkpoint and pins (keep it on tmpfs, shared with the host mount namespace).
     #[arg(long, env = "DRANET_STATE_DIR", default_value = "/run/dranet")]
     pub state_dir: PathBuf,
-    /// /healthz and /metrics.
+    /// /healthz, /readyz and /metrics: HOST:PORT, or :PORT for every interface (as upstream).
     #[arg(long, env = "DRANET_BIND_ADDRESS", default_value = "0.0.0.0:9177")]
     pub bind_address: String,
     /// CEL filter over device attributes; empty publishes every device (upstream default hides veth).
@@ -88,6 +91,8 @@ pub struct RunArgs {
     /// sysfs root (tests).
     #[arg(long, env = "DRANET_SYSFS", default_value = "/sys", hide = true)]
     pub sysfs: PathBuf,
+    #[command(flatten)]
+    pub upstream: super::upstream::UpstreamArgs,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -96,19 +101,19 @@ struct ProbeLabels {
     probe: String,
 }
 
-/// The daemon's health and metrics.
+/// The daemon's health, readiness and metrics.
 pub(crate) struct Status {
-    ready: AtomicBool,
-    sides: Arc<super::run_sides::Readiness>,
+    readiness: Readiness,
     registry: Registry,
 }
 
 impl Endpoints for Status {
     fn health(&self) -> Result<(), String> {
-        if !self.ready.load(Ordering::Relaxed) {
-            return Err("starting".into());
-        }
-        self.sides.check()
+        self.readiness.health()
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.readiness.ready()
     }
 
     fn metrics(&self) -> String {
@@ -121,7 +126,18 @@ impl Endpoints for Status {
 }
 
 pub fn main(args: &RunArgs) -> ExitCode {
-    super::init_logging(args.log_format == LogFormat::Json, "info");
+    match args.upstream.log_filter() {
+        // `--v` given: it wins over RUST_LOG, as the flag is the more explicit of the two.
+        Some(f) => super::init_logging_with(args.log_format == LogFormat::Json, f),
+        None => super::init_logging(args.log_format == LogFormat::Json, "info"),
+    }
+    if let Err(e) = args.upstream.check() {
+        error!(error = %e, "bad flag");
+        return ExitCode::FAILURE;
+    }
+    for note in args.upstream.notes() {
+        warn!("{note}");
+    }
     // Before any thread or socket: every fd the hard limit allows, so the default soft limit
     // (often 1024) is not what a burst of connections or pods exhausts first.
     match crate::listen::raise_nofile_limit() {
@@ -162,6 +178,8 @@ pub fn main(args: &RunArgs) -> ExitCode {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!(config = ?args, "dranet starting");
+    let bind = super::upstream::bind_addresses(&args.bind_address)?;
+    let readiness = Readiness::new();
     let watcher = match Watcher::start(WatcherOptions {
         ebpf: !args.no_probes,
         ..WatcherOptions::default()
@@ -208,6 +226,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let e = engine.clone();
         tokio::spawn(async move { e.run_events(sub).await });
     }
+    // Records of sandboxes whose netns is gone (a runtime that never sends Stop/Remove for them).
+    let e = engine.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(crate::rescue::SWEEP_EVERY);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            e.sweep().await;
+        }
+    });
+    readiness.set_met(crate::ready::ENGINE);
     let mut registry = Registry::default();
     engine.metrics().register(&mut registry);
     crate::listen::metrics().register(&mut registry);
@@ -216,22 +245,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "Kernel probes loaded, by tier and probe (1 = active)",
         probes,
     );
-    let extra = super::run_sides::start(&args, &engine, &mut registry).await?;
-    let status = Arc::new(Status {
-        ready: AtomicBool::new(false),
-        sides: extra.readiness.clone(),
-        registry,
-    });
     let sock = args.state_dir.join(ACTIVITY_SOCKET);
     match serve_activity(&sock, engine.clone()) {
         Ok(()) => info!(socket = %sock.display(), "activity feed for `dranet trace`"),
         Err(e) => warn!(socket = %sock.display(), error = %e, "no activity feed for `dranet trace`"),
     }
-    let server = Server::bind(&args.bind_address).await?;
-    info!(addr = ?server.local_addr(), "serving /healthz and /metrics");
+    let runtime = super::run_sides::start_runtime(&args, &engine, &mut registry, &readiness).await?;
+    let status = Arc::new(Status {
+        readiness: readiness.clone(),
+        registry,
+    });
+    let server = bind_server(&bind).await?;
+    info!(addr = ?server.local_addr(), "serving /healthz, /readyz and /metrics");
     let ep: Arc<dyn Endpoints> = status.clone();
     tokio::spawn(server.run(ep));
-    status.ready.store(true, Ordering::Relaxed);
+    // The sides come up while the endpoint already answers; a signal meanwhile stops us.
+    let extra = tokio::select! {
+        s = super::run_sides::start_kubelet(&args, &engine, runtime) => s?,
+        () = wait_for_signal() => {
+            info!("stopping during start-up: pins stay");
+            return Ok(());
+        }
+    };
     println!("dranet ready");
     wait_for_signal().await;
     tokio::spawn(async {
@@ -242,6 +277,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!("stopping: pins stay, so running pods keep their devices and a restarted dranet re-adopts them");
     extra.stop().await;
     Ok(())
+}
+
+/// Binds the first address that works (`:PORT` tries `[::]` and then `0.0.0.0`).
+async fn bind_server(addrs: &[String]) -> anyhow::Result<Server> {
+    let mut last = None;
+    for a in addrs {
+        match Server::bind(a).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.map_or_else(|| anyhow::anyhow!("no bind address"), anyhow::Error::from))
 }
 
 /// File name of the activity socket in the state dir.

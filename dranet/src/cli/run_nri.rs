@@ -1,7 +1,6 @@
 //! The NRI side of `dranet run`: the plugin, with the rescue engine behind its hooks.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
@@ -42,9 +41,14 @@ pub async fn start(
     }));
     sides.nri_stop = Some(tx);
     let r = sides.readiness.clone();
+    r.expect(crate::ready::NRI, "not connected to the runtime's NRI socket yet");
     sides.tasks.push(tokio::spawn(async move {
         loop {
-            r.nri_connected.store(metrics.connected(), Ordering::Relaxed);
+            if metrics.connected() {
+                r.set_met(crate::ready::NRI);
+            } else {
+                r.set_unmet(crate::ready::NRI, "not connected to the runtime's NRI socket");
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }));

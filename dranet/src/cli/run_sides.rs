@@ -1,9 +1,13 @@
 //! The kubelet (DRA + ResourceSlices) and runtime (NRI) sides of `dranet run`.
+//!
+//! The runtime side comes first and needs nothing from the cluster. The kubelet side never
+//! waits for the API server either: the DRA plugin serves kubelet at once (a claim read that
+//! fails is that claim's error, retried within its deadline), the ResourceSlices are published
+//! in the background and retried with backoff, and `/readyz` says what is missing.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,42 +16,18 @@ use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
 use super::run::RunArgs;
+use super::run_api::{ApiMode, LateSink, api_mode, kube_client_retrying};
 use crate::dra::claim::{ClaimError, ClaimSource, ResourceClaim};
 use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PluginConfig, Preparer};
 use crate::inventory::{Device, ScanOptions, SharedInventory};
+use crate::ready::Readiness;
 use crate::report::Reporter;
 use crate::rescue::Engine;
-use crate::slices::{LoopTiming, Publisher, RescanHandle, SliceController, link_events, publish_loop};
-
-/// Readiness of the sides, for `/healthz`.
-#[derive(Default)]
-pub struct Readiness {
-    pub dra_registered: AtomicBool,
-    pub nri_connected: AtomicBool,
-    pub dra_enabled: bool,
-    pub nri_enabled: bool,
-}
-
-impl Readiness {
-    pub fn check(&self) -> Result<(), String> {
-        let mut missing = Vec::new();
-        if self.dra_enabled && !self.dra_registered.load(Ordering::Relaxed) {
-            missing.push("kubelet has not registered the DRA plugin");
-        }
-        if self.nri_enabled && !self.nri_connected.load(Ordering::Relaxed) {
-            missing.push("not connected to the runtime's NRI socket");
-        }
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(missing.join("; "))
-        }
-    }
-}
+use crate::slices::{Publisher, RescanHandle, SliceController, link_events, publish_loop};
 
 /// Running sides, stopped on shutdown.
 pub struct Sides {
-    pub readiness: Arc<Readiness>,
+    pub readiness: Readiness,
     plugin: Option<KubeletPlugin>,
     pub(super) nri_stop: Option<tokio::sync::watch::Sender<bool>>,
     pub(super) nri_task: Option<tokio::task::JoinHandle<()>>,
@@ -92,7 +72,9 @@ impl Publisher for AnyPublisher {
         }
     }
 
-    fn owner<'a>(&'a self) -> BoxFuture<'a, Option<crate::slices::OwnerReference>> {
+    fn owner<'a>(
+        &'a self,
+    ) -> BoxFuture<'a, Result<Option<crate::slices::OwnerReference>, crate::slices::SliceError>> {
         match self {
             Self::Dir(p) => p.owner(),
             Self::Kube(p) => p.owner(),
@@ -175,13 +157,27 @@ impl ClaimSource for FileClaimSource {
     }
 }
 
-/// Starts inventory + slices, the kubelet plugin and the NRI plugin.
-pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> anyhow::Result<Sides> {
-    let readiness = Arc::new(Readiness {
-        dra_enabled: !args.no_dra,
-        nri_enabled: !args.no_nri,
-        ..Readiness::default()
-    });
+/// The runtime side running, the kubelet side's pieces ready to start.
+pub struct RuntimeSide {
+    sides: Sides,
+    late: Arc<LateSink>,
+    slice_metrics: crate::slices::SliceMetrics,
+}
+
+/// Registers every metric and starts the runtime (NRI) side: nothing here touches the API
+/// server.
+pub async fn start_runtime(
+    args: &RunArgs,
+    engine: &Engine,
+    registry: &mut Registry,
+    readiness: &Readiness,
+) -> anyhow::Result<RuntimeSide> {
+    let late = Arc::new(LateSink::default());
+    let reporter = if args.no_dra {
+        Reporter::disabled()
+    } else {
+        Reporter::new(late.clone(), args.driver_name.clone(), args.node_name.clone())
+    };
     let mut sides = Sides {
         readiness: readiness.clone(),
         plugin: None,
@@ -189,183 +185,198 @@ pub async fn start(args: &RunArgs, engine: &Engine, registry: &mut Registry) -> 
         nri_task: None,
         tasks: Vec::new(),
         slices_stop: None,
-        reporter: Reporter::disabled(),
+        reporter,
     };
-    let inventory = SharedInventory::new(Vec::new());
+    let slice_metrics = crate::slices::SliceMetrics::default();
     if !args.no_dra {
-        // Embedded default: with no kubeconfig and no in-cluster environment, slices go to a
-        // local directory and claims come from local files (runs and demos without a cluster).
-        let (kube, slices_dir, claims_dir) = if args.slices_dir.is_some() && args.claims_dir.is_some() {
-            (None, args.slices_dir.clone(), args.claims_dir.clone())
-        } else {
-            match kube_client(args).await {
-                Ok(c) => (Some(c), args.slices_dir.clone(), args.claims_dir.clone()),
-                Err(e) if args.kubeconfig.is_none() => {
-                    let slices = args
-                        .slices_dir
-                        .clone()
-                        .unwrap_or_else(|| args.state_dir.join("slices"));
-                    let claims = args
-                        .claims_dir
-                        .clone()
-                        .unwrap_or_else(|| args.state_dir.join("claims"));
-                    warn!(error = %e, slices = %slices.display(), claims = %claims.display(),
-                        "no cluster: embedded mode (ResourceSlices to files, ResourceClaims from files)");
-                    (None, Some(slices), Some(claims))
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
-        let scan_opts = Arc::new(ScanOptions {
-            sysfs: crate::inventory::Sysfs::new(&args.sysfs),
-            filter,
-            ..ScanOptions::default()
-        });
-        let health = HealthHub::with_options(
-            args.node_name.clone(),
-            crate::dra::health::HealthOptions {
-                gone_grace: Duration::from_secs(args.health_gone_grace_seconds),
-                ..crate::dra::health::HealthOptions::default()
-            },
-        );
-        let devices = scan(&scan_opts, engine, &BTreeMap::new(), &health).await?;
-        info!(devices = devices.len(), "inventory");
-        inventory.replace(devices.clone());
-        let publisher = match (&slices_dir, &kube) {
-            (Some(dir), _) => AnyPublisher::Dir(crate::slices::DirPublisher::new(
-                dir,
-                &args.driver_name,
-                &args.node_name,
-            )),
-            (None, Some(client)) => AnyPublisher::Kube(crate::slices::KubePublisher::new(
-                client.clone(),
-                &args.driver_name,
-                &args.node_name,
-            )),
-            (None, None) => anyhow::bail!("no place to publish ResourceSlices"),
-        };
-        let slice_metrics = crate::slices::SliceMetrics::default();
         slice_metrics.register(registry);
-        let mut slices = SliceController::new(publisher, args.driver_name.clone(), args.node_name.clone())
-            .with_metrics(slice_metrics);
-        slices
-            .update(&devices)
-            .await
-            .context("publishing ResourceSlices")?;
-        // Rescans are driven by link events (debounced by the loop's minimum interval), by the
-        // engine bringing devices home, and by kubelet (re)registering us (forced re-publish: a
-        // restarted kubelet may have wiped the node's slices); a slow periodic rescan backs them.
-        let rescan = RescanHandle::new();
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        sides.slices_stop = Some(stop_tx);
-        let last = Arc::new(std::sync::Mutex::new(
-            devices
-                .into_iter()
-                .map(|d| (d.name.clone(), d))
-                .collect::<BTreeMap<String, Device>>(),
-        ));
-        let (eng, opts, hub) = (engine.clone(), scan_opts.clone(), health.clone());
-        let scan_fn = move || {
-            let devs = crate::inventory::scan(&opts)?;
-            hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &eng.checkpoint());
-            let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let devs = keep_devices_in_pods(devs, &eng, &last);
-            *last = devs.iter().map(|d| (d.name.clone(), d.clone())).collect();
-            Ok(devs)
-        };
-        sides.tasks.push(tokio::spawn(publish_loop(
-            scan_fn,
-            inventory.clone(),
-            slices,
-            rescan.clone(),
-            LoopTiming {
-                min_interval: Duration::from_millis(500),
-                ..LoopTiming::default()
-            },
-            stop_rx.clone(),
-        )));
-        let (r, stop) = (rescan.clone(), stop_rx.clone());
-        sides.tasks.push(tokio::spawn(async move {
-            if let Err(e) = link_events(r, stop).await {
-                warn!(error = %e, "no link events: inventory relies on periodic rescans");
-            }
-        }));
-        let r = rescan.clone();
-        sides.tasks.push(tokio::spawn(crate::dra::health::follow_engine(
-            health.clone(),
-            engine.clone(),
-            move || r.request_rescan(),
-        )));
-        let republish = rescan.clone();
-        // Reports go where the claims come from: next to the claim files, or the API server.
-        let (claims, sink): (Arc<dyn ClaimSource>, Arc<dyn crate::report::Sink>) = match (&claims_dir, kube) {
-            (Some(dir), _) => (
-                Arc::new(FileClaimSource { dir: dir.clone() }),
-                Arc::new(crate::report::FileSink::new(dir.join("status"))),
-            ),
-            (None, Some(client)) => (
-                Arc::new(KubeClaimSource::new(client.clone())),
-                Arc::new(crate::report::KubeSink::new(client, args.driver_name.clone())),
-            ),
-            (None, None) => anyhow::bail!("no source of ResourceClaims"),
-        };
-        sides.reporter = Reporter::new(sink, args.driver_name.clone(), args.node_name.clone());
-        sides.tasks.push(tokio::spawn(crate::report::rescue_events(
-            sides.reporter.clone(),
-            engine.activity(),
-        )));
-        let preparer = Arc::new(
-            Preparer::new(
-                args.driver_name.clone(),
-                args.node_name.clone(),
-                claims,
-                Arc::new(RescanOnMiss {
-                    inventory: inventory.clone(),
-                    opts: scan_opts.clone(),
-                }),
-                Arc::new(engine.clone()),
-            )
-            .with_reporter(sides.reporter.clone()),
-        );
-        let cfg = PluginConfig {
-            kubelet_root: args.kubelet_root_dir.clone(),
-            driver: args.driver_name.clone(),
-        };
-        let plugin = KubeletPlugin::start_with_health(&cfg, preparer, health).await?;
-        info!(registration = %cfg.registration_socket().display(), dra = %cfg.dra_socket().display(), "kubelet plugin serving");
-        sides
-            .tasks
-            .push(plugin.on_registered(move || republish.request_republish()));
-        let mut status = plugin.registration();
-        let r = readiness.clone();
-        sides.tasks.push(tokio::spawn(async move {
-            loop {
-                let registered = status.borrow().as_ref().is_some_and(|s| s.plugin_registered);
-                r.dra_registered.store(registered, Ordering::Relaxed);
-                if status.changed().await.is_err() {
-                    break;
-                }
-            }
-        }));
-        sides.plugin = Some(plugin);
     }
     super::run_nri::start(args, engine, registry, &mut sides).await?;
+    Ok(RuntimeSide {
+        sides,
+        late,
+        slice_metrics,
+    })
+}
+
+/// Starts the kubelet side (inventory, slices, DRA plugin). In kube mode nothing here waits for
+/// the API server; only a client that cannot be built from its configuration (an unreadable
+/// kubeconfig or service-account token) holds it back, retried with backoff, while the runtime
+/// side already protects the devices.
+pub async fn start_kubelet(args: &RunArgs, engine: &Engine, runtime: RuntimeSide) -> anyhow::Result<Sides> {
+    let RuntimeSide {
+        mut sides,
+        late,
+        slice_metrics,
+    } = runtime;
+    if args.no_dra {
+        return Ok(sides);
+    }
+    let readiness = sides.readiness.clone();
+    readiness.expect(
+        crate::ready::KUBELET,
+        "kubelet has not registered the DRA plugin yet",
+    );
+    let mode = api_mode(args);
+    let kube = match &mode {
+        ApiMode::Embedded { .. } => None,
+        ApiMode::Kube => Some(kube_client_retrying(args, &readiness).await),
+    };
+    start_kubelet_side(args, engine, &mut sides, mode, kube, late, slice_metrics).await?;
     Ok(sides)
 }
 
-async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
-    let cfg = match &args.kubeconfig {
-        Some(p) => {
-            let kc =
-                kube::config::Kubeconfig::read_from(p).with_context(|| format!("reading {}", p.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?
+#[expect(
+    clippy::too_many_lines,
+    reason = "the kubelet side's wiring, in start-up order"
+)]
+async fn start_kubelet_side(
+    args: &RunArgs,
+    engine: &Engine,
+    sides: &mut Sides,
+    mode: ApiMode,
+    kube: Option<kube::Client>,
+    late: Arc<LateSink>,
+    slice_metrics: crate::slices::SliceMetrics,
+) -> anyhow::Result<()> {
+    let readiness = sides.readiness.clone();
+    let inventory = SharedInventory::new(Vec::new());
+    let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
+    let scan_opts = Arc::new(ScanOptions {
+        sysfs: crate::inventory::Sysfs::new(&args.sysfs),
+        filter,
+        move_ib_interfaces: args.upstream.move_ib_interfaces(),
+        ..ScanOptions::default()
+    });
+    let health = HealthHub::with_options(
+        args.node_name.clone(),
+        crate::dra::health::HealthOptions {
+            gone_grace: Duration::from_secs(args.health_gone_grace_seconds),
+            ..crate::dra::health::HealthOptions::default()
+        },
+    );
+    // The first scan fills the inventory for Prepare; publishing is the loop's job (its first
+    // round scans and publishes at once, then retries with backoff until the API server takes
+    // the slices).
+    let devices = match scan(&scan_opts, engine, &BTreeMap::new(), &health).await {
+        Ok(d) => d,
+        Err(e) => {
+            warn!(error = %e, "first inventory scan failed; the publish loop scans again");
+            Vec::new()
         }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig and not in a cluster")?,
     };
-    Ok(kube::Client::try_from(cfg)?)
+    info!(devices = devices.len(), "inventory");
+    inventory.replace(devices.clone());
+    let (publisher, claims, sink): (AnyPublisher, Arc<dyn ClaimSource>, Arc<dyn crate::report::Sink>) =
+        match (&mode, kube) {
+            (ApiMode::Embedded { slices, claims }, _) => (
+                AnyPublisher::Dir(crate::slices::DirPublisher::new(
+                    slices,
+                    &args.driver_name,
+                    &args.node_name,
+                )),
+                Arc::new(FileClaimSource { dir: claims.clone() }),
+                Arc::new(crate::report::FileSink::new(claims.join("status"))),
+            ),
+            (ApiMode::Kube, Some(client)) => (
+                AnyPublisher::Kube(crate::slices::KubePublisher::new(
+                    client.clone(),
+                    &args.driver_name,
+                    &args.node_name,
+                )),
+                Arc::new(KubeClaimSource::new(client.clone()).with_readiness(readiness.clone())),
+                Arc::new(crate::report::KubeSink::new(client, args.driver_name.clone())),
+            ),
+            (ApiMode::Kube, None) => anyhow::bail!("kube mode without an API client"),
+        };
+    late.set(sink);
+    let slices = SliceController::new(publisher, args.driver_name.clone(), args.node_name.clone())
+        .with_metrics(slice_metrics)
+        .with_readiness(readiness.clone());
+    // Rescans are driven by link events (debounced by the loop's minimum interval), by the
+    // engine bringing devices home, and by kubelet (re)registering us (forced re-publish: a
+    // restarted kubelet may have wiped the node's slices); a slow periodic rescan backs them.
+    let rescan = RescanHandle::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    sides.slices_stop = Some(stop_tx);
+    let last = Arc::new(std::sync::Mutex::new(
+        devices
+            .into_iter()
+            .map(|d| (d.name.clone(), d))
+            .collect::<BTreeMap<String, Device>>(),
+    ));
+    let (eng, opts, hub) = (engine.clone(), scan_opts.clone(), health.clone());
+    let scan_fn = move || {
+        let devs = crate::inventory::scan(&opts)?;
+        hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &eng.checkpoint());
+        let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let devs = keep_devices_in_pods(devs, &eng, &last);
+        *last = devs.iter().map(|d| (d.name.clone(), d.clone())).collect();
+        Ok(devs)
+    };
+    sides.tasks.push(tokio::spawn(publish_loop(
+        scan_fn,
+        inventory.clone(),
+        slices,
+        rescan.clone(),
+        args.upstream.loop_timing(),
+        stop_rx.clone(),
+    )));
+    let (r, stop) = (rescan.clone(), stop_rx.clone());
+    sides.tasks.push(tokio::spawn(async move {
+        if let Err(e) = link_events(r, stop).await {
+            warn!(error = %e, "no link events: inventory relies on periodic rescans");
+        }
+    }));
+    let r = rescan.clone();
+    sides.tasks.push(tokio::spawn(crate::dra::health::follow_engine(
+        health.clone(),
+        engine.clone(),
+        move || r.request_rescan(),
+    )));
+    let republish = rescan.clone();
+    sides.tasks.push(tokio::spawn(crate::report::rescue_events(
+        sides.reporter.clone(),
+        engine.activity(),
+    )));
+    let preparer = Arc::new(
+        Preparer::new(
+            args.driver_name.clone(),
+            args.node_name.clone(),
+            claims,
+            Arc::new(RescanOnMiss {
+                inventory: inventory.clone(),
+                opts: scan_opts.clone(),
+            }),
+            Arc::new(engine.clone()),
+        )
+        .with_reporter(sides.reporter.clone()),
+    );
+    let cfg = PluginConfig {
+        kubelet_root: args.kubelet_root_dir.clone(),
+        driver: args.driver_name.clone(),
+    };
+    let plugin = KubeletPlugin::start_with_health(&cfg, preparer, health).await?;
+    info!(registration = %cfg.registration_socket().display(), dra = %cfg.dra_socket().display(), "kubelet plugin serving");
+    sides
+        .tasks
+        .push(plugin.on_registered(move || republish.request_republish()));
+    let mut status = plugin.registration();
+    sides.tasks.push(tokio::spawn(async move {
+        loop {
+            let registered = status.borrow().as_ref().is_some_and(|s| s.plugin_registered);
+            if registered {
+                readiness.set_met(crate::ready::KUBELET);
+            } else {
+                readiness.set_unmet(crate::ready::KUBELET, "kubelet has not registered the DRA plugin");
+            }
+            if status.changed().await.is_err() {
+                break;
+            }
+        }
+    }));
+    sides.plugin = Some(plugin);
+    Ok(())
 }
 
 /// Devices that are in a pod right now (gone from the host netns) keep their last published

@@ -40,10 +40,15 @@ pub fn main(args: &StatusArgs) -> ExitCode {
     for p in cp.pods.values() {
         let pinned = p.pin.as_deref().is_some_and(crate::netns::is_pinned);
         println!(
-            "pod {}/{} ({}) {:?} netns {} pin {}",
+            "pod {}/{} ({}) sandbox {} {:?} netns {} pin {}",
             p.namespace,
             p.name,
             p.pod_uid,
+            if p.sandbox_id.is_empty() {
+                "(unknown)"
+            } else {
+                p.sandbox_id.as_str()
+            },
             p.phase,
             p.netns,
             if pinned { "held" } else { "none" }

@@ -192,7 +192,7 @@ pub async fn run(args: &TraceArgs, out: &mut dyn std::io::Write) -> Result<(), T
             Item::Daemon(a) => {
                 verdicts.daemon(&a);
                 if args.json {
-                    json!({"t_us": rel(a.at, start), "daemon": a}).to_string()
+                    daemon_json_line(&a, start)
                 } else {
                     activity_line(&a, start)
                 }
@@ -241,6 +241,11 @@ async fn connect_daemon(path: &std::path::Path) -> Option<tokio::sync::mpsc::Rec
 
 fn rel(at: u64, start: u64) -> i64 {
     i64::try_from(at).unwrap_or(i64::MAX) - i64::try_from(start).unwrap_or(i64::MAX)
+}
+
+/// A daemon line of `--json`: `t_us` in µs since the trace started, like the kernel lines.
+fn daemon_json_line(a: &Activity, start: u64) -> String {
+    json!({"t_us": rel(a.at, start) / 1000, "daemon": a}).to_string()
 }
 
 fn activity_line(a: &Activity, start: u64) -> String {
@@ -555,4 +560,34 @@ fn text_line(ev: &LifecycleEvent, start: u64) -> String {
         format!("+{}", rel_us(ev, start)),
         ev.kind_name()
     )
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+    use crate::rescue::activity::ActivityKind;
+
+    /// Kernel and daemon lines of `--json` share one time axis, in µs.
+    #[test]
+    fn daemon_and_kernel_lines_carry_t_us_in_microseconds() {
+        let start = 1_000_000_000;
+        let a = Activity {
+            at: start + 2_500_000,
+            pod_uid: "uid-1".into(),
+            pod: "ns/p".into(),
+            netns_path: None,
+            kind: ActivityKind::Hook {
+                name: "StopPodSandbox".into(),
+            },
+        };
+        let v: serde_json::Value = serde_json::from_str(&daemon_json_line(&a, start)).unwrap();
+        assert_eq!(v["t_us"], 2500);
+        let ev = LifecycleEvent {
+            time: start + 2_500_000,
+            source: crate::watch::Source::Rtnetlink,
+            kind: crate::watch::EventKind::Lost { count: 1 },
+        };
+        let k: serde_json::Value = serde_json::from_str(&json_line(&ev, start)).unwrap();
+        assert_eq!(k["t_us"], v["t_us"]);
+    }
 }

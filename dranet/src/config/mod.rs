@@ -208,8 +208,8 @@ fn is_zero_i64(v: &i64) -> bool {
 }
 
 pub use validate::{
-    ConfigError, FieldError, MAX_INTERFACE_NAME_LEN, MIN_MTU, is_valid_mac, parse_and_validate, validate,
-    validate_rdma_only,
+    ConfigError, FieldError, MAX_INTERFACE_NAME_LEN, MIN_MTU, is_valid_mac, mac_bytes, not_a_station_address,
+    parse_and_validate, validate, validate_rdma_only,
 };
 
 impl NetworkConfig {

@@ -321,13 +321,21 @@ fn validate_interface(cfg: &InterfaceConfig, path: &str, errs: &mut Errors) {
             format!("must be at least {MIN_MTU}, got {mtu}"),
         );
     }
-    if let Some(mac) = &cfg.hardware_addr
-        && !is_valid_mac(mac)
-    {
-        errs.push(
-            format!("{path}.hardwareAddr"),
-            format!("invalid Hardware Address format '{mac}'"),
-        );
+    if let Some(mac) = &cfg.hardware_addr {
+        match mac_bytes(mac) {
+            None => errs.push(
+                format!("{path}.hardwareAddr"),
+                format!("invalid Hardware Address format '{mac}'"),
+            ),
+            Some(b) => {
+                if let Some(why) = not_a_station_address(&b) {
+                    errs.push(
+                        format!("{path}.hardwareAddr"),
+                        format!("'{mac}' {why}: a device needs a unicast address"),
+                    );
+                }
+            }
+        }
     }
     for (field, value) in [
         ("gsoMaxSize", cfg.gso_max_size),
@@ -543,22 +551,49 @@ fn parse_prefix(s: &str) -> Result<(IpAddr, u8), &'static str> {
 /// or `xxxx.xxxx.…`.
 #[must_use]
 pub fn is_valid_mac(s: &str) -> bool {
+    mac_bytes(s).is_some()
+}
+
+/// The octets of a MAC in any form Go's `net.ParseMAC` accepts (`xx:xx:…`, `xx-xx-…`,
+/// `xxxx.xxxx.…`; 6, 8 or 20 octets), or `None`. MACs are compared as these bytes, never as
+/// strings: `AA-BB-…`, `aa:bb:…` and `aabb.…` are one address.
+#[must_use]
+pub fn mac_bytes(s: &str) -> Option<Vec<u8>> {
+    let byte = |p: &str| u8::from_str_radix(p, 16).ok();
     let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
-    let octets = if s.contains('.') {
+    let out: Vec<u8> = if s.contains('.') {
         let groups: Vec<&str> = s.split('.').collect();
         if !groups.iter().all(|g| hex(g, 4)) {
-            return false;
+            return None;
         }
-        groups.len() * 2
+        groups
+            .iter()
+            .flat_map(|g| [byte(&g[..2]), byte(&g[2..])])
+            .collect::<Option<_>>()?
     } else {
         let sep = if s.contains('-') { '-' } else { ':' };
         let parts: Vec<&str> = s.split(sep).collect();
         if !parts.iter().all(|p| hex(p, 2)) {
-            return false;
+            return None;
         }
-        parts.len()
+        parts.iter().map(|p| byte(p)).collect::<Option<_>>()?
     };
-    matches!(octets, 6 | 8 | 20)
+    matches!(out.len(), 6 | 8 | 20).then_some(out)
+}
+
+/// Why `mac` cannot be a device's own address, if it cannot: all zeros, broadcast, or (for
+/// EUI-48/EUI-64) a group address (the I/G bit, the low bit of the first octet).
+#[must_use]
+pub fn not_a_station_address(mac: &[u8]) -> Option<&'static str> {
+    if mac.iter().all(|b| *b == 0) {
+        Some("is all zeros")
+    } else if mac.iter().all(|b| *b == 0xff) {
+        Some("is the broadcast address")
+    } else if mac.len() != 20 && mac.first().is_some_and(|b| b & 1 == 1) {
+        Some("is a multicast address")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -144,10 +144,16 @@ pub trait ClaimSource: Send + Sync + 'static {
 pub const CLAIM_GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// GET `resource.k8s.io/v1` resourceclaims from the API server.
+///
+/// A read that gets no usable answer (connection refused or reset, 429, 5xx) is retried with
+/// jittered backoff (100 ms doubling to 2 s) until the claim's deadline; a 404 or a 403 is
+/// final at once. A 403 is logged once with the missing permission. With a
+/// [`crate::ready::Readiness`], the outcome of the last read is its `claims` condition.
 #[derive(Clone)]
 pub struct KubeClaimSource {
     client: kube::Client,
     timeout: std::time::Duration,
+    ready: Option<crate::ready::Readiness>,
 }
 
 impl KubeClaimSource {
@@ -156,6 +162,7 @@ impl KubeClaimSource {
         Self {
             client,
             timeout: CLAIM_GET_TIMEOUT,
+            ready: None,
         }
     }
 
@@ -164,6 +171,95 @@ impl KubeClaimSource {
     pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// Reports each read's outcome as the [`crate::ready::CLAIMS`] condition.
+    #[must_use]
+    pub fn with_readiness(mut self, ready: crate::ready::Readiness) -> Self {
+        self.ready = Some(ready);
+        self
+    }
+
+    fn observe(&self, res: &Result<ResourceClaim, ClaimError>) {
+        let Some(r) = &self.ready else {
+            return;
+        };
+        match res {
+            Ok(_) | Err(ClaimError::NotFound { .. } | ClaimError::Decode { .. }) => {
+                r.set_met(crate::ready::CLAIMS);
+            }
+            Err(e @ ClaimError::Kube { source, .. }) => {
+                let why = crate::rbac::note_forbidden(source, ("get", "resource.k8s.io", "resourceclaims"))
+                    .unwrap_or_else(|| crate::slices::error_chain(e));
+                r.set_unmet(
+                    crate::ready::CLAIMS,
+                    format!("ResourceClaims not readable: {why}"),
+                );
+            }
+            Err(e @ ClaimError::Timeout { .. }) => {
+                r.set_unmet(crate::ready::CLAIMS, format!("ResourceClaims not readable: {e}"));
+            }
+        }
+    }
+
+    async fn fetch(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ClaimError> {
+        use k8s_openapi::api::resource::v1::ResourceClaim as Rc;
+        let api: kube::Api<Rc> = kube::Api::namespaced(self.client.clone(), namespace);
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut backoff = crate::backoff::Backoff::new(
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(2),
+        );
+        let rc = loop {
+            let got = match tokio::time::timeout_at(deadline, api.get(name)).await {
+                Ok(got) => got,
+                Err(_) => {
+                    return Err(ClaimError::Timeout {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                        after: self.timeout,
+                    });
+                }
+            };
+            match got {
+                Ok(rc) => break rc,
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    return Err(ClaimError::NotFound {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                    });
+                }
+                Err(source) => {
+                    let wait = backoff.next_delay();
+                    if !transient(&source) || tokio::time::Instant::now() + wait >= deadline {
+                        return Err(ClaimError::Kube {
+                            namespace: namespace.to_owned(),
+                            name: name.to_owned(),
+                            source,
+                        });
+                    }
+                    tracing::debug!(%namespace, %name, error = %source, retry_in = ?wait, "claim read failed, retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        };
+        let decode = |source| ClaimError::Decode {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            source,
+        };
+        let v = serde_json::to_value(&rc).map_err(decode)?;
+        serde_json::from_value(v).map_err(decode)
+    }
+}
+
+/// Whether a failed read may work when tried again soon: no answer at all, or the server said
+/// it is overloaded or failing (429, 5xx). Not a 4xx that will stay what it is.
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
     }
 }
 
@@ -174,38 +270,9 @@ impl ClaimSource for KubeClaimSource {
         name: &'a str,
     ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>> {
         Box::pin(async move {
-            use k8s_openapi::api::resource::v1::ResourceClaim as Rc;
-            let api: kube::Api<Rc> = kube::Api::namespaced(self.client.clone(), namespace);
-            let Ok(got) = tokio::time::timeout(self.timeout, api.get(name)).await else {
-                return Err(ClaimError::Timeout {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
-                    after: self.timeout,
-                });
-            };
-            let rc = match got {
-                Ok(rc) => rc,
-                Err(kube::Error::Api(e)) if e.code == 404 => {
-                    return Err(ClaimError::NotFound {
-                        namespace: namespace.to_owned(),
-                        name: name.to_owned(),
-                    });
-                }
-                Err(source) => {
-                    return Err(ClaimError::Kube {
-                        namespace: namespace.to_owned(),
-                        name: name.to_owned(),
-                        source,
-                    });
-                }
-            };
-            let decode = |source| ClaimError::Decode {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                source,
-            };
-            let v = serde_json::to_value(&rc).map_err(decode)?;
-            serde_json::from_value(v).map_err(decode)
+            let res = self.fetch(namespace, name).await;
+            self.observe(&res);
+            res
         })
     }
 }

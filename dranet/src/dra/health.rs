@@ -225,21 +225,15 @@ impl HealthHub {
         };
         // The pod's devices that are not home per the checkpoint.
         let out: Vec<String> = cp
-            .pods
-            .get(&a.pod_uid)
-            .map(|r| {
-                r.devices
-                    .iter()
-                    .filter(|d| !matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy))
-                    .map(|d| d.device.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+            .records_of(&a.pod_uid)
+            .flat_map(|r| r.devices.iter())
+            .filter(|d| !matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy))
+            .map(|d| d.device.clone())
+            .collect();
         let all: Vec<(String, DeviceState)> = cp
-            .pods
-            .get(&a.pod_uid)
-            .map(|r| r.devices.iter().map(|d| (d.device.clone(), d.state)).collect())
-            .unwrap_or_default();
+            .records_of(&a.pod_uid)
+            .flat_map(|r| r.devices.iter().map(|d| (d.device.clone(), d.state)))
+            .collect();
         match &a.kind {
             ActivityKind::RescueStarted { trigger } => {
                 for d in out {

@@ -21,15 +21,17 @@ fn record(device: &str, state: DeviceState) -> DeviceRecord {
         snapshot: LinkSnapshot::default(),
         state,
         temp_name: None,
+        at: None,
     }
 }
 
 fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
     let mut cp = Checkpoint::default();
     cp.pods.insert(
-        "uid-1".into(),
+        "uid-1/sb-1".into(),
         PodRecord {
             pod_uid: "uid-1".into(),
+            sandbox_id: "sb-1".into(),
             namespace: "ns".into(),
             name: "pod-a".into(),
             netns_path: PathBuf::from("/run/netns/x"),
@@ -157,7 +159,7 @@ fn rescue_marks_devices_unhealthy_until_home() {
 fn a_device_home_under_a_temporary_name_is_unhealthy() {
     let hub = HealthHub::new("node-a");
     let mut cp = checkpoint(&[("eth1", DeviceState::HomeNameBusy)]);
-    cp.pods.get_mut("uid-1").unwrap().devices[0].temp_name = Some("dn7".into());
+    cp.pods.get_mut("uid-1/sb-1").unwrap().devices[0].temp_name = Some("dn7".into());
     hub.observe_scan(["dn7"], &cp);
     let (ok, msg) = health(&hub, "eth1");
     assert!(!ok);
@@ -359,7 +361,7 @@ fn devices_in_a_pod_or_with_work_pending_are_never_dropped() {
         ("eth3", DeviceState::InPod),
         ("eth4", DeviceState::HomeNameBusy),
     ]);
-    cp.pods.get_mut("uid-1").unwrap().devices[3].temp_name = Some("dn9".into());
+    cp.pods.get_mut("uid-1/sb-1").unwrap().devices[3].temp_name = Some("dn9".into());
     hub.observe_scan([], &cp);
     hub.observe_activity(
         &activity(ActivityKind::RescueStarted {
@@ -378,7 +380,7 @@ fn devices_in_a_pod_or_with_work_pending_are_never_dropped() {
     // The pod record is gone but the failure is still pending for eth3; eth2 still
     // returning; eth4 still home under dn9 in another record.
     let mut later = checkpoint(&[("eth4", DeviceState::HomeNameBusy)]);
-    later.pods.get_mut("uid-1").unwrap().devices[0].temp_name = Some("dn9".into());
+    later.pods.get_mut("uid-1/sb-1").unwrap().devices[0].temp_name = Some("dn9".into());
     t.store(10_000, Ordering::SeqCst);
     hub.observe_scan([], &later);
     hub.refresh();

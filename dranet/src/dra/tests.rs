@@ -729,21 +729,37 @@ async fn scenario_claim_get_found_vanished_failing_and_hung() {
             "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": "pod-1"}]
         }
     });
+    let forbidden = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
+        "message": "resourceclaims.resource.k8s.io \"c1\" is forbidden: User \"system:serviceaccount:kube-system:dranet\" cannot get resource \"resourceclaims\" in API group \"resource.k8s.io\" in the namespace \"ns\""
+    });
     let (client, verifier) = scenario(
         vec![
-            Step::get(&format!("{C}/c1")).reply(200, found),
+            Step::get(&format!("{C}/c1")).reply(200, found.clone()),
             Step::get(&format!("{C}/gone")).reply(404, status(404, "NotFound")),
+            // A failing server is asked again (backoff) within the claim's deadline.
             Step::get(&format!("{C}/c1")).reply(500, status(500, "etcdserver: leader changed")),
+            Step::get(&format!("{C}/c1")).reply(503, status(503, "ServiceUnavailable")),
+            Step::get(&format!("{C}/c1")).reply(200, found),
+            // A 403 is final at once: asking again will not grant the permission.
+            Step::get(&format!("{C}/c1")).reply(403, forbidden),
             Step::get(&format!("{C}/c1")).hang(),
         ],
         Duration::from_secs(5),
     );
     let timeout = Duration::from_millis(300);
-    let src = KubeClaimSource::new(client).with_timeout(timeout);
+    let ready = crate::ready::Readiness::new();
+    let src = KubeClaimSource::new(client.clone())
+        .with_timeout(timeout)
+        .with_readiness(ready.clone());
+    let patient = KubeClaimSource::new(client).with_timeout(Duration::from_secs(3));
     let bound = |f| tokio::time::timeout(Duration::from_secs(10), f);
     let ok = bound(src.get("ns", "c1")).await.unwrap();
     let gone = bound(src.get("ns", "gone")).await.unwrap();
-    let failing = bound(src.get("ns", "c1")).await.unwrap();
+    let retried = bound(patient.get("ns", "c1")).await.unwrap();
+    assert!(ready.is_met(crate::ready::CLAIMS));
+    let refused = bound(src.get("ns", "c1")).await.unwrap();
+    let why = ready.ready().unwrap_err();
     let t0 = Instant::now();
     let hung = bound(src.get("ns", "c1")).await.unwrap();
     let hung_took = t0.elapsed();
@@ -755,8 +771,15 @@ async fn scenario_claim_get_found_vanished_failing_and_hung() {
     let e = gone.unwrap_err();
     assert!(matches!(e, ClaimError::NotFound { .. }), "{e:?}");
     assert_eq!(e.to_string(), "ResourceClaim ns/gone not found");
-    let e = failing.unwrap_err();
+    assert_eq!(retried.unwrap().metadata.uid, "u1");
+    let e = refused.unwrap_err();
     assert!(matches!(e, ClaimError::Kube { .. }), "{e:?}");
+    assert!(
+        why.contains(
+            "claims: ResourceClaims not readable: 403 Forbidden: cannot get resourceclaims.resource.k8s.io"
+        ),
+        "{why}"
+    );
     let e = hung.unwrap_err();
     assert!(matches!(e, ClaimError::Timeout { .. }), "{e:?}");
     assert_eq!(
@@ -764,6 +787,23 @@ async fn scenario_claim_get_found_vanished_failing_and_hung() {
         "getting ResourceClaim ns/c1: no answer from the API server within 300ms"
     );
     assert!(hung_took < Duration::from_secs(3), "{hung_took:?}");
+}
+
+#[tokio::test]
+async fn claim_get_against_a_failing_server_retries_until_its_deadline() {
+    use crate::slices::kube_mock::{client, status};
+    use std::time::{Duration, Instant};
+    let (client, log) = client(|_| (500, status(500, "etcdserver: request timed out")));
+    let src = KubeClaimSource::new(client).with_timeout(Duration::from_millis(1500));
+    let t0 = Instant::now();
+    let e = src.get("ns", "c1").await.unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, ClaimError::Kube { .. }), "{e:?}");
+    let n = log.lock().unwrap().len();
+    // 100 ms doubling, jittered: 4 to 5 attempts fit in 1.5 s; never past the deadline.
+    assert!((3..=6).contains(&n), "{n} attempts");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert!(took > Duration::from_millis(500), "{took:?}");
 }
 
 #[tokio::test]

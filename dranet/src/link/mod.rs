@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use futures::TryStreamExt;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Prop};
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::{Handle, RouteMessageBuilder};
@@ -30,7 +30,9 @@ use crate::ethtool::{self, Dev, Ethtool, EthtoolError};
 use crate::netns::{Netns, NetnsError};
 use crate::plan::DevicePlan;
 
+pub mod address;
 pub mod sysctl;
+pub use address::AddrSnapshot;
 pub use sysctl::PodSysctl;
 
 /// Errors of this module.
@@ -38,6 +40,10 @@ pub use sysctl::PodSysctl;
 pub enum LinkError {
     #[error("interface {0:?} not found")]
     NotFound(String),
+    #[error(
+        "link {index} is not device {device} by its kernel identity (kind, parent device, permanent MAC)"
+    )]
+    NotTheDevice { index: u32, device: String },
     #[error("device {name} (mac {mac:?}) is neither in the pod nor in the host")]
     Lost { name: String, mac: Option<String> },
     #[error("netlink {what}: {source}")]
@@ -220,9 +226,22 @@ pub struct LinkSnapshot {
     pub gro_ipv4_max_size: Option<u32>,
     /// Administratively up.
     pub up: bool,
-    /// Addresses as `ip/prefix` (IPv6 link-local left out: the kernel recreates it).
+    /// Addresses with everything a restore puts back (IPv6 link-local left out: the kernel
+    /// recreates it). Checkpoint format 1 stored `ip/prefix` strings; they still load.
     #[serde(default)]
-    pub addresses: Vec<String>,
+    pub addresses: Vec<AddrSnapshot>,
+    /// Link kind (`IFLA_INFO_KIND`: `veth`, `dummy`, ...); `None` for a physical device, which
+    /// has no `rtnl_link_ops`. Identity: a pod can only create links that have a kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Parent device, `<bus>/<name>` (`pci/0000:3b:00.1`, `virtio/virtio2`); `None` for virtual
+    /// devices. Identity: set by the kernel, not by anything a pod or a claim can write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// `kind` and `parent` were read (false in a snapshot from checkpoint format 1, which had
+    /// neither: such a device is identified by its permanent MAC alone).
+    #[serde(default)]
+    pub identified: bool,
     /// Wanted state of every changeable offload feature (`ethtool -k`, kernel names).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub features: BTreeMap<String, bool>,
@@ -252,22 +271,10 @@ fn mac_string(b: &[u8]) -> Option<String> {
         .then(|| b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":"))
 }
 
-/// Parses `aa:bb:cc:dd:ee:ff` (also `-` separated).
+/// Parses a MAC in any form Go's `net.ParseMAC` accepts (`aa:bb:…`, `aa-bb-…`, `aabb.ccdd.…`)
+/// into its octets.
 pub fn parse_mac(s: &str) -> Result<Vec<u8>, LinkError> {
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6 {
-        return Err(LinkError::InvalidMac(s.to_owned()));
-    }
-    parts
-        .iter()
-        .map(|p| {
-            if p.len() == 2 {
-                u8::from_str_radix(p, 16).map_err(|_| LinkError::InvalidMac(s.to_owned()))
-            } else {
-                Err(LinkError::InvalidMac(s.to_owned()))
-            }
-        })
-        .collect()
+    crate::config::mac_bytes(s).ok_or_else(|| LinkError::InvalidMac(s.to_owned()))
 }
 
 /// Parses `ip/prefix`.
@@ -322,6 +329,8 @@ fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnapshot {
         up: m.header.flags.contains(LinkFlags::Up),
         ..LinkSnapshot::default()
     };
+    let (mut bus, mut parent) = (None, None);
+    s.identified = true;
     for a in &m.attributes {
         match a {
             LinkAttribute::IfName(n) => s.name.clone_from(n),
@@ -341,32 +350,28 @@ fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnapshot {
             LinkAttribute::GroMaxSize(v) => s.gro_max_size = Some(*v),
             LinkAttribute::GsoIpv4MaxSize(v) => s.gso_ipv4_max_size = Some(*v),
             LinkAttribute::GroIpv4MaxSize(v) => s.gro_ipv4_max_size = Some(*v),
+            LinkAttribute::LinkInfo(infos) => s.kind = kind_of(infos),
+            LinkAttribute::ParentDevBusName(b) => bus = Some(b.clone()),
+            LinkAttribute::ParentDevName(n) => parent = Some(n.clone()),
             _ => {}
         }
     }
-    for a in addrs {
-        let ip = a.attributes.iter().find_map(|x| match x {
-            AddressAttribute::Local(ip) => Some(*ip),
-            _ => None,
-        });
-        let ip = ip.or_else(|| {
-            a.attributes.iter().find_map(|x| match x {
-                AddressAttribute::Address(ip) => Some(*ip),
-                _ => None,
-            })
-        });
-        if let Some(ip) = ip {
-            if let IpAddr::V6(v6) = ip
-                && v6.is_unicast_link_local()
-            {
-                continue;
-            }
-            s.addresses.push(format!("{ip}/{}", a.header.prefix_len));
-        }
-    }
+    s.parent = parent.map(|p| format!("{}/{p}", bus.unwrap_or_default()));
+    s.addresses = addrs
+        .iter()
+        .filter_map(|a| AddrSnapshot::of(a, &s.name))
+        .collect();
     s.altnames.sort();
     s.addresses.sort();
     s
+}
+
+fn kind_of(infos: &[netlink_packet_route::link::LinkInfo]) -> Option<String> {
+    use netlink_packet_route::link::LinkInfo;
+    infos.iter().find_map(|i| match i {
+        LinkInfo::Kind(k) => Some(k.to_string()),
+        _ => None,
+    })
 }
 
 /// The host state of the device named `name`.
@@ -815,6 +820,14 @@ async fn add_address(nl: &Netlink, index: u32, ip: IpAddr, len: u8) -> Result<()
     }
 }
 
+/// Adds (or replaces, when only its details differ) one snapshotted address exactly as it was.
+async fn restore_address(nl: &Netlink, index: u32, a: &AddrSnapshot) -> Result<(), LinkError> {
+    let (ip, len) = a.ip_prefix()?;
+    let mut req = nl.handle.address().add(index, ip, len).replace();
+    a.shape(req.message_mut());
+    req.execute().await.map_err(|e| nl_err("restore address", e))
+}
+
 fn nl_err(what: &'static str, source: rtnetlink::Error) -> LinkError {
     LinkError::Netlink {
         what,
@@ -822,26 +835,30 @@ fn nl_err(what: &'static str, source: rtnetlink::Error) -> LinkError {
     }
 }
 
-/// Moves the host device of `snap` into `netns` under the pod-side name with the spec's
-/// MTU/MAC/GSO/GRO in **one** RTM_NEWLINK, then (inside the pod, through `pod_nl`) adds the
-/// addresses, sets it up and adds the routes. Returns the pod-side ifindex.
+/// Moves the host device of `snap` into `netns` under the pod-side name, at ifindex
+/// `pod_ifindex` (chosen by the caller and recorded before the move: the device's kernel identity
+/// in the pod), with the spec's MTU/MAC/GSO/GRO in **one** RTM_NEWLINK, then (inside the pod,
+/// through `pod_nl`) adds the addresses, sets it up and adds the routes. Returns the pod-side
+/// ifindex (`pod_ifindex`, unless a kernel older than 5.17 ignored the request).
 ///
-/// If the RTM_NEWLINK fails nothing moved (the kernel applies the move first and fails
-/// atomically on a name clash); a later failure leaves the device in the pod for the caller's
-/// rollback.
+/// A failed RTM_NEWLINK may or may not have moved the device (the kernel moves first and can
+/// fail a later setting); any failure leaves the device either in the host or in the pod at
+/// `pod_ifindex`, where the caller's rollback looks for it.
 pub async fn attach(
     host_nl: &Netlink,
     pod_nl: &Netlink,
     netns: &Netns,
     snap: &LinkSnapshot,
     spec: &AttachSpec,
+    pod_ifindex: u32,
 ) -> Result<u32, LinkError> {
     // The device must still be the one we snapshotted.
     let cur = host_nl.link_by_index(snap.ifindex).await?;
     let same = cur.as_ref().is_some_and(|m| {
-        m.attributes
-            .iter()
-            .any(|a| matches!(a, LinkAttribute::IfName(n) if *n == snap.name))
+        same_device(m, snap)
+            && m.attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::IfName(n) if *n == snap.name))
     });
     if !same {
         return Err(LinkError::NotFound(snap.name.clone()));
@@ -874,12 +891,22 @@ pub async fn attach(
         .insert(0, LinkAttribute::NetNsFd(netns.as_fd().as_raw_fd()));
     m.attributes
         .insert(1, LinkAttribute::IfName(spec.pod_ifname.clone()));
+    m.attributes.insert(
+        2,
+        LinkAttribute::NewIfIndex(i32::try_from(pod_ifindex).unwrap_or(0)),
+    );
     host_nl.newlink(m, "move into the pod netns").await?;
-    let index = pod_nl
-        .link_by_name(&spec.pod_ifname)
-        .await?
-        .map(|m| m.header.index)
-        .ok_or_else(|| LinkError::NotFound(spec.pod_ifname.clone()))?;
+    let index = match pod_nl.link_by_index(pod_ifindex).await? {
+        Some(m) if same_device(&m, snap) => pod_ifindex,
+        // A kernel before 5.17 ignores IFLA_NEW_IFINDEX. The move renamed the device in the same
+        // request and nothing of the pod runs yet: the name is ours at this instant.
+        _ => pod_nl
+            .link_by_name(&spec.pod_ifname)
+            .await?
+            .filter(|m| same_device(m, snap))
+            .map(|m| m.header.index)
+            .ok_or_else(|| LinkError::NotFound(spec.pod_ifname.clone()))?,
+    };
     // ARP and forwarding sysctls before the link comes up (the first ARP already obeys them).
     sysctl::set_in_pod(netns, &spec.pod_ifname, &spec.sysctls)?;
     if spec.disable_ebpf {
@@ -1040,76 +1067,103 @@ pub fn temp_name(ifindex: u32) -> String {
     format!("dn{ifindex}")
 }
 
-/// Whether link `m` is the device of `snap` (permanent MAC when both have one, else the host
-/// MAC or the MAC the pod config gave it). Names alone never identify a device: a pod or a host
-/// may have another device under the same name.
-fn is_device(m: &LinkMessage, snap: &LinkSnapshot, pod_mac: Option<&str>) -> bool {
+/// Whether link `m` can be the device of `snap` by what only the kernel sets: the same link kind
+/// (a pod can only create links that have one; a physical device has none), and the same parent
+/// device and permanent MAC wherever the device has them. Names and MACs never identify a
+/// device: a pod with NET_ADMIN or a claim sets those.
+#[must_use]
+pub fn same_device(m: &LinkMessage, snap: &LinkSnapshot) -> bool {
     let s = snapshot_of(m, &[]);
-    match (&snap.perm_mac, &s.perm_mac) {
-        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
-        _ => s.mac.as_deref().is_some_and(|x| {
-            snap.mac.as_deref().is_some_and(|w| w.eq_ignore_ascii_case(x))
-                || pod_mac.is_some_and(|w| w.eq_ignore_ascii_case(x))
-        }),
-    }
+    (!snap.identified || s.kind == snap.kind)
+        && snap.parent.as_ref().is_none_or(|p| s.parent.as_ref() == Some(p))
+        && snap
+            .perm_mac
+            .as_deref()
+            .is_none_or(|p| s.perm_mac.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(p)))
 }
 
-/// Finds the device of `snap` among the links of `nl`: under one of `names` first, else
-/// anywhere (a failed rename may have left it under another name).
-async fn find_in(
-    nl: &Netlink,
-    names: &[&str],
+/// Whether the device has an identity the kernel keeps across namespaces (a parent device or a
+/// permanent MAC), so it can be recognised anywhere, not only at its ifindex in a netns we hold.
+#[must_use]
+pub fn has_strong_identity(snap: &LinkSnapshot) -> bool {
+    snap.parent.is_some() || snap.perm_mac.is_some()
+}
+
+/// Finds the device of `snap` in the pod netns at `ifindex`, the index recorded for it there
+/// (chosen before the move). The link found must pass [`same_device`]; a link that does not (an
+/// impostor a pod made under the device's name, MAC or even ifindex) is never taken. `None` for
+/// `ifindex` only comes from a checkpoint of format 1, which recorded no index: then the
+/// pod-side name is the hint, still checked with [`same_device`].
+async fn find_in_pod(
+    pod_nl: &Netlink,
     snap: &LinkSnapshot,
-    pod_mac: Option<&str>,
+    ifindex: Option<u32>,
+    pod_ifname: &str,
 ) -> Result<Option<LinkMessage>, LinkError> {
-    for n in names {
-        if let Some(m) = nl.link_by_name(n).await?
-            && is_device(&m, snap, pod_mac)
-        {
-            return Ok(Some(m));
-        }
-    }
+    let found = match ifindex {
+        Some(i) => pod_nl.link_by_index(i).await?,
+        None => pod_nl.link_by_name(pod_ifname).await?,
+    };
+    Ok(found.filter(|m| same_device(m, snap)))
+}
+
+/// The device of `snap` where it started, if it never left (or is back): at its host ifindex in
+/// the host netns, the same device by [`same_device`]. The host allocates ifindexes cyclically,
+/// so another link does not get this one back while the device is away.
+async fn at_home(nl: &Netlink, snap: &LinkSnapshot) -> Result<Option<LinkMessage>, LinkError> {
     Ok(nl
-        .links()
+        .link_by_index(snap.ifindex)
         .await?
+        .filter(|m| same_device(m, snap)))
+}
+
+/// Finds the device of `snap` in the host netns by its kernel identity (parent device, permanent
+/// MAC), preferring the one under its host name. `None` for a device without such an identity:
+/// in the host it cannot be told from any other link of its kind.
+async fn find_in_host(nl: &Netlink, snap: &LinkSnapshot) -> Result<Option<LinkMessage>, LinkError> {
+    if !has_strong_identity(snap) {
+        return Ok(None);
+    }
+    let links = nl.links().await?;
+    let named = |m: &&LinkMessage| u8::from(snapshot_of(m, &[]).name == snap.name);
+    Ok(links
         .into_iter()
-        .find(|m| is_device(m, snap, pod_mac)))
+        .filter(|m| same_device(m, snap))
+        .max_by_key(|m| named(&m)))
 }
 
-/// Moves the device named `pod_ifname` in the pod netns back to the host netns, under its host
-/// name (or a temporary one if that is taken), then restores the snapshot.
-pub async fn detach(
-    pod_nl: &Netlink,
-    host_nl: &Netlink,
-    host: &Netns,
-    pod_ifname: &str,
-    snap: &LinkSnapshot,
-    pod_mac: Option<&str>,
-) -> Result<Returned, LinkError> {
-    detach_timed(pod_nl, host_nl, host, pod_ifname, snap, pod_mac, &mut None).await
+/// What [`detach`] needs to bring one device home.
+pub struct DetachRequest<'a> {
+    /// rtnetlink inside the pod netns (through the pin).
+    pub pod_nl: &'a Netlink,
+    /// rtnetlink in the host netns.
+    pub host_nl: &'a Netlink,
+    /// The host netns (the move's target).
+    pub host: &'a Netns,
+    /// The host state to restore; its kind, parent and permanent MAC identify the device.
+    pub snap: &'a LinkSnapshot,
+    /// The device's ifindex in the pod netns, recorded once the move was confirmed.
+    pub pod_ifindex: Option<u32>,
+    /// The name the move gave it (only consulted when `pod_ifindex` is unknown).
+    pub pod_ifname: &'a str,
 }
 
-/// [`detach`], recording in `moved_at` (CLOCK_MONOTONIC ns, if still `None`) when it sends the
-/// RTM_NEWLINK that moves the device home.
-pub async fn detach_timed(
-    pod_nl: &Netlink,
-    host_nl: &Netlink,
-    host: &Netns,
-    pod_ifname: &str,
-    snap: &LinkSnapshot,
-    pod_mac: Option<&str>,
-    moved_at: &mut Option<u64>,
-) -> Result<Returned, LinkError> {
+/// Moves the device of `req.snap` from the pod netns back to the host netns, under its host name
+/// (or a temporary one if that is taken), then restores the snapshot. The device is taken by
+/// its recorded ifindex and checked ([`same_device`]); an impostor stays in the pod and dies with
+/// it. `moved_at` gets CLOCK_MONOTONIC ns (if still `None`) when the move is sent.
+pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Result<Returned, LinkError> {
+    let snap = req.snap;
     // Both lookups at once (two sockets, two netns): one round trip less before the move,
     // which is the rescue's reaction time.
-    let names = [pod_ifname];
     let (in_pod, in_host) = futures::join!(
-        find_in(pod_nl, &names, snap, pod_mac),
-        host_nl.link_by_name(&snap.name)
+        find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname),
+        req.host_nl.link_by_name(&snap.name)
     );
     let Some(m) = in_pod? else {
-        // Not in the pod (the kernel or someone else moved it): look in the host.
-        return find_and_repair(host_nl, snap, Some(pod_ifname), pod_mac).await;
+        // Not in the pod: it never left the host (an attach that failed before its move), it
+        // came home earlier, or the kernel returned it. Look in the host.
+        return find_and_repair(req.host_nl, snap).await;
     };
     let pod_index = m.header.index;
     // The kernel moves first and renames after (a rename clash fails the request with the
@@ -1123,21 +1177,43 @@ pub async fn detach_timed(
     let mut msg = LinkMessage::default();
     msg.header.index = pod_index;
     msg.attributes
-        .push(LinkAttribute::NetNsFd(host.as_fd().as_raw_fd()));
+        .push(LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
     msg.attributes.push(LinkAttribute::IfName(name.clone()));
+    // Back at its own host ifindex when that is free (it is, unless something asked for it).
+    if req.host_nl.link_by_index(snap.ifindex).await?.is_none() {
+        msg.attributes.push(LinkAttribute::NewIfIndex(
+            i32::try_from(snap.ifindex).unwrap_or(0),
+        ));
+    }
     moved_at.get_or_insert_with(crate::watch::monotonic_ns);
-    if let Err(e) = pod_nl.newlink(msg, "move back to the host netns").await {
-        // It may have moved anyway, under another name.
-        return match find_and_repair(host_nl, snap, Some(pod_ifname), pod_mac).await {
-            Ok(r) => Ok(r),
-            Err(_) => Err(e),
+    if let Err(e) = req.pod_nl.newlink(msg, "move back to the host netns").await {
+        // Still in the pod: the error stands (the caller retries).
+        if find_in_pod(req.pod_nl, snap, Some(pod_index), req.pod_ifname)
+            .await
+            .is_ok_and(|m| m.is_some())
+        {
+            return Err(e);
+        }
+        // It moved anyway: it is in the host under the name we asked for.
+        return match moved_home(req.host_nl, &name, snap).await {
+            Ok(Some(index)) => restore(req.host_nl, index, snap, host_busy).await,
+            _ => Err(e),
         };
     }
-    let index = match find_in(host_nl, &[&name], snap, pod_mac).await? {
-        Some(m) => m.header.index,
-        None => return Err(LinkError::NotFound(name)),
-    };
-    restore(host_nl, index, snap, host_busy).await
+    let index = moved_home(req.host_nl, &name, snap)
+        .await?
+        .ok_or(LinkError::NotFound(name))?;
+    restore(req.host_nl, index, snap, host_busy).await
+}
+
+/// The host ifindex of the device a move just brought home under `name` (the move renamed it
+/// in the same request, so the name is ours at this instant), checked with [`same_device`].
+async fn moved_home(nl: &Netlink, name: &str, snap: &LinkSnapshot) -> Result<Option<u32>, LinkError> {
+    Ok(nl
+        .link_by_name(name)
+        .await?
+        .filter(|m| same_device(m, snap))
+        .map(|m| m.header.index))
 }
 
 /// Restores a host device (found at `index`) to `snap`: name (unless `keep_name`), MTU, MAC,
@@ -1221,9 +1297,12 @@ async fn restore(
             Err(e) => return Err(nl_err("restore altname", e)),
         }
     }
-    for a in snap.addresses.iter().filter(|a| !cur.addresses.contains(a)) {
-        let (ip, len) = parse_cidr(a)?;
-        add_address(nl, index, ip, len).await?;
+    for a in snap
+        .addresses
+        .iter()
+        .filter(|a| !cur.addresses.iter().any(|c| c.same_as(a)))
+    {
+        restore_address(nl, index, a).await?;
     }
     // IP sysctls the move reset to the host defaults. A value the kernel refuses does not undo
     // a return that otherwise worked: it is logged.
@@ -1261,29 +1340,34 @@ async fn restore(
 }
 
 /// A managed device appeared in the host netns by itself (the kernel returned it, DOWN, under
-/// the pod-side name or `devN`): rename it back and restore the snapshot.
+/// the pod-side name or `devN`): rename it back and restore the snapshot. The link at `index`
+/// must be the device by its kernel identity: back at its own host ifindex, or carrying its
+/// parent device or permanent MAC ([`has_strong_identity`]), and [`same_device`]. Any other link
+/// is refused, whatever its name or MAC.
 pub async fn repair(nl: &Netlink, index: u32, snap: &LinkSnapshot) -> Result<Returned, LinkError> {
+    let m = nl
+        .link_by_index(index)
+        .await?
+        .ok_or_else(|| LinkError::NotFound(format!("ifindex {index}")))?;
+    // Its own host ifindex, or an identity that travels (parent device, permanent MAC).
+    let identified = index == snap.ifindex || has_strong_identity(snap);
+    if !identified || !same_device(&m, snap) {
+        return Err(LinkError::NotTheDevice {
+            index,
+            device: snap.name.clone(),
+        });
+    }
     restore(nl, index, snap, false).await
 }
 
-/// Looks for the device of `snap` in the host (by name, pod-side name, `devN` via MAC, permanent
-/// MAC) and restores it. [`LinkError::Lost`] if it is nowhere.
-pub async fn find_and_repair(
-    nl: &Netlink,
-    snap: &LinkSnapshot,
-    pod_ifname: Option<&str>,
-    pod_mac: Option<&str>,
-) -> Result<Returned, LinkError> {
-    // Identified by MAC; among matches prefer the host name, then the pod-side name.
-    let links = nl.links().await?;
-    let named = |m: &&LinkMessage| {
-        let n = snapshot_of(m, &[]).name;
-        u8::from(n == snap.name) * 2 + u8::from(Some(n.as_str()) == pod_ifname)
+/// Looks for the device of `snap` in the host by its kernel identity (at its host ifindex, or
+/// anywhere by parent device or permanent MAC) and restores it. [`LinkError::Lost`] if it is not
+/// there: no host link is ever taken for it on the strength of a name or a MAC.
+pub async fn find_and_repair(nl: &Netlink, snap: &LinkSnapshot) -> Result<Returned, LinkError> {
+    let found = match at_home(nl, snap).await? {
+        Some(m) => Some(m),
+        None => find_in_host(nl, snap).await?,
     };
-    let found = links
-        .iter()
-        .filter(|m| is_device(m, snap, pod_mac))
-        .max_by_key(named);
     match found {
         Some(m) => restore(nl, m.header.index, snap, false).await,
         None => Err(LinkError::Lost {

@@ -1,6 +1,7 @@
 use super::*;
 use crate::config::NetworkConfig;
 use crate::plan::{ClaimRef, DevicePlan};
+use netlink_packet_route::address::AddressAttribute;
 
 #[test]
 fn interface_names_follow_the_kernel_rules() {
@@ -155,7 +156,7 @@ fn snapshots_parse_every_field_and_skip_link_local() {
     assert_eq!(s.altnames, vec!["alpha".to_owned(), "zeta".to_owned()]);
     assert_eq!(s.gso_max_size, Some(32768));
     assert_eq!(s.gro_max_size, Some(16384));
-    assert_eq!(s.addresses, vec!["10.1.2.3/24".to_owned()]);
+    assert_eq!(s.addresses, vec![AddrSnapshot::plain("10.1.2.3/24")]);
     // Snapshots survive the checkpoint's JSON round trip.
     let back: LinkSnapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
     assert_eq!(back, s);

@@ -25,6 +25,9 @@ use super::service::{PluginService, SyncLimits};
 use super::ttrpc::{self, Client, TtrpcError};
 
 /// Fully qualified name of the service the plugin serves.
+/// The NRI API version this plugin speaks (the dedicated pod RPCs came with v0.12.0), sent in
+/// RegisterPlugin: runtimes log it, and containerd logs "NRI version unknown" without it.
+pub const NRI_VERSION: &str = "v0.12.0";
 pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
 /// Fully qualified name of the service the runtime serves.
 pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
@@ -264,7 +267,7 @@ async fn session<H: PodHooks>(
     let req = pb::RegisterPluginRequest {
         plugin_name: cfg.name.clone(),
         plugin_idx: cfg.index.clone(),
-        nri_version: String::new(),
+        nri_version: NRI_VERSION.to_owned(),
     };
     let handshake = async {
         client

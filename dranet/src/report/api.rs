@@ -38,9 +38,14 @@ impl Sink for KubeSink {
                 &Patch::Apply(apply),
             )
             .await
-            .map_err(|source| ReportError::Apply {
-                claim: format!("{}/{}", m.namespace, m.name),
-                source: Box::new(source),
+            .map_err(|source| {
+                // A 403 here is `resourceclaims/status` patch or, from 1.36, the granular
+                // `resourceclaims/driver` check; the server's message says which.
+                crate::rbac::note_forbidden(&source, ("patch", "resource.k8s.io", "resourceclaims/status"));
+                ReportError::Apply {
+                    claim: format!("{}/{}", m.namespace, m.name),
+                    source: Box::new(source),
+                }
             })?;
             Ok(())
         })
@@ -64,7 +69,10 @@ impl Sink for KubeSink {
                 // There is an Event of that name: ours (a create after a 404 that raced), the
                 // next repeat patches it. client-go does not retry it either.
                 Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
-                Err(e) => Err(err(e)),
+                Err(e) => {
+                    crate::rbac::note_forbidden(&e, ("create", "", "events"));
+                    Err(err(e))
+                }
             }
         })
     }
@@ -81,6 +89,7 @@ impl Sink for KubeSink {
                 Ok(_) => Ok(Patched::Updated),
                 Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Patched::Gone),
                 Err(source) => {
+                    crate::rbac::note_forbidden(&source, ("patch", "", "events"));
                     let o = &event.involved_object;
                     Err(ReportError::EventUpdate {
                         name: event.metadata.name.clone(),

@@ -1,5 +1,6 @@
-//! Attach (RunPodSandbox): open + verify the pod netns, snapshot every device, write ahead,
-//! pin, move each device in; on any failure bring the ones already moved back home.
+//! Attach (RunPodSandbox): open + verify the pod netns, bring the devices home from an older
+//! sandbox of the same pod, snapshot every device, write ahead, pin, move each device in; on any
+//! failure bring the ones already moved back home.
 
 use std::path::Path;
 
@@ -11,20 +12,24 @@ use crate::link::{self, AttachSpec, LinkError, Netlink};
 use crate::netns::{Netns, Pin};
 use crate::plan::DevicePlan;
 use crate::rdma::{self, NetnsMode};
-use crate::state::{DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason};
+use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason, pod_key};
 
-/// Identity of the pod being attached, as the runtime names it.
+/// Identity of the pod sandbox being attached, as the runtime names it.
 #[derive(Clone, Debug)]
 pub struct PodRef<'a> {
     pub uid: &'a str,
+    /// The runtime's sandbox id.
+    pub sandbox: &'a str,
     pub namespace: &'a str,
     pub name: &'a str,
 }
 
 impl Engine {
-    /// Moves every planned device of the pod into the netns at `netns_path`.
+    /// Moves every planned device of the pod into the netns of its sandbox at `netns_path`.
     pub async fn attach_pod(&self, pod: PodRef<'_>, netns_path: &Path) -> Result<AttachOutcome, RescueError> {
         let started = std::time::Instant::now();
+        crate::ids::pod_uid(pod.uid)?;
+        crate::ids::sandbox_id(pod.sandbox)?;
         let _owner = self.own(pod.uid).await;
         let Some(plan) = self.plan(pod.uid).filter(|p| !p.is_empty()) else {
             return Ok(AttachOutcome::NotOurs);
@@ -40,11 +45,17 @@ impl Engine {
                 path: netns_path.to_owned(),
             });
         }
-        if let Some(done) = self.already_attached(pod.uid, &netns)? {
-            return Ok(done);
+        let key = pod_key(pod.uid, pod.sandbox);
+        self.name_legacy_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())?;
+        if self.already_attached(&key, &netns) {
+            return Ok(AttachOutcome::AlreadyAttached);
         }
+        // kubelet re-created the sandbox (no new Prepare: the claims stay prepared). Devices
+        // still in an older sandbox of this pod, or on their way home from it, go home first.
+        self.return_other_sandboxes(pod.uid, &key, &netns).await?;
         self.check_free(pod.uid, &plan)?;
-        let records = self.snapshots(pod.uid, &plan).await?;
+        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        let mut records = self.snapshots(&host_nl, pod.uid, &plan).await?;
         // Every config error surfaces here, before anything moves.
         let specs = plan
             .iter()
@@ -57,27 +68,50 @@ impl Engine {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let pin_path = self.inner.store.pins_dir().join(pod.uid);
+        let pod_nl = Netlink::in_netns(&netns)
+            .await
+            .map_err(|source| RescueError::PodNetlink {
+                pod: pod.uid.to_owned(),
+                source,
+            })?;
+        // Each device's ifindex in the pod is chosen now and written ahead with the snapshots:
+        // it is the device's identity there from the moment it moves (whatever the pod renames
+        // or creates), so even an attach cut short by a crash knows where to look.
+        let pod_id = netns.id();
+        let places = pod_indices(&pod_nl, &records)
+            .await
+            .map_err(|source| RescueError::PodNetlink {
+                pod: pod.uid.to_owned(),
+                source,
+            })?;
+        for (r, ifindex) in records.iter_mut().zip(&places) {
+            r.at = Some(DeviceAt {
+                ifindex: *ifindex,
+                netns: pod_id,
+            });
+        }
+        let pin_path = self.inner.store.pins_dir().join(pod.sandbox);
         // Write ahead: the snapshots are durable before anything moves.
         self.update(|cp| {
             cp.pods.insert(
-                pod.uid.to_owned(),
+                key.clone(),
                 PodRecord {
                     pod_uid: pod.uid.to_owned(),
+                    sandbox_id: pod.sandbox.to_owned(),
                     namespace: pod.namespace.to_owned(),
                     name: pod.name.to_owned(),
                     netns_path: netns_path.to_owned(),
-                    netns: netns.id(),
+                    netns: pod_id,
                     pin: Some(pin_path.clone()),
                     phase: PodPhase::Attaching,
                     devices: records.clone(),
                 },
             );
         })?;
-        let pin = match Pin::create(&netns, &self.inner.store.pins_dir(), pod.uid) {
+        let pin = match Pin::create(&netns, &self.inner.store.pins_dir(), pod.sandbox) {
             Ok(p) => p,
             Err(source) => {
-                self.abandon(pod.uid)?;
+                self.abandon(&key)?;
                 return Err(RescueError::Pin {
                     pod: pod.uid.to_owned(),
                     source,
@@ -85,39 +119,35 @@ impl Engine {
             }
         };
         drop(netns);
-        let pod_nl = match Netlink::in_netns(pin.netns()).await {
-            Ok(nl) => nl,
-            Err(source) => {
-                let _ = pin.release();
-                self.abandon(pod.uid)?;
-                return Err(RescueError::PodNetlink {
-                    pod: pod.uid.to_owned(),
-                    source,
-                });
-            }
-        };
         let live = Live {
             pin,
             netlink: Some(pod_nl),
         };
         let mut names = Vec::with_capacity(plan.len());
+        let mut placed = Vec::with_capacity(plan.len());
         for (i, d) in plan.iter().enumerate() {
-            let spec = &specs[i];
             let attached = match &live.netlink {
                 Some(pod_nl) => {
                     link::attach(
-                        &self.inner.host_nl,
+                        &host_nl,
                         pod_nl,
                         live.pin.netns(),
                         &records[i].snapshot,
-                        spec,
+                        &specs[i],
+                        places[i],
                     )
                     .await
                 }
                 None => Err(LinkError::NoPodNetlink),
             };
             let attached = match attached {
-                Ok(_) => self.attach_rdma(pod.uid, i, d, live.pin.netns()).await,
+                Ok(index) => {
+                    placed.push(DeviceAt {
+                        ifindex: index,
+                        netns: pod_id,
+                    });
+                    self.attach_rdma(&key, i, d, live.pin.netns()).await
+                }
                 Err(source) => Err(RescueError::Link {
                     pod: pod.uid.to_owned(),
                     device: d.device.clone(),
@@ -125,25 +155,7 @@ impl Engine {
                 }),
             };
             if let Err(err) = attached {
-                warn!(pod = pod.uid, device = d.device, error = %err, "attach failed; rolling back");
-                self.record(
-                    pod.uid,
-                    ActivityKind::Failed {
-                        action: "attach".into(),
-                        error: err.to_string(),
-                        device: Some(d.device.clone()),
-                    },
-                );
-                self.count(|c| {
-                    c.attach_failures += 1;
-                    c.rollbacks += 1;
-                });
-                // The failed device may be half-way (moved, not configured): detach handles both.
-                self.set_device_state(pod.uid, i + 1, DeviceState::InPod)?;
-                self.inner.live_put(pod.uid, live);
-                if let Err(e) = self.detach_locked(pod.uid, ReturnReason::Rollback).await {
-                    warn!(pod = pod.uid, error = %e, "rollback incomplete");
-                }
+                self.roll_back(pod.uid, &key, i, &placed, live, &err).await?;
                 return Err(err);
             }
             names.push(records[i].pod_ifname.clone());
@@ -153,17 +165,19 @@ impl Engine {
                 tokio::time::sleep(pause).await;
             }
         }
-        let (path, id) = (netns_path.to_owned(), live.pin.netns().id());
         if let Some(w) = &self.inner.watcher
-            && let Err(e) = w.watch_netns(&path, id, live.pin.netns().as_fd()).await
+            && let Err(e) = w.watch_netns(netns_path, pod_id, live.pin.netns().as_fd()).await
         {
             warn!(pod = pod.uid, error = %e, "cannot watch the pod netns; relying on hooks and rtnetlink");
         }
-        self.inner.live_put(pod.uid, live);
+        self.inner.live_put(&key, live);
         self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(pod.uid) {
+            if let Some(rec) = cp.pods.get_mut(&key) {
                 rec.phase = PodPhase::Attached;
-                rec.devices.iter_mut().for_each(|d| d.state = DeviceState::InPod);
+                for (d, at) in rec.devices.iter_mut().zip(&placed) {
+                    d.state = DeviceState::InPod;
+                    d.at = Some(*at);
+                }
             }
         })?;
         self.count(|c| c.attached_pods += 1);
@@ -178,15 +192,63 @@ impl Engine {
                 took_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
             },
         );
-        info!(pod = pod.uid, netns = %id, devices = ?names, "devices attached");
+        info!(pod = pod.uid, sandbox = pod.sandbox, netns = %pod_id, devices = ?names, "devices attached");
         Ok(AttachOutcome::Attached { devices: names })
+    }
+
+    /// Device `failed` could not be attached: every device up to it (it may be half-way: moved,
+    /// not configured) is brought home.
+    async fn roll_back(
+        &self,
+        uid: &str,
+        key: &str,
+        failed: usize,
+        placed: &[DeviceAt],
+        live: Live,
+        err: &RescueError,
+    ) -> Result<(), RescueError> {
+        let device = err.device().map(str::to_owned);
+        warn!(pod = uid, sandbox = key, device = ?device, error = %err, "attach failed; rolling back");
+        self.record(
+            uid,
+            ActivityKind::Failed {
+                action: "attach".into(),
+                error: err.to_string(),
+                device,
+            },
+        );
+        self.count(|c| {
+            c.attach_failures += 1;
+            c.rollbacks += 1;
+        });
+        self.update(|cp| {
+            if let Some(rec) = cp.pods.get_mut(key) {
+                for (i, d) in rec.devices.iter_mut().enumerate() {
+                    // The failed device may be half-way: detach finds it at its pod ifindex or
+                    // at home.
+                    d.state = if i <= failed {
+                        DeviceState::InPod
+                    } else {
+                        DeviceState::Home
+                    };
+                    if let Some(at) = placed.get(i) {
+                        d.at = Some(*at);
+                    }
+                }
+            }
+        })?;
+        self.inner.live_put(key, live);
+        if let Err(e) = self.detach_locked(key, ReturnReason::Rollback).await {
+            warn!(pod = uid, sandbox = key, error = %e, "rollback incomplete");
+        }
+        Ok(())
     }
 
     /// In exclusive RDMA netns mode, moves the device's RDMA link into the pod too (recorded
     /// first, so a crash in between still brings it back). In shared mode every netns sees it.
     async fn attach_rdma(
         &self,
-        uid: &str,
+        key: &str,
         i: usize,
         d: &DevicePlan,
         pod_ns: &Netns,
@@ -195,12 +257,18 @@ impl Engine {
             return Ok(());
         };
         self.update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                 dev.rdma_in_pod = true;
             }
         })?;
+        let uid = self
+            .cp()
+            .pods
+            .get(key)
+            .map(|r| r.pod_uid.clone())
+            .unwrap_or_default();
         let err = |source| RescueError::Rdma {
-            pod: uid.to_owned(),
+            pod: uid.clone(),
             device: name.clone(),
             source,
         };
@@ -215,14 +283,28 @@ impl Engine {
             .map_err(err)
     }
 
-    fn already_attached(&self, uid: &str, netns: &Netns) -> Result<Option<AttachOutcome>, RescueError> {
-        let cp = self.cp();
-        Ok(match cp.pods.get(uid) {
-            Some(rec) if rec.phase == PodPhase::Attached && rec.netns == netns.id() => {
-                Some(AttachOutcome::AlreadyAttached)
-            }
-            _ => None,
-        })
+    fn already_attached(&self, key: &str, netns: &Netns) -> bool {
+        self.cp()
+            .pods
+            .get(key)
+            .is_some_and(|rec| rec.phase == PodPhase::Attached && rec.netns == netns.id())
+    }
+
+    /// Brings home the devices of every other sandbox of pod `uid` (and of a record under this
+    /// very key that names another netns). A device that cannot come home fails the attach: it
+    /// would be taken from a sandbox that may still use it.
+    async fn return_other_sandboxes(&self, uid: &str, key: &str, netns: &Netns) -> Result<(), RescueError> {
+        let others: Vec<String> = self
+            .cp()
+            .records_of(uid)
+            .filter(|r| r.has_devices_out() && (r.key() != key || r.netns != netns.id()))
+            .map(crate::state::PodRecord::key)
+            .collect();
+        for other in others {
+            info!(pod = uid, from = %other, to = key, "new sandbox of the pod: devices come home from the old one first");
+            self.detach_locked(&other, ReturnReason::Replaced).await?;
+        }
+        Ok(())
     }
 
     /// Refuses a device another pod still holds.
@@ -242,7 +324,12 @@ impl Engine {
         Ok(())
     }
 
-    async fn snapshots(&self, uid: &str, plan: &[DevicePlan]) -> Result<Vec<DeviceRecord>, RescueError> {
+    async fn snapshots(
+        &self,
+        host_nl: &Netlink,
+        uid: &str,
+        plan: &[DevicePlan],
+    ) -> Result<Vec<DeviceRecord>, RescueError> {
         let mut out = Vec::with_capacity(plan.len());
         for d in plan {
             let (Some(host_if), Some(pod_if)) = (d.host_ifname.as_deref(), d.pod_ifname()) else {
@@ -257,9 +344,7 @@ impl Engine {
                 source,
             };
             link::validate_ifname(pod_if).map_err(link_err)?;
-            let snapshot = link::snapshot(&self.inner.host_nl, host_if)
-                .await
-                .map_err(link_err)?;
+            let snapshot = link::snapshot(host_nl, host_if).await.map_err(link_err)?;
             out.push(DeviceRecord {
                 device: d.device.clone(),
                 pod_ifname: pod_if.to_owned(),
@@ -271,30 +356,40 @@ impl Engine {
                 snapshot,
                 state: DeviceState::Moving,
                 temp_name: None,
+                at: None,
             });
         }
         Ok(out)
     }
 
-    /// Marks devices `..upto` with `state` (the others are known not to have moved).
-    fn set_device_state(&self, uid: &str, upto: usize, state: DeviceState) -> Result<(), RescueError> {
+    /// Nothing moved: the sandbox record goes back to "returned".
+    fn abandon(&self, key: &str) -> Result<(), RescueError> {
         self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(uid) {
-                for (i, d) in rec.devices.iter_mut().enumerate() {
-                    d.state = if i < upto { state } else { DeviceState::Home };
-                }
-            }
-        })
-    }
-
-    /// Nothing moved: the pod record goes back to "returned".
-    fn abandon(&self, uid: &str) -> Result<(), RescueError> {
-        self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(uid) {
+            if let Some(rec) = cp.pods.get_mut(key) {
                 rec.phase = PodPhase::Returned(ReturnReason::Rollback);
                 rec.pin = None;
                 rec.devices.iter_mut().for_each(|d| d.state = DeviceState::Home);
             }
         })
     }
+}
+
+/// The ifindex each device gets in the pod: its host ifindex when the pod has no link there (the
+/// kernel keeps it anyway), else a free one above everything in the pod. Requested in the move
+/// (`IFLA_NEW_IFINDEX`), so it is known before the device moves.
+async fn pod_indices(pod_nl: &Netlink, records: &[DeviceRecord]) -> Result<Vec<u32>, LinkError> {
+    let mut taken: std::collections::BTreeSet<u32> =
+        pod_nl.links().await?.iter().map(|m| m.header.index).collect();
+    let mut out = Vec::with_capacity(records.len());
+    for r in records {
+        let want = r.snapshot.ifindex;
+        let pick = if want > 0 && !taken.contains(&want) {
+            want
+        } else {
+            taken.last().copied().unwrap_or(1).max(want).saturating_add(1)
+        };
+        taken.insert(pick);
+        out.push(pick);
+    }
+    Ok(out)
 }

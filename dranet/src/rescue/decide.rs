@@ -1,35 +1,56 @@
-//! Rescue decisions: which lifecycle event means which action on which pod. Pure functions of
-//! the checkpoint and one event, so the rules are easy to read and to test.
+//! Rescue decisions: which lifecycle event means which action on which pod sandbox. Pure
+//! functions of the checkpoint and one event, so the rules are easy to read and to test.
 //!
 //! | event | condition | action |
 //! |---|---|---|
-//! | `NetnsUnmounted` (ret 0) / `NetnsUnlinked` (ret 0) | path or identity of an attached pod's netns | rescue the pod |
-//! | `NsfsUnmounting` (tier B) | identity of an attached pod's netns | rescue the pod |
-//! | `NetnsReleased` (tier B) | identity of an attached pod's netns | rescue the pod (cannot happen while pinned; defensive) |
-//! | `LinkAppeared` in the host | MAC / permanent MAC / name of a device we believe is in a pod | repair that device |
+//! | `NetnsUnmounted` (ret 0) / `NetnsUnlinked` (ret 0) | path or identity of an attached sandbox's netns | rescue that sandbox |
+//! | `NetnsUnmounted` (ret 0) / `NetnsUnlinked` (ret 0) | path or identity of a returned sandbox's netns | forget its record |
+//! | `NsfsUnmounting` (tier B) | identity of an attached sandbox's netns | rescue that sandbox |
+//! | `NetnsReleased` (tier B) | identity of an attached sandbox's netns | rescue it (cannot happen while pinned; defensive) |
+//! | `DeviceMoving` (tier B) | (ifindex, netns) of a device we placed | record where it went (repair it if that is the host) |
+//! | `LinkAppeared` in the host | parent device, else permanent MAC, else its own host ifindex, of a device we believe is out; same link kind | repair that device |
 //! | `Lost` | — | reconcile everything |
+//!
+//! **Identity.** A device is recognised only by what the kernel sets: its ifindex in a netns we
+//! hold, its link kind, its parent device (a PCI function) and its permanent MAC. A MAC a claim
+//! wrote (`interface.hardwareAddr`), the device's original MAC or a name are never enough: any
+//! host link can carry those (Calico gives every host-side veth the same MAC).
 //!
 //! Not a trigger: "the last task in the netns exited" (CRI-O runs pods without an infra process),
 //! `cleanup_net` queued (tier A has no identity; a pinned netns cannot reach it anyway).
 
-use crate::state::{Checkpoint, DeviceState, PodPhase, PodRecord};
+use crate::state::{Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord};
 use crate::watch::{EventKind, LifecycleEvent};
 
 /// What the engine should do about one event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Bring every device of the pod home now (netns teardown started at `at`, CLOCK_MONOTONIC ns).
+    /// Bring every device of the sandbox `key` home now (netns teardown started at `at`,
+    /// CLOCK_MONOTONIC ns).
     Rescue {
         pod_uid: String,
+        key: String,
         trigger: &'static str,
         at: u64,
     },
     /// A managed device showed up in the host without us: restore it.
     Repair {
         pod_uid: String,
+        key: String,
         device: String,
         ifindex: u32,
     },
+    /// A device we placed moved to another netns (tier B): record where it is now.
+    Moved {
+        pod_uid: String,
+        key: String,
+        device: String,
+        to: DeviceAt,
+    },
+    /// The netns of a sandbox whose devices are all home was torn down: the sandbox can never
+    /// run again, so its record goes (containerd sends no RemovePodSandbox for sandboxes it
+    /// recovered after a restart).
+    Forget { pod_uid: String, key: String },
     /// Events were lost: re-check every pod.
     Reconcile,
 }
@@ -52,15 +73,46 @@ fn attached(pod: &PodRecord) -> bool {
 fn pod_by_path_or_id<'a>(cp: &'a Checkpoint, ev: &LifecycleEvent) -> Option<&'a PodRecord> {
     let id = ev.netns();
     let path = ev.path().map(normalize_path);
-    cp.pods.values().filter(|p| attached(p)).find(|p| {
-        id.is_some_and(|id| id == p.netns)
-            || path.is_some_and(|path| p.netns_path.to_str().map(normalize_path) == Some(path))
+    // The identity wins over the path: a path can name a newer netns by now.
+    if let Some(id) = id {
+        return cp.pods.values().filter(|p| attached(p)).find(|p| p.netns == id);
+    }
+    cp.pods
+        .values()
+        .filter(|p| attached(p))
+        .find(|p| path.is_some_and(|path| p.netns_path.to_str().map(normalize_path) == Some(path)))
+}
+
+/// A returned sandbox (devices home, pin released) whose netns path or identity the event names.
+fn returned_by_path_or_id<'a>(cp: &'a Checkpoint, ev: &LifecycleEvent) -> Option<&'a PodRecord> {
+    let returned = |p: &&PodRecord| matches!(p.phase, PodPhase::Returned(_)) && p.pin.is_none();
+    if let Some(id) = ev.netns() {
+        return cp.pods.values().filter(returned).find(|p| p.netns == id);
+    }
+    let path = ev.path().map(normalize_path)?;
+    cp.pods
+        .values()
+        .filter(returned)
+        .find(|p| p.netns_path.to_str().map(normalize_path) == Some(path))
+}
+
+/// Rescue an attached sandbox, or forget a returned one, whose netns the event says is going.
+fn teardown(cp: &Checkpoint, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Action> {
+    if let Some(p) = pod_by_path_or_id(cp, ev) {
+        return rescue(p, trigger, ev);
+    }
+    returned_by_path_or_id(cp, ev).map_or_else(Vec::new, |p| {
+        vec![Action::Forget {
+            pod_uid: p.pod_uid.clone(),
+            key: p.key(),
+        }]
     })
 }
 
 fn rescue(pod: &PodRecord, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Action> {
     vec![Action::Rescue {
         pod_uid: pod.pod_uid.clone(),
+        key: pod.key(),
         trigger,
         at: ev.time,
     }]
@@ -70,12 +122,8 @@ fn rescue(pod: &PodRecord, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Ac
 #[must_use]
 pub fn decide(cp: &Checkpoint, ev: &LifecycleEvent) -> Vec<Action> {
     match &ev.kind {
-        EventKind::NetnsUnmounted { ret: 0, .. } => {
-            pod_by_path_or_id(cp, ev).map_or_else(Vec::new, |p| rescue(p, "netns_unmounted", ev))
-        }
-        EventKind::NetnsUnlinked { ret: 0, .. } => {
-            pod_by_path_or_id(cp, ev).map_or_else(Vec::new, |p| rescue(p, "netns_unlinked", ev))
-        }
+        EventKind::NetnsUnmounted { ret: 0, .. } => teardown(cp, "netns_unmounted", ev),
+        EventKind::NetnsUnlinked { ret: 0, .. } => teardown(cp, "netns_unlinked", ev),
         EventKind::NsfsUnmounting { netns: Some(id), .. } => cp
             .pods
             .values()
@@ -86,36 +134,99 @@ pub fn decide(cp: &Checkpoint, ev: &LifecycleEvent) -> Vec<Action> {
             .values()
             .find(|p| attached(p) && p.netns == *netns)
             .map_or_else(Vec::new, |p| rescue(p, "netns_released", ev)),
+        EventKind::DeviceMoving {
+            ifindex,
+            new_ifindex,
+            from,
+            to,
+            ..
+        } => moved_device(cp, *ifindex, *new_ifindex, *from, *to),
         EventKind::LinkAppeared {
             ifindex,
-            mac,
             perm_mac,
+            parent,
+            kind,
             ..
-        } => returned_device(cp, *ifindex, mac.as_deref(), perm_mac.as_deref()),
+        } => returned_device(
+            cp,
+            *ifindex,
+            perm_mac.as_deref(),
+            parent.as_deref(),
+            kind.as_deref(),
+        ),
         EventKind::Lost { .. } => vec![Action::Reconcile],
         _ => Vec::new(),
     }
 }
 
-fn same_mac(a: Option<&str>, b: Option<&str>) -> bool {
-    matches!((a, b), (Some(a), Some(b)) if !a.is_empty() && a.eq_ignore_ascii_case(b))
+fn out(state: DeviceState) -> bool {
+    matches!(
+        state,
+        DeviceState::InPod | DeviceState::Moving | DeviceState::Returning
+    )
 }
 
-/// A device appeared in the host: is it one we think is in a pod (the kernel returned it)?
-fn returned_device(cp: &Checkpoint, ifindex: u32, mac: Option<&str>, perm_mac: Option<&str>) -> Vec<Action> {
+/// Tier B saw a device change namespace: if it is one we placed (its ifindex in the netns we
+/// recorded), remember where it went.
+fn moved_device(
+    cp: &Checkpoint,
+    ifindex: u32,
+    new_ifindex: i32,
+    from: crate::netns::NetnsId,
+    to: crate::netns::NetnsId,
+) -> Vec<Action> {
     for pod in cp.pods.values() {
-        for d in &pod.devices {
-            if !matches!(d.state, DeviceState::InPod | DeviceState::Moving) {
+        for d in pod.devices.iter().filter(|d| out(d.state)) {
+            if d.at.is_some_and(|a| a.ifindex == ifindex && a.netns == from) {
+                return vec![Action::Moved {
+                    pod_uid: pod.pod_uid.clone(),
+                    key: pod.key(),
+                    device: d.device.clone(),
+                    to: DeviceAt {
+                        ifindex: u32::try_from(new_ifindex).unwrap_or(ifindex),
+                        netns: to,
+                    },
+                }];
+            }
+        }
+    }
+    Vec::new()
+}
+
+fn same_mac(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a.map(crate::link::parse_mac), b.map(crate::link::parse_mac)) {
+        (Some(Ok(a)), Some(Ok(b))) => a == b,
+        _ => false,
+    }
+}
+
+/// A device appeared in the host: is it one we think is out (the kernel returned it)? Only the
+/// kernel's identity counts: the parent device, else the permanent MAC, and the link kind.
+fn returned_device(
+    cp: &Checkpoint,
+    ifindex: u32,
+    perm_mac: Option<&str>,
+    parent: Option<&str>,
+    kind: Option<&str>,
+) -> Vec<Action> {
+    for pod in cp.pods.values() {
+        for d in pod.devices.iter().filter(|d| out(d.state)) {
+            let s = &d.snapshot;
+            if s.identified && s.kind.as_deref() != kind {
                 continue;
             }
-            let s = &d.snapshot;
-            let hit = same_mac(perm_mac, s.perm_mac.as_deref())
-                || same_mac(perm_mac, d.permanent_mac.as_deref())
-                || same_mac(mac, s.mac.as_deref())
-                || same_mac(mac, d.pod_mac.as_deref());
+            let hit = match (&s.parent, &s.perm_mac) {
+                (Some(p), _) => parent == Some(p.as_str()),
+                (None, Some(_)) => same_mac(perm_mac, s.perm_mac.as_deref()),
+                // No identity that travels: only its own host ifindex (the kernel returns a
+                // device there when it is free, and the host never hands it to another link
+                // while the device is away).
+                (None, None) => s.identified && s.ifindex == ifindex,
+            };
             if hit {
                 return vec![Action::Repair {
                     pod_uid: pod.pod_uid.clone(),
+                    key: pod.key(),
                     device: d.device.clone(),
                     ifindex,
                 }];

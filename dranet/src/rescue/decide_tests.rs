@@ -1,7 +1,7 @@
 use super::*;
 use crate::link::LinkSnapshot;
 use crate::netns::NetnsId;
-use crate::state::{Checkpoint, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason};
+use crate::state::{Checkpoint, DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason};
 use crate::watch::{EventKind, LifecycleEvent, Source, Task, UnlinkCall};
 
 const ID: NetnsId = NetnsId {
@@ -9,10 +9,16 @@ const ID: NetnsId = NetnsId {
     inode: 4026532999,
 };
 
+const KEY: &str = "uid-1/sb-1";
+
+/// A physical NIC: no link kind, a PCI parent and a permanent MAC.
 fn snap(name: &str, mac: &str) -> LinkSnapshot {
     LinkSnapshot {
         name: name.into(),
         mac: Some(mac.into()),
+        perm_mac: Some(mac.into()),
+        parent: Some("pci/0000:3b:00.1".into()),
+        identified: true,
         ..LinkSnapshot::default()
     }
 }
@@ -20,9 +26,10 @@ fn snap(name: &str, mac: &str) -> LinkSnapshot {
 fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
     let mut cp = Checkpoint::default();
     cp.pods.insert(
-        "uid-1".into(),
+        KEY.into(),
         PodRecord {
             pod_uid: "uid-1".into(),
+            sandbox_id: "sb-1".into(),
             namespace: "ns".into(),
             name: "p".into(),
             netns_path: "/var/run/netns/abc".into(),
@@ -36,10 +43,14 @@ fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
                 permanent_mac: Some("0c:42:a1:00:00:01".into()),
                 rdma_device: None,
                 rdma_in_pod: false,
-                pod_mac: None,
+                pod_mac: Some("02:aa:00:00:00:01".into()),
                 snapshot: snap("eth1", "0c:42:a1:00:00:01"),
                 state,
                 temp_name: None,
+                at: Some(DeviceAt {
+                    ifindex: 7,
+                    netns: ID,
+                }),
             }],
         },
     );
@@ -82,6 +93,7 @@ fn umount_of_an_attached_pods_netns_rescues_it_by_path_in_either_spelling() {
             got,
             vec![Action::Rescue {
                 pod_uid: "uid-1".into(),
+                key: KEY.into(),
                 trigger: "netns_unmounted",
                 at: 1000
             }],
@@ -148,35 +160,210 @@ fn unlink_nsfs_umount_and_netns_release_rescue() {
     ));
 }
 
+fn appeared(mac: &str, perm: Option<&str>, parent: Option<&str>, kind: Option<&str>) -> LifecycleEvent {
+    ev(EventKind::LinkAppeared {
+        ifindex: 9,
+        name: "dev7".into(),
+        up: false,
+        mac: Some(mac.into()),
+        perm_mac: perm.map(Into::into),
+        parent: parent.map(Into::into),
+        kind: kind.map(Into::into),
+    })
+}
+
 #[test]
-fn a_managed_device_appearing_in_the_host_is_repaired_by_mac() {
+fn a_device_returned_by_the_kernel_is_repaired_by_its_kernel_identity() {
     let cp = cp(PodPhase::Attached, DeviceState::InPod);
-    let appeared = |mac: &str, perm: Option<&str>| {
-        ev(EventKind::LinkAppeared {
-            ifindex: 9,
-            name: "dev7".into(),
-            up: false,
-            mac: Some(mac.into()),
-            perm_mac: perm.map(Into::into),
-        })
-    };
     let want = vec![Action::Repair {
         pod_uid: "uid-1".into(),
+        key: KEY.into(),
         device: "eth1".into(),
         ifindex: 9,
     }];
-    assert_eq!(decide(&cp, &appeared("0C:42:A1:00:00:01", None)), want);
+    // The parent device (its PCI function) names it, whatever MAC it carries now.
     assert_eq!(
-        decide(&cp, &appeared("02:00:00:00:00:09", Some("0c:42:a1:00:00:01"))),
+        decide(
+            &cp,
+            &appeared(
+                "02:00:00:00:00:09",
+                Some("0c:42:a1:00:00:01"),
+                Some("pci/0000:3b:00.1"),
+                None
+            )
+        ),
         want
     );
-    assert!(decide(&cp, &appeared("02:00:00:00:00:09", None)).is_empty());
-    // Our own detach makes the device appear too: by then it is no longer InPod.
-    let home = super::super::decide::decide(
-        &self::cp(PodPhase::Returning, DeviceState::Home),
-        &appeared("0c:42:a1:00:00:01", None),
+    // Another PCI function with the same permanent MAC is not it.
+    assert!(
+        decide(
+            &cp,
+            &appeared(
+                "0c:42:a1:00:00:01",
+                Some("0c:42:a1:00:00:01"),
+                Some("pci/0000:3b:00.0"),
+                None
+            )
+        )
+        .is_empty()
     );
-    assert!(home.is_empty());
+    // Our own detach makes the device appear too: by then it is no longer out.
+    let home = self::cp(PodPhase::Returning, DeviceState::Home);
+    assert!(
+        decide(
+            &home,
+            &appeared(
+                "0c:42:a1:00:00:01",
+                Some("0c:42:a1:00:00:01"),
+                Some("pci/0000:3b:00.1"),
+                None
+            )
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn without_a_parent_the_permanent_mac_and_the_link_kind_identify() {
+    let mut cp = cp(PodPhase::Attached, DeviceState::InPod);
+    for r in cp.pods.values_mut() {
+        r.devices[0].snapshot.parent = None;
+    }
+    assert_eq!(
+        decide(
+            &cp,
+            &appeared("02:00:00:00:00:09", Some("0C-42-A1-00-00-01"), None, None)
+        )
+        .len(),
+        1
+    );
+    // A link a pod or a host made (it has a kind) with that permanent MAC is not a physical NIC.
+    assert!(
+        decide(
+            &cp,
+            &appeared(
+                "0c:42:a1:00:00:01",
+                Some("0c:42:a1:00:00:01"),
+                None,
+                Some("dummy")
+            )
+        )
+        .is_empty()
+    );
+}
+
+/// Issue 2: any host link may carry the MAC a tenant wrote into the claim, or the device's
+/// original MAC (Calico gives every host-side veth `ee:ee:ee:ee:ee:ee`): neither identifies it.
+#[test]
+fn a_host_link_with_the_claims_mac_or_the_original_mac_is_never_taken() {
+    let cp = cp(PodPhase::Attached, DeviceState::InPod);
+    for (mac, kind) in [
+        ("02:aa:00:00:00:01", Some("veth")),
+        ("02:aa:00:00:00:01", None),
+        ("0c:42:a1:00:00:01", Some("veth")),
+        ("0c:42:a1:00:00:01", None),
+    ] {
+        assert!(
+            decide(&cp, &appeared(mac, None, None, kind)).is_empty(),
+            "{mac} {kind:?}"
+        );
+    }
+    // A device with no parent and no permanent MAC is recognised only at its own host ifindex.
+    let mut virt = cp.clone();
+    for r in virt.pods.values_mut() {
+        let s = &mut r.devices[0].snapshot;
+        s.parent = None;
+        s.perm_mac = None;
+        s.kind = Some("veth".into());
+        s.ifindex = 5;
+    }
+    assert!(decide(&virt, &appeared("0c:42:a1:00:00:01", None, None, Some("veth"))).is_empty());
+    let at_home = ev(EventKind::LinkAppeared {
+        ifindex: 5,
+        name: "dev5".into(),
+        up: false,
+        mac: None,
+        perm_mac: None,
+        parent: None,
+        kind: Some("veth".into()),
+    });
+    assert_eq!(decide(&virt, &at_home).len(), 1);
+}
+
+#[test]
+fn two_sandboxes_of_one_pod_are_told_apart_by_path_and_identity() {
+    let mut cp = cp(PodPhase::Attached, DeviceState::InPod);
+    let mut old = cp.pods[KEY].clone();
+    old.sandbox_id = "sb-0".into();
+    old.netns_path = "/var/run/netns/old".into();
+    old.netns = NetnsId {
+        cookie: 41,
+        inode: 4026532998,
+    };
+    old.phase = PodPhase::Returned(ReturnReason::Replaced);
+    old.devices[0].state = DeviceState::Home;
+    cp.pods.insert(old.key(), old);
+    // The old sandbox's teardown touches nothing of the new one.
+    assert!(decide(&cp, &umount("/run/netns/old", 0, None)).is_empty());
+    assert!(
+        decide(
+            &cp,
+            &umount(
+                "/run/netns/old",
+                0,
+                Some(NetnsId {
+                    cookie: 41,
+                    inode: 4026532998
+                })
+            )
+        )
+        .is_empty()
+    );
+    // A path reused for another netns does not rescue a sandbox whose identity differs.
+    assert!(
+        decide(
+            &cp,
+            &umount("/run/netns/abc", 0, Some(NetnsId { cookie: 99, inode: 1 }))
+        )
+        .is_empty()
+    );
+    assert!(
+        matches!(&decide(&cp, &umount("/run/netns/abc", 0, None))[..], [Action::Rescue { key, .. }] if key == KEY)
+    );
+}
+
+#[test]
+fn a_tier_b_move_of_a_placed_device_is_recorded() {
+    let cp = cp(PodPhase::Attached, DeviceState::InPod);
+    let host = NetnsId {
+        cookie: 1,
+        inode: 4026531833,
+    };
+    let moving = |ifindex, from| {
+        ev(EventKind::DeviceMoving {
+            ifindex,
+            name: "net1".into(),
+            new_ifindex: 12,
+            from,
+            to: host,
+            task: task(),
+        })
+    };
+    assert_eq!(
+        decide(&cp, &moving(7, ID)),
+        vec![Action::Moved {
+            pod_uid: "uid-1".into(),
+            key: KEY.into(),
+            device: "eth1".into(),
+            to: DeviceAt {
+                ifindex: 12,
+                netns: host
+            },
+        }]
+    );
+    // Same ifindex in another netns: another device.
+    assert!(decide(&cp, &moving(7, host)).is_empty());
+    assert!(decide(&cp, &moving(8, ID)).is_empty());
 }
 
 #[test]

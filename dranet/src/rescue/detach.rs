@@ -9,52 +9,58 @@ use super::{DetachOutcome, Engine, Inner, Live, RescueError};
 use crate::link::{self, LinkError, Netlink, Returned};
 use crate::netns::Netns;
 use crate::netns::Pin;
-use crate::state::{DeviceRecord, DeviceState, PodPhase, ReturnReason};
+use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, ReturnReason};
 use crate::{pci, rdma};
 
 impl Inner {
-    pub(super) fn live_put(&self, uid: &str, live: Live) {
-        super::lock(&self.live).insert(uid.to_owned(), live);
+    pub(super) fn live_put(&self, key: &str, live: Live) {
+        super::lock(&self.live).insert(key.to_owned(), live);
     }
 
-    fn live_take(&self, uid: &str) -> Option<Live> {
-        super::lock(&self.live).remove(uid)
+    pub(super) fn live_take(&self, key: &str) -> Option<Live> {
+        super::lock(&self.live).remove(key)
     }
 }
 
 impl Engine {
-    /// Brings every device of the pod home (idempotent: a second call is a fast no-op).
+    /// Brings every device of every sandbox of the pod home (idempotent: a second call is a fast
+    /// no-op). Hooks use [`Engine::detach_sandbox`], which touches one sandbox only.
     pub async fn detach_pod(
         &self,
         pod_uid: &str,
         reason: ReturnReason,
     ) -> Result<DetachOutcome, RescueError> {
         let _owner = self.own(pod_uid).await;
-        self.detach_locked(pod_uid, reason).await
+        let mut all = DetachOutcome::NotOurs;
+        let keys = self.cp().keys_of(pod_uid);
+        for key in keys {
+            all = merge(all, self.detach_locked(&key, reason).await?);
+        }
+        Ok(all)
     }
 
-    /// [`Engine::detach_pod`] with the pod's lock already held.
+    /// [`Engine::detach_timed`] without the timing.
     pub(super) async fn detach_locked(
         &self,
-        uid: &str,
+        key: &str,
         reason: ReturnReason,
     ) -> Result<DetachOutcome, RescueError> {
-        self.detach_timed(uid, reason, &mut None).await
+        self.detach_timed(key, reason, &mut None).await
     }
 
-    /// [`Engine::detach_locked`] that also records in `first_move` (CLOCK_MONOTONIC ns) when it
-    /// sends the move of its first device home (or, without a pod netns, starts the host-side
-    /// repair): the rescue's reaction time ends there.
+    /// Brings every device of the sandbox `key` home, the pod's lock held, and records in
+    /// `first_move` (CLOCK_MONOTONIC ns) when it sends the move of its first device home (or,
+    /// without a pod netns, starts the host-side repair): the rescue's reaction time ends there.
     pub(super) async fn detach_timed(
         &self,
-        uid: &str,
+        key: &str,
         reason: ReturnReason,
         first_move: &mut Option<u64>,
     ) -> Result<DetachOutcome, RescueError> {
         let started = std::time::Instant::now();
-        let (devices, pin_path) = {
+        let (uid, devices, pin_path) = {
             let cp = self.cp();
-            let Some(rec) = cp.pods.get(uid) else {
+            let Some(rec) = cp.pods.get(key) else {
                 return Ok(DetachOutcome::NotOurs);
             };
             if let PodPhase::Returned(why) = rec.phase
@@ -62,14 +68,15 @@ impl Engine {
             {
                 return Ok(DetachOutcome::AlreadyReturned { reason: why });
             }
-            (rec.devices.clone(), rec.pin.clone())
+            (rec.pod_uid.clone(), rec.devices.clone(), rec.pin.clone())
         };
-        let live = match self.inner.live_take(uid) {
+        let uid = uid.as_str();
+        let live = match self.inner.live_take(key) {
             Some(l) => Some(l),
-            None => self.repin(uid, pin_path.as_deref()),
+            None => self.repin(key, pin_path.as_deref()),
         };
         self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(uid) {
+            if let Some(rec) = cp.pods.get_mut(key) {
                 rec.phase = PodPhase::Returning;
             }
         })?;
@@ -80,12 +87,14 @@ impl Engine {
             Some(Live { pin, netlink: None }) => match Netlink::in_netns(pin.netns()).await {
                 Ok(nl) => Some(nl),
                 Err(e) => {
-                    warn!(pod = uid, error = %e, "no netlink in the pod netns");
+                    warn!(pod = uid, sandbox = key, error = %e, "no netlink in the pod netns");
                     None
                 }
             },
             None => None,
         };
+        // Its own socket: the kernel runs one dump at a time per netlink socket.
+        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
         let mut home = Vec::new();
         let mut busy = Vec::new();
         let mut failed = Vec::new();
@@ -93,7 +102,7 @@ impl Engine {
             // RDMA first, as the kernel does at netns death: it needs the pod netns alive.
             if d.rdma_in_pod
                 && let Err(e) = self
-                    .detach_rdma(uid, i, d, live.as_ref().map(|l| l.pin.netns()))
+                    .detach_rdma(key, i, d, live.as_ref().map(|l| l.pin.netns()))
                     .await
             {
                 warn!(pod = uid, device = d.device, error = %e, "RDMA link not brought home");
@@ -104,31 +113,29 @@ impl Engine {
             }
             let res = match &pod_nl {
                 Some(nl) => {
-                    link::detach_timed(
-                        nl,
-                        &self.inner.host_nl,
-                        &self.inner.host,
-                        &d.pod_ifname,
-                        &d.snapshot,
-                        d.pod_mac.as_deref(),
-                        first_move,
-                    )
-                    .await
+                    // Only the ifindex recorded in the netns we pinned identifies the device in
+                    // the pod (a pod may have renamed it and made an impostor under its name).
+                    let pod_ifindex =
+                        d.at.filter(|a| live.as_ref().is_some_and(|l| l.pin.netns().id() == a.netns))
+                            .map(|a| a.ifindex);
+                    let req = link::DetachRequest {
+                        pod_nl: nl,
+                        host_nl: &host_nl,
+                        host: &self.inner.host,
+                        snap: &d.snapshot,
+                        pod_ifindex,
+                        pod_ifname: &d.pod_ifname,
+                    };
+                    link::detach(&req, first_move).await
                 }
                 None => {
                     first_move.get_or_insert_with(crate::watch::monotonic_ns);
-                    link::find_and_repair(
-                        &self.inner.host_nl,
-                        &d.snapshot,
-                        Some(&d.pod_ifname),
-                        d.pod_mac.as_deref(),
-                    )
-                    .await
+                    link::find_and_repair(&host_nl, &d.snapshot).await
                 }
             };
             let res = match res {
                 Err(LinkError::Lost { .. }) if self.inner.opts.pci_rebind && d.pci_address.is_some() => {
-                    self.last_resort(uid, d).await
+                    self.last_resort(&host_nl, uid, d).await
                 }
                 other => other.map_err(|source| RescueError::Link {
                     pod: uid.to_owned(),
@@ -143,25 +150,26 @@ impl Engine {
                 }
                 Ok(Returned::NameBusy { temp_name }) => {
                     busy.push(temp_name.clone());
-                    self.set_temp_name(uid, i, Some(temp_name))?;
+                    self.set_temp_name(key, i, Some(temp_name))?;
                     DeviceState::HomeNameBusy
                 }
                 Err(e) => {
-                    warn!(pod = uid, device = d.device, error = %e, "device not brought home");
+                    warn!(pod = uid, sandbox = key, device = d.device, error = %e, "device not brought home");
                     failed.push(e.to_string());
                     continue;
                 }
             };
             self.update(|cp| {
-                if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+                if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                     dev.state = state;
+                    dev.at = None;
                 }
             })?;
         }
         drop(pod_nl);
         if let Some(first) = failed.first() {
             if let Some(l) = live {
-                self.inner.live_put(uid, l);
+                self.inner.live_put(key, l);
             }
             self.count(|c| c.return_failures += 1);
             self.record(
@@ -180,8 +188,8 @@ impl Engine {
                 first: first.clone(),
             });
         }
-        self.finish_return(uid, live, reason)?;
-        info!(pod = uid, ?reason, devices = ?home, name_busy = ?busy, "devices home");
+        self.finish_return(key, live, reason)?;
+        info!(pod = uid, sandbox = key, ?reason, devices = ?home, name_busy = ?busy, "devices home");
         self.record(
             uid,
             ActivityKind::Returned {
@@ -198,32 +206,40 @@ impl Engine {
 
     /// Re-opens the pod's pin; if it is gone, finds the netns by identity (the runtime's path,
     /// then `/proc/*/ns/net`) and pins it again. `None`: the netns is gone.
-    pub(super) fn repin(&self, uid: &str, pin_path: Option<&std::path::Path>) -> Option<Live> {
+    pub(super) fn repin(&self, key: &str, pin_path: Option<&std::path::Path>) -> Option<Live> {
+        let (id, path, name) = self
+            .cp()
+            .pods
+            .get(key)
+            .map(|r| (r.netns, r.netns_path.clone(), r.pin_name()))?;
         if let Some(p) = pin_path {
             match Pin::reopen(p) {
-                Ok(pin) => return Some(Live { pin, netlink: None }),
+                // The pin must still hold the netns the record attached to.
+                Ok(pin) if pin.netns().id() == id => return Some(Live { pin, netlink: None }),
+                Ok(pin) => {
+                    warn!(sandbox = key, pin = %p.display(), found = %pin.netns().id(), expected = %id, "pin holds another netns; ignoring it");
+                }
                 Err(e) => {
-                    warn!(pod = uid, pin = %p.display(), error = %e, "pin is gone; looking for the netns by identity")
+                    warn!(sandbox = key, pin = %p.display(), error = %e, "pin is gone; looking for the netns by identity")
                 }
             }
         }
-        let (id, path) = self.cp().pods.get(uid).map(|r| (r.netns, r.netns_path.clone()))?;
         let ns = crate::netns::find_by_id(id, &[&path])?;
-        match Pin::create(&ns, &self.inner.store.pins_dir(), uid) {
+        match Pin::create(&ns, &self.inner.store.pins_dir(), &name) {
             Ok(pin) => {
-                info!(pod = uid, netns = %id, "netns found alive: pinned again");
+                info!(sandbox = key, netns = %id, "netns found alive: pinned again");
                 let p = pin.path().to_owned();
                 if let Err(e) = self.update(|cp| {
-                    if let Some(r) = cp.pods.get_mut(uid) {
+                    if let Some(r) = cp.pods.get_mut(key) {
                         r.pin = Some(p);
                     }
                 }) {
-                    warn!(pod = uid, error = %e, "cannot record the new pin");
+                    warn!(sandbox = key, error = %e, "cannot record the new pin");
                 }
                 Some(Live { pin, netlink: None })
             }
             Err(e) => {
-                warn!(pod = uid, error = %e, "cannot pin the netns again");
+                warn!(sandbox = key, error = %e, "cannot pin the netns again");
                 None
             }
         }
@@ -232,26 +248,27 @@ impl Engine {
     /// Every device is home: release the pin, stop watching, record why.
     pub(super) fn finish_return(
         &self,
-        uid: &str,
+        key: &str,
         live: Option<Live>,
         reason: ReturnReason,
     ) -> Result<(), RescueError> {
-        let id = self.cp().pods.get(uid).map(|r| r.netns);
         if let Some(Live { pin, netlink }) = live {
             drop(netlink);
             if let Err(e) = pin.release() {
-                warn!(pod = uid, error = %e, "releasing the pin failed");
+                warn!(sandbox = key, error = %e, "releasing the pin failed");
             }
         }
-        if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
-            w.unwatch_netns(id);
-        }
+        // The netns stays watched while the record stays: its teardown drops the record.
         self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(uid) {
+            if let Some(rec) = cp.pods.get_mut(key) {
                 rec.phase = PodPhase::Returned(reason);
                 rec.pin = None;
             }
         })?;
+        // The runtime tore the netns down (CRI-O order, a rescue, a reconcile): the sandbox can
+        // never run again, so its record goes now. Otherwise (containerd order, a new sandbox)
+        // it waits for RemovePodSandbox, Synchronize or the sweep.
+        self.drop_if_torn_down(key)?;
         let m = &self.inner.metrics;
         match reason {
             ReturnReason::Hook => {
@@ -271,12 +288,23 @@ impl Engine {
             ReturnReason::Rollback => {
                 m.rollbacks.inc();
             }
+            ReturnReason::Replaced | ReturnReason::Vanished => {
+                m.returns
+                    .get_or_create(&super::metrics::TriggerLabel {
+                        trigger: if reason == ReturnReason::Replaced {
+                            "replaced".into()
+                        } else {
+                            "vanished".into()
+                        },
+                    })
+                    .inc();
+            }
             ReturnReason::NetnsTeardown => {}
         }
         self.count(|c| match reason {
-            ReturnReason::Hook => c.returned_by_hook += 1,
+            ReturnReason::Hook | ReturnReason::Replaced => c.returned_by_hook += 1,
             ReturnReason::NetnsTeardown => c.rescued_by_teardown += 1,
-            ReturnReason::Reconcile => c.returned_by_reconcile += 1,
+            ReturnReason::Reconcile | ReturnReason::Vanished => c.returned_by_reconcile += 1,
             ReturnReason::Rollback => {}
         });
         Ok(())
@@ -286,7 +314,7 @@ impl Engine {
     /// returns exclusive-mode RDMA devices to the host when it destroys a netns).
     async fn detach_rdma(
         &self,
-        uid: &str,
+        key: &str,
         i: usize,
         d: &DeviceRecord,
         pod_ns: Option<&Netns>,
@@ -296,7 +324,7 @@ impl Engine {
         };
         if let Some(pod_ns) = pod_ns {
             let err = |source| RescueError::Rdma {
-                pod: uid.to_owned(),
+                pod: key.to_owned(),
                 device: name.clone(),
                 source,
             };
@@ -313,7 +341,7 @@ impl Engine {
             }
         }
         self.update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                 dev.rdma_in_pod = false;
             }
         })
@@ -321,7 +349,12 @@ impl Engine {
 
     /// `--pci-rebind`: the device is nowhere; rebind its PCI driver so it reappears in the host,
     /// then restore it.
-    async fn last_resort(&self, uid: &str, d: &DeviceRecord) -> Result<Returned, RescueError> {
+    async fn last_resort(
+        &self,
+        host_nl: &Netlink,
+        uid: &str,
+        d: &DeviceRecord,
+    ) -> Result<Returned, RescueError> {
         let pci = d.pci_address.as_deref().unwrap_or_default();
         let perr = |source| RescueError::Pci {
             pod: uid.to_owned(),
@@ -342,31 +375,28 @@ impl Engine {
         let name = pci::rebind_and_wait(&self.inner.opts.sysfs, pci, std::time::Duration::from_secs(10))
             .await
             .map_err(perr)?;
-        let index = self
-            .inner
-            .host_nl
+        let index = host_nl
             .link_by_name(&name)
             .await
             .map_err(lerr)?
             .map(|m| m.header.index)
             .ok_or_else(|| lerr(LinkError::NotFound(name.clone())))?;
-        link::repair(&self.inner.host_nl, index, &d.snapshot)
-            .await
-            .map_err(lerr)
+        link::repair(host_nl, index, &d.snapshot).await.map_err(lerr)
     }
 
-    fn set_temp_name(&self, uid: &str, i: usize, name: Option<String>) -> Result<(), RescueError> {
+    fn set_temp_name(&self, key: &str, i: usize, name: Option<String>) -> Result<(), RescueError> {
         self.update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                 dev.temp_name = name;
             }
         })
     }
 
-    /// A managed device appeared in the host by itself: restore it (idempotent).
-    pub async fn repair(&self, uid: &str, device: &str, ifindex: u32) -> Result<(), RescueError> {
+    /// A managed device appeared in the host by itself: restore it (idempotent). The link at
+    /// `ifindex` must be the device by its kernel identity (`link::repair` checks).
+    pub async fn repair(&self, uid: &str, key: &str, device: &str, ifindex: u32) -> Result<(), RescueError> {
         let _owner = self.own(uid).await;
-        let Some((i, d)) = self.cp().pods.get(uid).and_then(|r| {
+        let Some((i, d)) = self.cp().pods.get(key).and_then(|r| {
             r.devices
                 .iter()
                 .enumerate()
@@ -377,7 +407,8 @@ impl Engine {
         }) else {
             return Ok(());
         };
-        let res = link::repair(&self.inner.host_nl, ifindex, &d.snapshot)
+        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        let res = link::repair(&host_nl, ifindex, &d.snapshot)
             .await
             .map_err(|source| RescueError::Link {
                 pod: uid.to_owned(),
@@ -387,26 +418,72 @@ impl Engine {
         let state = match res {
             Returned::Restored => DeviceState::Home,
             Returned::NameBusy { temp_name } => {
-                self.set_temp_name(uid, i, Some(temp_name))?;
+                self.set_temp_name(key, i, Some(temp_name))?;
                 DeviceState::HomeNameBusy
             }
         };
         self.update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                 dev.state = state;
+                dev.at = None;
             }
         })?;
         self.count(|c| c.repaired_devices += 1);
         self.inner.metrics.repaired.inc();
         info!(
             pod = uid,
-            device, ifindex, "device returned by the kernel: restored"
+            sandbox = key,
+            device,
+            ifindex,
+            "device returned by the kernel: restored"
         );
-        let all_home = self.cp().pods.get(uid).is_some_and(|r| !r.has_devices_out());
+        let all_home = self.cp().pods.get(key).is_some_and(|r| !r.has_devices_out());
         if all_home {
-            let live = self.inner.live_take(uid);
-            self.finish_return(uid, live, ReturnReason::NetnsTeardown)?;
+            let live = self.inner.live_take(key);
+            self.finish_return(key, live, ReturnReason::NetnsTeardown)?;
         }
         Ok(())
+    }
+
+    /// Tier B saw a device we placed change netns: record where it is now; if that is the host,
+    /// restore it.
+    pub async fn moved(&self, uid: &str, key: &str, device: &str, to: DeviceAt) -> Result<(), RescueError> {
+        if to.netns == self.inner.host.id() {
+            return self.repair(uid, key, device, to.ifindex).await;
+        }
+        let _owner = self.own(uid).await;
+        self.update(|cp| {
+            if let Some(d) = cp
+                .pods
+                .get_mut(key)
+                .and_then(|r| r.devices.iter_mut().find(|d| d.device == device))
+            {
+                d.at = Some(to);
+            }
+        })
+    }
+}
+
+/// Two detach outcomes of one pod's sandboxes as one.
+fn merge(a: DetachOutcome, b: DetachOutcome) -> DetachOutcome {
+    match (a, b) {
+        (DetachOutcome::NotOurs, x) | (x, DetachOutcome::NotOurs) => x,
+        (
+            DetachOutcome::Returned {
+                mut devices,
+                mut name_busy,
+            },
+            DetachOutcome::Returned {
+                devices: d2,
+                name_busy: b2,
+            },
+        ) => {
+            devices.extend(d2);
+            name_busy.extend(b2);
+            DetachOutcome::Returned { devices, name_busy }
+        }
+        (r @ DetachOutcome::Returned { .. }, DetachOutcome::AlreadyReturned { .. })
+        | (DetachOutcome::AlreadyReturned { .. }, r @ DetachOutcome::Returned { .. }) => r,
+        (a @ DetachOutcome::AlreadyReturned { .. }, DetachOutcome::AlreadyReturned { .. }) => a,
     }
 }

@@ -25,6 +25,11 @@ pub struct RescueMetrics {
     pub repaired: Counter,
     pub rollbacks: Counter,
     pub failures: Counter,
+    /// Times events were lost (eBPF ring buffer full, rtnetlink ENOBUFS, a slow subscriber) and
+    /// a reconcile ran instead.
+    pub lost_events: Counter,
+    /// Sandbox records deleted because the runtime no longer has the sandbox.
+    pub records_dropped: Counter,
 }
 
 impl Default for RescueMetrics {
@@ -42,6 +47,8 @@ impl Default for RescueMetrics {
             repaired: Counter::default(),
             rollbacks: Counter::default(),
             failures: Counter::default(),
+            lost_events: Counter::default(),
+            records_dropped: Counter::default(),
         }
     }
 }
@@ -72,6 +79,16 @@ impl RescueMetrics {
             "dranet_devices_repaired",
             "Devices the kernel returned by itself, restored",
             self.repaired.clone(),
+        );
+        r.register(
+            "dranet_lost_events",
+            "Times lifecycle events were lost and a full reconcile ran instead",
+            self.lost_events.clone(),
+        );
+        r.register(
+            "dranet_sandbox_records_dropped",
+            "Sandbox records deleted once their devices were home and the runtime no longer had the sandbox",
+            self.records_dropped.clone(),
         );
         r.register(
             "dranet_attach_rollbacks",

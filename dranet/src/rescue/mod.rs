@@ -1,9 +1,16 @@
 //! The rescue engine: one owner per pod for every device move, whoever asks for it.
 //!
-//! Inputs: NRI hooks ([`Engine::attach_pod`], [`Engine::detach_pod`]), the watcher's lifecycle
-//! events ([`Engine::run_events`], decided by [`decide`]) and the start-up reconcile
+//! Inputs: NRI hooks ([`Engine::attach_pod`], [`Engine::detach_sandbox`],
+//! [`Engine::forget_sandbox`], [`Engine::synchronize`]), the watcher's lifecycle events
+//! ([`Engine::run_events`], decided by [`decide`]) and the start-up reconcile
 //! ([`Engine::reconcile`]). Every action takes the pod's lock, re-reads the checkpoint and is
 //! idempotent, so a StopPodSandbox racing a probe-triggered rescue just finds the work done.
+//!
+//! **A pod is a sandbox in a netns, not a UID.** Records are per sandbox
+//! ([`crate::state::pod_key`]); the lock is per pod UID, so the sandboxes of one pod (kubelet
+//! re-creates a sandbox under the same UID) are handled one at a time. A hook for one sandbox
+//! never touches another's devices; RunPodSandbox of a new sandbox first brings the devices home
+//! from the older one.
 //!
 //! Data path: probe event → [`decide::decide`] → [`Engine::rescue`] → `link::detach` through the pin
 //! (`netns::Pin`) → snapshot restored → pin released → checkpoint.
@@ -22,6 +29,7 @@ pub mod decide;
 mod detach;
 pub mod metrics;
 mod reconcile;
+mod sandbox;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,13 +41,14 @@ use tracing::{debug, info, warn};
 use crate::link::{LinkError, Netlink};
 use crate::netns::{Netns, NetnsError, Pin};
 use crate::plan::{DevicePlan, PodPlan};
-use crate::state::{Checkpoint, ReturnReason, StateError, Store};
+use crate::state::{Checkpoint, PodPhase, ReturnReason, StateError, Store};
 use crate::watch::{Subscription, Watcher};
 
 pub use attach::PodRef;
 pub use decide::{Action, decide};
 pub use metrics::RescueMetrics;
 pub use reconcile::ReconcileReport;
+pub use sandbox::{SWEEP_EVERY, SandboxInfo, SandboxRef, SyncReport};
 
 /// Errors of the rescue engine.
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +112,8 @@ pub enum RescueError {
     },
     #[error("checkpoint: {0}")]
     State(#[from] StateError),
+    #[error(transparent)]
+    Id(#[from] crate::ids::IdError),
     #[error("host netns: {0}")]
     Host(#[source] NetnsError),
     #[error("host netlink: {0}")]
@@ -162,9 +173,9 @@ struct Inner {
     store: Store,
     cp: Mutex<Checkpoint>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Pinned netns of the sandboxes holding devices, by record key.
     live: Mutex<HashMap<String, Live>>,
     host: Netns,
-    host_nl: Netlink,
     /// RDMA netns mode of the host; `None` without RDMA.
     rdma_mode: Option<crate::rdma::NetnsMode>,
     watcher: Option<Watcher>,
@@ -230,6 +241,10 @@ pub enum DetachOutcome {
     },
 }
 
+/// Passes of a probe-triggered rescue before it waits for the next trigger (20 ms doubling to
+/// 2 s: about 15 s in all).
+const RESCUE_ATTEMPTS: u32 = 12;
+
 /// The engine; cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -242,7 +257,9 @@ impl Engine {
         let store = Store::open(&opts.state_dir)?;
         let cp = store.load()?;
         let host = Netns::host().map_err(RescueError::Host)?;
-        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        // The host rtnetlink works here; operations open their own sockets (the kernel runs one
+        // dump at a time per socket: concurrent rescues sharing one failed with EBUSY).
+        drop(Netlink::host().await.map_err(RescueError::HostNetlink)?);
         let rdma_mode = match crate::rdma::host_mode() {
             Ok(m) => m,
             Err(e) => {
@@ -259,7 +276,6 @@ impl Engine {
                 locks: Mutex::new(HashMap::new()),
                 live: Mutex::new(HashMap::new()),
                 host,
-                host_nl,
                 rdma_mode,
                 watcher,
                 counters: Mutex::new(Counters::default()),
@@ -294,7 +310,10 @@ impl Engine {
         }
         let (pod, netns_path) = {
             let cp = self.cp();
-            match (cp.pods.get(pod_uid), cp.plans.get(pod_uid)) {
+            let latest = cp
+                .records_of(pod_uid)
+                .max_by_key(|r| r.phase == PodPhase::Attached);
+            match (latest, cp.plans.get(pod_uid)) {
                 (Some(r), _) => (
                     format!("{}/{}", r.namespace, r.name),
                     Some(r.netns_path.display().to_string()),
@@ -351,12 +370,24 @@ impl Engine {
     /// Forgets the plans of a claim (NodeUnprepareResources). Devices already in a pod stay
     /// tracked until they are home.
     pub fn remove_claim(&self, claim_uid: &str) -> Result<(), RescueError> {
-        let mut cp = self.cp();
-        for plan in cp.plans.values_mut() {
-            plan.devices.retain(|d| d.claim.uid != claim_uid);
+        let emptied: Vec<String> = {
+            let mut cp = self.cp();
+            for plan in cp.plans.values_mut() {
+                plan.devices.retain(|d| d.claim.uid != claim_uid);
+            }
+            let emptied = cp
+                .plans
+                .iter()
+                .filter(|(_, p)| p.devices.is_empty())
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            cp.plans.retain(|_, p| !p.devices.is_empty());
+            self.inner.store.save(&cp)?;
+            emptied
+        };
+        for uid in emptied {
+            self.prune_lock(&uid);
         }
-        cp.plans.retain(|_, p| !p.devices.is_empty());
-        self.inner.store.save(&cp)?;
         Ok(())
     }
 
@@ -366,29 +397,15 @@ impl Engine {
         self.cp().plans.get(pod_uid).map(|p| p.devices.clone())
     }
 
-    /// Pods that may still hold devices.
+    /// Sandboxes (pod UID, record key) that may still hold devices.
     #[must_use]
-    pub fn pods_with_devices_out(&self) -> Vec<String> {
+    pub fn sandboxes_with_devices_out(&self) -> Vec<(String, String)> {
         self.cp()
             .pods
             .values()
             .filter(|p| p.has_devices_out())
-            .map(|p| p.pod_uid.clone())
+            .map(|p| (p.pod_uid.clone(), p.key()))
             .collect()
-    }
-
-    /// Drops the record of a pod whose devices are all home (RemovePodSandbox).
-    pub fn forget_pod(&self, pod_uid: &str) -> Result<(), RescueError> {
-        let mut cp = self.cp();
-        if cp
-            .pods
-            .get(pod_uid)
-            .is_some_and(|p| !p.has_devices_out() && p.pin.is_none())
-        {
-            cp.pods.remove(pod_uid);
-            self.inner.store.save(&cp)?;
-        }
-        Ok(())
     }
 
     /// Consumes the watcher's events until the stream ends, acting on each decision at once.
@@ -406,50 +423,20 @@ impl Engine {
     /// Carries out one decision.
     pub async fn act(&self, action: Action) {
         match action {
-            Action::Rescue { pod_uid, trigger, at } => {
-                info!(pod = %pod_uid, trigger, "netns teardown started: bringing devices home");
-                self.record(
-                    &pod_uid,
-                    activity::ActivityKind::RescueStarted {
-                        trigger: trigger.to_owned(),
-                    },
-                );
-                let mut first_move = None;
-                let res = {
-                    let _owner = self.own(&pod_uid).await;
-                    self.detach_timed(&pod_uid, ReturnReason::NetnsTeardown, &mut first_move)
-                        .await
-                };
-                // A second trigger of the same teardown (unlink after umount) finds the work
-                // done and moves nothing: only the rescue that moved devices is recorded.
-                if first_move.is_some() {
-                    self.record_rescue(&pod_uid, trigger, at, first_move, res.is_ok());
-                }
-                match res {
-                    Ok(DetachOutcome::Returned { .. }) => {
-                        let took = crate::watch::monotonic_ns().saturating_sub(at);
-                        #[allow(clippy::cast_precision_loss)]
-                        self.inner.metrics.rescue_latency.observe(took as f64 / 1e9);
-                        self.inner
-                            .metrics
-                            .returns
-                            .get_or_create(&metrics::TriggerLabel {
-                                trigger: trigger.to_owned(),
-                            })
-                            .inc();
-                        info!(pod = %pod_uid, trigger, took_us = took / 1000, "rescued");
-                    }
-                    Ok(_) => {}
-                    Err(e) => warn!(pod = %pod_uid, error = %e, "rescue incomplete"),
-                }
-            }
+            Action::Rescue {
+                pod_uid,
+                key,
+                trigger,
+                at,
+            } => self.rescue(&pod_uid, &key, trigger, at).await,
             Action::Repair {
                 pod_uid,
+                key,
                 device,
                 ifindex,
             } => {
-                if let Err(e) = self.repair(&pod_uid, &device, ifindex).await {
-                    warn!(pod = %pod_uid, device, error = %e, "repair failed");
+                if let Err(e) = self.repair(&pod_uid, &key, &device, ifindex).await {
+                    warn!(pod = %pod_uid, sandbox = %key, device, error = %e, "repair failed");
                     self.record(
                         &pod_uid,
                         activity::ActivityKind::Failed {
@@ -460,9 +447,80 @@ impl Engine {
                     );
                 }
             }
+            Action::Moved {
+                pod_uid,
+                key,
+                device,
+                to,
+            } => {
+                if let Err(e) = self.moved(&pod_uid, &key, &device, to).await {
+                    warn!(pod = %pod_uid, sandbox = %key, device, error = %e, "recording a device move failed");
+                }
+            }
+            Action::Forget { pod_uid, key } => {
+                {
+                    let _owner = self.own(&pod_uid).await;
+                    if let Err(e) = self.drop_if_torn_down(&key) {
+                        warn!(pod = %pod_uid, sandbox = %key, error = %e, "cannot drop the record");
+                    }
+                }
+                self.prune_lock(&pod_uid);
+            }
             Action::Reconcile => {
+                self.inner.metrics.lost_events.inc();
                 if let Err(e) = self.reconcile().await {
                     warn!(error = %e, "reconcile after lost events failed");
+                }
+            }
+        }
+    }
+
+    /// A probe saw the sandbox's netns being torn down: every device home now, retried with
+    /// backoff (the kernel or a busy RTNL can fail a pass) until home or the record is gone.
+    async fn rescue(&self, pod_uid: &str, key: &str, trigger: &'static str, at: u64) {
+        info!(pod = %pod_uid, sandbox = %key, trigger, "netns teardown started: bringing devices home");
+        self.record(
+            pod_uid,
+            activity::ActivityKind::RescueStarted {
+                trigger: trigger.to_owned(),
+            },
+        );
+        let mut delay = std::time::Duration::from_millis(20);
+        for attempt in 1..=RESCUE_ATTEMPTS {
+            let mut first_move = None;
+            let res = {
+                let _owner = self.own(pod_uid).await;
+                self.detach_timed(key, ReturnReason::NetnsTeardown, &mut first_move)
+                    .await
+            };
+            // A second trigger of the same teardown (unlink after umount) finds the work
+            // done and moves nothing: only the rescue that moved devices is recorded.
+            if first_move.is_some() {
+                self.record_rescue(pod_uid, trigger, at, first_move, res.is_ok());
+            }
+            match res {
+                Ok(DetachOutcome::Returned { .. }) => {
+                    let took = crate::watch::monotonic_ns().saturating_sub(at);
+                    #[allow(clippy::cast_precision_loss)]
+                    self.inner.metrics.rescue_latency.observe(took as f64 / 1e9);
+                    self.inner
+                        .metrics
+                        .returns
+                        .get_or_create(&metrics::TriggerLabel {
+                            trigger: trigger.to_owned(),
+                        })
+                        .inc();
+                    info!(pod = %pod_uid, sandbox = %key, trigger, took_us = took / 1000, attempt, "rescued");
+                    return;
+                }
+                Ok(_) => return,
+                Err(e) if attempt == RESCUE_ATTEMPTS => {
+                    warn!(pod = %pod_uid, sandbox = %key, error = %e, attempt, "rescue incomplete; giving up until the next trigger or reconcile");
+                }
+                Err(e) => {
+                    debug!(pod = %pod_uid, sandbox = %key, error = %e, attempt, ?delay, "rescue incomplete; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(2));
                 }
             }
         }
@@ -494,13 +552,31 @@ impl Engine {
         f(&mut lock(&self.inner.counters));
     }
 
-    /// The per-pod owner lock.
+    /// The per-pod owner lock (one owner for every sandbox of a pod UID).
     async fn own(&self, pod_uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
         let m = lock(&self.inner.locks)
             .entry(pod_uid.to_owned())
             .or_default()
             .clone();
         m.lock_owned().await
+    }
+
+    /// Drops the lock of a pod that has no record left, once nobody holds or waits for it (the
+    /// map's own reference is the only one: a waiter holds a clone, taken under the map's lock).
+    fn prune_lock(&self, pod_uid: &str) {
+        if self.cp().records_of(pod_uid).next().is_some() || self.cp().plans.contains_key(pod_uid) {
+            return;
+        }
+        let mut locks = lock(&self.inner.locks);
+        if locks.get(pod_uid).is_some_and(|m| Arc::strong_count(m) == 1) {
+            locks.remove(pod_uid);
+        }
+    }
+
+    /// Number of per-pod locks held in memory (tests: the map is pruned with the records).
+    #[must_use]
+    pub fn lock_count(&self) -> usize {
+        lock(&self.inner.locks).len()
     }
 
     /// Applies `f` to the checkpoint and saves it.

@@ -1,6 +1,7 @@
 //! Start-up (and lost-event) reconcile: make the checkpoint true again.
 //!
-//! For every pod with devices out:
+//! For every sandbox with devices out (its phase read again once its pod's lock is held: a hook
+//! may have changed it meanwhile):
 //! * attach was interrupted (`Attaching`) → roll back: every device home;
 //! * pin present, runtime's netns path still names the same netns → re-adopt (watch it again);
 //! * pin present, path gone or replaced → the runtime tore the pod down while we were away →
@@ -9,6 +10,7 @@
 //!   the host and repair.
 //!
 //! Pins in the pins dir that no pod record claims (a crash between pin and checkpoint) are released.
+//! Records of sandboxes whose netns is gone are dropped ([`Engine::sweep`]).
 
 use std::collections::HashSet;
 
@@ -30,38 +32,52 @@ pub struct ReconcileReport {
     pub failed: Vec<String>,
     /// Pins nobody claimed, released.
     pub stray_pins: usize,
+    /// Records of sandboxes whose netns is gone, dropped.
+    pub dropped: usize,
 }
 
 impl Engine {
     /// Reconciles the checkpoint with the kernel.
     pub async fn reconcile(&self) -> Result<ReconcileReport, RescueError> {
         let mut report = ReconcileReport::default();
-        let pods: Vec<(String, PodPhase)> = self
+        let sandboxes: Vec<(String, String)> = self
             .cp()
             .pods
             .values()
             .filter(|p| p.has_devices_out() || p.pin.is_some())
-            .map(|p| (p.pod_uid.clone(), p.phase))
+            .map(|p| (p.pod_uid.clone(), p.key()))
             .collect();
-        for (uid, phase) in pods {
+        for (uid, key) in sandboxes {
             let _owner = self.own(&uid).await;
-            match self.reconcile_pod(&uid, phase).await {
-                Ok(true) => report.adopted.push(uid),
-                Ok(false) => report.returned.push(uid),
+            // The phase as it is now that we own the pod, not as it was when the list was made.
+            let Some(phase) = self
+                .cp()
+                .pods
+                .get(&key)
+                .filter(|p| p.has_devices_out() || p.pin.is_some())
+                .map(|p| p.phase)
+            else {
+                continue;
+            };
+            match self.reconcile_pod(&key, phase).await {
+                Ok(true) => report.adopted.push(key),
+                Ok(false) => report.returned.push(key),
                 Err(e) => {
-                    warn!(pod = uid, error = %e, "reconcile: devices not all home");
-                    report.failed.push(uid);
+                    warn!(pod = uid, sandbox = key, error = %e, "reconcile: devices not all home");
+                    report.failed.push(key);
                 }
             }
         }
+        report.dropped = self.sweep().await;
+        self.watch_returned().await;
         report.stray_pins = self.release_stray_pins();
         info!(?report, "reconcile done");
         Ok(report)
     }
 
-    /// Returns whether the pod was adopted (still running).
-    async fn reconcile_pod(&self, uid: &str, phase: PodPhase) -> Result<bool, RescueError> {
-        if phase == PodPhase::Attached && self.adopt(uid).await {
+    /// Returns whether the sandbox was adopted (still running).
+    async fn reconcile_pod(&self, key: &str, phase: PodPhase) -> Result<bool, RescueError> {
+        if phase == PodPhase::Attached && self.adopt(key).await {
             return Ok(true);
         }
         if let PodPhase::Returned(why) = phase {
@@ -69,10 +85,10 @@ impl Engine {
             let live = self
                 .cp()
                 .pods
-                .get(uid)
+                .get(key)
                 .and_then(|r| r.pin.clone())
                 .and_then(|p| Pin::reopen(&p).ok());
-            self.finish_return(uid, live.map(|pin| Live { pin, netlink: None }), why)?;
+            self.finish_return(key, live.map(|pin| Live { pin, netlink: None }), why)?;
             return Ok(false);
         }
         let reason = if phase == PodPhase::Attaching {
@@ -80,44 +96,66 @@ impl Engine {
         } else {
             ReturnReason::Reconcile
         };
-        self.detach_locked(uid, reason).await?;
+        self.detach_locked(key, reason).await?;
         Ok(false)
     }
 
     /// Re-opens the pin of a pod whose runtime path still names the pinned netns.
-    async fn adopt(&self, uid: &str) -> bool {
-        if super::lock(&self.inner.live).contains_key(uid) {
-            return true;
-        }
+    async fn adopt(&self, key: &str) -> bool {
         let Some((path, id, pin_path)) = self
             .cp()
             .pods
-            .get(uid)
+            .get(key)
             .map(|r| (r.netns_path.clone(), r.netns, r.pin.clone()))
         else {
             return false;
         };
-        let Some(Live { pin, .. }) = self.repin(uid, pin_path.as_deref()) else {
+        if super::lock(&self.inner.live).contains_key(key) {
+            // Held by this process already (a reconcile at runtime, after lost events): still
+            // running only if the runtime's path still names its netns.
+            return Netns::open_path(&path).is_ok_and(|ns| ns.id() == id);
+        }
+        let Some(Live { pin, .. }) = self.repin(key, pin_path.as_deref()) else {
             return false;
         };
         let alive = Netns::open_path(&path).is_ok_and(|ns| ns.id() == id) && pin.netns().id() == id;
         if !alive {
             // Keep the pin for the detach that follows.
-            self.inner.live_put(uid, Live { pin, netlink: None });
+            self.inner.live_put(key, Live { pin, netlink: None });
             return false;
         }
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(&path, id, pin.netns().as_fd()).await
         {
-            warn!(pod = uid, error = %e, "cannot watch the re-adopted netns");
+            warn!(sandbox = key, error = %e, "cannot watch the re-adopted netns");
         }
-        self.inner.live_put(uid, Live { pin, netlink: None });
-        info!(pod = uid, netns = %id, "pod still running: re-adopted");
+        self.inner.live_put(key, Live { pin, netlink: None });
+        info!(sandbox = key, netns = %id, "pod still running: re-adopted");
         // The runtime may have removed the path between our check and the watch: re-check.
         if !path.exists() {
             return false;
         }
         true
+    }
+
+    /// Watches the netns of returned sandboxes whose record stays (their teardown drops it).
+    async fn watch_returned(&self) {
+        let Some(w) = &self.inner.watcher else { return };
+        let returned: Vec<(std::path::PathBuf, crate::netns::NetnsId)> = self
+            .cp()
+            .pods
+            .values()
+            .filter(|r| matches!(r.phase, PodPhase::Returned(_)))
+            .map(|r| (r.netns_path.clone(), r.netns))
+            .collect();
+        for (path, id) in returned {
+            if let Ok(ns) = Netns::open_path(&path)
+                && ns.id() == id
+                && let Err(e) = w.watch_netns(&path, id, ns.as_fd()).await
+            {
+                warn!(netns = %id, error = %e, "cannot watch a returned sandbox's netns");
+            }
+        }
     }
 
     /// Releases pins no pod record refers to.
@@ -136,16 +174,44 @@ impl Engine {
         n
     }
 
-    /// Brings every device of every pod home and removes all pins (uninstall).
+    /// Brings every device of every sandbox home, removes all pins and drops every record
+    /// (uninstall). Plans of prepared claims are kept: they are kubelet's, and a daemon started
+    /// again still serves those pods' new sandboxes.
     pub async fn release_all(&self) -> Result<ReconcileReport, RescueError> {
         let mut report = ReconcileReport::default();
-        let uids: Vec<String> = self.cp().pods.keys().cloned().collect();
-        for uid in uids {
-            match self.detach_pod(&uid, ReturnReason::Hook).await {
-                Ok(_) => report.returned.push(uid),
+        let sandboxes: Vec<(String, String)> = self
+            .cp()
+            .pods
+            .values()
+            .map(|r| (r.pod_uid.clone(), r.key()))
+            .collect();
+        for (uid, key) in sandboxes {
+            let _owner = self.own(&uid).await;
+            match self.detach_locked(&key, ReturnReason::Hook).await {
+                Ok(_) => {
+                    report.returned.push(key.clone());
+                    // A record whose pin lingers (devices home before a crash) loses it here.
+                    let live = self
+                        .cp()
+                        .pods
+                        .get(&key)
+                        .and_then(|r| r.pin.clone())
+                        .and_then(|p| Pin::reopen(&p).ok());
+                    if let Some(pin) = live {
+                        let _ = pin.release();
+                        self.update(|cp| {
+                            if let Some(r) = cp.pods.get_mut(&key) {
+                                r.pin = None;
+                            }
+                        })?;
+                    }
+                    if self.drop_record(&key, "release-all")? {
+                        report.dropped += 1;
+                    }
+                }
                 Err(e) => {
-                    warn!(pod = uid, error = %e, "release-all: devices not all home");
-                    report.failed.push(uid);
+                    warn!(pod = uid, sandbox = key, error = %e, "release-all: devices not all home");
+                    report.failed.push(key);
                 }
             }
         }

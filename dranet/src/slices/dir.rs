@@ -106,8 +106,8 @@ impl Publisher for DirPublisher {
         })
     }
 
-    fn owner<'a>(&'a self) -> BoxFuture<'a, Option<OwnerReference>> {
-        Box::pin(async { None })
+    fn owner<'a>(&'a self) -> BoxFuture<'a, Result<Option<OwnerReference>, SliceError>> {
+        Box::pin(async { Ok(None) })
     }
 
     fn publish<'a>(&'a self, slices: &'a [ResourceSlice]) -> BoxFuture<'a, Result<(), SliceError>> {

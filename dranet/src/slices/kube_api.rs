@@ -12,6 +12,8 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 
 use super::{API_VERSION, KIND, OwnerReference, Publisher, ResourceSlice, SliceError};
 
+const GROUP: &str = "resource.k8s.io";
+
 /// How long one API request of a publish may take before the publish fails (and the publish
 /// loop retries it with backoff): a hung API server must not stall slice updates forever.
 pub const API_REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -47,12 +49,14 @@ impl KubePublisher {
     async fn call<T>(
         &self,
         what: impl Into<String>,
+        needs: &'static (&'static str, &'static str, &'static str),
         req: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, SliceError> {
         match tokio::time::timeout(self.timeout, req).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => Err(SliceError::Kube {
                 what: what.into(),
+                needs,
                 source,
             }),
             Err(_) => Err(SliceError::Timeout {
@@ -63,7 +67,7 @@ impl KubePublisher {
     }
 
     fn api(&self) -> Api<DynamicObject> {
-        let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", KIND);
+        let gvk = GroupVersionKind::gvk(GROUP, "v1", KIND);
         let ar = ApiResource::from_gvk_with_plural(&gvk, "resourceslices");
         Api::all_with(self.client.clone(), &ar)
     }
@@ -75,7 +79,14 @@ impl KubePublisher {
             self.node, self.driver
         ));
         let api = self.api();
-        Ok(self.call("listing ResourceSlices", api.list(&lp)).await?.items)
+        Ok(self
+            .call(
+                "listing ResourceSlices",
+                &("list", GROUP, "resourceslices"),
+                api.list(&lp),
+            )
+            .await?
+            .items)
     }
 }
 
@@ -99,24 +110,34 @@ impl Publisher for KubePublisher {
         })
     }
 
-    fn owner<'a>(&'a self) -> BoxFuture<'a, Option<OwnerReference>> {
+    fn owner<'a>(&'a self) -> BoxFuture<'a, Result<Option<OwnerReference>, SliceError>> {
         Box::pin(async move {
             let nodes: Api<Node> = Api::all(self.client.clone());
             match self
-                .call(format!("getting Node {}", self.node), nodes.get(&self.node))
+                .call(
+                    format!("getting Node {}", self.node),
+                    &("get", "", "nodes"),
+                    nodes.get(&self.node),
+                )
                 .await
             {
-                Ok(n) => n.metadata.uid.map(|uid| OwnerReference {
+                Ok(n) => Ok(n.metadata.uid.map(|uid| OwnerReference {
                     api_version: "v1".to_owned(),
                     kind: "Node".to_owned(),
                     name: self.node.clone(),
                     uid,
                     controller: Some(true),
-                }),
-                Err(e) => {
-                    tracing::warn!(node = %self.node, error = %e, "no Node object; publishing slices without owner");
-                    None
+                })),
+                Err(SliceError::Kube {
+                    source: kube::Error::Api(e),
+                    ..
+                }) if e.code == 404 => {
+                    tracing::warn!(node = %self.node, "no Node object; publishing slices without owner");
+                    Ok(None)
                 }
+                // Without an answer we do not know the owner: the publish fails and is retried,
+                // rather than slices going out without the Node that garbage-collects them.
+                Err(e) => Err(e),
             }
         })
     }
@@ -129,6 +150,7 @@ impl Publisher for KubePublisher {
                 debug_assert_eq!(s.api_version, API_VERSION);
                 self.call(
                     format!("applying ResourceSlice {}", s.metadata.name),
+                    &("patch", GROUP, "resourceslices"),
                     api.patch(&s.metadata.name, &pp, &Patch::Apply(s)),
                 )
                 .await?;
@@ -144,6 +166,7 @@ impl Publisher for KubePublisher {
                 match self
                     .call(
                         format!("deleting stale ResourceSlice {name}"),
+                        &("delete", GROUP, "resourceslices"),
                         api.delete(&name, &dp),
                     )
                     .await

@@ -4,6 +4,7 @@
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -15,11 +16,18 @@ pub struct FeatureLabels {
     pub feature: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    /// HTTP status of the failed request, or `timeout`, `unreachable`, `local`.
+    pub status: String,
+}
+
 /// Cheap to clone; clones share the values.
 #[derive(Debug, Clone, Default)]
 pub struct SliceMetrics {
     published: Family<FeatureLabels, Gauge>,
     last_published: Gauge<f64, AtomicU64>,
+    failures: Family<StatusLabels, Counter>,
 }
 
 impl SliceMetrics {
@@ -34,6 +42,30 @@ impl SliceMetrics {
             "Unix time of the last ResourceSlice publication",
             self.last_published.clone(),
         );
+        registry.register(
+            "dranet_driver_publish_failures",
+            "Failed ResourceSlice publications, by the HTTP status of the failed request (or timeout, unreachable, local)",
+            self.failures.clone(),
+        );
+    }
+
+    /// Records a failed publication (`status`: see [`super::SliceError::status_label`]).
+    pub fn failed(&self, status: &str) {
+        self.failures
+            .get_or_create(&StatusLabels {
+                status: status.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Failed publications with `status` so far.
+    #[must_use]
+    pub fn failures(&self, status: &str) -> u64 {
+        self.failures
+            .get_or_create(&StatusLabels {
+                status: status.to_owned(),
+            })
+            .get()
     }
 
     /// Records a successful publication of `devices`.

@@ -57,9 +57,51 @@ pub enum SliceError {
     #[error("kube API: {what}")]
     Kube {
         what: String,
+        /// The permission the request needs: (verb, API group, resource).
+        needs: &'static (&'static str, &'static str, &'static str),
         #[source]
         source: kube::Error,
     },
+}
+
+impl SliceError {
+    /// The HTTP status of the failed request (`403`, `500`...), `timeout`, `unreachable` (no
+    /// answer: connection refused, TLS...) or `local` (files, encoding): the label of the
+    /// publish-failure metric.
+    #[must_use]
+    pub fn status_label(&self) -> String {
+        match self {
+            Self::Kube { source, .. } => {
+                crate::rbac::status_code(source).map_or_else(|| "unreachable".to_owned(), |c| c.to_string())
+            }
+            Self::Timeout { .. } => "timeout".to_owned(),
+            Self::Io { .. } | Self::Json { .. } => "local".to_owned(),
+        }
+    }
+
+    /// One line for `/readyz`: a 403 names the missing permission (and is logged once), other
+    /// errors give their cause chain.
+    #[must_use]
+    pub fn reason(&self) -> String {
+        if let Self::Kube { needs, source, .. } = self
+            && let Some(r) = crate::rbac::note_forbidden(source, **needs)
+        {
+            return r;
+        }
+        error_chain(self)
+    }
+}
+
+/// `e: cause: cause…` (a kube error's reason is in its source).
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// `metadata.ownerReferences[]`.
@@ -227,7 +269,8 @@ pub trait Publisher: Send + Sync {
     /// driver continues above it.
     fn existing_generation<'a>(&'a self) -> BoxFuture<'a, Result<i64, SliceError>>;
     /// The owner reference to put on slices (the Node), if known.
-    fn owner<'a>(&'a self) -> BoxFuture<'a, Option<OwnerReference>>;
+    /// `Ok(None)` when there is no Node object; an error when the API server did not say.
+    fn owner<'a>(&'a self) -> BoxFuture<'a, Result<Option<OwnerReference>, SliceError>>;
     fn publish<'a>(&'a self, slices: &'a [ResourceSlice]) -> BoxFuture<'a, Result<(), SliceError>>;
 }
 
@@ -239,6 +282,7 @@ pub struct SliceController<P: Publisher> {
     generation: Option<i64>,
     last: Option<Vec<Device>>,
     metrics: Option<SliceMetrics>,
+    ready: Option<crate::ready::Readiness>,
 }
 
 impl<P: Publisher> SliceController<P> {
@@ -250,6 +294,7 @@ impl<P: Publisher> SliceController<P> {
             generation: None,
             last: None,
             metrics: None,
+            ready: None,
         }
     }
 
@@ -257,6 +302,14 @@ impl<P: Publisher> SliceController<P> {
     #[must_use]
     pub fn with_metrics(mut self, metrics: SliceMetrics) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Reports each publication's outcome as the [`crate::ready::SLICES`] condition.
+    #[must_use]
+    pub fn with_readiness(mut self, ready: crate::ready::Readiness) -> Self {
+        ready.expect(crate::ready::SLICES, "ResourceSlices not published yet");
+        self.ready = Some(ready);
         self
     }
 
@@ -285,20 +338,43 @@ impl<P: Publisher> SliceController<P> {
 
     /// Publishes unconditionally (e.g. after kubelet re-registration wiped the slices).
     pub async fn publish(&mut self, devices: &[Device]) -> Result<(), SliceError> {
+        match self.try_publish(devices).await {
+            Ok(()) => {
+                if let Some(m) = &self.metrics {
+                    m.published(devices);
+                }
+                if let Some(r) = &self.ready {
+                    r.set_met(crate::ready::SLICES);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(m) = &self.metrics {
+                    m.failed(&e.status_label());
+                }
+                if let Some(r) = &self.ready {
+                    r.set_unmet(
+                        crate::ready::SLICES,
+                        format!("ResourceSlices not published: {}", e.reason()),
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn try_publish(&mut self, devices: &[Device]) -> Result<(), SliceError> {
         let generation = match self.generation {
             Some(g) => g + 1,
             None => self.publisher.existing_generation().await? + 1,
         };
-        let owner = self.publisher.owner().await;
+        let owner = self.publisher.owner().await?;
         let slices = build_slices(&self.driver, &self.node, generation, owner.as_ref(), devices);
         if let Err(e) = self.publisher.publish(&slices).await {
             // Some slices of this generation may be out already: the next attempt takes a new
             // one, so no two different device sets are ever published under one generation.
             self.generation = Some(generation);
             return Err(e);
-        }
-        if let Some(m) = &self.metrics {
-            m.published(devices);
         }
         self.generation = Some(generation);
         self.last = Some(devices.to_vec());

@@ -86,7 +86,10 @@ pub async fn publish_loop<P, S>(
 {
     let scan = Arc::new(scan);
     let mut last_scan: Option<Instant> = None;
-    // After a failed publish: the wait before the next attempt (doubling up to max_interval).
+    // After a failed publish: the wait before the next attempt (doubling from min_interval up to
+    // max_interval, jittered so that nodes that lost the API server together do not return in
+    // lockstep).
+    let mut backoff = crate::backoff::Backoff::new(timing.min_interval, timing.max_interval);
     let mut retry: Option<Duration> = None;
     loop {
         if let Some(t) = last_scan {
@@ -138,18 +141,22 @@ pub async fn publish_loop<P, S>(
         match res {
             Ok(true) => {
                 retry = None;
+                backoff.reset();
                 tracing::info!(
                     devices = devices.len(),
                     generation = controller.generation().unwrap_or_default(),
                     "published ResourceSlices"
                 );
             }
-            Ok(false) => retry = None,
+            Ok(false) => {
+                retry = None;
+                backoff.reset();
+            }
             Err(e) => {
-                let wait = retry.map_or(timing.min_interval, |r| (r * 2).min(timing.max_interval));
+                let wait = backoff.next_delay();
                 retry = Some(wait);
                 tracing::warn!(
-                    error = %error_chain(&e),
+                    error = %e.reason(),
                     retry_in = ?wait,
                     "publishing ResourceSlices failed"
                 );
@@ -183,16 +190,4 @@ pub async fn link_events(
     }
     task.abort();
     Ok(())
-}
-
-/// `e: cause: cause…` (a kube error's reason is in its source).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -9,6 +9,15 @@
 //!
 //! The state dir lives on tmpfs by default (`/run/dranet`): after a reboot there are no pod netns
 //! and no pins left, and the devices are back in the host anyway, so forgetting is right.
+//!
+//! **A pod is a sandbox in a netns, not a UID.** kubelet re-creates a pod's sandbox under the same
+//! pod UID and removes the old one later, so pod records are keyed by pod UID *and* sandbox id
+//! ([`pod_key`]) and carry the identity of the netns they attached to. Plans stay per pod UID:
+//! the claims of a pod stay prepared across its sandboxes.
+//!
+//! Format history: 1 keyed records by pod UID only; 2 keys them by sandbox and records every
+//! device's kernel identity ([`DeviceRecord::at`]). A format-1 file is migrated on load: its
+//! records keep an empty sandbox id (unknown) until a hook or Synchronize names their sandbox.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -22,7 +31,7 @@ use crate::netns::NetnsId;
 use crate::plan::PodPlan;
 
 /// Version of the checkpoint format; a newer file is refused rather than misread.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const FILE: &str = "state.json";
 
 /// Errors of the checkpoint store.
@@ -96,6 +105,19 @@ pub struct DeviceRecord {
     /// Name the device carries in the host while its own is taken (see `link` name policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temp_name: Option<String>,
+    /// Where the device is, by kernel identity: its ifindex in the netns `netns` (the pod's, once
+    /// the move is confirmed). `None` while the move may be half-way (a crash between the
+    /// request and this record) and in records migrated from format 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<DeviceAt>,
+}
+
+/// A device's kernel identity in one netns: the ifindex is fixed while the device stays in that
+/// netns, and the netns is known by its cookie (never reused) and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceAt {
+    pub ifindex: u32,
+    pub netns: NetnsId,
 }
 
 /// Why a pod's devices came home.
@@ -110,6 +132,11 @@ pub enum ReturnReason {
     Reconcile,
     /// An attach failed part-way: rolled back.
     Rollback,
+    /// A new sandbox of the same pod started (kubelet re-created it): the devices left the old
+    /// one to move to the new one.
+    Replaced,
+    /// Synchronize: the runtime no longer knows the sandbox.
+    Vanished,
 }
 
 /// Life of a pod's devices.
@@ -123,10 +150,14 @@ pub enum PodPhase {
     Returned(ReturnReason),
 }
 
-/// A pod whose netns we put devices into.
+/// One sandbox of a pod whose netns we put devices into.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PodRecord {
     pub pod_uid: String,
+    /// The runtime's sandbox id; empty in a record migrated from format 1 (unknown until a hook
+    /// or Synchronize names it).
+    #[serde(default)]
+    pub sandbox_id: String,
     pub namespace: String,
     pub name: String,
     /// The runtime's netns path (`/var/run/netns/<id>`).
@@ -138,7 +169,31 @@ pub struct PodRecord {
     pub devices: Vec<DeviceRecord>,
 }
 
+/// The checkpoint key of a pod's sandbox: `<pod-uid>/<sandbox-id>` (the sandbox id is empty for
+/// a record migrated from format 1). Both parts are checked at the boundary ([`crate::ids`]), so
+/// neither contains `/`.
+#[must_use]
+pub fn pod_key(pod_uid: &str, sandbox_id: &str) -> String {
+    format!("{pod_uid}/{sandbox_id}")
+}
+
 impl PodRecord {
+    /// This record's key in [`Checkpoint::pods`].
+    #[must_use]
+    pub fn key(&self) -> String {
+        pod_key(&self.pod_uid, &self.sandbox_id)
+    }
+
+    /// The file name of this sandbox's pin: the sandbox id (format 1: the pod UID).
+    #[must_use]
+    pub fn pin_name(&self) -> String {
+        if self.sandbox_id.is_empty() {
+            self.pod_uid.clone()
+        } else {
+            self.sandbox_id.clone()
+        }
+    }
+
     /// Whether any device may still be outside the host.
     #[must_use]
     pub fn has_devices_out(&self) -> bool {
@@ -158,9 +213,32 @@ pub struct Checkpoint {
     /// Prepared plans by pod UID (from NodePrepareResources).
     #[serde(default)]
     pub plans: BTreeMap<String, PodPlan>,
-    /// Pods with devices attached or recently returned, by pod UID.
+    /// Sandboxes with devices attached or recently returned, by [`pod_key`].
     #[serde(default)]
     pub pods: BTreeMap<String, PodRecord>,
+}
+
+impl Checkpoint {
+    /// The records of every sandbox of pod `uid`.
+    pub fn records_of<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = &'a PodRecord> + 'a {
+        let from = pod_key(uid, "");
+        self.pods
+            .range(from..)
+            .take_while(move |(_, r)| r.pod_uid == uid)
+            .map(|(_, r)| r)
+    }
+
+    /// The keys of every sandbox record of pod `uid`.
+    #[must_use]
+    pub fn keys_of(&self, uid: &str) -> Vec<String> {
+        self.records_of(uid).map(PodRecord::key).collect()
+    }
+
+    /// Re-keys every record by [`PodRecord::key`] (format 1 keyed them by pod UID).
+    fn rekey(&mut self) {
+        let pods = std::mem::take(&mut self.pods);
+        self.pods = pods.into_values().map(|r| (r.key(), r)).collect();
+    }
 }
 
 /// The state dir: checkpoint file and the pins directory.
@@ -213,17 +291,7 @@ impl Store {
             }
             Err(source) => return Err(StateError::Read { path, source }),
         };
-        let cp: Checkpoint = serde_json::from_slice(&bytes).map_err(|source| StateError::Decode {
-            path: path.clone(),
-            source,
-        })?;
-        if cp.version > FORMAT_VERSION {
-            return Err(StateError::Version {
-                path,
-                found: cp.version,
-            });
-        }
-        Ok(cp)
+        decode(&bytes, &path)
     }
 
     /// Replaces the checkpoint atomically and durably.
@@ -251,6 +319,32 @@ impl Store {
                 source,
             })
     }
+}
+
+/// Decodes a checkpoint file of any format this dranet reads, migrating older ones.
+fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, StateError> {
+    #[derive(Deserialize)]
+    struct Version {
+        #[serde(default)]
+        version: u32,
+    }
+    let derr = |source| StateError::Decode {
+        path: path.to_owned(),
+        source,
+    };
+    let v: Version = serde_json::from_slice(bytes).map_err(derr)?;
+    if v.version > FORMAT_VERSION {
+        return Err(StateError::Version {
+            path: path.to_owned(),
+            found: v.version,
+        });
+    }
+    let mut cp: Checkpoint = serde_json::from_slice(bytes).map_err(derr)?;
+    // Format 1 (and 0, unversioned) keyed records by pod UID: format 2 keys them by sandbox.
+    // Records of format 2 are re-keyed too, so a hand-edited key cannot point at another record.
+    cp.rekey();
+    cp.version = FORMAT_VERSION;
+    Ok(cp)
 }
 
 fn set_private(dir: &Path) -> io::Result<()> {

@@ -24,9 +24,10 @@ fn sample() -> Checkpoint {
         },
     );
     cp.pods.insert(
-        "uid-1".into(),
+        "uid-1/sb-1".into(),
         PodRecord {
             pod_uid: "uid-1".into(),
+            sandbox_id: "sb-1".into(),
             namespace: "ns".into(),
             name: "p".into(),
             netns_path: "/var/run/netns/x".into(),
@@ -78,4 +79,55 @@ fn newer_format_and_garbage_are_refused() {
     assert!(matches!(err, StateError::Decode { .. }), "{err}");
     assert!(err.to_string().contains("state.json"), "{err}");
     fs::remove_dir_all(&d).unwrap();
+}
+
+/// A format-1 checkpoint (records keyed by pod UID, no sandbox id, addresses as strings, no
+/// device location) loads as format 2: keyed by `<uid>/`, everything else kept.
+#[test]
+fn format_1_is_migrated_on_load() {
+    let d = tmpdir("v1");
+    let s = Store::open(&d).unwrap();
+    let v1 = r#"{"version":1,"plans":{},"pods":{"uid-1":{"pod_uid":"uid-1","namespace":"ns","name":"p",
+        "netns_path":"/var/run/netns/x","netns":{"cookie":7,"inode":4026532000},
+        "pin":"/run/dranet/pins/uid-1","phase":"attached",
+        "devices":[{"device":"eth1","pod_ifname":"net1","pci_address":null,"permanent_mac":null,
+          "rdma_device":null,"snapshot":{"ifindex":5,"name":"eth1","mtu":1400,"mac":"02:00:00:00:00:01",
+          "up":true,"addresses":["10.1.2.3/24"]},"state":"in_pod"}]}}}"#;
+    fs::write(s.path(), v1).unwrap();
+    let cp = s.load().unwrap();
+    assert_eq!(cp.version, FORMAT_VERSION);
+    let rec = &cp.pods["uid-1/"];
+    assert_eq!((rec.pod_uid.as_str(), rec.sandbox_id.as_str()), ("uid-1", ""));
+    assert_eq!(rec.pin_name(), "uid-1");
+    assert_eq!(rec.devices[0].at, None);
+    assert!(!rec.devices[0].snapshot.identified);
+    assert_eq!(
+        rec.devices[0].snapshot.addresses,
+        vec![crate::link::AddrSnapshot::plain("10.1.2.3/24")]
+    );
+    assert_eq!(cp.records_of("uid-1").count(), 1);
+    // Saved again, it stays format 2 and loads unchanged.
+    s.save(&cp).unwrap();
+    assert_eq!(s.load().unwrap(), cp);
+    fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn records_of_a_pod_are_its_sandboxes_only() {
+    let mut cp = sample();
+    let mut b = cp.pods["uid-1/sb-1"].clone();
+    b.sandbox_id = "sb-2".into();
+    cp.pods.insert(b.key(), b);
+    let mut other = cp.pods["uid-1/sb-1"].clone();
+    other.pod_uid = "uid-10".into();
+    cp.pods.insert(other.key(), other);
+    let mut prefix = cp.pods["uid-1/sb-1"].clone();
+    prefix.pod_uid = "uid".into();
+    cp.pods.insert(prefix.key(), prefix);
+    assert_eq!(
+        cp.keys_of("uid-1"),
+        vec!["uid-1/sb-1".to_owned(), "uid-1/sb-2".to_owned()]
+    );
+    assert_eq!(cp.keys_of("uid"), vec!["uid/sb-1".to_owned()]);
+    assert_eq!(cp.keys_of("uid-10"), vec!["uid-10/sb-1".to_owned()]);
 }

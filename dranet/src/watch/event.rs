@@ -108,6 +108,12 @@ pub enum EventKind {
         up: bool,
         mac: Option<String>,
         perm_mac: Option<String>,
+        /// Parent device, `<bus>/<name>` (`pci/0000:3b:00.1`), when it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent: Option<String>,
+        /// Link kind (`veth`, ...); `None` for a physical device.
+        #[serde(default, rename = "link_kind", skip_serializing_if = "Option::is_none")]
+        kind: Option<String>,
     },
     /// rtnetlink: a host device changed name or admin state.
     LinkChanged { ifindex: u32, name: String, up: bool },

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use aya::Ebpf;
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use futures::StreamExt;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::broadcast;
@@ -108,6 +108,12 @@ pub struct WatcherOptions {
     /// by `cargo xtask bench`) and only `dranet trace` shows what they report: the rescue
     /// engine does not act on them, so the daemon leaves them off.
     pub cleanup_probes: bool,
+    /// Receive buffer of the rtnetlink monitor socket, bytes. Large by default, so a burst of
+    /// link events (a node drain) is not lost; an overflow still becomes a `Lost` event.
+    pub rtnl_rcvbuf: usize,
+    /// Tests only: start reading the ring buffer this late (to fill it and see `Lost`).
+    #[doc(hidden)]
+    pub ring_reader_delay: Option<Duration>,
 }
 
 impl Default for WatcherOptions {
@@ -120,6 +126,8 @@ impl Default for WatcherOptions {
             learn_dirs: false,
             capacity: 8192,
             cleanup_probes: false,
+            rtnl_rcvbuf: 4 << 20,
+            ring_reader_delay: None,
         }
     }
 }
@@ -268,7 +276,7 @@ impl Watcher {
         };
         let unlink_probe = w.start_ebpf(&opts);
         release_freed_heap();
-        w.start_rtnl().await?;
+        w.start_rtnl(opts.rtnl_rcvbuf).await?;
         w.start_inotify(&opts, !unlink_probe);
         Ok(w)
     }
@@ -294,7 +302,7 @@ impl Watcher {
             .status
             .iter()
             .any(|s| s.name == "unlink" && s.state == ProbeState::Active);
-        match self.take_maps(loaded.ebpf, &opts.prefixes) {
+        match self.take_maps(loaded.ebpf, &opts.prefixes, opts.ring_reader_delay) {
             Ok(()) => {}
             Err(e) => {
                 warn!(error = %e, "eBPF maps unusable; probes disabled");
@@ -305,7 +313,12 @@ impl Watcher {
         unlink_active
     }
 
-    fn take_maps(&mut self, mut ebpf: Ebpf, prefixes: &[String]) -> Result<(), WatchError> {
+    fn take_maps(
+        &mut self,
+        mut ebpf: Ebpf,
+        prefixes: &[String],
+        delay: Option<Duration>,
+    ) -> Result<(), WatchError> {
         let map_err = |map: &'static str, e: &dyn std::fmt::Display| WatchError::Map {
             map,
             detail: e.to_string(),
@@ -345,6 +358,13 @@ impl Watcher {
             detail: "missing".into(),
         })?;
         let count = Array::try_from(count).map_err(|e| map_err("WATCHED_COUNT", &e))?;
+        let lost = ebpf.take_map("LOST").ok_or(WatchError::Map {
+            map: "LOST",
+            detail: "missing".into(),
+        })?;
+        let lost: PerCpuArray<MapData, u64> = PerCpuArray::try_from(lost).map_err(|e| map_err("LOST", &e))?;
+        self.tasks
+            .push(tokio::spawn(poll_lost(lost, Arc::clone(&self.shared))));
         self.start_logger(&mut ebpf);
         if let Ok(mut bpf) = self.shared.bpf.lock() {
             *bpf = Some(BpfState {
@@ -356,7 +376,12 @@ impl Watcher {
         }
         let shared = Arc::clone(&self.shared);
         let fd = async_readable(ring).map_err(|e| map_err("EVENTS", &e))?;
-        self.tasks.push(tokio::spawn(read_ring(fd, shared)));
+        self.tasks.push(tokio::spawn(async move {
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            read_ring(fd, shared).await;
+        }));
         Ok(())
     }
 
@@ -376,8 +401,8 @@ impl Watcher {
         }
     }
 
-    async fn start_rtnl(&mut self) -> Result<(), WatchError> {
-        let mon = rtnl::open().await?;
+    async fn start_rtnl(&mut self, rcvbuf: usize) -> Result<(), WatchError> {
+        let mon = rtnl::open(rcvbuf).await?;
         *self.shared.rtnl.lock().await = Some(mon.handle.clone());
         let shared = Arc::clone(&self.shared);
         let mut table = mon.table;
@@ -386,8 +411,17 @@ impl Watcher {
         self.tasks.push(tokio::spawn(async move {
             while let Some((msg, _)) = messages.next().await {
                 if let Some(ev) = rtnl::to_event(&mut table, msg) {
-                    if let EventKind::NsidAdded { nsid, .. } = ev.kind {
-                        resolve_nsid(&shared, &mut handle, nsid).await;
+                    match ev.kind {
+                        EventKind::NsidAdded { nsid, .. } => resolve_nsid(&shared, &mut handle, nsid).await,
+                        // The kernel dropped messages (ENOBUFS): the link table is stale; take
+                        // it afresh, and let subscribers reconcile.
+                        EventKind::Lost { .. } => {
+                            warn!("rtnetlink monitor overflowed (ENOBUFS): events lost, reconciling");
+                            if let Err(e) = rtnl::reseed(&mut table, &handle).await {
+                                warn!(error = %e, "re-reading host links after an overflow");
+                            }
+                        }
+                        _ => {}
                     }
                     shared.emit(shared.enrich(ev));
                 }
@@ -648,6 +682,34 @@ impl ReleasedCookies {
         }
         self.0.push_back(netns.cookie);
         false
+    }
+}
+
+/// How often the per-CPU count of events the probes could not queue is read.
+const LOST_POLL: Duration = Duration::from_millis(100);
+
+/// Turns increases of the probes' dropped-event count (ring buffer full) into `Lost` events.
+async fn poll_lost(map: PerCpuArray<MapData, u64>, shared: Arc<Shared>) {
+    let mut seen = 0u64;
+    let mut every = tokio::time::interval(LOST_POLL);
+    loop {
+        every.tick().await;
+        let Ok(values) = map.get(&0, 0) else {
+            continue;
+        };
+        let total: u64 = values.iter().copied().fold(0, u64::wrapping_add);
+        if total > seen {
+            warn!(
+                lost = total - seen,
+                "eBPF ring buffer was full: events lost, reconciling"
+            );
+            shared.emit(LifecycleEvent {
+                time: monotonic_ns(),
+                source: Source::Probe,
+                kind: EventKind::Lost { count: total - seen },
+            });
+            seen = total;
+        }
     }
 }
 

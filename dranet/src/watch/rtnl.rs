@@ -11,7 +11,7 @@ use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPaylo
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
-use netlink_sys::SocketAddr;
+use netlink_sys::{AsyncSocket, SocketAddr};
 use rtnetlink::{Handle, MulticastGroup};
 
 use super::event::{EventKind, LifecycleEvent, Source};
@@ -57,6 +57,8 @@ struct LinkInfo {
     perm_mac: Option<String>,
     new_nsid: Option<i32>,
     new_ifindex: Option<i32>,
+    parent: Option<String>,
+    kind: Option<String>,
 }
 
 fn link_info(msg: &LinkMessage) -> LinkInfo {
@@ -68,7 +70,10 @@ fn link_info(msg: &LinkMessage) -> LinkInfo {
         perm_mac: None,
         new_nsid: None,
         new_ifindex: None,
+        parent: None,
+        kind: None,
     };
+    let mut bus = None;
     for attr in &msg.attributes {
         match attr {
             LinkAttribute::IfName(n) => info.name.clone_from(n),
@@ -76,9 +81,18 @@ fn link_info(msg: &LinkMessage) -> LinkInfo {
             LinkAttribute::PermAddress(a) => info.perm_mac = mac_string(a),
             LinkAttribute::NewNetnsId(id) => info.new_nsid = Some(*id),
             LinkAttribute::NewIfIndex(i) => info.new_ifindex = Some(*i),
+            LinkAttribute::ParentDevBusName(b) => bus = Some(b.clone()),
+            LinkAttribute::ParentDevName(n) => info.parent = Some(n.clone()),
+            LinkAttribute::LinkInfo(infos) => {
+                info.kind = infos.iter().find_map(|i| match i {
+                    netlink_packet_route::link::LinkInfo::Kind(k) => Some(k.to_string()),
+                    _ => None,
+                });
+            }
             _ => {}
         }
     }
+    info.parent = info.parent.map(|p| format!("{}/{p}", bus.unwrap_or_default()));
     info
 }
 
@@ -99,6 +113,8 @@ impl LinkTable {
                         up: info.up,
                         mac: info.mac,
                         perm_mac: info.perm_mac,
+                        parent: info.parent,
+                        kind: info.kind,
                     }),
                     Some(old) if old.name != info.name || old.up != info.up => Some(EventKind::LinkChanged {
                         ifindex: info.ifindex,
@@ -169,16 +185,32 @@ pub struct Monitor {
 
 /// Opens the monitor socket (RTNLGRP_LINK + RTNLGRP_NSID), spawns its connection and seeds the
 /// link table with a dump.
-pub async fn open() -> Result<Monitor, RtnlError> {
-    let (conn, handle, messages) =
+pub async fn open(rcvbuf: usize) -> Result<Monitor, RtnlError> {
+    let (mut conn, handle, messages) =
         rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Nsid])
             .map_err(RtnlError::Socket)?;
+    // SO_RCVBUFFORCE (we are root); SO_RCVBUF caps at rmem_max otherwise.
+    conn.socket_mut()
+        .socket_ref()
+        .set_rx_buf_sz(rcvbuf)
+        .map_err(RtnlError::Socket)?;
     tokio::spawn(conn);
     let mut table = LinkTable::default();
+    reseed(&mut table, &handle).await?;
+    Ok(Monitor {
+        handle,
+        messages,
+        table,
+    })
+}
+
+/// Re-reads every host link into `table` (at start, and after an overflow lost messages).
+pub async fn reseed(table: &mut LinkTable, handle: &Handle) -> Result<(), RtnlError> {
+    let mut fresh = LinkTable::default();
     let mut dump = handle.link().get().execute();
     while let Some(item) = dump.next().await {
         match item {
-            Ok(msg) => table.seed(&msg),
+            Ok(msg) => fresh.seed(&msg),
             Err(e) => {
                 return Err(RtnlError::Request {
                     what: "link dump",
@@ -187,19 +219,19 @@ pub async fn open() -> Result<Monitor, RtnlError> {
             }
         }
     }
-    Ok(Monitor {
-        handle,
-        messages,
-        table,
-    })
+    *table = fresh;
+    Ok(())
 }
 
 /// Converts an unsolicited message to a lifecycle event.
+/// An `Overrun` (the socket's receive buffer overflowed: ENOBUFS) becomes [`EventKind::Lost`].
 pub fn to_event(table: &mut LinkTable, msg: NetlinkMessage<RouteNetlinkMessage>) -> Option<LifecycleEvent> {
-    let NetlinkPayload::InnerMessage(inner) = msg.payload else {
-        return None;
+    let kind = match msg.payload {
+        NetlinkPayload::InnerMessage(inner) => table.handle(&inner)?,
+        NetlinkPayload::Overrun(_) => EventKind::Lost { count: 1 },
+        _ => return None,
     };
-    table.handle(&inner).map(|kind| LifecycleEvent {
+    Some(LifecycleEvent {
         time: monotonic_ns(),
         source: Source::Rtnetlink,
         kind,
@@ -273,6 +305,17 @@ mod tests {
         m.attributes.push(LinkAttribute::IfName(name.into()));
         m.attributes.extend(extra);
         m
+    }
+
+    #[test]
+    fn an_overrun_is_a_lost_event() {
+        let mut t = LinkTable::default();
+        let mut hdr = netlink_packet_core::NetlinkHeader::default();
+        hdr.message_type = netlink_packet_core::NLMSG_OVERRUN;
+        let msg = NetlinkMessage::new(hdr, NetlinkPayload::Overrun(Vec::new()));
+        let ev = to_event(&mut t, msg).unwrap();
+        assert_eq!(ev.kind, EventKind::Lost { count: 1 });
+        assert_eq!(ev.source, Source::Rtnetlink);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use dranet::config::NetworkConfig;
 use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
 use dranet::rescue::{Engine, EngineOptions, PodRef};
-use dranet::state::{PodPhase, ReturnReason};
+use dranet::state::ReturnReason;
 use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::kernel::{PodNetns, Veth, sh, unique};
 use nix::mount::{MntFlags, MsFlags};
@@ -142,6 +142,7 @@ impl Devices {
 fn pod(uid: &str) -> PodRef<'_> {
     PodRef {
         uid,
+        sandbox: uid,
         namespace: "default",
         name: "bench",
     }
@@ -207,7 +208,13 @@ fn us(from: u64, to: u64) -> f64 {
 
 impl Ctx {
     async fn forget(&self, uid: &str) -> Result<()> {
-        self.engine.forget_pod(uid)?;
+        self.engine
+            .forget_sandbox(dranet::rescue::SandboxRef {
+                uid,
+                sandbox: uid,
+                netns: None,
+            })
+            .await?;
         self.engine.remove_claim(&format!("claim-{uid}"))?;
         Ok(())
     }
@@ -227,8 +234,12 @@ impl Ctx {
         let done = tokio::task::block_in_place(|| self.listener.wait_home(&names, HOST_MTU, t0, WAIT))?;
         let start = Instant::now();
         let timing = loop {
-            let done_rec = self.engine.checkpoint().pods.get(&uid).map(|p| p.phase)
-                == Some(PodPhase::Returned(ReturnReason::NetnsTeardown));
+            // Its netns is gone: the sandbox's record goes once its devices are home.
+            let done_rec = !self
+                .engine
+                .checkpoint()
+                .pods
+                .contains_key(&dranet::state::pod_key(&uid, &uid));
             match self.engine.last_rescue() {
                 Some(t) if t.pod_uid == uid && done_rec => break t,
                 _ if start.elapsed() > WAIT => bail!("the engine recorded no rescue of {uid}"),

@@ -264,6 +264,30 @@ const CASES: &[Case] = &[
         OK,
     ),
     (
+        "MAC all zeros",
+        r#"{"interface": {"hardwareAddr": "00:00:00:00:00:00"}}"#,
+        &[(
+            "interface.hardwareAddr",
+            "'00:00:00:00:00:00' is all zeros: a device needs a unicast address",
+        )],
+    ),
+    (
+        "MAC broadcast",
+        r#"{"interface": {"hardwareAddr": "FF-FF-FF-FF-FF-FF"}}"#,
+        &[(
+            "interface.hardwareAddr",
+            "'FF-FF-FF-FF-FF-FF' is the broadcast address: a device needs a unicast address",
+        )],
+    ),
+    (
+        "MAC multicast",
+        r#"{"interface": {"hardwareAddr": "0100.5e00.0001"}}"#,
+        &[(
+            "interface.hardwareAddr",
+            "'0100.5e00.0001' is a multicast address: a device needs a unicast address",
+        )],
+    ),
+    (
         "MAC of 5 octets",
         r#"{"interface": {"hardwareAddr": "02:00:00:00:01"}}"#,
         &[(

@@ -1,0 +1,1110 @@
+//! The model-based life-cycle soak: a seeded, randomized state machine that drives the real
+//! `dranet run` binary through the NRI runtime harness and the kubelet simulator, on real netns
+//! and veth pairs standing in for NICs, and checks the node's invariants after every step.
+//!
+//! **The world model** (what a node really does to dranet):
+//! * several pods at once, each with one or two NICs and a claim config (name, address, and
+//!   sometimes a tenant-chosen MAC);
+//! * both teardown orders (containerd: StopPodSandbox, then the netns goes; CRI-O: the netns goes
+//!   1–16 ms before StopPodSandbox, which carries the dead path);
+//! * kubelet re-creating a sandbox under the same pod UID (attempt + 1, no new Prepare) and its
+//!   container GC removing the old sandbox later, while the new one runs;
+//! * a StopPodSandbox that is missing, late (delivered some steps later) or duplicated, and a
+//!   RemovePodSandbox without a Stop;
+//! * runtime restarts (NRI disconnect, re-register, Synchronize), also containerd's: after it,
+//!   the runtime never sends Stop/Remove for the sandboxes it had;
+//! * SIGKILL of dranet at random points, also in the middle of an attach, a detach or a rescue,
+//!   then down for a few steps while the runtime goes on, then a restart;
+//! * tenants: a pod-side rename of the device, an impostor link with the device's pod-side name
+//!   and MAC, host links created with the claim's MAC or with the device's original MAC.
+//!
+//! **The invariants**, checked after every step once the daemon has had time to act (and only
+//! while it runs: a dead daemon cannot bring anything home):
+//! * every NIC is either in the netns of its pod's current running sandbox, configured as its
+//!   claim says (a tenant may have renamed it), or in the host with its original name, MTU, MAC,
+//!   addresses (with their broadcast and label) and up state;
+//! * no other host link was renamed, moved or reconfigured (decoys, and every link the host had);
+//! * no pin and no checkpoint record of a sandbox the runtime has removed;
+//! * the daemon's fds and RSS stay bounded.
+//!
+//! A failure names the seed and the steps; `--seed S --lifecycles N` replays the same steps (the
+//! choices depend only on the seed and the model, never on timing).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dranet::nri::pb::nri as pb;
+use serde_json::{Value, json};
+
+use crate::kernel::{PodNetns, Veth, sh, unique};
+use crate::kubelet::Claim;
+use crate::nic::{Nic, view};
+use crate::node::{Node, NodeOptions, sandbox_with_id};
+use crate::nri_runtime::{Flavor, RuntimeConfig};
+
+/// How to run the soak.
+#[derive(Clone, Debug)]
+pub struct SoakOptions {
+    /// Pod life cycles to complete.
+    pub lifecycles: usize,
+    pub seed: u64,
+    /// Pods alive at once, at most.
+    pub max_pods: usize,
+    /// Stand-in NICs on the node.
+    pub nics: usize,
+    /// Print every step.
+    pub verbose: bool,
+}
+
+impl Default for SoakOptions {
+    fn default() -> Self {
+        Self {
+            lifecycles: 1000,
+            seed: 1,
+            max_pods: 3,
+            nics: 4,
+            verbose: false,
+        }
+    }
+}
+
+/// What a soak run did.
+#[derive(Clone, Debug, Default)]
+pub struct SoakSummary {
+    pub seed: u64,
+    pub passed: usize,
+    pub failed: usize,
+    pub steps: usize,
+    pub kills: usize,
+    pub runtime_restarts: usize,
+    pub recreations: usize,
+    pub tenant_actions: usize,
+    pub elapsed: Duration,
+    /// The failure, with the seed and the steps that led to it.
+    pub failure: Option<String>,
+    /// Settled fd count and RSS (KiB) at the first and last footprint check of one process.
+    pub fds: (usize, usize),
+    pub rss_kib: (u64, u64),
+}
+
+impl SoakSummary {
+    /// `N passed, M failed` and the figures.
+    #[must_use]
+    pub fn line(&self) -> String {
+        format!(
+            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
+            self.passed,
+            self.failed,
+            self.seed,
+            self.steps,
+            self.kills,
+            self.runtime_restarts,
+            self.recreations,
+            self.tenant_actions,
+            self.elapsed.as_secs_f64(),
+            self.fds.0,
+            self.fds.1,
+            self.rss_kib.0,
+            self.rss_kib.1,
+        )
+    }
+}
+
+/// splitmix64: the soak's only source of choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    /// True with probability `p` percent.
+    fn pct(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
+
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> Option<&'a T> {
+        if v.is_empty() {
+            None
+        } else {
+            v.get(usize::try_from(self.below(v.len() as u64)).unwrap_or(0))
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Order {
+    Containerd,
+    Crio,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SbState {
+    Running,
+    Stopped,
+    Removed,
+}
+
+struct Sandbox {
+    id: String,
+    pb: pb::PodSandbox,
+    netns: Option<PodNetns>,
+    state: SbState,
+    /// Recovered by a runtime that restarted like containerd 2.3.4: it sends no more hooks.
+    silent: bool,
+}
+
+/// One NIC of a pod, as its claim configures it.
+#[derive(Clone, Debug)]
+struct NicCfg {
+    nic: usize,
+    name: String,
+    addr: String,
+    mac: Option<String>,
+}
+
+struct Pod {
+    uid: String,
+    claim: Claim,
+    nics: Vec<NicCfg>,
+    sandboxes: Vec<Sandbox>,
+    /// Names a tenant gave the devices in the current sandbox, by NIC.
+    renamed: HashMap<usize, String>,
+    impostor: bool,
+}
+
+impl Pod {
+    fn current(&self) -> Option<&Sandbox> {
+        self.sandboxes.last().filter(|s| s.state == SbState::Running)
+    }
+}
+
+/// A hook delivered late.
+struct Pending {
+    pod_uid: String,
+    sandbox: String,
+    stop: bool,
+}
+
+struct World {
+    node: Node,
+    nics: Vec<Nic>,
+    before: Vec<Value>,
+    peers: Vec<u32>,
+    pods: Vec<Pod>,
+    removed: HashSet<String>,
+    decoys: Vec<(Veth, Value)>,
+    /// Host links at the start (ifindex → name, mtu, address, up), other than ours.
+    host_links: HashMap<u64, Value>,
+    pending: Vec<Pending>,
+    /// Steps left with the daemon down.
+    down: Option<usize>,
+    kill_next: bool,
+    steps: Vec<String>,
+    rng: Rng,
+    summary: SoakSummary,
+    seq: u64,
+    baseline: Option<(usize, u64)>,
+    next_footprint: usize,
+}
+
+/// Runs the soak; `Ok` with the summary also when a life cycle failed (then `failure` says why).
+pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
+    let start = Instant::now();
+    let nics: Vec<Nic> = (0..opts.nics).map(|_| Nic::create()).collect::<Result<_>>()?;
+    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let peers: Vec<u32> = nics
+        .iter()
+        .map(|n| crate::kernel::Veth::ifindex(&n.veth.b))
+        .collect::<Result<_>>()?;
+    let node = Node::start(NodeOptions {
+        runtime: RuntimeConfig::default(),
+        ..NodeOptions::default()
+    })
+    .await?;
+    let host_links = host_link_table()?;
+    let mut w = World {
+        node,
+        nics,
+        before,
+        peers,
+        pods: Vec::new(),
+        removed: HashSet::new(),
+        decoys: Vec::new(),
+        host_links,
+        pending: Vec::new(),
+        down: None,
+        kill_next: false,
+        steps: Vec::new(),
+        rng: Rng(opts.seed),
+        summary: SoakSummary {
+            seed: opts.seed,
+            ..SoakSummary::default()
+        },
+        seq: 0,
+        baseline: None,
+        next_footprint: 5,
+    };
+    let res = w.run(opts).await;
+    w.summary.elapsed = start.elapsed();
+    w.summary.steps = w.steps.len();
+    if let Err(e) = res {
+        w.summary.failed += 1;
+        let tail: Vec<&String> = w.steps.iter().rev().take(60).collect();
+        let mut msg = format!(
+            "soak failed (seed {}, step {} of life cycle {}): {e:#}\nlast steps (newest first; replay with --seed {} --lifecycles {}):\n",
+            opts.seed,
+            w.steps.len(),
+            w.summary.passed + 1,
+            opts.seed,
+            w.summary.passed + 1
+        );
+        for s in tail {
+            let _ = writeln!(msg, "  {s}");
+        }
+        w.summary.failure = Some(msg);
+    }
+    w.cleanup().await;
+    Ok(w.summary)
+}
+
+impl World {
+    fn log(&mut self, verbose: bool, s: String) {
+        if verbose {
+            eprintln!("[soak] {:>5} {s}", self.steps.len());
+        }
+        self.steps.push(s);
+    }
+
+    fn sandbox_id(&mut self) -> String {
+        self.seq += 1;
+        format!(
+            "{:016x}{:016x}{:032x}",
+            std::process::id(),
+            self.rng.next(),
+            self.seq
+        )
+    }
+
+    async fn run(&mut self, opts: &SoakOptions) -> Result<()> {
+        while self.summary.passed < opts.lifecycles {
+            self.step(opts).await?;
+            if self.down.is_none() {
+                self.settle().await.with_context(|| {
+                    format!("after step: {}", self.steps.last().cloned().unwrap_or_default())
+                })?;
+                if self.summary.passed >= self.next_footprint {
+                    self.next_footprint = self.summary.passed + 10;
+                    self.footprint().await?;
+                }
+            }
+        }
+        // Finish: every pod torn down, the daemon up, nothing left.
+        if self.down.is_some() {
+            self.restart(opts.verbose).await?;
+        }
+        while !self.pods.is_empty() {
+            let i = self.pods.len() - 1;
+            self.teardown(i, opts.verbose, true).await?;
+            self.settle().await?;
+        }
+        self.pending.clear();
+        self.settle().await?;
+        let recs = self.node.records()?;
+        if !recs.is_empty() {
+            bail!("records left after every pod was removed: {recs:?}");
+        }
+        if !self.node.pins().is_empty() {
+            bail!("pins left after every pod was removed: {:?}", self.node.pins());
+        }
+        self.footprint().await?;
+        Ok(())
+    }
+
+    fn owned_nics(&self) -> BTreeSet<usize> {
+        self.pods
+            .iter()
+            .flat_map(|p| p.nics.iter().map(|c| c.nic))
+            .collect()
+    }
+
+    /// One step, chosen from the model's state alone.
+    async fn step(&mut self, opts: &SoakOptions) -> Result<()> {
+        let v = opts.verbose;
+        if let Some(left) = self.down {
+            if left == 0 {
+                return self.restart(v).await;
+            }
+            self.down = Some(left - 1);
+        }
+        let free: Vec<usize> = (0..self.nics.len())
+            .filter(|i| !self.owned_nics().contains(i))
+            .collect();
+        let running: Vec<usize> = (0..self.pods.len())
+            .filter(|i| self.pods[*i].current().is_some())
+            .collect();
+        let with_old: Vec<usize> = (0..self.pods.len())
+            .filter(|i| {
+                let p = &self.pods[*i];
+                p.sandboxes.len() > 1
+                    && p.sandboxes[..p.sandboxes.len() - 1]
+                        .iter()
+                        .any(|s| s.state == SbState::Stopped)
+            })
+            .collect();
+        // Weighted choice among what the state allows.
+        let mut menu: Vec<(u64, u8)> = Vec::new();
+        if self.pods.len() < opts.max_pods && !free.is_empty() {
+            menu.push((6, 0));
+        }
+        if !running.is_empty() {
+            menu.push((6, 1)); // teardown
+            menu.push((2, 2)); // re-create the sandbox
+            menu.push((1, 3)); // tenant rename / impostor
+            menu.push((1, 4)); // host decoy
+        }
+        if !with_old.is_empty() {
+            menu.push((2, 5)); // GC of an old sandbox
+        }
+        if !self.pending.is_empty() {
+            menu.push((2, 6)); // a late hook arrives
+        }
+        if self.down.is_none() {
+            menu.push((1, 7)); // SIGKILL (now, or during the next hook)
+        }
+        menu.push((1, 8)); // runtime restart
+        let total: u64 = menu.iter().map(|(w, _)| w).sum();
+        let mut r = self.rng.below(total);
+        let mut choice = 0;
+        for (w, c) in &menu {
+            if r < *w {
+                choice = *c;
+                break;
+            }
+            r -= w;
+        }
+        match choice {
+            0 => {
+                let n = if free.len() > 1 && self.rng.pct(35) { 2 } else { 1 };
+                let mut chosen = Vec::new();
+                let mut f = free.clone();
+                for _ in 0..n {
+                    let k = usize::try_from(self.rng.below(f.len() as u64)).unwrap_or(0);
+                    chosen.push(f.remove(k));
+                }
+                self.new_pod(&chosen, v).await
+            }
+            1 => {
+                let i = *self.rng.pick(&running).context("no running pod")?;
+                self.teardown(i, v, false).await
+            }
+            2 => {
+                let i = *self.rng.pick(&running).context("no running pod")?;
+                self.recreate(i, v).await
+            }
+            3 => {
+                let i = *self.rng.pick(&running).context("no running pod")?;
+                self.tenant(i, v)
+            }
+            4 => {
+                let i = *self.rng.pick(&running).context("no running pod")?;
+                self.decoy(i, v)
+            }
+            5 => {
+                let i = *self.rng.pick(&with_old).context("no old sandbox")?;
+                self.gc(i, v).await
+            }
+            6 => self.late_hook(v).await,
+            7 => {
+                self.summary.kills += 1;
+                if self.rng.pct(60) {
+                    self.kill_next = true;
+                    self.log(v, "arm: SIGKILL dranet during the next hook or teardown".into());
+                    Ok(())
+                } else {
+                    self.log(v, "SIGKILL dranet (idle)".into());
+                    self.kill()
+                }
+            }
+            _ => self.runtime_restart(v).await,
+        }
+    }
+
+    fn kill(&mut self) -> Result<()> {
+        self.node.kill()?;
+        self.kill_next = false;
+        let down = usize::try_from(self.rng.below(3)).unwrap_or(0);
+        self.down = Some(down);
+        Ok(())
+    }
+
+    async fn restart(&mut self, v: bool) -> Result<()> {
+        self.sync_runtime_state();
+        self.log(
+            v,
+            "restart dranet (Synchronize with the runtime's sandboxes)".into(),
+        );
+        self.node.restart().await.context("restarting dranet")?;
+        self.down = None;
+        self.baseline = None;
+        self.next_footprint = self.summary.passed + 3;
+        Ok(())
+    }
+
+    /// What Synchronize reports: every sandbox the runtime has (not removed).
+    fn sync_runtime_state(&self) {
+        let pods = self
+            .pods
+            .iter()
+            .flat_map(|p| p.sandboxes.iter())
+            .filter(|s| s.state != SbState::Removed)
+            .map(|s| s.pb.clone())
+            .collect();
+        self.node.runtime.set_state(pods, vec![]);
+    }
+
+    /// Calls a runtime hook; when a kill is armed, SIGKILLs dranet while the hook runs.
+    async fn hook(&mut self, what: &str, pod: &pb::PodSandbox) -> Result<()> {
+        let kill = self.kill_next && self.down.is_none();
+        let delay = Duration::from_micros(self.rng.below(4000));
+        let pid = self.node.daemon_pid();
+        let rt = &self.node.runtime;
+        let call = async {
+            match what {
+                "run" => rt.run_pod_sandbox(pod).await,
+                "stop" => rt.stop_pod_sandbox(pod).await,
+                _ => rt.remove_pod_sandbox(pod).await,
+            }
+        };
+        let killer = async {
+            if let (true, Some(pid)) = (kill, pid) {
+                tokio::time::sleep(delay).await;
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(0)),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        };
+        let (res, ()) = tokio::join!(call, killer);
+        if kill {
+            self.kill()?;
+            return Ok(());
+        }
+        match res {
+            Ok(()) => Ok(()),
+            // No plugin connected (dranet down): the runtime goes on without it.
+            Err(_) if self.down.is_some() => Ok(()),
+            Err(e) if what != "run" => {
+                // Stop and Remove errors are only logged by the runtimes.
+                tracing::debug!(error = %e, what, "hook error (ignored by the runtime)");
+                Ok(())
+            }
+            Err(e) => Err(e).with_context(|| format!("RunPodSandbox of {}", pod.id)),
+        }
+    }
+
+    async fn new_pod(&mut self, nics: &[usize], v: bool) -> Result<()> {
+        let uid = unique("soak-");
+        let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+        let mut cfgs = Vec::new();
+        let mut devices = Vec::new();
+        for (k, n) in nics.iter().enumerate() {
+            let mac = self.rng.pct(40).then(|| {
+                let b = self.rng.next().to_le_bytes();
+                format!("02:dd:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3])
+            });
+            let addr = format!("192.168.{}.{}/24", 100 + n, 2 + self.rng.below(200));
+            let name = format!("net{k}");
+            let mut iface = json!({"name": name, "addresses": [addr]});
+            if let Some(m) = &mac {
+                iface["hardwareAddr"] = json!(m);
+            }
+            devices.push((
+                dranet::inventory::netdev_device_name(&self.nics[*n].name),
+                json!({ "interface": iface }),
+            ));
+            cfgs.push(NicCfg {
+                nic: *n,
+                name,
+                addr,
+                mac,
+            });
+        }
+        self.log(
+            v,
+            format!("new pod {uid} with NICs {nics:?}: Prepare, then RunPodSandbox"),
+        );
+        self.node.write_claim(&claim, &uid, &devices)?;
+        if self.down.is_some() {
+            // kubelet retries Prepare until the plugin is back.
+            self.restart(v).await?;
+        }
+        self.node.prepare(&claim).await.context("NodePrepareResources")?;
+        self.pods.push(Pod {
+            uid,
+            claim,
+            nics: cfgs,
+            sandboxes: Vec::new(),
+            renamed: HashMap::new(),
+            impostor: false,
+        });
+        let i = self.pods.len() - 1;
+        self.run_sandbox(i).await
+    }
+
+    /// A new sandbox for pod `i` (its first, or a re-creation with attempt + 1).
+    async fn run_sandbox(&mut self, i: usize) -> Result<()> {
+        let id = self.sandbox_id();
+        let ns = PodNetns::create(&unique("dranet-soak-"))?;
+        let sb = sandbox_with_id(&self.pods[i].uid, &id, &ns.path);
+        self.pods[i].sandboxes.push(Sandbox {
+            id,
+            pb: sb.clone(),
+            netns: Some(ns),
+            state: SbState::Running,
+            silent: false,
+        });
+        self.pods[i].renamed.clear();
+        self.pods[i].impostor = false;
+        self.sync_runtime_state();
+        self.hook("run", &sb).await
+    }
+
+    /// The runtime tears down sandbox `s` of pod `i` in `order`; the Stop hook is delivered now,
+    /// never, twice or later.
+    async fn stop_sandbox(&mut self, i: usize, s: usize, order: Order, v: bool) -> Result<()> {
+        let silent = self.pods[i].sandboxes[s].silent;
+        let mode = self.rng.below(10);
+        let (deliver, twice, late) = match mode {
+            0 => (false, false, false),
+            1 => (false, false, true),
+            2 => (true, true, false),
+            _ => (true, false, false),
+        };
+        let deliver = deliver && !silent;
+        let pb = self.pods[i].sandboxes[s].pb.clone();
+        let id = self.pods[i].sandboxes[s].id.clone();
+        self.log(
+            v,
+            format!(
+                "stop sandbox {} of {} in {order:?} order (Stop hook: {}{}{})",
+                short(&id),
+                self.pods[i].uid,
+                if silent {
+                    "none, silent runtime"
+                } else if deliver {
+                    "sent"
+                } else if late {
+                    "late"
+                } else {
+                    "missing"
+                },
+                if twice { ", twice" } else { "" },
+                if self.kill_next { ", SIGKILL during it" } else { "" },
+            ),
+        );
+        self.pods[i].sandboxes[s].state = SbState::Stopped;
+        match order {
+            Order::Containerd => {
+                if deliver {
+                    self.hook("stop", &pb).await?;
+                    if twice {
+                        self.hook("stop", &pb).await?;
+                    }
+                }
+                let gap = self.rng.below(60);
+                tokio::time::sleep(Duration::from_millis(gap)).await;
+                self.remove_netns(i, s).await?;
+            }
+            Order::Crio => {
+                self.remove_netns(i, s).await?;
+                let gap = 1 + self.rng.below(15);
+                tokio::time::sleep(Duration::from_millis(gap)).await;
+                if deliver {
+                    self.hook("stop", &pb).await?;
+                    if twice {
+                        self.hook("stop", &pb).await?;
+                    }
+                }
+            }
+        }
+        if late && !silent {
+            self.pending.push(Pending {
+                pod_uid: self.pods[i].uid.clone(),
+                sandbox: id,
+                stop: true,
+            });
+        }
+        self.sync_runtime_state();
+        Ok(())
+    }
+
+    /// The runtime unmounts and unlinks the sandbox's netns (a kill armed lands in the rescue).
+    async fn remove_netns(&mut self, i: usize, s: usize) -> Result<()> {
+        let kill = self.kill_next && self.down.is_none();
+        if let Some(mut ns) = self.pods[i].sandboxes[s].netns.take() {
+            ns.remove_crio_style()?;
+        }
+        if kill {
+            tokio::time::sleep(Duration::from_micros(self.rng.below(3000))).await;
+            self.kill()?;
+        }
+        Ok(())
+    }
+
+    /// RemovePodSandbox of sandbox `s` (containerd sends no netns path, CRI-O the dead one).
+    async fn remove_sandbox(&mut self, i: usize, s: usize) -> Result<()> {
+        let sb = &mut self.pods[i].sandboxes[s];
+        sb.state = SbState::Removed;
+        let (pb, silent, id) = (sb.pb.clone(), sb.silent, sb.id.clone());
+        self.removed.insert(id);
+        self.sync_runtime_state();
+        if !silent {
+            let flavor = if self.rng.pct(50) {
+                Flavor::Containerd
+            } else {
+                Flavor::Crio
+            };
+            self.node.runtime.set_flavor(flavor);
+            self.hook("remove", &pb).await?;
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self, i: usize, v: bool, finishing: bool) -> Result<()> {
+        let order = if self.rng.pct(50) {
+            Order::Containerd
+        } else {
+            Order::Crio
+        };
+        if let Some(s) = self.pods[i]
+            .sandboxes
+            .iter()
+            .position(|s| s.state == SbState::Running)
+        {
+            if !finishing && self.rng.pct(10) {
+                // RemovePodSandbox without a Stop: the runtime removes it outright.
+                self.log(
+                    v,
+                    format!("remove sandbox of {} without a Stop", self.pods[i].uid),
+                );
+                self.pods[i].sandboxes[s].state = SbState::Stopped;
+                self.remove_netns(i, s).await?;
+            } else {
+                self.stop_sandbox(i, s, order, v).await?;
+            }
+        }
+        // kubelet: NodeUnprepareResources once the pod terminated; the GC removes sandboxes.
+        let n = self.pods[i].sandboxes.len();
+        for s in 0..n {
+            if self.pods[i].sandboxes[s].state == SbState::Stopped {
+                if let Some(mut ns) = self.pods[i].sandboxes[s].netns.take() {
+                    ns.remove_crio_style()?;
+                }
+                self.remove_sandbox(i, s).await?;
+            }
+        }
+        if self.down.is_some() {
+            self.restart(v).await?;
+        }
+        let pod = self.pods.remove(i);
+        self.log(v, format!("pod {} done: Unprepare", pod.uid));
+        self.node
+            .unprepare(&pod.claim)
+            .await
+            .context("NodeUnprepareResources")?;
+        self.pending.retain(|p| p.pod_uid != pod.uid);
+        self.summary.passed += 1;
+        Ok(())
+    }
+
+    async fn recreate(&mut self, i: usize, v: bool) -> Result<()> {
+        self.summary.recreations += 1;
+        let order = if self.rng.pct(50) {
+            Order::Containerd
+        } else {
+            Order::Crio
+        };
+        let s = self.pods[i].sandboxes.len() - 1;
+        // kubelet: StopPodSandbox(old), then RunPodSandbox(new) under the same UID, attempt + 1.
+        self.stop_sandbox(i, s, order, v).await?;
+        self.log(
+            v,
+            format!(
+                "re-create: RunPodSandbox of attempt {} of {}",
+                s + 1,
+                self.pods[i].uid
+            ),
+        );
+        self.run_sandbox(i).await
+    }
+
+    async fn gc(&mut self, i: usize, v: bool) -> Result<()> {
+        let n = self.pods[i].sandboxes.len();
+        let Some(s) = (0..n - 1).find(|s| self.pods[i].sandboxes[*s].state == SbState::Stopped) else {
+            return Ok(());
+        };
+        self.log(
+            v,
+            format!(
+                "GC: RemovePodSandbox of old sandbox {} of {} while the new one runs",
+                short(&self.pods[i].sandboxes[s].id),
+                self.pods[i].uid
+            ),
+        );
+        self.remove_sandbox(i, s).await
+    }
+
+    async fn late_hook(&mut self, v: bool) -> Result<()> {
+        let k = usize::try_from(self.rng.below(self.pending.len() as u64)).unwrap_or(0);
+        let p = self.pending.remove(k);
+        let Some(pod) = self.pods.iter().find(|x| x.uid == p.pod_uid) else {
+            return Ok(());
+        };
+        let Some(sb) = pod.sandboxes.iter().find(|s| s.id == p.sandbox) else {
+            return Ok(());
+        };
+        let pb = sb.pb.clone();
+        self.log(
+            v,
+            format!("late StopPodSandbox of {} ({})", short(&p.sandbox), p.pod_uid),
+        );
+        if p.stop {
+            self.hook("stop", &pb).await
+        } else {
+            Ok(())
+        }
+    }
+
+    async fn runtime_restart(&mut self, v: bool) -> Result<()> {
+        self.summary.runtime_restarts += 1;
+        let silent = self.rng.pct(50);
+        self.log(
+            v,
+            format!(
+                "runtime restart ({})",
+                if silent {
+                    "containerd 2.3.4: no more Stop/Remove for the sandboxes it had"
+                } else {
+                    "re-register and Synchronize"
+                }
+            ),
+        );
+        if silent {
+            for s in self.pods.iter_mut().flat_map(|p| p.sandboxes.iter_mut()) {
+                if s.state != SbState::Removed {
+                    s.silent = true;
+                }
+            }
+            self.pending.clear();
+        }
+        self.sync_runtime_state();
+        if self.down.is_none() {
+            self.node.restart_runtime().await?;
+        }
+        Ok(())
+    }
+
+    /// A tenant with NET_ADMIN in the pod: renames the device, then makes an impostor under its
+    /// pod-side name with its MAC.
+    fn tenant(&mut self, i: usize, v: bool) -> Result<()> {
+        self.summary.tenant_actions += 1;
+        let pod = &self.pods[i];
+        let Some(sb) = pod.current() else { return Ok(()) };
+        let Some(ns) = sb.netns.as_ref() else {
+            return Ok(());
+        };
+        let Some(cfg) = pod.nics.first().cloned() else {
+            return Ok(());
+        };
+        let ns_name = ns.name.clone();
+        if !pod.renamed.contains_key(&cfg.nic) {
+            let new = format!("t{}", self.rng.below(1000));
+            self.log(
+                v,
+                format!("tenant of {} renames {} to {new} in the pod", pod.uid, cfg.name),
+            );
+            let ok = sh(&["ip", "-n", &ns_name, "link", "set", &cfg.name, "name", &new]).is_ok();
+            if ok {
+                self.pods[i].renamed.insert(cfg.nic, new);
+            }
+            return Ok(());
+        }
+        if !pod.impostor {
+            let mac = cfg.mac.clone().unwrap_or_else(|| self.nics[cfg.nic].mac.clone());
+            self.log(
+                v,
+                format!(
+                    "tenant of {} makes an impostor {} with MAC {mac} in the pod",
+                    pod.uid, cfg.name
+                ),
+            );
+            let peer = format!("i{}", self.rng.below(100_000));
+            sh(&[
+                "ip", "-n", &ns_name, "link", "add", &cfg.name, "type", "veth", "peer", "name", &peer,
+            ])?;
+            sh(&[
+                "ip", "-n", &ns_name, "link", "set", &cfg.name, "address", &mac, "up",
+            ])?;
+            self.pods[i].impostor = true;
+        }
+        Ok(())
+    }
+
+    /// A host link with the claim's MAC or with the device's original MAC.
+    fn decoy(&mut self, i: usize, v: bool) -> Result<()> {
+        self.summary.tenant_actions += 1;
+        if self.decoys.len() >= 4 {
+            let (old, _) = self.decoys.remove(0);
+            drop(old);
+        }
+        let cfg = self.pods[i].nics[0].clone();
+        let mac = match (&cfg.mac, self.rng.pct(50)) {
+            (Some(m), true) => m.clone(),
+            _ => self.nics[cfg.nic].mac.clone(),
+        };
+        let veth = Veth::create_with_mac(&unique("dcy"), &unique("dcz"), &mac)?;
+        sh(&["ip", "link", "set", &veth.a, "mtu", "1280", "up"]).with_context(|| {
+            format!(
+                "host link {} (MAC {mac}) was renamed away right after it appeared",
+                veth.a
+            )
+        })?;
+        self.log(v, format!("host link {} created with MAC {mac}", veth.a));
+        let seen = view(&veth.a, None)?;
+        self.decoys.push((veth, seen));
+        Ok(())
+    }
+
+    /// Waits for the invariants to hold (the daemon acts asynchronously), or fails with the last
+    /// violation.
+    async fn settle(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(12);
+        loop {
+            match self.check() {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+            }
+        }
+    }
+
+    /// The invariants.
+    fn check(&self) -> Result<()> {
+        // Where each NIC is.
+        let mut spaces: Vec<(Option<String>, Value)> = vec![(None, links_json(None)?)];
+        for s in self.pods.iter().flat_map(|p| p.sandboxes.iter()) {
+            if let Some(ns) = &s.netns {
+                spaces.push((Some(ns.name.clone()), links_json(Some(&ns.name))?));
+            }
+        }
+        for (k, nic) in self.nics.iter().enumerate() {
+            let owner = self.pods.iter().find(|p| p.nics.iter().any(|c| c.nic == k));
+            let current = owner
+                .and_then(|p| p.current())
+                .and_then(|s| s.netns.as_ref().map(|n| n.name.clone()));
+            let found = spaces.iter().find_map(|(ns, links)| {
+                links.as_array()?.iter().find_map(|l| {
+                    let mine = match ns {
+                        None => l["link"] == nic.veth.b.as_str(),
+                        Some(_) => {
+                            l["link_index"].as_u64() == Some(u64::from(self.peers[k]))
+                                && !l["link_netnsid"].is_null()
+                        }
+                    };
+                    mine.then(|| (ns.clone(), l["ifname"].as_str().unwrap_or_default().to_owned()))
+                })
+            });
+            let Some((ns, name)) = found else {
+                bail!("NIC {} is nowhere (host or any live pod netns)", nic.name);
+            };
+            match ns {
+                None => {
+                    let now = view(&name, None)?;
+                    if now != self.before[k] {
+                        bail!(
+                            "NIC {} is in the host but not restored:\n before: {}\n now:    {now}",
+                            nic.name,
+                            self.before[k]
+                        );
+                    }
+                }
+                Some(ns) => {
+                    if Some(&ns) != current.as_ref() {
+                        bail!(
+                            "NIC {} is in netns {ns}, which is not its pod's current running sandbox ({current:?})",
+                            nic.name
+                        );
+                    }
+                    let (p, cfg) = owner
+                        .and_then(|p| p.nics.iter().find(|c| c.nic == k).map(|c| (p, c)))
+                        .context("owner")?;
+                    let want_name = p.renamed.get(&k).unwrap_or(&cfg.name);
+                    if &name != want_name {
+                        bail!("NIC {} is in its pod as {name}, not {want_name}", nic.name);
+                    }
+                    let v = view(&name, Some(&ns))?;
+                    let has_addr = v["addrs"].as_array().is_some_and(|a| {
+                        a.iter()
+                            .any(|x| x.as_str().is_some_and(|x| x.starts_with(&cfg.addr)))
+                    });
+                    if !has_addr || v["up"] != true {
+                        bail!(
+                            "NIC {} in its pod is not configured as its claim says: {v}",
+                            nic.name
+                        );
+                    }
+                    if let Some(m) = &cfg.mac
+                        && v["address"] != m.as_str()
+                    {
+                        bail!(
+                            "NIC {} in its pod has MAC {}, the claim says {m}",
+                            nic.name,
+                            v["address"]
+                        );
+                    }
+                }
+            }
+        }
+        // No other host link renamed, moved or reconfigured.
+        for (veth, seen) in &self.decoys {
+            let now =
+                view(&veth.a, None).with_context(|| format!("host link {} is gone or renamed", veth.a))?;
+            if &now != seen {
+                bail!(
+                    "host link {} was reconfigured:\n before: {seen}\n now:    {now}",
+                    veth.a
+                );
+            }
+        }
+        let table = host_link_table()?;
+        for (idx, was) in &self.host_links {
+            if let Some(now) = table.get(idx)
+                && now != was
+            {
+                bail!("host link {idx} changed: {was} -> {now}");
+            }
+        }
+        // No record or pin of a sandbox the runtime removed.
+        let recs = self.node.records()?;
+        for (uid, sb) in &recs {
+            if self.removed.contains(sb) {
+                bail!(
+                    "record of removed sandbox {} of {uid} still in the checkpoint",
+                    short(sb)
+                );
+            }
+        }
+        for pin in self.node.pins() {
+            let name = pin
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if self.removed.contains(&name) {
+                bail!("pin of removed sandbox {} still there", short(&name));
+            }
+        }
+        let live = self
+            .pods
+            .iter()
+            .flat_map(|p| p.sandboxes.iter())
+            .filter(|s| s.state != SbState::Removed)
+            .count();
+        if recs.len() > live {
+            bail!(
+                "{} records for {live} sandboxes the runtime has: {recs:?}",
+                recs.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// Fds and RSS of the daemon stay bounded (per process: a restart takes a new baseline).
+    async fn footprint(&mut self) -> Result<()> {
+        if !self.node.is_running() {
+            return Ok(());
+        }
+        let fds = self.node.daemon_fds_settled().await?;
+        let rss = self.node.daemon_rss_kib()?;
+        match self.baseline {
+            None => {
+                self.baseline = Some((fds, rss));
+                self.summary.fds.0 = fds;
+                self.summary.rss_kib.0 = rss;
+            }
+            Some((f0, r0)) => {
+                // Each live pod holds its pin and an rtnetlink socket in its netns.
+                let allowance = 2 * self.pods.len() + 8;
+                if fds > f0 + allowance {
+                    bail!(
+                        "daemon fds grew {f0} -> {fds}: {:?}",
+                        self.node.daemon_fd_kinds()?
+                    );
+                }
+                if rss > r0 + 24 * 1024 {
+                    bail!("daemon RSS grew {r0} -> {rss} KiB");
+                }
+            }
+        }
+        self.summary.fds.1 = fds;
+        self.summary.rss_kib.1 = rss;
+        Ok(())
+    }
+
+    async fn cleanup(&mut self) {
+        for p in &mut self.pods {
+            for s in &mut p.sandboxes {
+                if let Some(mut ns) = s.netns.take() {
+                    let _ = ns.remove_crio_style();
+                }
+            }
+        }
+        self.decoys.clear();
+        let _ = self.node.stop();
+    }
+}
+
+fn short(id: &str) -> &str {
+    id.get(id.len().saturating_sub(8)..).unwrap_or(id)
+}
+
+/// `ip -j -d link show` of the host (`None`) or of a named netns.
+fn links_json(ns: Option<&str>) -> Result<Value> {
+    let out = match ns {
+        None => sh(&["ip", "-j", "-d", "link", "show"])?,
+        Some(n) => sh(&["ip", "-n", n, "-j", "-d", "link", "show"])?,
+    };
+    Ok(serde_json::from_str(&out)?)
+}
+
+/// The host's links other than the test objects of this workspace (names starting `dr`, `dc`,
+/// `dn`, `ob`), by ifindex: name, MTU, MAC, admin state.
+fn host_link_table() -> Result<HashMap<u64, Value>> {
+    let links = links_json(None)?;
+    Ok(links
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|l| {
+            let n = l["ifname"].as_str().unwrap_or_default();
+            !(n.starts_with("dr") || n.starts_with("dc") || n.starts_with("dn") || n.starts_with("ob"))
+        })
+        .filter_map(|l| {
+            let up = l["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "UP"));
+            Some((
+                l["ifindex"].as_u64()?,
+                json!({"name": l["ifname"], "mtu": l["mtu"], "address": l["address"], "up": up}),
+            ))
+        })
+        .collect())
+}

@@ -1,0 +1,125 @@
+//! Identifiers that come from outside (the runtime, kubelet, a claim) and end up in file names,
+//! checkpoint keys or log lines: checked once, at the boundary, before anything is built from
+//! them.
+//!
+//! * A pod UID is a UUID (what the API server assigns), or failing that a Kubernetes object name
+//!   (DNS subdomain: static pods and test harnesses use those).
+//! * A sandbox id is what runtimes use: 64 hex digits for containerd and CRI-O; any
+//!   `[A-Za-z0-9_.-]`, 1–128 bytes, not starting with `.`, is accepted.
+
+/// An identifier refused at the boundary.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("pod UID {0:?} is neither a UUID nor a Kubernetes name")]
+    PodUid(String),
+    #[error("sandbox id {0:?} is not a runtime sandbox id ([A-Za-z0-9_.-], 1-128 bytes, no leading '.')")]
+    Sandbox(String),
+}
+
+fn is_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// A DNS subdomain (RFC 1123): lowercase alphanumerics, `-` and `.`, at most 253 bytes, every
+/// label starting and ending with an alphanumeric.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            let b = l.as_bytes();
+            !b.is_empty()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b[0] != b'-'
+                && b[b.len() - 1] != b'-'
+        })
+}
+
+/// Checks a pod UID before any path or key is built from it.
+pub fn pod_uid(uid: &str) -> Result<(), IdError> {
+    if is_uuid(uid) || is_dns_subdomain(uid) {
+        Ok(())
+    } else {
+        Err(IdError::PodUid(uid.to_owned()))
+    }
+}
+
+/// Checks a runtime sandbox id before any path or key is built from it.
+pub fn sandbox_id(id: &str) -> Result<(), IdError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(IdError::Sandbox(id.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_uids() {
+        for ok in [
+            "0f6e2d4a-1b2c-4d5e-8f90-a1b2c3d4e5f6",
+            "0F6E2D4A-1B2C-4D5E-8F90-A1B2C3D4E5F6",
+            "uid-1",
+            "e2e-pod-abc12",
+            "static-pod.node-a",
+        ] {
+            assert_eq!(pod_uid(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "/",
+            "..",
+            ".",
+            "../../etc",
+            "/etc/passwd",
+            "a/b",
+            "a b",
+            "UPPER",
+            "-lead",
+            "trail-",
+            "a..b",
+            "x\0y",
+            &"a".repeat(254),
+        ] {
+            assert!(pod_uid(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn sandbox_ids() {
+        for ok in [
+            "4b8f0c9e2d1a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a2918076ab",
+            "sb-uid-1",
+            "sb_1.a",
+        ] {
+            assert_eq!(sandbox_id(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "/abs",
+            "a b",
+            "a%d",
+            &"a".repeat(129),
+        ] {
+            assert!(sandbox_id(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

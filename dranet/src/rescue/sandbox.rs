@@ -1,0 +1,261 @@
+//! Sandboxes as the runtime names them: which record a hook is about, Synchronize, and when a
+//! record goes.
+//!
+//! A record is deleted once every device of its sandbox is home, its pin is released and the
+//! runtime no longer has the sandbox: its RemovePodSandbox came, Synchronize does not list it, or
+//! its netns is gone (a sandbox's netns is fixed for its life, so a sandbox whose netns was torn
+//! down can never run again). containerd sends no Stop/Remove to NRI for the sandboxes it
+//! recovered after its own restart; the last rule is what keeps their records from piling up.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use tracing::{info, warn};
+
+use super::decide::normalize_path;
+use super::{DetachOutcome, Engine, RescueError};
+use crate::netns::Netns;
+use crate::state::{PodPhase, PodRecord, ReturnReason, pod_key};
+
+/// A hook's sandbox.
+#[derive(Clone, Copy, Debug)]
+pub struct SandboxRef<'a> {
+    pub uid: &'a str,
+    /// The runtime's sandbox id.
+    pub sandbox: &'a str,
+    /// The netns path the hook carries (containerd sends none on RemovePodSandbox).
+    pub netns: Option<&'a Path>,
+}
+
+/// A sandbox the runtime reports in Synchronize.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxInfo {
+    pub uid: String,
+    pub sandbox: String,
+    pub netns: Option<PathBuf>,
+}
+
+/// What [`Engine::synchronize`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SyncReport {
+    /// Sandboxes the runtime no longer knows whose devices were brought home.
+    pub returned: Vec<String>,
+    /// Records deleted.
+    pub dropped: Vec<String>,
+    /// Sandboxes whose devices could not all come home (kept; retried by the engine).
+    pub failed: Vec<String>,
+}
+
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (a.to_str(), b.to_str()) {
+        (Some(a), Some(b)) => normalize_path(a) == normalize_path(b),
+        _ => a == b,
+    }
+}
+
+impl Engine {
+    /// The record a hook for `sb` is about: the sandbox's own, or a record migrated from
+    /// checkpoint format 1 (no sandbox id) of the same pod that this sandbox is shown to own
+    /// (same netns path; or, for a hook without a path, the pod's only record), which then takes
+    /// the sandbox id. The pod's lock must be held.
+    fn resolve(&self, sb: SandboxRef<'_>) -> Result<Option<String>, RescueError> {
+        let key = pod_key(sb.uid, sb.sandbox);
+        if self.cp().pods.contains_key(&key) {
+            return Ok(Some(key));
+        }
+        let only_record = self.cp().records_of(sb.uid).count() == 1;
+        let named = self.name_legacy_record(sb.uid, sb.sandbox, |r| match sb.netns {
+            Some(p) => same_path(&r.netns_path, p),
+            None => only_record,
+        })?;
+        Ok(named.then_some(key))
+    }
+
+    /// Gives a format-1 record (no sandbox id) of pod `uid` the id `sandbox` when `owns` says the
+    /// sandbox is its. Returns whether a record was named. The pod's lock must be held.
+    pub(super) fn name_legacy_record(
+        &self,
+        uid: &str,
+        sandbox: &str,
+        owns: impl Fn(&PodRecord) -> bool,
+    ) -> Result<bool, RescueError> {
+        let legacy = pod_key(uid, "");
+        let hit = self.cp().pods.get(&legacy).is_some_and(owns);
+        if !hit {
+            return Ok(false);
+        }
+        let key = pod_key(uid, sandbox);
+        info!(
+            pod = uid,
+            sandbox, "record from checkpoint format 1 now names its sandbox"
+        );
+        let live = self.inner.live_take(&legacy);
+        self.update(|cp| {
+            if let Some(mut r) = cp.pods.remove(&legacy) {
+                r.sandbox_id = sandbox.to_owned();
+                cp.pods.insert(key.clone(), r);
+            }
+        })?;
+        if let Some(l) = live {
+            self.inner.live_put(&key, l);
+        }
+        Ok(true)
+    }
+
+    /// StopPodSandbox / RemovePodSandbox: brings home the devices of this sandbox only.
+    pub async fn detach_sandbox(
+        &self,
+        sb: SandboxRef<'_>,
+        reason: ReturnReason,
+    ) -> Result<DetachOutcome, RescueError> {
+        crate::ids::pod_uid(sb.uid)?;
+        crate::ids::sandbox_id(sb.sandbox)?;
+        let _owner = self.own(sb.uid).await;
+        let Some(key) = self.resolve(sb)? else {
+            return Ok(DetachOutcome::NotOurs);
+        };
+        self.detach_locked(&key, reason).await
+    }
+
+    /// RemovePodSandbox: the runtime is done with the sandbox. Its devices come home if they are
+    /// not yet (a Remove without a Stop), then its record goes.
+    pub async fn forget_sandbox(&self, sb: SandboxRef<'_>) -> Result<DetachOutcome, RescueError> {
+        crate::ids::pod_uid(sb.uid)?;
+        crate::ids::sandbox_id(sb.sandbox)?;
+        let out = {
+            let _owner = self.own(sb.uid).await;
+            let Some(key) = self.resolve(sb)? else {
+                return Ok(DetachOutcome::NotOurs);
+            };
+            let out = self.detach_locked(&key, ReturnReason::Hook).await?;
+            self.drop_record(&key, "removed by the runtime")?;
+            out
+        };
+        self.prune_lock(sb.uid);
+        Ok(out)
+    }
+
+    /// Synchronize (after every (re)connection): `running` is every sandbox the runtime has.
+    /// Format-1 records are matched to their sandbox by pod UID and netns path; a sandbox the
+    /// runtime does not list gets its devices home and its record deleted.
+    pub async fn synchronize(&self, running: &[SandboxInfo]) -> SyncReport {
+        let mut report = SyncReport::default();
+        for s in running {
+            if crate::ids::pod_uid(&s.uid).is_err() || crate::ids::sandbox_id(&s.sandbox).is_err() {
+                continue;
+            }
+            let _owner = self.own(&s.uid).await;
+            let named = self.name_legacy_record(&s.uid, &s.sandbox, |r| {
+                s.netns.as_deref().is_some_and(|p| same_path(&r.netns_path, p))
+            });
+            if let Err(e) = named {
+                warn!(pod = s.uid, sandbox = s.sandbox, error = %e, "cannot name a format-1 record");
+            }
+        }
+        let known: HashSet<String> = running.iter().map(|s| pod_key(&s.uid, &s.sandbox)).collect();
+        let gone: Vec<(String, String)> = self
+            .cp()
+            .pods
+            .values()
+            .filter(|r| !known.contains(&r.key()))
+            .map(|r| (r.pod_uid.clone(), r.key()))
+            .collect();
+        for (uid, key) in gone {
+            {
+                let _owner = self.own(&uid).await;
+                let out = self.cp().pods.get(&key).is_some_and(PodRecord::has_devices_out);
+                if out {
+                    info!(
+                        pod = uid,
+                        sandbox = key,
+                        "the runtime no longer knows this sandbox: bringing its devices home"
+                    );
+                    match self.detach_locked(&key, ReturnReason::Vanished).await {
+                        Ok(_) => report.returned.push(key.clone()),
+                        Err(e) => {
+                            warn!(pod = uid, sandbox = key, error = %e, "devices of a vanished sandbox not all home");
+                            report.failed.push(key.clone());
+                            continue;
+                        }
+                    }
+                }
+                match self.drop_record(&key, "unknown to the runtime") {
+                    Ok(true) => report.dropped.push(key.clone()),
+                    Ok(false) => {}
+                    Err(e) => warn!(sandbox = key, error = %e, "cannot drop the record"),
+                }
+            }
+            self.prune_lock(&uid);
+        }
+        report
+    }
+
+    /// Deletes the record `key` if every device is home and its pin is released. Returns whether
+    /// it did. The pod's lock must be held.
+    pub(super) fn drop_record(&self, key: &str, why: &str) -> Result<bool, RescueError> {
+        let droppable = self
+            .cp()
+            .pods
+            .get(key)
+            .is_some_and(|r| !r.has_devices_out() && r.pin.is_none());
+        if !droppable {
+            return Ok(false);
+        }
+        let id = self.cp().pods.get(key).map(|r| r.netns);
+        self.update(|cp| {
+            cp.pods.remove(key);
+        })?;
+        if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
+            w.unwatch_netns(id);
+        }
+        self.inner.metrics.records_dropped.inc();
+        info!(sandbox = key, why, "sandbox record dropped");
+        Ok(true)
+    }
+
+    /// Drops the record `key` (devices home, pin released) if its netns is gone: the runtime's
+    /// path no longer names the netns the sandbox attached to.
+    pub(super) fn drop_if_torn_down(&self, key: &str) -> Result<bool, RescueError> {
+        let Some((path, id)) = self.cp().pods.get(key).map(|r| (r.netns_path.clone(), r.netns)) else {
+            return Ok(false);
+        };
+        let alive = Netns::open_path(&path).is_ok_and(|ns| ns.id() == id);
+        if alive {
+            return Ok(false);
+        }
+        self.drop_record(key, "its netns is gone")
+    }
+
+    /// Drops every returned record whose sandbox's netns is gone; then prunes the locks of pods
+    /// with nothing left. Runs after a reconcile and every [`SWEEP_EVERY`].
+    pub async fn sweep(&self) -> usize {
+        let candidates: Vec<(String, String)> = self
+            .cp()
+            .pods
+            .values()
+            .filter(|r| matches!(r.phase, PodPhase::Returned(_)) && r.pin.is_none())
+            .map(|r| (r.pod_uid.clone(), r.key()))
+            .collect();
+        let mut n = 0;
+        for (uid, key) in candidates {
+            {
+                let _owner = self.own(&uid).await;
+                match self.drop_if_torn_down(&key) {
+                    Ok(true) => n += 1,
+                    Ok(false) => {}
+                    Err(e) => warn!(sandbox = key, error = %e, "sweep: cannot drop the record"),
+                }
+            }
+            self.prune_lock(&uid);
+        }
+        let uids: Vec<String> = super::lock(&self.inner.locks).keys().cloned().collect();
+        for uid in uids {
+            self.prune_lock(&uid);
+        }
+        n
+    }
+}
+
+/// How often the daemon sweeps records of sandboxes whose netns is gone.
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
