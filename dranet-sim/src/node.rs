@@ -36,6 +36,9 @@ pub struct NodeOptions {
     /// Replaces the node-identity arguments (`--node-name sim-node --filter "" --bind-address
     /// <bind_address>`), e.g. with upstream dranet's spelling of them.
     pub node_args: Option<Vec<String>>,
+    /// Run the daemon with this soft *and* hard `RLIMIT_NOFILE` (it raises its soft limit to
+    /// the hard one, so both are set).
+    pub nofile_limit: Option<u64>,
 }
 
 impl Default for NodeOptions {
@@ -47,6 +50,7 @@ impl Default for NodeOptions {
             kubeconfig: None,
             bind_address: "127.0.0.1:0".to_owned(),
             node_args: None,
+            nofile_limit: None,
         }
     }
 }
@@ -150,6 +154,25 @@ impl Node {
             .stderr(Stdio::inherit());
         if !self.opts.probes {
             cmd.arg("--no-probes");
+        }
+        if let Some(n) = self.opts.nofile_limit {
+            use std::os::unix::process::CommandExt;
+            let lim = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: the closure runs in the child between fork and exec; it only calls
+            // setrlimit (async-signal-safe) on a value it owns and allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    // SAFETY: `lim` is a valid rlimit for the duration of the call.
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
         }
         let mut child = cmd
             .spawn()

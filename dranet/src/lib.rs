@@ -25,10 +25,13 @@ pub mod dhcp;
 pub mod dra;
 pub mod driver;
 pub mod ethtool;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod ids;
 pub mod inventory;
 pub mod link;
+pub mod listen;
 pub mod netns;
 pub mod nri;
 pub mod pci;

@@ -142,6 +142,24 @@ pub fn main(args: &RunArgs) -> ExitCode {
     for note in args.upstream.notes() {
         warn!("{note}");
     }
+    // Before any thread or socket: every fd the hard limit allows, so the default soft limit
+    // (often 1024) is not what a burst of connections or pods exhausts first.
+    match crate::listen::raise_nofile_limit() {
+        Ok(l) if l.old_soft != l.new_soft => {
+            info!(
+                old = l.old_soft,
+                new = l.new_soft,
+                hard = l.hard,
+                "raised the soft RLIMIT_NOFILE to the hard limit"
+            );
+        }
+        Ok(l) => info!(
+            soft = l.old_soft,
+            hard = l.hard,
+            "RLIMIT_NOFILE already at the hard limit"
+        ),
+        Err(e) => warn!(error = %e, "cannot raise RLIMIT_NOFILE"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -225,6 +243,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     readiness.set_met(crate::ready::ENGINE);
     let mut registry = Registry::default();
     engine.metrics().register(&mut registry);
+    crate::listen::metrics().register(&mut registry);
     registry.register(
         "dranet_probes_active",
         "Kernel probes loaded, by tier and probe (1 = active)",
@@ -279,35 +298,67 @@ async fn bind_server(addrs: &[String]) -> anyhow::Result<Server> {
 /// File name of the activity socket in the state dir.
 pub const ACTIVITY_SOCKET: &str = "events.sock";
 
+/// Clients of the activity socket served at once (`dranet trace` sessions); more are closed.
+const ACTIVITY_MAX_CLIENTS: usize = 16;
+
 /// Serves the engine's activity feed as JSON lines to every client of a root-only unix socket.
+/// The accept loop backs off on errors and never ends; a client that hangs up is noticed at once
+/// (not at the next activity), so its slot frees.
 fn serve_activity(path: &std::path::Path, engine: Engine) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    use tokio::io::AsyncWriteExt;
     let _ = std::fs::remove_file(path);
     let listener = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let mut incoming = crate::listen::Incoming::new(listener, "events", ACTIVITY_MAX_CLIENTS);
     tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let mut rx = engine.activity();
-            tokio::spawn(async move {
-                loop {
-                    let a = match rx.recv().await {
-                        Ok(a) => a,
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                    };
-                    let Ok(mut line) = serde_json::to_string(&a) else {
-                        continue;
-                    };
-                    line.push('\n');
-                    if conn.write_all(line.as_bytes()).await.is_err() {
-                        break;
-                    }
+        loop {
+            match incoming.accept().await {
+                crate::listen::Accepted::Admitted(conn) => {
+                    tokio::spawn(feed_activity(conn, engine.activity()));
                 }
-            });
+                crate::listen::Accepted::OverCap(conn) => drop(conn),
+            }
         }
     });
     Ok(())
+}
+
+async fn feed_activity(
+    mut conn: crate::listen::Guarded<tokio::net::UnixStream>,
+    mut rx: tokio::sync::broadcast::Receiver<crate::rescue::activity::Activity>,
+) {
+    use std::os::fd::AsFd;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::broadcast::error::RecvError;
+    let mut sink = [0u8; 256];
+    // Clients send nothing. End of file means the client hung up, or only shut its sending side
+    // (`socat ... </dev/null`): then it is still fed, and its hang-up shows at the next write.
+    let mut reading = true;
+    loop {
+        let a = tokio::select! {
+            r = rx.recv() => match r {
+                Ok(a) => a,
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => break,
+            },
+            n = conn.get_mut().read(&mut sink), if reading => match n {
+                Ok(0) if crate::listen::peer_hung_up(conn.get_ref().as_fd()) => break,
+                Ok(0) => {
+                    reading = false;
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(_) => break,
+            },
+        };
+        let Ok(mut line) = serde_json::to_string(&a) else {
+            continue;
+        };
+        line.push('\n');
+        if conn.write_all(line.as_bytes()).await.is_err() {
+            break;
+        }
+    }
 }
 
 async fn wait_for_signal() {
@@ -320,5 +371,67 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::listen::{Accepted, Incoming};
+    use crate::rescue::activity::{Activity, ActivityKind};
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::net::{UnixListener, UnixStream};
+
+    fn hook(uid: &str) -> Activity {
+        Activity {
+            at: 1,
+            pod_uid: uid.into(),
+            pod: String::new(),
+            netns_path: None,
+            kind: ActivityKind::Hook {
+                name: "RunPodSandbox".into(),
+            },
+        }
+    }
+
+    /// A client that hangs up frees its slot at once; one that only shuts its sending side is
+    /// still fed.
+    #[tokio::test]
+    async fn activity_clients_hang_up_or_half_close() {
+        let dir = std::env::temp_dir().join(format!("dranet-activity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("events.sock");
+        let _ = std::fs::remove_file(&path);
+        let mut inc = Incoming::new(UnixListener::bind(&path).unwrap(), "test-events", 4);
+        let (tx, _) = tokio::sync::broadcast::channel(16);
+        let mut admit = async || {
+            let Accepted::Admitted(conn) = inc.accept().await else {
+                panic!("refused")
+            };
+            conn
+        };
+        let gone = UnixStream::connect(&path).await.unwrap();
+        let feeder = tokio::spawn(feed_activity(admit().await, tx.subscribe()));
+        drop(gone);
+        tokio::time::timeout(std::time::Duration::from_secs(2), feeder)
+            .await
+            .expect("the feed of a client that hung up did not end")
+            .unwrap();
+        let half = UnixStream::connect(&path).await.unwrap();
+        let _feeder = tokio::spawn(feed_activity(admit().await, tx.subscribe()));
+        let (rd, mut wr) = half.into_split();
+        tokio::io::AsyncWriteExt::shutdown(&mut wr).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tx.send(hook("u-half")).unwrap();
+        let line = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            BufReader::new(rd).lines().next_line(),
+        )
+        .await
+        .expect("a half-closed client was not fed")
+        .unwrap()
+        .unwrap();
+        assert!(line.contains("u-half"), "{line}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

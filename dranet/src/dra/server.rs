@@ -11,7 +11,6 @@ use std::sync::Arc;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use super::health::{HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1, HealthHub, HealthService};
@@ -21,6 +20,7 @@ use super::proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use super::proto::{health_v1, health_v1alpha1, v1, v1beta1};
+use crate::listen::Incoming;
 use crate::plan::ClaimRef;
 
 /// `PluginInfo.type` of DRA drivers.
@@ -48,6 +48,10 @@ pub const SUPPORTED_VERSIONS: [&str; 4] = [
     HEALTH_SERVICE_V1,
     HEALTH_SERVICE_V1ALPHA1,
 ];
+
+/// Connections served at once on each socket (kubelet keeps one or two); more are closed at
+/// once. Accept errors back off and never end the server ([`crate::listen`]).
+const MAX_CONNECTIONS: usize = 32;
 
 /// Errors of the plugin servers.
 #[derive(Debug, thiserror::Error)]
@@ -136,9 +140,12 @@ impl KubeletPlugin {
                 .add_service(
                     health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health),
                 )
-                .serve_with_incoming_shutdown(UnixListenerStream::new(dra), async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                }),
+                .serve_with_incoming_shutdown(
+                    Incoming::new(dra, "dra", MAX_CONNECTIONS).into_stream(),
+                    async move {
+                        let _ = rx.wait_for(|s| *s).await;
+                    },
+                ),
         );
 
         let reg = match bind(&reg_path) {
@@ -164,9 +171,12 @@ impl KubeletPlugin {
         let reg_task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(registrar))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(reg), async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                }),
+                .serve_with_incoming_shutdown(
+                    Incoming::new(reg, "registration", MAX_CONNECTIONS).into_stream(),
+                    async move {
+                        let _ = rx.wait_for(|s| *s).await;
+                    },
+                ),
         );
         tracing::debug!(registration = %reg_path.display(), dra = %dra_path.display(), "kubelet plugin serving");
         Ok(Self {

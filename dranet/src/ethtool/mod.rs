@@ -349,8 +349,9 @@ pub fn decode(mut buf: &[u8]) -> Result<Vec<Reply>, EthtoolError> {
                     .and_then(|b| <[u8; 4]>::try_from(b).ok())
                     .map(i32::from_ne_bytes)
                     .ok_or_else(|| EthtoolError::Decode("short NLMSG_ERROR".into()))?;
+                // Saturating: a garbage i32::MIN must not overflow (found by fuzzing).
                 out.push(Reply::Ack {
-                    errno: (code != 0).then_some(-code),
+                    errno: (code != 0).then_some(code.saturating_neg()),
                 });
             }
             NLMSG_DONE => out.push(Reply::Done),

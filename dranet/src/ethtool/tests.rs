@@ -193,6 +193,16 @@ fn whole_messages_decode_with_acks_errors_and_several_per_datagram() {
             errno: Some(libc::EOPNOTSUPP)
         }
     );
+    // A garbage code of i32::MIN: no overflow (found by fuzzing).
+    let mut min = hdr(36, 2, 0, 9);
+    min.extend_from_slice(&i32::MIN.to_ne_bytes());
+    min.extend_from_slice(&hdr(20, 0x1b, 5, 9));
+    assert_eq!(
+        decode(&min).unwrap(),
+        vec![Reply::Ack {
+            errno: Some(i32::MAX)
+        }]
+    );
     // A truncated message is an error, not a panic.
     assert!(decode(&all[..30]).is_err());
     assert!(Features::decode(&[8, 0, 2, 0x80, 0xff, 0xff]).is_err());

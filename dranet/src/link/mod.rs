@@ -291,7 +291,7 @@ pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), LinkError> {
 }
 
 /// Kernel rules for interface names (`dev_valid_name`): 1–15 bytes, not `.`/`..`, no `/`,
-/// `:` or whitespace.
+/// `:` or whitespace; and no `%`, which the kernel expands as a template (`eth%d` → `eth0`).
 pub fn validate_ifname(name: &str) -> Result<(), LinkError> {
     let bad = |reason| {
         Err(LinkError::InvalidName {
@@ -313,6 +313,9 @@ pub fn validate_ifname(name: &str) -> Result<(), LinkError> {
     }
     if name.contains(':') {
         return bad("contains ':'");
+    }
+    if name.contains('%') {
+        return bad("contains '%' (the kernel takes it as a name template)");
     }
     if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return bad("contains whitespace or control characters");

@@ -8,18 +8,25 @@
 //!   Configure, reconnect with backoff (100 ms doubling to 5 s);
 //! * `service` — the Plugin service: Configure (event mask 0xF), chunked Synchronize, the pod
 //!   hooks in both dialects (dedicated RPCs and `StateChange`), CreateContainer devices;
-//! * [`metrics`] — hook calls, errors and latency by hook ([`NriMetrics`]).
+//! * [`metrics`] — hook calls, errors and latency by hook ([`NriMetrics`]);
+//! * `replay` — the whole receive path over an in-memory trunk (fuzz target `nri`, tests).
+//!
+//! Bounds: frames over 4 MiB + 10 bytes (Go's largest) close the trunk, and a frame's buffer
+//! grows with the bytes that arrive; at most [`ttrpc::MAX_IN_FLIGHT`] requests run at once per
+//! connection (more are answered `RESOURCE_EXHAUSTED`); a Synchronize sent in parts is buffered
+//! up to [`SyncLimits`] (more is refused, up to its last part, and dropped).
 
-#[doc(hidden)]
-pub mod fuzz;
 pub mod hooks;
 pub mod metrics;
 pub mod mux;
 pub mod plugin;
+#[doc(hidden)]
+pub mod replay;
 mod service;
 pub mod ttrpc;
 
 pub use plugin::{NriError, NriMetrics, PluginConfig, run};
+pub use service::SyncLimits;
 
 /// Generated protobuf messages (`proto/msg/`, prost only: dranet implements ttrpc itself).
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -10,7 +10,9 @@
 //! plugin sends with [`Split::Max`]`(`[`GO_FRAME_LIMIT`]`)`. The runtime harness imitates the Go
 //! writer with [`Split::Go`] and can cut messages anywhere with [`Split::Pattern`] or
 //! [`Split::Random`]. Receiving: each connection is a byte stream; frame boundaries mean nothing
-//! to the layer above, which reassembles its own messages.
+//! to the layer above, which reassembles its own messages. A frame over [`MAX_FRAME_IN`] (Go's
+//! largest, 4 MiB + 10 bytes) closes the trunk before its payload is read, and a payload is read
+//! into a buffer that grows with the bytes that arrive, never allocated whole up front.
 //!
 //! Limit to keep in mind: the Go reader queues at most 256 frames per connection, so a single
 //! plugin → runtime message of more than ~1 MiB (256 × 4096) could overflow it if the runtime's
@@ -36,8 +38,11 @@ pub const HEADER_LEN: usize = 8;
 pub const GO_FRAME_LIMIT: usize = 4096;
 /// Largest frame payload the Go writer emits (4 MiB + a ttrpc header).
 pub const GO_MAX_PAYLOAD: usize = (4 << 20) + 10;
-/// Frames larger than this are taken as a corrupt trunk.
-const MAX_FRAME_IN: usize = 16 << 20;
+/// Frames larger than this are taken as a corrupt trunk: nothing a Go writer sends is larger.
+pub const MAX_FRAME_IN: usize = GO_MAX_PAYLOAD;
+/// A frame's payload is read in steps of at most this many bytes, so the buffer grows with the
+/// bytes that actually arrive (a header that announces 4 MiB and then stalls costs 64 KiB).
+const READ_STEP: usize = 64 << 10;
 
 /// Errors of the multiplexer.
 #[derive(Debug, thiserror::Error)]
@@ -293,14 +298,16 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if len > limit {
             return MuxError::FrameTooLarge { conn, len, limit }.to_string();
         }
-        let mut payload = BytesMut::zeroed(len);
-        if let Err(e) = rd.read_exact(&mut payload).await {
-            return MuxError::Io {
-                op: "read",
-                source: e,
+        let payload = match read_payload(&mut rd, len).await {
+            Ok(p) => p,
+            Err(e) => {
+                return MuxError::Io {
+                    op: "read",
+                    source: e,
+                }
+                .to_string();
             }
-            .to_string();
-        }
+        };
         if let Some(tap) = &opts.tap
             && let Ok(mut t) = tap.lock()
         {
@@ -321,6 +328,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
         }
     }
+}
+
+/// Reads exactly `len` payload bytes into a buffer that grows as they arrive.
+async fn read_payload<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> std::io::Result<BytesMut> {
+    let mut payload = BytesMut::with_capacity(len.min(READ_STEP));
+    while payload.len() < len {
+        let want = (len - payload.len()).min(READ_STEP);
+        payload.reserve(want);
+        let n = (&mut *rd).take(want as u64).read_buf(&mut payload).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(payload)
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(
@@ -513,6 +534,45 @@ mod tests {
         let why = hb.closed().await;
         assert!(why.contains("closed"), "{why}");
         assert!(d1.recv().await.is_none());
+    }
+
+    /// A frame over Go's limit (4 MiB + a ttrpc header) closes the trunk before any payload is
+    /// read; one at the limit is received whole; a stalled one costs what arrived, not its size.
+    #[tokio::test]
+    async fn frames_are_capped_at_the_go_limit_and_read_as_they_arrive() {
+        use tokio::io::AsyncWriteExt;
+        let (mut a, b) = duplex(1 << 20);
+        let mut mb = Mux::new(b, MuxOptions::default());
+        let mut d = mb.open(1);
+        let hb = mb.start();
+        let mut f = BytesMut::new();
+        encode_frame(&mut f, 1, &vec![7u8; GO_MAX_PAYLOAD]);
+        a.write_all(&f).await.unwrap();
+        let mut got = 0;
+        while got < GO_MAX_PAYLOAD {
+            got += d.recv().await.unwrap().len();
+        }
+        assert_eq!(got, GO_MAX_PAYLOAD);
+        // A frame that announces 4 MiB and ends after 10 bytes: end of file, and the buffer
+        // never grew past one read step.
+        let (mut c, mut r) = duplex(1 << 16);
+        c.write_all(&[1u8; 10]).await.unwrap();
+        drop(c);
+        let e = read_payload(&mut r, GO_MAX_PAYLOAD).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        let (mut c, mut r) = duplex(1 << 16);
+        c.write_all(&[1u8; 18]).await.unwrap();
+        let p = read_payload(&mut r, 18).await.unwrap();
+        assert_eq!((p.len(), p.capacity() < READ_STEP), (18, true));
+        let mut hdr = [0u8; HEADER_LEN];
+        hdr[..4].copy_from_slice(&1u32.to_be_bytes());
+        hdr[4..].copy_from_slice(&u32::try_from(GO_MAX_PAYLOAD + 1).unwrap().to_be_bytes());
+        a.write_all(&hdr).await.unwrap();
+        let why = hb.closed().await;
+        assert!(
+            why.contains(&format!("exceeds the limit of {GO_MAX_PAYLOAD}")),
+            "{why}"
+        );
     }
 
     #[tokio::test]

@@ -21,7 +21,7 @@ use super::hooks::PodHooks;
 pub use super::metrics::{HookLabels, NriMetrics};
 use super::mux::{Mux, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use super::pb::nri as pb;
-use super::service::PluginService;
+use super::service::{PluginService, SyncLimits};
 use super::ttrpc::{self, Client, TtrpcError};
 
 /// Fully qualified name of the service the plugin serves.
@@ -259,6 +259,7 @@ async fn session<H: PodHooks>(
         hooks: hooks.clone(),
         metrics: cfg.metrics.clone(),
         sync: Mutex::default(),
+        sync_limits: SyncLimits::default(),
         configured: configured_tx,
     });
     let _server = AbortOnDrop(tokio::spawn(ttrpc::serve(plugin_conn, svc)));

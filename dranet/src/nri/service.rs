@@ -17,16 +17,80 @@ use super::pb::nri as pb;
 use super::plugin::{EVENTS, PLUGIN_SERVICE};
 use super::ttrpc::{self, CallResult, Service, code};
 
+/// Bounds of a Synchronize sent in parts (`more = true`): what is buffered until the last part.
+/// A node runs at most a few hundred pods (kubelet's `--max-pods` is 110 by default), each
+/// retained in a few hundred bytes plus its labels and annotations; the defaults leave a wide
+/// margin and still bound the daemon's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncLimits {
+    /// Estimated bytes kept for the buffered pods and containers.
+    pub max_bytes: usize,
+    pub max_pods: usize,
+    pub max_containers: usize,
+}
+
+impl Default for SyncLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 16 << 20,
+            max_pods: 16_384,
+            max_containers: 65_536,
+        }
+    }
+}
+
+/// Parts of a Synchronize received so far.
 #[derive(Default)]
-pub(super) struct SyncBuf {
-    pods: Vec<Pod>,
-    containers: Vec<ContainerInfo>,
+pub(super) enum SyncBuf {
+    #[default]
+    Empty,
+    Buffering {
+        pods: Vec<Pod>,
+        containers: Vec<ContainerInfo>,
+        bytes: usize,
+    },
+    /// A part went over the limits: everything was dropped, and every part up to the last one
+    /// (`more = false`) is refused, so the hooks never see a partial list of pods (they would
+    /// take the missing pods for gone and bring their devices home).
+    Overflowed,
+}
+
+/// Every pod and container of a synchronization.
+type SyncState = (Vec<Pod>, Vec<ContainerInfo>);
+
+/// Per-entry cost of a map or vector element beyond its bytes (pointers, lengths, node slack):
+/// an estimate, so that millions of tiny entries cannot hide under a byte count.
+const ENTRY_OVERHEAD: usize = 64;
+
+fn pod_cost(p: &pb::PodSandbox) -> usize {
+    let netns = p
+        .linux
+        .as_ref()
+        .map_or(0, |l| l.namespaces.iter().map(|n| n.path.len()).sum());
+    let map = |m: &std::collections::HashMap<String, String>| {
+        m.iter()
+            .map(|(k, v)| k.len() + v.len() + ENTRY_OVERHEAD)
+            .sum::<usize>()
+    };
+    std::mem::size_of::<Pod>()
+        + p.uid.len()
+        + p.namespace.len()
+        + p.name.len()
+        + p.id.len()
+        + netns
+        + map(&p.labels)
+        + map(&p.annotations)
+}
+
+fn container_cost(c: &pb::Container) -> usize {
+    std::mem::size_of::<ContainerInfo>() + c.id.len() + c.pod_sandbox_id.len() + c.name.len()
 }
 
 pub(super) struct PluginService<H> {
     pub(super) hooks: Arc<H>,
     pub(super) metrics: NriMetrics,
     pub(super) sync: Mutex<SyncBuf>,
+    pub(super) sync_limits: SyncLimits,
     /// (runtime name, version) once Configure arrived.
     pub(super) configured: watch::Sender<Option<(String, String)>>,
 }
@@ -121,24 +185,77 @@ impl<H: PodHooks> PluginService<H> {
         })
     }
 
-    async fn synchronize(&self, req: pb::SynchronizeRequest) -> CallResult {
-        let (pods, containers) = {
-            let mut buf = self
-                .sync
-                .lock()
-                .map_err(|_| ttrpc::status(code::INTERNAL, "sync state poisoned"))?;
-            buf.pods.extend(req.pods.iter().map(Pod::from));
-            buf.containers
-                .extend(req.containers.iter().map(ContainerInfo::from));
-            if req.more {
-                debug!(pods = buf.pods.len(), "Synchronize: chunk buffered");
-                return reply(&pb::SynchronizeResponse {
-                    update: Vec::new(),
-                    more: true,
-                });
+    /// Adds one part to the buffer; the whole list once the last part is in.
+    fn buffer_part(&self, req: &pb::SynchronizeRequest) -> Result<Option<SyncState>, Status> {
+        let mut buf = self
+            .sync
+            .lock()
+            .map_err(|_| ttrpc::status(code::INTERNAL, "sync state poisoned"))?;
+        let lim = self.sync_limits;
+        let (mut pods, mut containers, mut bytes) = match std::mem::take(&mut *buf) {
+            SyncBuf::Empty => (Vec::new(), Vec::new(), 0),
+            SyncBuf::Buffering {
+                pods,
+                containers,
+                bytes,
+            } => (pods, containers, bytes),
+            SyncBuf::Overflowed => {
+                if req.more {
+                    *buf = SyncBuf::Overflowed;
+                }
+                return Err(ttrpc::status(
+                    code::RESOURCE_EXHAUSTED,
+                    "Synchronize: an earlier part of this synchronization went over the plugin's \
+                     limits and was dropped; the rest is refused up to its last part",
+                ));
             }
-            let b = std::mem::take(&mut *buf);
-            (b.pods, b.containers)
+        };
+        bytes += req.pods.iter().map(pod_cost).sum::<usize>()
+            + req.containers.iter().map(container_cost).sum::<usize>();
+        let (n_pods, n_containers) = (
+            pods.len() + req.pods.len(),
+            containers.len() + req.containers.len(),
+        );
+        if bytes > lim.max_bytes || n_pods > lim.max_pods || n_containers > lim.max_containers {
+            warn!(
+                bytes,
+                pods = n_pods,
+                containers = n_containers,
+                ?lim,
+                "Synchronize over the plugin's limits: buffered parts dropped"
+            );
+            if req.more {
+                *buf = SyncBuf::Overflowed;
+            }
+            return Err(ttrpc::status(
+                code::RESOURCE_EXHAUSTED,
+                format!(
+                    "Synchronize: {n_pods} pods, {n_containers} containers, ~{bytes} bytes exceed the plugin's \
+                     limits ({} pods, {} containers, {} bytes); buffered parts dropped",
+                    lim.max_pods, lim.max_containers, lim.max_bytes
+                ),
+            ));
+        }
+        pods.extend(req.pods.iter().map(Pod::from));
+        containers.extend(req.containers.iter().map(ContainerInfo::from));
+        if req.more {
+            debug!(pods = pods.len(), bytes, "Synchronize: part buffered");
+            *buf = SyncBuf::Buffering {
+                pods,
+                containers,
+                bytes,
+            };
+            return Ok(None);
+        }
+        Ok(Some((pods, containers)))
+    }
+
+    async fn synchronize(&self, req: pb::SynchronizeRequest) -> CallResult {
+        let Some((pods, containers)) = self.buffer_part(&req)? else {
+            return reply(&pb::SynchronizeResponse {
+                update: Vec::new(),
+                more: true,
+            });
         };
         info!(pods = pods.len(), containers = containers.len(), "Synchronize");
         let start = Instant::now();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message as _;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
@@ -134,6 +134,12 @@ impl Decoder {
         self.buf.extend_from_slice(data);
     }
 
+    /// Whether nothing is buffered or left to skip.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty() && self.skip == 0
+    }
+
     /// The next complete message, if one is buffered.
     pub fn next_message(&mut self) -> Option<Decoded> {
         if self.skip > 0 || self.buf.len() < HEADER_LEN {
@@ -196,12 +202,30 @@ pub fn unimplemented(service: &str, method: &str) -> Status {
     )
 }
 
+/// Requests [`serve`] handles at once on one connection. A runtime sends one request at a time
+/// (containerd/nri `pkg/adaptation` holds one lock across every plugin call) and gives up on a
+/// request after 2 s, so more than a few in flight means a broken or hostile peer.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// [`serve_with`] with at most [`MAX_IN_FLIGHT`] requests in flight.
+pub async fn serve<S: Service>(conn: MuxConn, svc: Arc<S>) {
+    serve_with(conn, svc, MAX_IN_FLIGHT).await;
+}
+
 /// Serves requests from `conn` until it closes. Each request runs in its own task; the handler
 /// runs in a task of its own too, so a request deadline (`timeout_nano`) answers
 /// `DEADLINE_EXCEEDED` without cancelling the handler half-way.
-pub async fn serve<S: Service>(conn: MuxConn, svc: Arc<S>) {
+///
+/// At most `max_in_flight` handlers run at once (a handler past its deadline still counts until
+/// it returns). A request past the cap is answered `RESOURCE_EXHAUSTED` at once rather than
+/// queued: waiting would only turn it into a `DEADLINE_EXCEEDED` after the runtime's 2 s, which
+/// the runtime treats as fatal (it drops the plugin's connection), whereas an error status goes
+/// back to the CRI caller, who retries. Not queueing also keeps memory bounded: what is not
+/// running is not kept.
+pub async fn serve_with<S: Service>(conn: MuxConn, svc: Arc<S>, max_in_flight: usize) {
     let (mut rx, tx) = conn.into_parts();
     let mut dec = Decoder::default();
+    let slots = Arc::new(Semaphore::new(max_in_flight.max(1)));
     while let Some(chunk) = rx.recv().await {
         dec.push(&chunk);
         while let Some(d) = dec.next_message() {
@@ -215,9 +239,18 @@ pub async fn serve<S: Service>(conn: MuxConn, svc: Arc<S>) {
                         respond(&tx, stream_id, Err(st));
                     }
                 }
-                Decoded::Message(f) if f.kind == TYPE_REQUEST => {
-                    tokio::spawn(handle(tx.clone(), svc.clone(), f));
-                }
+                Decoded::Message(f) if f.kind == TYPE_REQUEST => match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        tokio::spawn(handle(tx.clone(), svc.clone(), f, slot));
+                    }
+                    Err(_) => {
+                        let st = status(
+                            code::RESOURCE_EXHAUSTED,
+                            format!("{max_in_flight} requests already in flight on this connection"),
+                        );
+                        respond(&tx, f.stream_id, Err(st));
+                    }
+                },
                 Decoded::Message(f) => {
                     debug!(
                         stream = f.stream_id,
@@ -230,7 +263,7 @@ pub async fn serve<S: Service>(conn: MuxConn, svc: Arc<S>) {
     }
 }
 
-async fn handle<S: Service>(tx: MuxSender, svc: Arc<S>, f: Frame) {
+async fn handle<S: Service>(tx: MuxSender, svc: Arc<S>, f: Frame, slot: OwnedSemaphorePermit) {
     let req = match Request::decode(f.data) {
         Ok(r) => r,
         Err(e) => {
@@ -246,7 +279,12 @@ async fn handle<S: Service>(tx: MuxSender, svc: Arc<S>, f: Frame) {
         .ok()
         .filter(|&n| n > 0)
         .map(Duration::from_nanos);
-    let work = tokio::spawn(svc.call(req.service, req.method, req.payload));
+    let call = svc.call(req.service, req.method, req.payload);
+    let work = tokio::spawn(async move {
+        let r = call.await;
+        drop(slot);
+        r
+    });
     let res = match timeout {
         Some(t) => match tokio::time::timeout(t, work).await {
             Ok(j) => joined(j),
@@ -552,6 +590,38 @@ mod tests {
                 _ => Err(unimplemented(&service, &method)),
             }
         }
+    }
+
+    /// Past the in-flight cap a request is answered RESOURCE_EXHAUSTED at once; a slot frees
+    /// when its handler returns, even if the caller gave up on it before.
+    #[tokio::test]
+    async fn in_flight_requests_are_capped() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut ma = Mux::new(a, MuxOptions::default());
+        let c = ma.open(1);
+        let _ha = ma.start();
+        let mut mb = Mux::new(b, MuxOptions::default());
+        let s = mb.open(1);
+        let _hb = mb.start();
+        tokio::spawn(serve_with(s, Arc::new(Echo), 2));
+        let client = Arc::new(Client::new(c));
+        let t = Duration::from_secs(10);
+        let sleepers: Vec<_> = (0..2)
+            .map(|_| {
+                let c = client.clone();
+                tokio::spawn(async move { c.call("test.Echo", "Sleep", Bytes::new(), t).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let e = client
+            .call("test.Echo", "Echo", Bytes::new(), t)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(code::RESOURCE_EXHAUSTED), "{e:?}");
+        for s in sleepers {
+            s.await.unwrap().unwrap();
+        }
+        assert!(client.call("test.Echo", "Echo", Bytes::new(), t).await.is_ok());
     }
 
     fn pair() -> (Client, super::super::mux::MuxHandle, super::super::mux::MuxHandle) {

@@ -263,7 +263,8 @@ pub fn decode(mut buf: &[u8]) -> Result<Vec<Reply>, RdmaError> {
         match m.payload {
             NetlinkPayload::InnerMessage(r) => out.push(Reply::Message(r)),
             NetlinkPayload::Error(e) => out.push(Reply::Ack {
-                errno: e.code.map(|c| -c.get()),
+                // Saturating: a garbage i32::MIN must not overflow (found by fuzzing).
+                errno: e.code.map(|c| c.get().saturating_neg()),
             }),
             NetlinkPayload::Done(_) => out.push(Reply::Done),
             _ => {}

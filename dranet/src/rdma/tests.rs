@@ -116,6 +116,16 @@ fn sys_get_reply_gives_the_mode_and_errors_carry_errno() {
     ack.extend(0i32.to_ne_bytes());
     ack.extend(hdr(16, 5122, 0x5, 3));
     assert_eq!(decode(&ack).unwrap(), vec![Reply::Ack { errno: None }]);
+    // A garbage code of i32::MIN: no overflow (found by fuzzing).
+    let mut min = hdr(36, 2, 0, 3);
+    min.extend(i32::MIN.to_ne_bytes());
+    min.extend(hdr(16, 5122, 0x5, 3));
+    assert_eq!(
+        decode(&min).unwrap(),
+        vec![Reply::Ack {
+            errno: Some(i32::MAX)
+        }]
+    );
 }
 
 #[test]
