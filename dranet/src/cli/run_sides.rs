@@ -6,7 +6,6 @@
 //! in the background and retried with backoff, and `/readyz` says what is missing.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use tracing::{info, warn};
 
 use super::run::RunArgs;
 use super::run_api::{ApiMode, LateSink, api_mode, kube_client_retrying};
-use crate::dra::claim::{ClaimError, ClaimSource, ResourceClaim};
+use crate::dra::claim::ClaimSource;
 use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PluginConfig, Preparer};
 use crate::inventory::{Device, ScanOptions, SharedInventory};
 use crate::ready::Readiness;
@@ -122,38 +121,6 @@ impl crate::dra::DeviceLookup for RescanOnMiss {
                 None
             }
         }
-    }
-}
-
-/// `--claims-dir`: ResourceClaims read from `<dir>/<namespace>/<name>.json` (no API server: the
-/// node simulator and the demo write them there, as the scheduler would have allocated them).
-struct FileClaimSource {
-    dir: PathBuf,
-}
-
-impl ClaimSource for FileClaimSource {
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>> {
-        Box::pin(async move {
-            let safe = |s: &str| !s.is_empty() && !s.contains('/') && s != "." && s != "..";
-            let not_found = || ClaimError::NotFound {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-            };
-            if !safe(namespace) || !safe(name) {
-                return Err(not_found());
-            }
-            let path = self.dir.join(namespace).join(format!("{name}.json"));
-            let bytes = tokio::fs::read(&path).await.map_err(|_| not_found())?;
-            serde_json::from_slice(&bytes).map_err(|source| ClaimError::Decode {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                source,
-            })
-        })
     }
 }
 
@@ -275,7 +242,7 @@ async fn start_kubelet_side(
                     &args.driver_name,
                     &args.node_name,
                 )),
-                Arc::new(FileClaimSource { dir: claims.clone() }),
+                Arc::new(crate::dra::FileClaimSource::new(claims.clone())),
                 Arc::new(crate::report::FileSink::new(claims.join("status"))),
             ),
             (ApiMode::Kube, Some(client)) => (
