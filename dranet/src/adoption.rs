@@ -255,13 +255,13 @@ impl Adopter {
             .clone()
     }
 
-    /// Sandboxes worth a look: with a netns, valid ids, and no record.
+    /// Sandboxes worth a look: with a netns that is still there, valid ids, and no record.
     fn candidates(&self, running: &[SandboxInfo]) -> Vec<SandboxInfo> {
         let cp = self.engine.checkpoint();
         running
             .iter()
             .filter(|s| {
-                s.netns.is_some()
+                s.netns.as_deref().is_some_and(std::path::Path::exists)
                     && crate::ids::pod_uid(&s.uid).is_ok()
                     && crate::ids::sandbox_id(&s.sandbox).is_ok()
                     && !cp.pods.contains_key(&pod_key(&s.uid, &s.sandbox))
