@@ -535,7 +535,9 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
     .await?;
     let mut ns = PodNetns::create(&unique("vmt-wipe-"))?;
     let uid = unique("pod-vm-wipe-");
-    let device = dranet::inventory::netdev_device_name(&nic);
+    // A PCI-backed NIC is published under its PCI function's name (as upstream), `pci-…`; its
+    // host name is the `dra.net/ifName` attribute.
+    let device = dranet::inventory::pci_device_name(&pci);
     let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
     node.write_claim(
         &claim,
@@ -551,23 +553,24 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
     node.runtime.set_state(vec![pod.clone()], vec![]);
     assert!(!host_has(&nic), "{nic} still in the host after RunPodSandbox");
     ns.ip(&["link", "show", "dev", "net1"])?;
-    // The slices the daemon published keep eth1 (in a pod) with its PCI address.
+    // The slices the daemon published keep the NIC (in a pod) with its PCI address and name.
     let slices = node.dir.join("slices");
-    let published = || {
+    let (d, p) = (format!("\"{device}\""), pci.clone());
+    let published = move || {
         std::fs::read_dir(&slices)
             .into_iter()
             .flatten()
             .flatten()
-            .any(|f| {
-                std::fs::read_to_string(f.path())
-                    .is_ok_and(|t| t.contains(&format!("\"{device}\"")) && t.contains(&pci))
-            })
+            .any(|f| std::fs::read_to_string(f.path()).is_ok_and(|t| t.contains(&d) && t.contains(&p)))
     };
-    wait_for(
-        "eth1 and its PCI address in the published slices",
-        Duration::from_secs(30),
-        published,
-    )?;
+    tokio::task::spawn_blocking(move || {
+        wait_for(
+            "the NIC and its PCI address in the published slices",
+            Duration::from_secs(30),
+            published,
+        )
+    })
+    .await??;
     node.kill()?;
     node.wipe_state()?;
     assert!(node.records()?.is_empty());
@@ -588,6 +591,7 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
         .cloned()
         .unwrap_or_default();
     assert_eq!(rec["phase"], "attached", "{rec}");
+    assert_eq!(rec["devices"][0]["device"], device.as_str(), "{rec}");
     assert_eq!(rec["devices"][0]["pci_address"], pci.as_str(), "{rec}");
     // CRI-O order: netns gone first, then a late StopPodSandbox with the dead path.
     ns.remove_crio_style()?;
