@@ -45,14 +45,6 @@ fn string_attr<'a>(device: &'a Value, name: &str) -> Option<&'a str> {
         .filter(|s| !s.is_empty())
 }
 
-/// A netdev name the kernel would take: 1 to 15 bytes, no `/`, no whitespace, not `.` or `..`.
-fn is_ifname(s: &str) -> bool {
-    (1..=15).contains(&s.len())
-        && s != "."
-        && s != ".."
-        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/' && b != b':')
-}
-
 /// An RDMA device name: 1 to 63 bytes (`IB_DEVICE_NAME_MAX`), printable, no `/`.
 fn is_rdma_name(s: &str) -> bool {
     (1..64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
@@ -90,7 +82,7 @@ impl PublishedDevices {
                         .filter(|a| is_pci_address(a))
                         .map(str::to_owned),
                     if_name: string_attr(d, attr::IF_NAME)
-                        .filter(|n| is_ifname(n))
+                        .filter(|n| crate::ids::is_ifname(n))
                         .map(str::to_owned),
                     rdma_device: string_attr(d, attr::RDMA_DEVICE)
                         .filter(|n| is_rdma_name(n))
