@@ -398,6 +398,19 @@ fn move_by_hand(nic: &str, ns: &PodNetns) -> Result<()> {
     Ok(())
 }
 
+/// The `dra.net/ifName` of `device` in the slices under `dir`, if they carry it.
+fn published_ifname(dir: &std::path::Path, device: &str) -> Option<String> {
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|f| {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(f.path()).ok()?).ok()?;
+        v["spec"]["devices"]
+            .as_array()?
+            .iter()
+            .find(|d| d["name"] == device)?["attributes"]["dra.net/ifName"]["string"]
+            .as_str()
+            .map(str::to_owned)
+    })
+}
+
 /// What adoption restores of a device it did not snapshot: home under its host name, its MAC,
 /// its MTU, up (addresses, offloads and sysctls were never known).
 fn assert_home_adopted(nic: &str, before: &serde_json::Value) -> Result<()> {
@@ -508,7 +521,9 @@ async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio
 /// restarted, it has no record and no plan. The runtime's Synchronize on connect names the
 /// sandbox; the daemon reads the claims dir and the slices it published before (eth1 with its
 /// `dra.net/pciAddress`), finds eth1 in the pod by its PCI function, pins and records it, and
-/// brings it home in CRI-O order.
+/// brings it home in CRI-O order: under its published `dra.net/ifName` when the slices kept it
+/// while the NIC was in the pod, else under its pod-side name (its slice name, `pci-…`, is no
+/// netdev name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order() -> Result<()> {
     use dranet_sim::kubelet::Claim;
@@ -571,6 +586,10 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
         )
     })
     .await??;
+    // The host name adoption can know: `dra.net/ifName` if the slices kept it while the NIC was in
+    // the pod, else the name it has there (a PCI function's slice name is no netdev name).
+    let home = published_ifname(&node.dir.join("slices"), &device).unwrap_or_else(|| "net1".to_owned());
+    eprintln!("the NIC comes home as {home}");
     node.kill()?;
     node.wipe_state()?;
     assert!(node.records()?.is_empty());
@@ -593,20 +612,25 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
     assert_eq!(rec["phase"], "attached", "{rec}");
     assert_eq!(rec["devices"][0]["device"], device.as_str(), "{rec}");
     assert_eq!(rec["devices"][0]["pci_address"], pci.as_str(), "{rec}");
+    assert_eq!(rec["devices"][0]["snapshot"]["name"], home.as_str(), "{rec}");
     // CRI-O order: netns gone first, then a late StopPodSandbox with the dead path.
     ns.remove_crio_style()?;
     let start = Instant::now();
     tokio::task::spawn_blocking({
-        let nic = nic.clone();
-        move || wait_for("the adopted NIC home", Duration::from_secs(30), || host_has(&nic))
+        let home = home.clone();
+        move || {
+            wait_for("the adopted NIC home", Duration::from_secs(30), || {
+                host_has(&home)
+            })
+        }
     })
     .await??;
     eprintln!(
-        "adopted {nic} returned {:?} after the netns bind mount was removed",
+        "adopted {nic} returned as {home} {:?} after the netns bind mount was removed",
         start.elapsed()
     );
     node.runtime.stop_pod_sandbox(&pod).await?;
-    assert_home_adopted(&nic, &before)?;
+    assert_home_adopted(&home, &before)?;
     let start = Instant::now();
     while node.records()?.contains(&key) {
         if start.elapsed() > Duration::from_secs(30) {
