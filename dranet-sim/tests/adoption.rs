@@ -37,7 +37,7 @@ use serde_json::json;
 /// containerd's default NRI request timeout.
 const NRI_BUDGET: Duration = Duration::from_secs(2);
 
-/// Log lines of this thread's tracing events (a current-thread runtime runs every task here).
+/// Log lines, as written.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 
@@ -61,15 +61,21 @@ impl Write for Captured {
     }
 }
 
-fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
-    let out = Captured::default();
-    let w = out.clone();
-    let sub = tracing_subscriber::fmt()
-        .with_writer(move || w.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    (out, tracing::subscriber::set_default(sub))
+/// The log of this test binary: a global subscriber (a scoped one misses events whose callsite
+/// another test's thread registered first), so each test picks its lines by its pod's UID.
+fn log() -> &'static Captured {
+    static LOG: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let out = Captured::default();
+        let w = out.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(sub);
+        out
+    })
 }
 
 fn pod(uid: &str, sandbox: &str, netns: &Path) -> Pod {
@@ -144,7 +150,7 @@ async fn a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted() -> Result<()> {
     if !require_root("a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted")? {
         return Ok(());
     }
-    let (log, _guard) = capture();
+    let log = log();
     let state = StateDir::new("adopt-veth");
     let e = engine(&state, None).await?;
     let nic = Nic::create()?;
@@ -197,7 +203,10 @@ async fn a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted() -> Result<()> {
     assert_not_adopted(&e, &state, &ns, &uid)?;
 
     let text = log.text();
-    let lines: Vec<&str> = text.lines().filter(|l| l.contains("not adopted")).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("not adopted") && l.contains(&uid))
+        .collect();
     assert_eq!(lines.len(), 2, "{text}");
     for l in lines {
         assert!(
