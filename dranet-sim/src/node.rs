@@ -395,6 +395,24 @@ impl Node {
         dranet::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
     }
 
+    /// Loses the daemon's state as a wiped or corrupt `--state-dir` would: every pin is
+    /// unmounted (the pod netns stay alive through the runtime's own bind mounts) and the
+    /// directory removed. The daemon must not be running ([`Node::kill`] first).
+    pub fn wipe_state(&self) -> Result<()> {
+        if self.child.is_some() {
+            bail!("wipe_state while the daemon runs");
+        }
+        for pin in self.pins() {
+            // A pin file that is no mount point (EINVAL) has nothing to unmount; one still
+            // mounted makes the removal below fail with EBUSY.
+            let _ = nix::mount::umount2(&pin, nix::mount::MntFlags::MNT_DETACH);
+        }
+        match std::fs::remove_dir_all(self.state_dir()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// The daemon's checkpoint as it is on disk now (read as JSON, so any format shows).
     pub fn checkpoint(&self) -> Result<serde_json::Value> {
         match std::fs::read(self.state_dir().join("state.json")) {

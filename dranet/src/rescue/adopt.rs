@@ -173,11 +173,24 @@ impl Engine {
     }
 }
 
+/// The name an adopted device comes home under: its host name when known, else its slice device
+/// name when the kernel takes it as a netdev name, else the name it has in the pod (what the
+/// kernel itself would give it back under). A PCI function's slice name (`pci-dddd-bb-dd-f`, 16
+/// bytes) or a `net-<base32>` name is no netdev name: recorded, it would fail every detach with
+/// ERANGE and the device could never come home.
+fn home_name(d: &Allocated, in_pod: &LinkSnapshot) -> String {
+    [d.host_ifname.as_deref(), Some(d.device.as_str())]
+        .into_iter()
+        .flatten()
+        .find(|n| crate::ids::is_ifname(n))
+        .map_or_else(|| in_pod.name.clone(), str::to_owned)
+}
+
 /// The record of a device found in a pod's netns by its kernel identity. Its host state before
-/// the move is unknown: it comes home under its host name, with its permanent MAC and current
-/// MTU, up.
+/// the move is unknown: it comes home under its host name ([`home_name`]), with its permanent
+/// MAC and current MTU, up.
 fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::netns::NetnsId) -> DeviceRecord {
-    let host_name = d.host_ifname.clone().unwrap_or_else(|| d.device.clone());
+    let host_name = home_name(d, &in_pod);
     let snapshot = LinkSnapshot {
         ifindex: in_pod.ifindex,
         name: host_name,
@@ -211,6 +224,25 @@ fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::netns::Netn
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_adopted_device_comes_home_under_a_name_the_kernel_takes() {
+        let in_pod = LinkSnapshot {
+            name: "net1".into(),
+            ..LinkSnapshot::default()
+        };
+        let dev = |device: &str, host: Option<&str>| Allocated {
+            device: device.into(),
+            host_ifname: host.map(str::to_owned),
+            ..Allocated::default()
+        };
+        assert_eq!(home_name(&dev("pci-0000-00-05-0", Some("eth1")), &in_pod), "eth1");
+        assert_eq!(home_name(&dev("eth1", None), &in_pod), "eth1");
+        // No host name known and a slice name the kernel refuses (16 bytes): the pod-side name.
+        assert_eq!(home_name(&dev("pci-0000-00-05-0", None), &in_pod), "net1");
+        assert_eq!(home_name(&dev("net-mv2gqmbogeyda", None), &in_pod), "net1");
+        assert_eq!(home_name(&dev("pci-0000-00-05-0", Some("a/b")), &in_pod), "net1");
+    }
 
     #[test]
     fn a_parent_resolves_to_its_pci_function_through_sysfs() {
