@@ -276,18 +276,8 @@ impl Engine {
                 warn!(sandbox = key, error = %e, "releasing the pin failed");
             }
         }
-        // The netns stays watched while the record stays: its teardown drops the record.
-        self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(key) {
-                rec.phase = PodPhase::Returned(reason);
-                rec.pin = None;
-            }
-        })
-        .await?;
-        // The runtime tore the netns down (CRI-O order, a rescue, a reconcile): the sandbox can
-        // never run again, so its record goes now. Otherwise (containerd order, a new sandbox)
-        // it waits for RemovePodSandbox, Synchronize or the sweep.
-        self.drop_if_torn_down(key).await?;
+        // Counted before the record changes: whoever sees the record say "returned" sees the
+        // return counted too (the save is awaited below).
         let m = &self.inner.metrics;
         match reason {
             ReturnReason::Hook => {
@@ -326,6 +316,18 @@ impl Engine {
             ReturnReason::Reconcile | ReturnReason::Vanished => c.returned_by_reconcile += 1,
             ReturnReason::Rollback => {}
         });
+        // The netns stays watched while the record stays: its teardown drops the record.
+        self.update(|cp| {
+            if let Some(rec) = cp.pods.get_mut(key) {
+                rec.phase = PodPhase::Returned(reason);
+                rec.pin = None;
+            }
+        })
+        .await?;
+        // The runtime tore the netns down (CRI-O order, a rescue, a reconcile): the sandbox can
+        // never run again, so its record goes now. Otherwise (containerd order, a new sandbox)
+        // it waits for RemovePodSandbox, Synchronize or the sweep.
+        self.drop_if_torn_down(key).await?;
         Ok(())
     }
 
@@ -442,6 +444,9 @@ impl Engine {
                 device: device.to_owned(),
                 source,
             })?;
+        // Counted before the record changes (see `finish_return`).
+        self.count(|c| c.repaired_devices += 1);
+        self.inner.metrics.repaired.inc();
         let state = match res {
             Returned::Restored => DeviceState::Home,
             Returned::NameBusy { temp_name } => {
@@ -456,8 +461,6 @@ impl Engine {
             }
         })
         .await?;
-        self.count(|c| c.repaired_devices += 1);
-        self.inner.metrics.repaired.inc();
         info!(
             pod = uid,
             sandbox = key,
