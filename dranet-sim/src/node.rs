@@ -39,6 +39,9 @@ pub struct NodeOptions {
     /// Run the daemon with this soft *and* hard `RLIMIT_NOFILE` (it raises its soft limit to
     /// the hard one, so both are set).
     pub nofile_limit: Option<u64>,
+    /// The daemon's stderr goes to `<dir>/daemon.log` (appended across restarts; read it with
+    /// [`Node::log`]) instead of the test's.
+    pub capture_log: bool,
 }
 
 impl Default for NodeOptions {
@@ -51,6 +54,7 @@ impl Default for NodeOptions {
             bind_address: "127.0.0.1:0".to_owned(),
             node_args: None,
             nofile_limit: None,
+            capture_log: false,
         }
     }
 }
@@ -152,6 +156,13 @@ impl Node {
             )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if self.opts.capture_log {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join("daemon.log"))?;
+            cmd.stderr(f);
+        }
         if !self.opts.probes {
             cmd.arg("--no-probes");
         }
@@ -388,6 +399,11 @@ impl Node {
         self.child
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// What the daemon logged so far ([`NodeOptions::capture_log`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
     /// Pins currently held in the state dir.

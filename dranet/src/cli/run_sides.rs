@@ -106,7 +106,8 @@ impl Publisher for AnyPublisher {
 }
 
 /// Device lookup for Prepare: a device missing from the last scan (it came home from a pod a
-/// moment ago, or appeared since) triggers one immediate rescan instead of a failed claim.
+/// moment ago, or appeared since) triggers one immediate rescan, on the blocking pool (a full
+/// scan reads sysfs and rtnetlink: never on an async worker), instead of a failed claim.
 struct RescanOnMiss {
     inventory: SharedInventory,
     opts: Arc<ScanOptions>,
@@ -114,27 +115,25 @@ struct RescanOnMiss {
 
 impl crate::dra::DeviceLookup for RescanOnMiss {
     fn device(&self, name: &str) -> Option<Device> {
-        if let Some(d) = self.inventory.get(name) {
-            return Some(d);
-        }
-        let scanned = tokio::task::block_in_place(|| crate::inventory::scan(&self.opts));
-        match scanned {
-            Ok(devs) => {
-                let found = devs.iter().find(|d| d.name == name).cloned();
-                if found.is_some() {
+        self.inventory.get(name)
+    }
+
+    fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let opts = self.opts.clone();
+            match tokio::task::spawn_blocking(move || crate::inventory::scan(&opts)).await {
+                Ok(Ok(devs)) => {
+                    // Devices in pods keep their entries: merge, do not replace.
                     let mut all = self.inventory.snapshot();
                     all.retain(|d| !devs.iter().any(|n| n.name == d.name));
                     all.extend(devs);
                     all.sort_by(|a, b| a.name.cmp(&b.name));
                     self.inventory.replace(all);
                 }
-                found
+                Ok(Err(e)) => warn!(error = %e, "inventory rescan"),
+                Err(e) => warn!(error = %e, "inventory rescan task"),
             }
-            Err(e) => {
-                warn!(error = %e, "inventory rescan");
-                None
-            }
-        }
+        })
     }
 }
 

@@ -69,6 +69,19 @@ impl Engine {
         crate::ids::pod_uid(&sb.uid)?;
         crate::ids::sandbox_id(&sb.sandbox)?;
         let _owner = self.own(&sb.uid).await;
+        // A record rebuilt from this sandbox's pin (the checkpoint did not load) is named, not
+        // adopted a second time.
+        let this_netns = |r: &PodRecord| {
+            sb.netns
+                .as_deref()
+                .is_some_and(|p| Netns::open_path(p).is_ok_and(|ns| ns.id() == r.netns))
+        };
+        if self
+            .name_recovered_record(&sb.uid, &sb.sandbox, this_netns)
+            .await?
+        {
+            return Ok(AdoptOutcome::Known);
+        }
         let key = pod_key(&sb.uid, &sb.sandbox);
         if self.cp().pods.contains_key(&key) || self.cp().records_of(&sb.uid).any(PodRecord::has_devices_out)
         {
@@ -136,16 +149,19 @@ impl Engine {
                     pin: Some(pin_path.clone()),
                     phase: PodPhase::Attached,
                     devices: found,
+                    recovered: None,
                 },
             );
-        })?;
+        })
+        .await?;
         let pin = match Pin::create(&netns, &self.inner.store.pins_dir(), &sb.sandbox) {
             Ok(p) => p,
             Err(source) => {
                 // Not pinned: forget the record again rather than claim a protection we lack.
                 self.update(|cp| {
                     cp.pods.remove(&key);
-                })?;
+                })
+                .await?;
                 return Err(RescueError::Pin {
                     pod: sb.uid.clone(),
                     source,
@@ -218,6 +234,7 @@ fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::netns::Netn
             ifindex: in_pod.ifindex,
             netns,
         }),
+        rebuilt: false,
     }
 }
 
