@@ -203,7 +203,7 @@ pub fn host_has(name: &str) -> bool {
 }
 
 /// Identity (cookie, inode) of an open netns file, via dranet's own helper.
-pub fn identity(f: &File) -> Result<dranet::netns::NetnsId> {
+pub fn identity(f: &File) -> Result<dranet::sys::netns::NetnsId> {
     Ok(dranet::watch::identify_fd(f.as_fd())?)
 }
 

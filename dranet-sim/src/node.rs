@@ -408,7 +408,7 @@ impl Node {
 
     /// Pins currently held in the state dir.
     pub fn pins(&self) -> Vec<PathBuf> {
-        dranet::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
+        dranet::sys::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
     }
 
     /// Loses the daemon's state as a wiped or corrupt `--state-dir` would: every pin is

@@ -138,7 +138,7 @@ fn assert_not_adopted(e: &Engine, state: &StateDir, ns: &PodNetns, uid: &str) ->
         "a record for an unadopted pod: {:?}",
         e.checkpoint().pods
     );
-    let pins = dranet::netns::Pin::list(&state.0.join("pins"))?;
+    let pins = dranet::sys::netns::Pin::list(&state.0.join("pins"))?;
     assert!(pins.is_empty(), "pinned: {pins:?}");
     ns.ip(&["link", "show", "dev", "net1"])
         .context("the veth left its pod netns")?;

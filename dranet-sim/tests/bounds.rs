@@ -8,10 +8,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dranet::netns::Netns;
-use dranet::rdma::{NetnsMode, RdmaError, RdmaOps};
 use dranet::rescue::{AttachOutcome, DetachOutcome, EngineOptions, RescueError, SandboxRef};
 use dranet::state::ReturnReason;
+use dranet::sys::netns::Netns;
+use dranet::sys::rdma::{NetnsMode, RdmaError, RdmaOps};
 use dranet_sim::fixtures::{StateDir, device_plan, pod_plan, pod_ref, wait_for};
 use dranet_sim::kernel::{PodNetns, require_root, unique};
 use dranet_sim::nic::{Nic, assert_same, view};

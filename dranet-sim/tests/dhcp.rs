@@ -22,8 +22,8 @@ use dranet::dhcp::message::{Message, MessageType, opt};
 use dranet::dhcp::{ClasslessRoute, Client, DhcpError};
 use dranet::dra::{MemoryClaimSource, PlanSink, Preparer, ResourceClaim};
 use dranet::inventory::{Device, SharedInventory};
-use dranet::netns::Netns;
 use dranet::plan::{ClaimRef, PodPlan};
+use dranet::sys::netns::Netns;
 use dranet_sim::kernel::{PodNetns, require_root, sh, unique};
 use serde_json::json;
 
@@ -355,7 +355,7 @@ impl Scripted {
     fn start(lab: &Lab, answer: Answer) -> Result<Self> {
         let ns = Netns::open_path(&lab.srv.path)?;
         let ifname = lab.srv_if.clone();
-        let sock = dranet::netns::in_netns(&ns, move || -> std::io::Result<UdpSocket> {
+        let sock = dranet::sys::netns::in_netns(&ns, move || -> std::io::Result<UdpSocket> {
             let s = UdpSocket::bind("0.0.0.0:67")?;
             nix::sys::socket::setsockopt(
                 &s,
@@ -606,12 +606,12 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
 
     // The plan works in a pod: moved with the leased address and routes, the server answers.
     let pod = PodNetns::create(&unique("dhp"))?;
-    let host_nl = dranet::link::Netlink::in_netns(&Netns::open_path(&lab.cli.path)?).await?;
+    let host_nl = dranet::sys::link::Netlink::in_netns(&Netns::open_path(&lab.cli.path)?).await?;
     let pod_ns = Netns::open_path(&pod.path)?;
-    let pod_nl = dranet::link::Netlink::in_netns(&pod_ns).await?;
-    let snap = dranet::link::snapshot(&host_nl, &lab.cli_if).await?;
-    let spec = dranet::link::AttachSpec::from_plan(&plans["pod-dhcp"].devices[0], "net1")?;
-    dranet::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec, snap.ifindex).await?;
+    let pod_nl = dranet::sys::link::Netlink::in_netns(&pod_ns).await?;
+    let snap = dranet::sys::link::snapshot(&host_nl, &lab.cli_if).await?;
+    let spec = dranet::sys::link::AttachSpec::from_plan(&plans["pod-dhcp"].devices[0], "net1")?;
+    dranet::sys::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec, snap.ifindex).await?;
     let routes = pod.ip(&["-4", "route", "show", "dev", "net1"])?;
     let route = |dest: &str| routes.lines().find(|l| l.starts_with(dest)).unwrap_or("");
     assert!(route("192.168.60.0/24 ").contains("via 10.77.0.1"), "{routes}");

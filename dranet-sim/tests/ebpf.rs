@@ -17,11 +17,11 @@ use anyhow::{Context, Result, bail};
 use dranet::config::NetworkConfig;
 use dranet::dra::plan_claim;
 use dranet::inventory::{Device, SharedInventory};
-use dranet::link::Netlink;
-use dranet::netns::Netns;
 use dranet::plan::{ClaimRef, DevicePlan};
 use dranet::rescue::{AttachOutcome, RescueError};
 use dranet::state::{PodPhase, ReturnReason};
+use dranet::sys::link::Netlink;
+use dranet::sys::netns::Netns;
 use dranet_sim::bpf::{
     BpffsDir, PrivateBpffs, bpftool_net, bpftool_tc_count, clsact, link_ifindex, load_noop_sched_cls,
     refuse_bpf_detach_on_this_thread, tc_bpf_filter, tcx_attach, tcx_link, tcx_programs,
@@ -64,7 +64,8 @@ fn pin(fd: std::os::fd::OwnedFd, path: &Path) -> Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
     }
-    dranet::bpf::sys::obj_pin(fd.as_fd(), path).with_context(|| format!("pinning {}", path.display()))?;
+    dranet::sys::bpf::sys::obj_pin(fd.as_fd(), path)
+        .with_context(|| format!("pinning {}", path.display()))?;
     Ok(())
 }
 
@@ -91,7 +92,7 @@ async fn prepare_unpins_the_links_of_the_device_and_nothing_else() -> Result<()>
     let other_pin = dir.path.join("other-ingress");
     pin(tcx_link(prog.as_fd(), other_idx, false)?, &other_pin)?;
     let prog_pin = dir.path.join("prog");
-    dranet::bpf::sys::obj_pin(prog.as_fd(), &prog_pin)?;
+    dranet::sys::bpf::sys::obj_pin(prog.as_fd(), &prog_pin)?;
     let outside = private.path.join("nic-ingress-2");
     pin(tcx_link(prog2.as_fd(), idx, false)?, &outside)?;
     let sym = dir.path.join("sym");
@@ -118,10 +119,10 @@ async fn prepare_unpins_the_links_of_the_device_and_nothing_else() -> Result<()>
     }
     let left = tcx_programs(idx)?;
     assert_eq!(left.len(), 1, "{left:?}");
-    let outside_link = dranet::bpf::sys::obj_get(&outside)?;
+    let outside_link = dranet::sys::bpf::sys::obj_get(&outside)?;
     assert_eq!(
         left[0].link_id,
-        dranet::bpf::sys::link_info(outside_link.as_fd())?.id
+        dranet::sys::bpf::sys::link_info(outside_link.as_fd())?.id
     );
     assert_eq!(
         tcx_programs(other_idx)?.len(),
@@ -152,7 +153,7 @@ async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod(
     // release it), (b) a plain TCX attachment, (c) clsact bpf filters on both sides.
     let link = tcx_link(prog.as_fd(), idx, false)?;
     let link_pin = dir.path.join("link");
-    dranet::bpf::sys::obj_pin(link.as_fd(), &link_pin)?;
+    dranet::sys::bpf::sys::obj_pin(link.as_fd(), &link_pin)?;
     tcx_attach(prog2.as_fd(), idx, true)?;
     clsact(&nic.name, None)?;
     let host_nl = Netlink::host().await?;
@@ -192,7 +193,7 @@ async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod(
         .context("net1 in the pod")?
         .header
         .index;
-    let left = dranet::bpf::attached_in(pod_nl.handle(), &netns, pod_idx).await?;
+    let left = dranet::sys::bpf::attached_in(pod_nl.handle(), &netns, pod_idx).await?;
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(
         link_ifindex(link.as_fd())?,
@@ -258,11 +259,11 @@ async fn detach_in_pod_deletes_tc_filters_made_in_the_pod() -> Result<()> {
     )?;
     // A program attached by TCX inside the pod, on a thread in the pod netns.
     let fd = prog.try_clone()?;
-    dranet::netns::in_netns(&netns, move || tcx_attach(fd.as_fd(), idx, false))??;
+    dranet::sys::netns::in_netns(&netns, move || tcx_attach(fd.as_fd(), idx, false))??;
     assert_eq!(bpftool_tc_count(&bpftool_net(&name, Some(&ns.name))?), 4);
     assert_eq!(aya_tcx(&name, Some(&netns))?, vec!["dranet_t3".to_owned()]);
 
-    let done = dranet::bpf::detach_in_pod(pod_nl.handle(), &netns, idx).await?;
+    let done = dranet::sys::bpf::detach_in_pod(pod_nl.handle(), &netns, idx).await?;
     let said = done.describe();
     assert_eq!(done.tc_filters.len(), 4, "{said:?}");
     assert_eq!(done.tcx.len(), 1, "{said:?}");
@@ -274,7 +275,7 @@ async fn detach_in_pod_deletes_tc_filters_made_in_the_pod() -> Result<()> {
     let q = sh_in(&ns, &["tc", "qdisc", "show", "dev", &name])?;
     assert!(q.contains("clsact"), "{q}");
     assert!(
-        dranet::bpf::detach_in_pod(pod_nl.handle(), &netns, idx)
+        dranet::sys::bpf::detach_in_pod(pod_nl.handle(), &netns, idx)
             .await?
             .is_empty()
     );
@@ -295,7 +296,7 @@ fn aya_tcx(ifname: &str, netns: Option<&Netns>) -> Result<Vec<String>> {
         Ok(names)
     };
     match netns {
-        Some(n) => dranet::netns::in_netns(n, query)?,
+        Some(n) => dranet::sys::netns::in_netns(n, query)?,
         None => query(),
     }
 }

@@ -394,11 +394,11 @@ async fn interface_names_with_percent_are_refused() -> Result<()> {
     // The kernel's rule, enforced where every name reaches the kernel (attach, sysctls).
     for bad in ["eth%d", "%", "net%1"] {
         ensure!(
-            dranet::link::validate_ifname(bad).is_err(),
+            dranet::sys::link::validate_ifname(bad).is_err(),
             "validate_ifname accepts {bad:?}"
         );
     }
-    dranet::link::validate_ifname("net0")?;
+    dranet::sys::link::validate_ifname("net0")?;
     if !require_root("hostile names")? {
         return Ok(());
     }

@@ -469,7 +469,7 @@ async fn release_all_brings_devices_home_and_removes_pins() -> Result<()> {
     kill(c)?;
     let pin = state.0.join("pins").join(&uid);
     assert!(
-        dranet::netns::is_pinned(&pin),
+        dranet::sys::netns::is_pinned(&pin),
         "the pin must outlive the killed driver"
     );
     let out = Command::new(dranet_sim::kernel::dranet_bin()?)
@@ -506,12 +506,15 @@ async fn a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted() -> Result<(
     kill(c)?;
     // Someone removes the pin while dranet is down; the runtime's netns still lives.
     let pin = state.0.join("pins").join(&uid);
-    dranet::netns::release_path(&pin)?;
+    dranet::sys::netns::release_path(&pin)?;
     assert!(!pin.exists());
     let e = engine(&state, None).await?;
     let report = e.reconcile().await?;
     assert_eq!(report.adopted, vec![key(&uid)], "{report:?}");
-    assert!(dranet::netns::is_pinned(&pin), "the netns must be pinned again");
+    assert!(
+        dranet::sys::netns::is_pinned(&pin),
+        "the netns must be pinned again"
+    );
     assert!(in_pod(&ns, "net1"));
     e.detach_pod(&uid, ReturnReason::Hook).await?;
     assert_same(&before, &view(&nic.name, None)?)?;

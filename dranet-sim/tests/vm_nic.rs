@@ -335,8 +335,8 @@ fn rdma_visible(netns: Option<&str>, dev: &str) -> bool {
 /// must fail with EOPNOTSUPP instead.
 #[test]
 fn dranet_moves_an_rdma_device_in_exclusive_mode() -> Result<()> {
-    use dranet::netns::Netns;
-    use dranet::rdma::{self, NetnsMode, RdmaError};
+    use dranet::sys::netns::Netns;
+    use dranet::sys::rdma::{self, NetnsMode, RdmaError};
     let Ok(netdev) = std::env::var("DRANET_VM_RDMA") else {
         return Ok(());
     };

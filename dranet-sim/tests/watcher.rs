@@ -5,7 +5,7 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dranet::netns::NetnsId;
+use dranet::sys::netns::NetnsId;
 use dranet::watch::{EventKind, LifecycleEvent, ProbeState, Subscription, Tier, Watcher, WatcherOptions};
 use dranet_sim::kernel::{PodNetns, Veth, identity, require_root, sh, unique};
 
@@ -260,7 +260,10 @@ async fn tier_b_programs_are_in_the_object_and_reported() -> Result<()> {
 
 /// Program names in the embedded object.
 fn aya_obj_programs() -> Vec<String> {
-    match aya::Ebpf::load(dranet::watch::EBPF_OBJECT) {
+    let Some(object) = dranet::sys::probes::object() else {
+        panic!("this build has no eBPF object (feature `ebpf` off)");
+    };
+    match aya::Ebpf::load(object) {
         Ok(e) => e.programs().map(|(n, _)| n.to_owned()).collect(),
         Err(e) => panic!("object does not load: {e}"),
     }

@@ -46,7 +46,7 @@ pub fn main(args: &StatusArgs) -> ExitCode {
                     eprintln!(
                         "dranet status: no checkpoint loads; the daemon rebuilds records from these pins:"
                     );
-                    for p in crate::netns::Pin::list(&store.pins_dir()).unwrap_or_default() {
+                    for p in crate::sys::netns::Pin::list(&store.pins_dir()).unwrap_or_default() {
                         eprintln!("  {}", p.display());
                     }
                     return ExitCode::FAILURE;
@@ -60,7 +60,7 @@ pub fn main(args: &StatusArgs) -> ExitCode {
     }
     println!("planned pods: {}", cp.plans.len());
     for p in cp.pods.values() {
-        let pinned = p.pin.as_deref().is_some_and(crate::netns::is_pinned);
+        let pinned = p.pin.as_deref().is_some_and(crate::sys::netns::is_pinned);
         println!(
             "pod {}/{} ({}) sandbox {} {:?} netns {} pin {}",
             p.namespace,

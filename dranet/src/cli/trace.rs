@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::netns::NetnsId;
 use crate::rescue::activity::{Activity, ActivityKind};
+use crate::sys::netns::NetnsId;
 use crate::watch::{self, EventKind, LifecycleEvent, ProbeStatus, Watcher, WatcherOptions};
 
 /// Arguments of `dranet trace`.

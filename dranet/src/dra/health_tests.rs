@@ -5,9 +5,9 @@ use prost::Message;
 
 use super::*;
 use crate::dra::proto::health_v1alpha1 as pb;
-use crate::link::LinkSnapshot;
-use crate::netns::NetnsId;
 use crate::state::{DeviceRecord, PodPhase, PodRecord};
+use crate::sys::link::LinkSnapshot;
+use crate::sys::netns::NetnsId;
 
 fn record(device: &str, state: DeviceState) -> DeviceRecord {
     DeviceRecord {

@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
-use crate::bpf::{BpfError, Unpinned};
 use crate::config::{self, ConfigError, NetworkConfig};
 use crate::dhcp::{DhcpError, Lease};
-use crate::ethtool::{Dev, EthtoolError, Features};
+use crate::sys::bpf::{BpfError, Unpinned};
+use crate::sys::ethtool::{Dev, EthtoolError, Features};
 use futures::future::BoxFuture;
 
 use super::profiles::{NoProviders, Providers};
@@ -65,7 +65,7 @@ pub trait DeviceLookup: Send + Sync + 'static {
     /// `ethtool` block is checked against. The default asks the kernel (ethtool netlink in the
     /// driver's netns, the host's).
     fn offloads(&self, ifname: &str) -> Result<Offloads, EthtoolError> {
-        crate::link::host_offloads(&Dev::Name(ifname.to_owned()))
+        crate::sys::link::host_offloads(&Dev::Name(ifname.to_owned()))
     }
 
     /// `interface.disableEbpfPrograms: true` (upstream Prepare step 11): removes the bpffs pins
@@ -74,12 +74,14 @@ pub trait DeviceLookup: Send + Sync + 'static {
     fn unpin_ebpf<'a>(&'a self, ifname: &'a str) -> BoxFuture<'a, Result<Vec<Unpinned>, BpfError>> {
         let ifname = ifname.to_owned();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || crate::bpf::unpin_links(crate::bpf::bpffs_root(), &ifname))
-                .await
-                .map_err(|e| BpfError::Syscall {
-                    what: "unpin task",
-                    source: std::io::Error::other(e.to_string()),
-                })?
+            tokio::task::spawn_blocking(move || {
+                crate::sys::bpf::unpin_links(crate::sys::bpf::bpffs_root(), &ifname)
+            })
+            .await
+            .map_err(|e| BpfError::Syscall {
+                what: "unpin task",
+                source: std::io::Error::other(e.to_string()),
+            })?
         })
     }
 }
@@ -802,7 +804,7 @@ fn with_offloads(
             ifname: ifname.to_owned(),
             source,
         })?;
-    match crate::link::resolve_offloads(&features, &flags, &eth.features, &eth.private_flags) {
+    match crate::sys::link::resolve_offloads(&features, &flags, &eth.features, &eth.private_flags) {
         Ok((f, _)) => {
             eth.features = f;
             Ok(cfg)
@@ -820,7 +822,7 @@ fn with_offloads(
 
 /// Upstream step 11, last (nothing else can fail the device after it): with
 /// `disableEbpfPrograms: true`, the bpffs pins of the host device's links go now, the
-/// programs themselves are detached inside the pod at attach time ([`crate::bpf`]).
+/// programs themselves are detached inside the pod at attach time ([`crate::sys::bpf`]).
 async fn unpin_ebpf(
     device: &str,
     cfg: &NetworkConfig,

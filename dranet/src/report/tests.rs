@@ -5,10 +5,10 @@ use serde_json::json;
 
 use super::*;
 use crate::config::NetworkConfig;
-use crate::link::LinkSnapshot;
 use crate::plan::ClaimRef;
 use crate::slices::kube_mock::{client, status};
 use crate::state::DeviceState;
+use crate::sys::link::LinkSnapshot;
 
 fn plan(device: &str, claim: &str) -> DevicePlan {
     let mut config = NetworkConfig::default();

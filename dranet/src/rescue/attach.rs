@@ -8,11 +8,11 @@ use tracing::{info, warn};
 
 use super::activity::ActivityKind;
 use super::{AttachOutcome, Engine, Live, RescueError};
-use crate::link::{self, AttachSpec, LinkError, Netlink};
-use crate::netns::{Netns, Pin};
 use crate::plan::DevicePlan;
-use crate::rdma::NetnsMode;
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason, pod_key};
+use crate::sys::link::{self, AttachSpec, LinkError, Netlink};
+use crate::sys::netns::{Netns, Pin};
+use crate::sys::rdma::NetnsMode;
 
 /// Identity of the pod sandbox being attached, as the runtime names it.
 #[derive(Clone, Debug)]

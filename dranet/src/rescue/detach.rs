@@ -6,11 +6,12 @@ use tracing::{info, warn};
 
 use super::activity::ActivityKind;
 use super::{DetachOutcome, Engine, Inner, Live, RescueError};
-use crate::link::{self, LinkError, Netlink, Returned};
-use crate::netns::Netns;
-use crate::netns::Pin;
+use crate::pci;
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, ReturnReason};
-use crate::{pci, rdma};
+use crate::sys::link::{self, LinkError, Netlink, Returned};
+use crate::sys::netns::Netns;
+use crate::sys::netns::Pin;
+use crate::sys::rdma;
 
 impl Inner {
     pub(super) fn live_put(&self, key: &str, live: Live) {
@@ -236,7 +237,7 @@ impl Engine {
                 }
             }
         }
-        let ns = tokio::task::spawn_blocking(move || crate::netns::find_by_id(id, &[&path]))
+        let ns = tokio::task::spawn_blocking(move || crate::sys::netns::find_by_id(id, &[&path]))
             .await
             .ok()
             .flatten()?;

@@ -40,11 +40,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::link::{LinkError, Netlink};
-use crate::netns::{Netns, NetnsError, Pin};
 use crate::plan::{DevicePlan, PodPlan};
-use crate::rdma::{KernelRdma, RdmaOps};
 use crate::state::{Checkpoint, LoadSource, PodPhase, ReturnReason, StateError, StateLock, Store, Writer};
+use crate::sys::link::{LinkError, Netlink};
+use crate::sys::netns::{Netns, NetnsError, Pin};
+use crate::sys::rdma::{KernelRdma, RdmaOps};
 use crate::watch::{Subscription, Watcher};
 
 pub use adopt::{AdoptOutcome, Allocated, parent_pci_address};
@@ -105,7 +105,7 @@ pub enum RescueError {
         pod: String,
         device: String,
         #[source]
-        source: crate::rdma::RdmaError,
+        source: crate::sys::rdma::RdmaError,
     },
     #[error("pod {pod}: device {device}: PCI rebind: {source}")]
     Pci {
@@ -219,7 +219,7 @@ struct Inner {
     live: Mutex<HashMap<String, Live>>,
     host: Netns,
     /// RDMA netns mode of the host; `None` without RDMA.
-    rdma_mode: Option<crate::rdma::NetnsMode>,
+    rdma_mode: Option<crate::sys::rdma::NetnsMode>,
     watcher: Option<Watcher>,
     counters: Mutex<Counters>,
     metrics: RescueMetrics,

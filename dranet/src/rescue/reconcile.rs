@@ -20,8 +20,8 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError};
-use crate::netns::{Netns, Pin};
 use crate::state::{LoadSource, PodPhase, ReturnReason};
+use crate::sys::netns::{Netns, Pin};
 
 /// What a reconcile found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -157,7 +157,7 @@ impl Engine {
     /// Watches the netns of returned sandboxes whose record stays (their teardown drops it).
     async fn watch_returned(&self) {
         let Some(w) = &self.inner.watcher else { return };
-        let returned: Vec<(std::path::PathBuf, crate::netns::NetnsId)> = self
+        let returned: Vec<(std::path::PathBuf, crate::sys::netns::NetnsId)> = self
             .cp()
             .pods
             .values()

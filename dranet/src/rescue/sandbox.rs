@@ -15,8 +15,8 @@ use tracing::{info, warn};
 
 use super::decide::normalize_path;
 use super::{DetachOutcome, Engine, RescueError};
-use crate::netns::Netns;
 use crate::state::{PodPhase, PodRecord, ReturnReason, pod_key};
+use crate::sys::netns::Netns;
 
 /// A hook's sandbox.
 #[derive(Clone, Copy, Debug)]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::sys::rtnl::MulticastGroup;
 use futures::StreamExt;
-use rtnetlink::MulticastGroup;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -172,11 +172,9 @@ pub async fn link_events(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), InventoryError> {
     let (conn, _h, mut messages) =
-        rtnetlink::new_multicast_connection(&[MulticastGroup::Link]).map_err(|source| {
-            InventoryError::Io {
-                what: "rtnetlink link monitor",
-                source,
-            }
+        crate::sys::rtnl::monitor(&[MulticastGroup::Link], None).map_err(|source| InventoryError::Io {
+            what: "rtnetlink link monitor",
+            source,
         })?;
     let task = tokio::spawn(conn);
     loop {

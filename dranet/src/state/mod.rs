@@ -47,9 +47,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::link::LinkSnapshot;
-use crate::netns::NetnsId;
 use crate::plan::PodPlan;
+use crate::sys::link::LinkSnapshot;
+use crate::sys::netns::NetnsId;
 
 pub use lock::StateLock;
 pub use store::{LoadSource, Loaded, Store};

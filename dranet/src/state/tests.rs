@@ -111,7 +111,7 @@ fn format_1_is_migrated_on_load() {
     assert!(!rec.devices[0].snapshot.identified);
     assert_eq!(
         rec.devices[0].snapshot.addresses,
-        vec![crate::link::AddrSnapshot::plain("10.1.2.3/24")]
+        vec![crate::sys::link::AddrSnapshot::plain("10.1.2.3/24")]
     );
     assert_eq!(cp.records_of("uid-1").count(), 1);
     // Saved again, it stays format 2 and loads unchanged.

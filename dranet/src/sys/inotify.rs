@@ -76,7 +76,7 @@ impl DirWatch {
             seen.push(real);
             watched.push((wd, dir.clone()));
         }
-        let fd = super::async_readable(Fd(ino)).map_err(InotifyError::Async)?;
+        let fd = super::os::async_readable(Fd(ino)).map_err(InotifyError::Async)?;
         Ok(Self { fd, dirs: watched })
     }
 

@@ -7,7 +7,7 @@
 //! * a move: `RDMA_NLDEV_CMD_SET` with `DEV_INDEX` + `RDMA_NLDEV_NET_NS_FD`. The kernel looks the
 //!   device up in the *socket's* netns and moves it from the *calling thread's* netns, so both
 //!   must be the source netns: [`move_device`] runs on a thread inside it
-//!   ([`crate::netns::in_netns`]).
+//!   ([`crate::sys::netns::in_netns`]).
 //!
 //! RDMA messages carry no family header: attributes follow the netlink header directly.
 
@@ -19,7 +19,7 @@ use netlink_packet_core::{
     parse_u8, parse_u32,
 };
 
-use crate::netns::{Netns, NetnsError};
+use crate::sys::netns::{Netns, NetnsError};
 
 mod ops;
 pub use ops::{KernelRdma, RdmaOps};
@@ -406,7 +406,7 @@ impl Rdma {
 pub fn move_device(from: &Netns, name: &str, to: &Netns) -> Result<(), RdmaError> {
     let to = to.try_clone()?;
     let name = name.to_owned();
-    crate::netns::in_netns(from, move || -> Result<(), RdmaError> {
+    crate::sys::netns::in_netns(from, move || -> Result<(), RdmaError> {
         let mut r = Rdma::open()?;
         if r.netns_mode()? == NetnsMode::Shared {
             return Err(RdmaError::SharedMode);

@@ -178,7 +178,7 @@ fn snapshots_from_before_offloads_still_load_and_round_trip() {
 
 #[test]
 fn offload_requests_resolve_with_kernel_names_winning_over_aliases() {
-    let mut f = crate::ethtool::Features::default();
+    let mut f = crate::sys::ethtool::Features::default();
     for n in ["tx-tcp-segmentation", "tx-tcp6-segmentation", "rx-gro"] {
         f.hw.insert(n.into(), true);
     }

@@ -1,7 +1,7 @@
 //! TCX programs of a device: query and detach. `BPF_PROG_QUERY` and `BPF_PROG_DETACH` name the
 //! device by ifindex, which the kernel resolves in the **calling thread's** netns, so these
 //! functions are meant to run on a thread inside the device's netns
-//! ([`crate::netns::in_netns`]), never on a tokio worker.
+//! ([`crate::sys::netns::in_netns`]), never on a tokio worker.
 
 use std::os::fd::AsFd;
 
@@ -89,4 +89,22 @@ pub fn detach_all(ifindex: u32) -> Result<Vec<TcxProgram>, BpfError> {
         Some(e) => Err(e),
         None => Ok(found),
     }
+}
+
+/// Names of the TCX programs (ingress and egress, sorted, unique) on device `ifname` of the
+/// calling thread's netns; best effort: a kernel without TCX or a device without programs has
+/// none.
+#[must_use]
+pub fn program_names(ifname: &str) -> Vec<String> {
+    use aya::programs::SchedClassifier;
+    use aya::programs::tc::TcAttachType;
+    let mut names: Vec<String> = Vec::new();
+    for at in [TcAttachType::Ingress, TcAttachType::Egress] {
+        if let Ok((_, progs)) = SchedClassifier::query_tcx(ifname, at) {
+            names.extend(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)));
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
 }

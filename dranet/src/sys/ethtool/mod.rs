@@ -11,14 +11,14 @@
 //!
 //! An [`Ethtool`] socket belongs to the netns it was opened in, whichever thread uses it later:
 //! [`Ethtool::open`] for the driver's own (host) netns, [`Ethtool::open_in`] for a pod netns
-//! (opened on a throw-away thread inside it, [`crate::netns::socket_in`]; no tokio worker ever
+//! (opened on a throw-away thread inside it, [`crate::sys::netns::socket_in`]; no tokio worker ever
 //! `setns`es). Calls are blocking but short: generic netlink runs the request inside
 //! `sendmsg`, so the reply is queued before `recv` is called (a receive timeout guards anyway).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{FromRawFd, IntoRawFd};
 
-use crate::netns::{Netns, NetnsError};
+use crate::sys::netns::{Netns, NetnsError};
 
 /// `NETLINK_GENERIC`.
 pub const NETLINK_GENERIC: isize = 16;
@@ -570,7 +570,7 @@ impl Ethtool {
 
     /// Inside `netns` (the socket is created on a thread inside it).
     pub fn open_in(netns: &Netns) -> Result<Self, EthtoolError> {
-        let fd = crate::netns::socket_in(netns, NETLINK_GENERIC)?.map_err(EthtoolError::Socket)?;
+        let fd = crate::sys::netns::socket_in(netns, NETLINK_GENERIC)?.map_err(EthtoolError::Socket)?;
         let raw = fd.into_raw_fd();
         // SAFETY: `raw` is an owned netlink socket just released from its OwnedFd; the Socket
         // takes over its ownership and closes it on drop.

@@ -4,12 +4,12 @@
 //! returned by itself.
 //!
 //! Offload features and private flags (ethtool) are part of the snapshot and of the restore,
-//! through [`crate::ethtool`]: the host's wanted state of every changeable feature is recorded
+//! through [`crate::sys::ethtool`]: the host's wanted state of every changeable feature is recorded
 //! before the move, the claim's `ethtool` block is applied inside the pod after it, and every
 //! feature or flag that differs from the snapshot when the device comes home is put back.
 //!
 //! Everything inside a pod netns goes through a [`Netlink`] whose socket was opened inside that
-//! netns (on a throw-away thread, see [`crate::netns::in_netns`]): no tokio worker ever
+//! netns (on a throw-away thread, see [`crate::sys::netns::in_netns`]): no tokio worker ever
 //! `setns`es.
 
 use std::collections::BTreeMap;
@@ -26,9 +26,9 @@ use rtnetlink::{Handle, RouteMessageBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::config::RouteConfig;
-use crate::ethtool::{self, Dev, Ethtool, EthtoolError};
-use crate::netns::{Netns, NetnsError};
 use crate::plan::DevicePlan;
+use crate::sys::ethtool::{self, Dev, Ethtool, EthtoolError};
+use crate::sys::netns::{Netns, NetnsError};
 
 pub mod address;
 pub mod sysctl;
@@ -77,7 +77,7 @@ pub enum LinkError {
     #[error("interface.vrf {name:?}: {reason}")]
     Vrf { name: String, reason: String },
     #[error(transparent)]
-    Ebpf(#[from] crate::bpf::BpfError),
+    Ebpf(#[from] crate::sys::bpf::BpfError),
     #[error("{what}: no answer from the kernel within {after:?}")]
     Timeout {
         what: &'static str,
@@ -120,7 +120,7 @@ impl Netlink {
 
     /// rtnetlink inside `netns`: the socket is created on a thread inside it.
     pub async fn in_netns(netns: &Netns) -> Result<Self, LinkError> {
-        let fd = crate::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
+        let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
             .map_err(LinkError::Socket)?;
         let raw = fd.into_raw_fd();
         // SAFETY: `raw` is an owned, non-blocking netlink socket we just released from its
@@ -1072,7 +1072,7 @@ async fn enslave_to_vrf(
 /// What is detached here is not re-attached when the device comes home: dranet does not own
 /// those programs (upstream does not re-attach them either).
 async fn detach_ebpf(pod_nl: &Netlink, netns: &Netns, index: u32, ifname: &str) -> Result<(), LinkError> {
-    let done = crate::bpf::detach_in_pod(&pod_nl.handle, netns, index).await?;
+    let done = crate::sys::bpf::detach_in_pod(&pod_nl.handle, netns, index).await?;
     if !done.is_empty() {
         tracing::info!(device = ifname, detached = ?done.describe(), "eBPF programs detached in the pod");
     }
@@ -1217,7 +1217,7 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
             i32::try_from(snap.ifindex).unwrap_or(0),
         ));
     }
-    moved_at.get_or_insert_with(crate::watch::monotonic_ns);
+    moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
     if let Err(e) = req.pod_nl.newlink(msg, "move back to the host netns").await {
         // Still in the pod: the error stands (the caller retries).
         if find_in_pod(req.pod_nl, snap, Some(pod_index), req.pod_ifname)

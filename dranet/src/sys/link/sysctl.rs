@@ -13,7 +13,7 @@
 //! Inside the pod, `interface.arpIgnore`, `arpAnnounce` and `forwarding` are written before
 //! the link comes up, and a VRF sets `tcp_l3mdev_accept`/`udp_l3mdev_accept`. procfs resolves
 //! `/proc/sys/net` in the netns of the task that opens it, so those writes run on a throw-away
-//! thread inside the pod netns ([`crate::netns::in_netns`]).
+//! thread inside the pod netns ([`crate::sys::netns::in_netns`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,7 +23,7 @@ use netlink_packet_route::link::{
 };
 
 use super::LinkError;
-use crate::netns::Netns;
+use crate::sys::netns::Netns;
 
 /// A getter of one devconf value.
 type Get<C> = fn(&C) -> i32;
@@ -237,7 +237,7 @@ pub fn set_in_pod(netns: &Netns, ifname: &str, items: &[PodSysctl]) -> Result<()
             )),
         }
     }
-    crate::netns::in_netns(netns, move || -> Result<(), LinkError> {
+    crate::sys::netns::in_netns(netns, move || -> Result<(), LinkError> {
         for (path, key, value, optional) in &plan {
             if *optional && !path.exists() {
                 continue;
@@ -252,7 +252,7 @@ pub fn set_in_pod(netns: &Netns, ifname: &str, items: &[PodSysctl]) -> Result<()
 pub fn get_in_netns(netns: &Netns, ifname: &str, key: &str) -> Result<i32, LinkError> {
     let path = path_of(ifname, key)?;
     let key = key.to_owned();
-    crate::netns::in_netns(netns, move || -> Result<i32, LinkError> {
+    crate::sys::netns::in_netns(netns, move || -> Result<i32, LinkError> {
         let s = std::fs::read_to_string(&path).map_err(|e| LinkError::Sysctl {
             key: key.clone(),
             reason: format!("reading {}: {e}", path.display()),

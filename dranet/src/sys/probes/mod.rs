@@ -12,7 +12,28 @@ use aya::{Btf as AyaBtf, Ebpf, EbpfLoader};
 use dranet_common::Config;
 use serde::Serialize;
 
-use super::btf::Btf;
+pub mod btf;
+pub mod maps;
+
+use btf::Btf;
+
+/// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time (feature `ebpf`,
+/// on by default; a build without it runs on rtnetlink + inotify only).
+#[cfg(feature = "ebpf")]
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("DRANET_EBPF_OBJECT"));
+
+/// The embedded eBPF object, `None` in a build without the `ebpf` feature.
+#[must_use]
+pub fn object() -> Option<&'static [u8]> {
+    #[cfg(feature = "ebpf")]
+    {
+        Some(EBPF_OBJECT)
+    }
+    #[cfg(not(feature = "ebpf"))]
+    {
+        None
+    }
+}
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -435,7 +456,7 @@ fn classify(prog: &Prog, err: &ProgramError) -> ProbeState {
         ProgramError::LoadError {
             io_error,
             verifier_log,
-        } if trampoline && io_error.raw_os_error() == Some(libc::EPERM) => {
+        } if trampoline && crate::sys::os::is_eperm(io_error) => {
             let log = verifier_log.to_string();
             let detail = if log.trim().is_empty() {
                 "empty verifier log".to_owned()

@@ -5,7 +5,7 @@
 //! under its kernel timeout.
 
 use super::{NetnsMode, RdmaError};
-use crate::netns::Netns;
+use crate::sys::netns::Netns;
 
 /// RDMA operations of the rescue engine (blocking).
 pub trait RdmaOps: Send + Sync + std::fmt::Debug + 'static {

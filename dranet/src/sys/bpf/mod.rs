@@ -38,7 +38,7 @@ pub use pins::{LinkKind, Unpinned, find_pinned_links, unpin_links};
 pub use tc::BpfFilterGroup;
 pub use tcx::TcxProgram;
 
-use crate::netns::{Netns, NetnsError};
+use crate::sys::netns::{Netns, NetnsError};
 
 /// Where the host's bpffs is mounted.
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
@@ -124,7 +124,7 @@ impl Detached {
 /// the first failure that explains it, if any).
 pub async fn detach_in_pod(pod: &Handle, netns: &Netns, ifindex: u32) -> Result<Detached, BpfError> {
     let tc_done = tc::delete_bpf_filters(pod, ifindex).await;
-    let (tcx_done, tcx_left) = crate::netns::in_netns(netns, move || {
+    let (tcx_done, tcx_left) = crate::sys::netns::in_netns(netns, move || {
         let done = tcx::detach_all(ifindex);
         (done, tcx::programs(ifindex))
     })?;
@@ -159,7 +159,7 @@ pub async fn detach_in_pod(pod: &Handle, netns: &Netns, ifindex: u32) -> Result<
 /// Read-only: the TC `bpf` filters and TCX programs of device `ifindex` in `netns` (`pod` is an
 /// rtnetlink handle whose socket lives there).
 pub async fn attached_in(pod: &Handle, netns: &Netns, ifindex: u32) -> Result<Detached, BpfError> {
-    let tcx = crate::netns::in_netns(netns, move || tcx::programs(ifindex))??;
+    let tcx = crate::sys::netns::in_netns(netns, move || tcx::programs(ifindex))??;
     let tc_filters = tc::bpf_groups(&tc::filters(pod, ifindex).await?);
     Ok(Detached { tc_filters, tcx })
 }
