@@ -1,3 +1,4 @@
+// Over 500 lines: the trace subcommand: human and JSON renderings of every event kind.
 //! `dranet trace`: a live teardown timeline for operators.
 //!
 //! Prints the probe status first, then one line per lifecycle event: relative time in µs, event

@@ -1,3 +1,4 @@
+// Over 500 lines: five providers' metadata readers, each short, behind one trait; they share the HTTP client and retry.
 //! Cloud provider attributes, as upstream publishes them (`pkg/cloudprovider/*`): the instance
 //! metadata of GCE, AWS, Azure, OCI (OKE) and Alibaba Cloud, or a BYODP webhook, add
 //! attributes to the devices (`gce.dra.net/*`, `resource.aws.com/devicegroup*_id`,

@@ -1,3 +1,4 @@
+// Over 500 lines: one local metadata server per cloud and its failure cases.
 //! Each cloud against a local server on 127.0.0.1 that answers like its metadata service (the
 //! paths, headers and JSON layouts upstream reads, from recorded answers), and the failure
 //! cases: no server, slow, 404, malformed. A failure is no cloud attributes, never an error.

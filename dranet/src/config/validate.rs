@@ -1,3 +1,4 @@
+// Over 500 lines: upstream's validation rules, one function per config block, reported together.
 //! Validation of [`NetworkConfig`], with upstream's rules and messages (`pkg/apis/validation.go`):
 //! strict JSON (unknown fields are errors), then every rule is checked and all failures are
 //! reported together, each prefixed with its field path (`interface.mtu`, `routes[1].gateway`).

@@ -1,3 +1,5 @@
+// Over 500 lines: one test per health transition and per service version.
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 

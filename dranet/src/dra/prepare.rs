@@ -1,3 +1,4 @@
+// Over 500 lines: the Prepare pipeline (claim → results → config → plan) reads top to bottom; its phases are functions here, one file keeps the order visible.
 //! NodePrepareResources / NodeUnprepareResources logic, independent of the gRPC version:
 //! fetch the claim, take this driver's results in this node's pool, pick and validate the opaque
 //! config per request, look the devices up in the inventory, and hand the pod's merged

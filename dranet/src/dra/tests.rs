@@ -1,3 +1,5 @@
+// Over 500 lines: Prepare/Unprepare scenarios against one fake claim source; each test is short, they share its fixtures.
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 

@@ -1,3 +1,4 @@
+// Over 500 lines: claim status (KEP-4817) and Events share one rate limiter and one API client; about half is the JSON they send.
 //! What dranet tells the API server about its work: the device status of ResourceClaims
 //! (KEP-4817: conditions and `networkData` after an attach, applied server-side on the `status`
 //! subresource, field manager = driver name, force) and Kubernetes events (`ClaimPrepareFailed`

@@ -1,3 +1,5 @@
+// Over 500 lines: one test per status/event case against the API simulator.
+
 use std::sync::Mutex;
 use std::time::Instant;
 

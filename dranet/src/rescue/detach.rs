@@ -1,3 +1,4 @@
+// Over 500 lines: the detach of one sandbox in named phases (plan, move, restore, release) and their retry.
 //! Detach: bring every device of a pod home through its pin and restore its snapshot; then
 //! release the pin. Used by StopPodSandbox, by the probe-triggered rescue, by rollback and by
 //! reconcile: the same code whatever the order.

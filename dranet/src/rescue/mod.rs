@@ -1,3 +1,4 @@
+// Over 500 lines: the engine's shared state and its one action entry point; attach, detach, reconcile, adopt and sweep live in their own files.
 //! The rescue engine: one owner per pod for every device move, whoever asks for it.
 //!
 //! Inputs: NRI hooks ([`Engine::attach_pod`], [`Engine::detach_sandbox`],

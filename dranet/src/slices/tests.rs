@@ -1,3 +1,5 @@
+// Over 500 lines: one test per slice-building rule (pools, limits, generations).
+
 use std::sync::Arc;
 
 use super::*;

@@ -1,3 +1,4 @@
+// Over 500 lines: the watcher's event merging (probes, rtnetlink, inotify) and identity learning; the kernel side is in sys::probes.
 //! The lifecycle watcher: eBPF probes (tiered, chosen by capability detection), an rtnetlink
 //! monitor and an inotify fallback, merged into one typed stream of [`LifecycleEvent`]s.
 //! (Fenced: touches the kernel.)

@@ -1,3 +1,4 @@
+// Over 500 lines: one generic-netlink protocol: request builders, reply decoders and the feature table belong together.
 //! ethtool over generic netlink (fenced: touches the kernel): a device's offload features
 //! (`ETHTOOL_MSG_FEATURES_GET`/`_SET`) and private flags (`ETHTOOL_MSG_PRIVFLAGS_GET`/`_SET`),
 //! by name, plus the name rules of ethtool(8) ([`resolve_feature`]).

@@ -1,3 +1,4 @@
+// Over 500 lines: netns handles, identity and pins: one kernel object.
 //! Network namespace handles: open by path or pid, verify, identify, pin, and run a closure on a
 //! thread inside a netns. (Fenced: touches the kernel.)
 //!
