@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::adoption::Adopter;
 use crate::nri::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
@@ -171,7 +171,8 @@ impl Driver {
             }
             Ok(DetachOutcome::NotOurs) => Ok(Outcome::Noop),
             Err(e) => {
-                warn!(pod = pod.uid, hook, error = %e, "devices not all home; the engine retries");
+                // Logged once, with its causes, by the NRI service that answers the hook.
+                info!(pod = pod.uid, hook, "devices not all home; the engine retries");
                 Err(HookError::Failed {
                     pod: pod.uid.clone(),
                     action: hook,
@@ -256,8 +257,10 @@ impl Driver {
             true,
             reason,
             format!(
-                "failed to attach {what} {device} to pod {}/{}: {e}",
-                pod.namespace, pod.name
+                "failed to attach {what} {device} to pod {}/{}: {}",
+                pod.namespace,
+                pod.name,
+                crate::telemetry::chain(&e)
             ),
         );
         self.reporter.event(ev);

@@ -43,4 +43,5 @@ pub mod rescue;
 pub mod slices;
 pub mod state;
 pub mod sys;
+pub mod telemetry;
 pub mod watch;

@@ -270,16 +270,16 @@ impl<L: Listen> Incoming<L> {
                     return Poll::Ready(self.admit(conn));
                 }
                 Err(e) if is_per_connection(&e) => {
-                    debug!(listener = self.name, error = %e, "accept: connection gone before it was accepted");
+                    debug!(listener = self.name, error = %crate::telemetry::chain(&e), "accept: connection gone before it was accepted");
                 }
                 Err(e) => {
                     metrics().errors.get_or_create(&self.label).inc();
                     let delay = self.backoff.next_delay();
                     if self.backoff.streak == 1 {
-                        warn!(listener = self.name, error = %e, retry_in = ?delay,
+                        warn!(listener = self.name, error = %crate::telemetry::chain(&e), retry_in = ?delay,
                               "accept failed; backing off (still listening)");
                     } else {
-                        debug!(listener = self.name, error = %e, retry_in = ?delay, "accept failed again");
+                        debug!(listener = self.name, error = %crate::telemetry::chain(&e), retry_in = ?delay, "accept failed again");
                     }
                     self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
                 }

@@ -44,7 +44,7 @@ pub async fn start(
     info!(socket = %cfg.socket.display(), name = cfg.name, index = cfg.index, "NRI plugin starting");
     sides.nri_task = Some(tokio::spawn(async move {
         if let Err(e) = crate::nri::run(cfg, driver, rx).await {
-            error!(error = %e, "NRI plugin stopped");
+            error!(error = %crate::telemetry::chain(&e), "NRI plugin stopped");
         }
     }));
     sides.nri_stop = Some(tx);

@@ -23,14 +23,14 @@ pub fn main(args: &StatusArgs) -> ExitCode {
     let store = match Store::open(&args.state_dir) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("dranet status: {e}");
+            eprintln!("dranet status: {}", crate::telemetry::chain(&e));
             return ExitCode::FAILURE;
         }
     };
     let cp = match store.load() {
         Ok(cp) => cp,
         Err(e) => {
-            eprintln!("dranet status: {e}");
+            eprintln!("dranet status: {}", crate::telemetry::chain(&e));
             match store.load_prev() {
                 Ok(Some(cp)) => {
                     eprintln!(
@@ -41,7 +41,7 @@ pub fn main(args: &StatusArgs) -> ExitCode {
                 }
                 other => {
                     if let Err(e) = other {
-                        eprintln!("dranet status: {e}");
+                        eprintln!("dranet status: {}", crate::telemetry::chain(&e));
                     }
                     eprintln!(
                         "dranet status: no checkpoint loads; the daemon rebuilds records from these pins:"

@@ -58,7 +58,7 @@ pub fn main(args: &TraceArgs) -> ExitCode {
     match rt.block_on(run(args, &mut std::io::stdout())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dranet trace: {e}");
+            eprintln!("dranet trace: {}", crate::telemetry::chain(&e));
             ExitCode::FAILURE
         }
     }

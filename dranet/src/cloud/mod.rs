@@ -281,7 +281,7 @@ pub async fn discover(opts: &CloudOptions) -> Option<CloudInstance> {
             Some(i)
         }
         Err(e) => {
-            tracing::warn!(provider = %provider, error = %crate::slices::error_chain(&e),
+            tracing::warn!(provider = %provider, error = %crate::telemetry::chain(&e),
                 "cloud instance metadata unavailable: no cloud attributes");
             None
         }
@@ -300,7 +300,7 @@ async fn detect(opts: &CloudOptions) -> Result<Provider, String> {
     for (p, r) in candidates.iter().zip(results) {
         match r {
             Ok(()) => return Ok(*p),
-            Err(e) => why.push(format!("{p}: {e}")),
+            Err(e) => why.push(format!("{p}: {}", crate::telemetry::chain(&e))),
         }
     }
     Err(why.join("; "))
@@ -558,7 +558,7 @@ impl crate::dra::Providers for NodeProviders {
                 CloudInstance::Webhook(w) => match w.device_config(ids).await {
                     Ok(c) => c,
                     Err(e) => {
-                        tracing::warn!(device = %ids.name, error = %e, "webhook GetDeviceConfig failed");
+                        tracing::warn!(device = %ids.name, error = %crate::telemetry::chain(&e), "webhook GetDeviceConfig failed");
                         None
                     }
                 },
@@ -580,7 +580,7 @@ impl crate::dra::Providers for NodeProviders {
                 ProfileState::Ready(w) => w
                     .profile_config(ids, claim_uid, config)
                     .await
-                    .map_err(|e| ProfileError::Failed(crate::slices::error_chain(&e))),
+                    .map_err(|e| ProfileError::Failed(crate::telemetry::chain(&e).to_string())),
                 ProfileState::Pending(why) => Err(ProfileError::Failed(format!(
                     "the profile provider is not available yet: {why}"
                 ))),
@@ -601,7 +601,7 @@ impl crate::dra::Providers for NodeProviders {
                 ProfileState::Ready(w) => w
                     .release_profile_config(ids, claim_uid, config)
                     .await
-                    .map_err(|e| ProfileError::Failed(crate::slices::error_chain(&e))),
+                    .map_err(|e| ProfileError::Failed(crate::telemetry::chain(&e).to_string())),
                 ProfileState::Pending(why) | ProfileState::Unavailable(why) => Err(ProfileError::Failed(
                     format!("no profile provider to release it: {why}"),
                 )),
@@ -625,12 +625,16 @@ pub async fn run_providers(
         let ep = match opts.webhook_url.as_deref().map(Endpoint::parse) {
             Some(Ok(ep)) => ep,
             Some(Err(e)) => {
-                slots.profiles.set(ProfileState::Unavailable(e.to_string()));
+                slots
+                    .profiles
+                    .set(ProfileState::Unavailable(crate::telemetry::chain(&e).to_string()));
                 return;
             }
             None => {
                 let e = CloudError::NoWebhookUrl("profile");
-                slots.profiles.set(ProfileState::Unavailable(e.to_string()));
+                slots
+                    .profiles
+                    .set(ProfileState::Unavailable(crate::telemetry::chain(&e).to_string()));
                 return;
             }
         };
@@ -689,7 +693,7 @@ async fn connect_profiles(ep: &Endpoint, timing: CloudTiming, slot: &ProfileSlot
             }
             Err(e) => {
                 let wait = backoff.next_delay();
-                let why = crate::slices::error_chain(&e);
+                let why = crate::telemetry::chain(&e).to_string();
                 tracing::warn!(webhook = %ep, error = %why, retry_in = ?wait, "profile webhook not reachable");
                 slot.set(ProfileState::Pending(format!("webhook at {ep}: {why}")));
                 tokio::time::sleep(wait).await;

@@ -46,7 +46,7 @@ fn join(errors: &[FieldError]) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// Not JSON at all (the position is in the message).
-    #[error("failed to unmarshal JSON data: {source}")]
+    #[error("failed to unmarshal JSON data")]
     Json {
         #[source]
         source: serde_json::Error,

@@ -61,7 +61,7 @@ pub enum DhcpError {
     NotEthernet { name: String, len: usize },
     #[error(transparent)]
     Packet(#[from] crate::sys::packet::PacketError),
-    #[error("interface {name:?}: {source}")]
+    #[error("interface {name:?}")]
     Link {
         name: String,
         #[source]
@@ -71,7 +71,7 @@ pub enum DhcpError {
     Netns(#[from] NetnsError),
     #[error("the DHCP task failed: {0}")]
     Task(String),
-    #[error("{outcome}; then setting {name:?} back down failed: {source}")]
+    #[error("{outcome}; then setting {name:?} back down failed")]
     Restore {
         name: String,
         outcome: String,
@@ -238,7 +238,7 @@ pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<L
         client::exchange(&sock, mac, timeout)
     })
     .await
-    .map_err(|e| DhcpError::Task(e.to_string()))
+    .map_err(|e| DhcpError::Task(crate::telemetry::chain(&e).to_string()))
     .and_then(|r| r);
     guard.disarm();
     if !was_up && let Err(source) = crate::sys::link::set_admin_state(&nl, index, false).await {
@@ -246,7 +246,7 @@ pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<L
             name: ifname.to_owned(),
             outcome: match &result {
                 Ok(l) => format!("leased {}", l.cidr()),
-                Err(e) => e.to_string(),
+                Err(e) => crate::telemetry::chain(&e).to_string(),
             },
             source,
         });
@@ -286,7 +286,7 @@ impl Drop for DownOnDrop {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Err(e) = crate::sys::link::set_admin_state(&nl, index, false).await {
-                    tracing::warn!(index, error = %e, "DHCP cancelled: setting the link down again failed");
+                    tracing::warn!(index, error = %crate::telemetry::chain(&e), "DHCP cancelled: setting the link down again failed");
                 }
             });
         }

@@ -35,18 +35,19 @@ pub trait PlanSink: Send + Sync + 'static {
 /// attach.
 impl PlanSink for crate::rescue::Engine {
     fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        crate::rescue::Engine::set_plan(self, plan).map_err(|e| e.to_string())
+        crate::rescue::Engine::set_plan(self, plan).map_err(|e| crate::telemetry::chain(&e).to_string())
     }
 
     fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
-        crate::rescue::Engine::remove_claim(self, claim_uid).map_err(|e| e.to_string())
+        crate::rescue::Engine::remove_claim(self, claim_uid)
+            .map_err(|e| crate::telemetry::chain(&e).to_string())
     }
 
     fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             crate::rescue::Engine::durable(self)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| crate::telemetry::chain(&e).to_string())
         })
     }
 }
@@ -122,8 +123,10 @@ impl DeviceLookup for RescanOnMiss {
                 Ok(Ok(devices)) => {
                     self.inventory.replace(devices);
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "rescan for a missing device failed"),
-                Err(e) => tracing::warn!(error = %e, "rescan task failed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %crate::telemetry::chain(&e), "rescan for a missing device failed")
+                }
+                Err(e) => tracing::warn!(error = %crate::telemetry::chain(&e), "rescan task failed"),
             }
         })
     }
@@ -176,7 +179,7 @@ pub enum PrepareError {
     UnknownDevice { device: String },
     #[error("device {device} has no network interface and no RDMA device on the host")]
     NoInterface { device: String },
-    #[error("invalid configuration for device {device} (request {request}): {source}")]
+    #[error("invalid configuration for device {device} (request {request})")]
     Config {
         device: String,
         request: String,
@@ -185,7 +188,7 @@ pub enum PrepareError {
     },
     #[error("device {device}: VF MTU {mtu} exceeds the PF MTU {pf_mtu}")]
     VfMtu { device: String, mtu: i32, pf_mtu: u32 },
-    #[error("device {device}: failed to get configuration via DHCP for {ifname}: {source}")]
+    #[error("device {device}: failed to get configuration via DHCP for {ifname}")]
     Dhcp {
         device: String,
         ifname: String,
@@ -199,7 +202,7 @@ pub enum PrepareError {
         /// `ethtool.features.<name>: why` / `ethtool.privateFlags.<name>: why`.
         problems: Vec<String>,
     },
-    #[error("device {device}: reading the ethtool features of {ifname}: {source}")]
+    #[error("device {device}: reading the ethtool features of {ifname}")]
     EthtoolQuery {
         device: String,
         ifname: String,
@@ -504,7 +507,7 @@ impl Preparer {
             for (ids, cfg) in todo.drain(..) {
                 match providers.release(&ids, &claim, &cfg).await {
                     Ok(()) => tracing::info!(claim = %claim, device = %ids.name, "profile released"),
-                    Err(e) => tracing::warn!(claim = %claim, device = %ids.name, error = %e, "releasing the profile failed"),
+                    Err(e) => tracing::warn!(claim = %claim, device = %ids.name, error = %crate::telemetry::chain(&e), "releasing the profile failed"),
                 }
             }
         });
@@ -564,7 +567,7 @@ pub async fn plan_claim_in(
     if res.is_err() {
         for (ids, cfg) in &taken {
             if let Err(e) = ctx.providers.release(ids, &claim.uid, cfg).await {
-                tracing::warn!(claim = %claim.uid, device = %ids.name, error = %e, "releasing the profile of a failed Prepare");
+                tracing::warn!(claim = %claim.uid, device = %ids.name, error = %crate::telemetry::chain(&e), "releasing the profile of a failed Prepare");
             }
         }
     }

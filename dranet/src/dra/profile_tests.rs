@@ -161,7 +161,8 @@ async fn without_a_profile_provider_a_profile_fails_with_its_path() {
         panic!("{e}")
     };
     assert_eq!(source.field_errors()[0].path, "profile", "{e}");
-    assert!(e.to_string().contains("no profile provider"), "{e}");
+    let e = crate::telemetry::chain(&e).to_string();
+    assert!(e.contains("no profile provider"), "{e}");
     assert!(rec.plans.lock().unwrap().is_empty(), "never silently ignored");
 }
 

@@ -186,7 +186,7 @@ async fn per_claim_errors() {
         json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}]),
         json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 10}}}}]),
     ));
-    let err = p.prepare(&cref("bad", "u3")).await.unwrap_err().to_string();
+    let err = crate::telemetry::chain(&p.prepare(&cref("bad", "u3")).await.unwrap_err()).to_string();
     assert!(err.contains("interface.mtu: must be at least 68"), "{err}");
 
     let err = p.prepare(&cref("bad", "other-uid")).await.unwrap_err();
@@ -219,7 +219,7 @@ async fn per_claim_errors() {
         json!([{"request": "ib", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-30-00-0"}]),
         json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "ib0"}}}}]),
     ));
-    let err = p.prepare(&cref("rdma", "u6")).await.unwrap_err().to_string();
+    let err = crate::telemetry::chain(&p.prepare(&cref("rdma", "u6")).await.unwrap_err()).to_string();
     assert!(err.contains("not supported for RDMA-only devices"), "{err}");
 
     let mut unalloc = claim("un", "u7", "pod-2", json!([]), json!([]));
@@ -393,7 +393,7 @@ async fn host_state_merge_vf_mtu_and_dhcp() {
         .err()
         .unwrap();
     assert!(matches!(err, PrepareError::Dhcp { .. }), "{err}");
-    let err = err.to_string();
+    let err = crate::telemetry::chain(&err).to_string();
     assert!(
         err.contains("device eth1: failed to get configuration via DHCP for eth1: DHCPNAK from server 10.5.0.1: wrong network"),
         "{err}"
@@ -409,8 +409,8 @@ async fn host_state_merge_vf_mtu_and_dhcp() {
     )
     .await
     .err()
-    .unwrap()
-    .to_string();
+    .unwrap();
+    let err = crate::telemetry::chain(&err).to_string();
     assert!(err.contains("dhcp and addresses are mutually exclusive"), "{err}");
     assert_eq!(nak.asked.lock().unwrap().len(), 1);
 }

@@ -194,7 +194,9 @@ pub async fn run<H: PodHooks>(
                 warn!(reason = %why, "NRI connection lost; reconnecting");
                 backoff = BACKOFF_START;
             }
-            Err(e) => debug!(error = %e, retry_in = ?backoff, "NRI connection attempt failed"),
+            Err(e) => {
+                debug!(error = %crate::telemetry::chain(&e), retry_in = ?backoff, "NRI connection attempt failed")
+            }
         }
         cfg.metrics.connection_losses.inc();
         cfg.metrics.connected.store(false, Ordering::Relaxed);

@@ -109,14 +109,7 @@ fn hook_status(e: &HookError) -> Status {
         HookError::Failed { .. } => code::UNKNOWN,
         HookError::Rejected { .. } => code::FAILED_PRECONDITION,
     };
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    ttrpc::status(c, msg)
+    ttrpc::status(c, crate::telemetry::chain(e).to_string())
 }
 
 /// Keeps the first device per path, in order.

@@ -171,7 +171,7 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(path, netns.id(), pin.netns().as_fd()).await
         {
-            warn!(pod = sb.uid, error = %e, "cannot watch the adopted netns");
+            warn!(pod = sb.uid, error = %crate::telemetry::chain(&e), "cannot watch the adopted netns");
         }
         self.inner.live_put(
             &key,

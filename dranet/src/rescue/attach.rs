@@ -178,7 +178,7 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(netns_path, pod_id, live.pin.netns().as_fd()).await
         {
-            warn!(pod = pod.uid, error = %e, "cannot watch the pod netns; relying on hooks and rtnetlink");
+            warn!(pod = pod.uid, error = %crate::telemetry::chain(&e), "cannot watch the pod netns; relying on hooks and rtnetlink");
         }
         self.inner.live_put(&key, live);
         self.update(|cp| {
@@ -219,12 +219,13 @@ impl Engine {
         err: &RescueError,
     ) -> Result<(), RescueError> {
         let device = err.device().map(str::to_owned);
-        warn!(pod = uid, sandbox = key, device = ?device, error = %err, "attach failed; rolling back");
+        // The error itself is logged once, by whoever handles it (the NRI service for a hook).
+        info!(pod = uid, sandbox = key, device = ?device, "attach failed; rolling back");
         self.record(
             uid,
             ActivityKind::Failed {
                 action: "attach".into(),
-                error: err.to_string(),
+                error: crate::telemetry::chain(&err).to_string(),
                 device,
             },
         );
@@ -251,7 +252,7 @@ impl Engine {
         .await?;
         self.inner.live_put(key, live);
         if let Err(e) = self.detach_locked(key, ReturnReason::Rollback).await {
-            warn!(pod = uid, sandbox = key, error = %e, "rollback incomplete");
+            warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "rollback incomplete");
         }
         Ok(())
     }

@@ -93,7 +93,7 @@ impl Engine {
             {
                 Ok(nl) => Some(nl),
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %e, "no netlink in the pod netns");
+                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
                     None
                 }
             },
@@ -111,8 +111,8 @@ impl Engine {
                     .detach_rdma(key, i, d, live.as_ref().map(|l| l.pin.netns()))
                     .await
             {
-                warn!(pod = uid, device = d.device, error = %e, "RDMA link not brought home");
-                failed.push(e.to_string());
+                warn!(pod = uid, device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
+                failed.push(crate::telemetry::chain(&e).to_string());
             }
             if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
                 continue;
@@ -165,8 +165,8 @@ impl Engine {
                     DeviceState::HomeNameBusy
                 }
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, device = d.device, error = %e, "device not brought home");
-                    failed.push(e.to_string());
+                    warn!(pod = uid, sandbox = key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
+                    failed.push(crate::telemetry::chain(&e).to_string());
                     continue;
                 }
             };
@@ -234,7 +234,7 @@ impl Engine {
                     warn!(sandbox = key, pin = %p.display(), found = %pin.netns().id(), expected = %id, "pin holds another netns; ignoring it");
                 }
                 Err(e) => {
-                    warn!(sandbox = key, pin = %p.display(), error = %e, "pin is gone; looking for the netns by identity")
+                    warn!(sandbox = key, pin = %p.display(), error = %crate::telemetry::chain(&e), "pin is gone; looking for the netns by identity")
                 }
             }
         }
@@ -254,12 +254,12 @@ impl Engine {
                     })
                     .await
                 {
-                    warn!(sandbox = key, error = %e, "cannot record the new pin");
+                    warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record the new pin");
                 }
                 Some(Live { pin, netlink: None })
             }
             Err(e) => {
-                warn!(sandbox = key, error = %e, "cannot pin the netns again");
+                warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot pin the netns again");
                 None
             }
         }
@@ -275,7 +275,7 @@ impl Engine {
         if let Some(Live { pin, netlink }) = live {
             drop(netlink);
             if let Err(e) = pin.release() {
-                warn!(sandbox = key, error = %e, "releasing the pin failed");
+                warn!(sandbox = key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
             }
         }
         // Counted before the record changes: whoever sees the record say "returned" sees the

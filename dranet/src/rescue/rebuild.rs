@@ -75,7 +75,9 @@ impl Engine {
             match self.recover_pin(&path).await {
                 Ok(Some(key)) => report.rebuilt.push(key),
                 Ok(None) => report.stray_pins += 1,
-                Err(e) => warn!(pin = %path.display(), error = %e, "cannot rebuild a record from the pin"),
+                Err(e) => {
+                    warn!(pin = %path.display(), error = %crate::telemetry::chain(&e), "cannot rebuild a record from the pin")
+                }
             }
         }
     }

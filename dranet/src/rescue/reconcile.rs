@@ -68,7 +68,7 @@ impl Engine {
                 Ok(true) => report.adopted.push(key),
                 Ok(false) => report.returned.push(key),
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %e, "reconcile: devices not all home");
+                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "reconcile: devices not all home");
                     report.failed.push(key);
                 }
             }
@@ -143,7 +143,7 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(&path, id, pin.netns().as_fd()).await
         {
-            warn!(sandbox = key, error = %e, "cannot watch the re-adopted netns");
+            warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot watch the re-adopted netns");
         }
         self.inner.live_put(key, Live { pin, netlink: None });
         info!(sandbox = key, netns = %id, "pod still running: re-adopted");
@@ -169,7 +169,7 @@ impl Engine {
                 && ns.id() == id
                 && let Err(e) = w.watch_netns(&path, id, ns.as_fd()).await
             {
-                warn!(netns = %id, error = %e, "cannot watch a returned sandbox's netns");
+                warn!(netns = %id, error = %crate::telemetry::chain(&e), "cannot watch a returned sandbox's netns");
             }
         }
     }
@@ -184,7 +184,9 @@ impl Engine {
         for p in pins.into_iter().filter(|p| !claimed.contains(p)) {
             match Pin::reopen(&p).and_then(Pin::release) {
                 Ok(()) => n += 1,
-                Err(e) => warn!(pin = %p.display(), error = %e, "cannot release a stray pin"),
+                Err(e) => {
+                    warn!(pin = %p.display(), error = %crate::telemetry::chain(&e), "cannot release a stray pin")
+                }
             }
         }
         n
@@ -230,7 +232,7 @@ impl Engine {
                     }
                 }
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %e, "release-all: devices not all home");
+                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "release-all: devices not all home");
                     report.failed.push(key);
                 }
             }

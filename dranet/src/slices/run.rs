@@ -123,11 +123,11 @@ pub async fn publish_loop<P, S>(
         let devices = match tokio::task::spawn_blocking(move || s()).await {
             Ok(Ok(d)) => d,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "inventory scan failed");
+                tracing::warn!(error = %crate::telemetry::chain(&e), "inventory scan failed");
                 continue;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "inventory scan task failed");
+                tracing::warn!(error = %crate::telemetry::chain(&e), "inventory scan task failed");
                 continue;
             }
         };

@@ -54,7 +54,7 @@ impl StateLock {
                     .and_then(|()| f.rewind())
                     .and_then(|()| f.write_all(pid.as_bytes()));
                 if let Err(e) = written {
-                    warn!(lock = %path.display(), error = %e, "cannot record the lock holder's pid");
+                    warn!(lock = %path.display(), error = %crate::telemetry::chain(&e), "cannot record the lock holder's pid");
                 }
                 Ok(Some(Self { _file: f, path }))
             }

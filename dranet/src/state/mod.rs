@@ -62,25 +62,25 @@ const FILE: &str = "state.json";
 /// Errors of the checkpoint store.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("state dir {path}: {source}")]
+    #[error("state dir {path}")]
     Dir {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("writing checkpoint {path}: {source}")]
+    #[error("writing checkpoint {path}")]
     Write {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("reading checkpoint {path}: {source}")]
+    #[error("reading checkpoint {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("checkpoint {path} is not valid: {source}")]
+    #[error("checkpoint {path} is not valid")]
     Decode {
         path: PathBuf,
         #[source]
@@ -88,11 +88,11 @@ pub enum StateError {
     },
     #[error("checkpoint {path} is not valid: {what}")]
     Invalid { path: PathBuf, what: String },
-    #[error("encoding checkpoint: {0}")]
+    #[error("encoding checkpoint")]
     Encode(#[source] serde_json::Error),
     #[error("checkpoint {path} has format version {found}, this dranet reads up to {FORMAT_VERSION}")]
     Version { path: PathBuf, found: u32 },
-    #[error("state dir lock {path}: {source}")]
+    #[error("state dir lock {path}")]
     Lock {
         path: PathBuf,
         #[source]
@@ -107,11 +107,11 @@ pub enum StateError {
         holder: String,
         waited_s: u64,
     },
-    #[error("starting the checkpoint writer thread: {0}")]
+    #[error("starting the checkpoint writer thread")]
     Thread(#[source] io::Error),
     #[error("the checkpoint writer stopped")]
     WriterStopped,
-    #[error("saving the checkpoint: {0}")]
+    #[error("saving the checkpoint")]
     Save(#[source] Arc<StateError>),
 }
 

@@ -257,7 +257,7 @@ impl Watcher {
         let loaded = match probes::load(object, opts.trace_all, opts.cleanup_probes) {
             Ok(l) => l,
             Err(e) => {
-                let reason = format!("{e}: {}", error_chain(&e));
+                let reason = crate::telemetry::chain(&e).to_string();
                 warn!(error = %reason, "eBPF unavailable; falling back to rtnetlink + inotify");
                 self.status = probes::all_unsupported(&reason);
                 self.notes.push("fallback: rtnetlink + inotify (no eBPF)".into());
@@ -272,8 +272,8 @@ impl Watcher {
         match maps::take(loaded.ebpf, &opts.prefixes).map(|m| self.use_maps(m, opts.ring_reader_delay)) {
             Ok(()) => {}
             Err(e) => {
-                warn!(error = %e, "eBPF maps unusable; probes disabled");
-                self.status = probes::all_unsupported(&e.to_string());
+                warn!(error = %crate::telemetry::chain(&e), "eBPF maps unusable; probes disabled");
+                self.status = probes::all_unsupported(&crate::telemetry::chain(&e).to_string());
                 return false;
             }
         }
@@ -321,7 +321,7 @@ impl Watcher {
                         EventKind::Lost { .. } => {
                             warn!("rtnetlink monitor overflowed (ENOBUFS): events lost, reconciling");
                             if let Err(e) = rtnl::reseed(&mut table, &handle).await {
-                                warn!(error = %e, "re-reading host links after an overflow");
+                                warn!(error = %crate::telemetry::chain(&e), "re-reading host links after an overflow");
                             }
                         }
                         _ => {}
@@ -353,7 +353,7 @@ impl Watcher {
         let mut dw = match inotify::DirWatch::new(&opts.netns_dirs) {
             Ok(dw) => dw,
             Err(e) => {
-                warn!(error = %e, "inotify on netns directories unavailable");
+                warn!(error = %crate::telemetry::chain(&e), "inotify on netns directories unavailable");
                 return;
             }
         };
@@ -437,7 +437,9 @@ impl Watcher {
                         k.nsids.insert(nsid, id);
                     }
                 }
-                Err(e) => warn!(error = %e, netns = %id, "no nsid for watched netns"),
+                Err(e) => {
+                    warn!(error = %crate::telemetry::chain(&e), netns = %id, "no nsid for watched netns")
+                }
             }
         }
         Ok(())
@@ -464,7 +466,7 @@ impl Watcher {
         let Some(bpf) = guard.as_mut() else { return };
         for p in paths {
             if let Err(e) = bpf.remove(&p) {
-                debug!(path = %p, error = %e, "unwatching a netns path");
+                debug!(path = %p, error = %crate::telemetry::chain(&e), "unwatching a netns path");
             }
         }
     }
@@ -479,16 +481,6 @@ impl Watcher {
         }
         Ok(())
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = Vec::new();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push(s.to_string());
-        cur = s.source();
-    }
-    out.join(": ")
 }
 
 /// Maps a new nsid to a known netns by asking the kernel for the nsid of each known netns file.

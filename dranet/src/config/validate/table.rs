@@ -642,7 +642,9 @@ fn run(cases: &[Case], check: impl Fn(&[u8]) -> Result<(), ConfigError>) {
     for (name, json, want) in cases {
         let got: Vec<(String, String)> = match check(json.as_bytes()) {
             Ok(()) => Vec::new(),
-            Err(e @ ConfigError::Json { .. }) => vec![(String::new(), e.to_string())],
+            Err(e @ ConfigError::Json { .. }) => {
+                vec![(String::new(), crate::telemetry::chain(&e).to_string())]
+            }
             Err(e) => e
                 .field_errors()
                 .iter()

@@ -135,12 +135,14 @@ pub async fn detach_in_pod(pod: &Handle, netns: &Netns, ifindex: u32) -> Result<
         match tc_done {
             Ok(g) => out.tc_filters = g,
             Err(e) => {
-                tracing::debug!(ifindex, error = %e, "tc filter deletion reported an error, none remain")
+                tracing::debug!(ifindex, error = %crate::telemetry::chain(&e), "tc filter deletion reported an error, none remain")
             }
         }
         match tcx_done {
             Ok(p) => out.tcx = p,
-            Err(e) => tracing::debug!(ifindex, error = %e, "tcx detach reported an error, none remain"),
+            Err(e) => {
+                tracing::debug!(ifindex, error = %crate::telemetry::chain(&e), "tcx detach reported an error, none remain")
+            }
         }
         return Ok(out);
     }

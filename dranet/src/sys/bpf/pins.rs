@@ -93,7 +93,7 @@ fn pinned_link_of(path: &Path, ifindex: u32, local: &[u32]) -> Option<Unpinned> 
     let fd = match sys::obj_get(path) {
         Ok(fd) => fd,
         Err(e) => {
-            tracing::trace!(path = %path.display(), error = %e, "not a pinned bpf object");
+            tracing::trace!(path = %path.display(), error = %crate::telemetry::chain(&e), "not a pinned bpf object");
             return None;
         }
     };
@@ -141,7 +141,7 @@ pub fn find_pinned_links(root: &Path, ifindex: u32) -> Result<Vec<Unpinned>, Bpf
         let entries = match std::fs::read_dir(&dir) {
             Ok(rd) => rd,
             Err(e) => {
-                tracing::debug!(dir = %dir.display(), error = %e, "bpffs directory skipped");
+                tracing::debug!(dir = %dir.display(), error = %crate::telemetry::chain(&e), "bpffs directory skipped");
                 continue;
             }
         };

@@ -81,7 +81,7 @@ pub fn detach_all(ifindex: u32) -> Result<Vec<TcxProgram>, BpfError> {
     let mut first_err = None;
     for p in &found {
         if let Err(e) = detach_one(ifindex, p) {
-            tracing::warn!(ifindex, program = %p, error = %e, "tcx detach failed");
+            tracing::warn!(ifindex, program = %p, error = %crate::telemetry::chain(&e), "tcx detach failed");
             first_err.get_or_insert(e);
         }
     }

@@ -75,7 +75,7 @@ const NLMSG_DONE: u16 = 3;
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum EthtoolError {
-    #[error("generic netlink socket: {0}")]
+    #[error("generic netlink socket")]
     Socket(#[source] std::io::Error),
     #[error("the kernel has no ethtool netlink family")]
     NoFamily,

@@ -279,7 +279,9 @@ pub(super) async fn restore(
                 tracing::info!(device = snap.name, sysctls = ?done, "sysctls restored")
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(device = snap.name, error = %e, "restoring a sysctl"),
+            Err(e) => {
+                tracing::warn!(device = snap.name, error = %crate::telemetry::chain(&e), "restoring a sysctl")
+            }
         }
     }
     // Offloads: whatever differs from the snapshot, whether dranet or the pod changed it.

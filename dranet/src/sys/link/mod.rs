@@ -59,13 +59,13 @@ pub enum LinkError {
     NotTheDevice { index: u32, device: String },
     #[error("device {name} (mac {mac:?}) is neither in the pod nor in the host")]
     Lost { name: String, mac: Option<String> },
-    #[error("netlink {what}: {source}")]
+    #[error("netlink {what}")]
     Netlink {
         what: &'static str,
         #[source]
         source: Box<rtnetlink::Error>,
     },
-    #[error("opening an rtnetlink socket: {0}")]
+    #[error("opening an rtnetlink socket")]
     Socket(#[source] std::io::Error),
     #[error(transparent)]
     Netns(#[from] NetnsError),

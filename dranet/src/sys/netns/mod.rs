@@ -38,7 +38,7 @@ impl fmt::Display for NetnsId {
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
-    #[error("{path}: cannot open: {source}")]
+    #[error("{path}: cannot open")]
     Open {
         path: PathBuf,
         #[source]
@@ -48,7 +48,7 @@ pub enum NetnsError {
     NotANamespace { path: PathBuf, what: &'static str },
     #[error("{path}: a namespace, but not a network namespace (type {nstype:#x})")]
     WrongType { path: PathBuf, nstype: i32 },
-    #[error("{path}: cannot identify the netns: {source}")]
+    #[error("{path}: cannot identify the netns")]
     Identify {
         path: PathBuf,
         #[source]
@@ -56,7 +56,7 @@ pub enum NetnsError {
     },
     #[error("pin name {0:?} is not a safe file name")]
     PinName(String),
-    #[error("pin {path}: {what}: {source}")]
+    #[error("pin {path}: {what}")]
     Pin {
         path: PathBuf,
         what: &'static str,
@@ -69,17 +69,17 @@ pub enum NetnsError {
         expected: NetnsId,
         found: NetnsId,
     },
-    #[error("listing pins in {dir}: {source}")]
+    #[error("listing pins in {dir}")]
     List {
         dir: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("starting a thread to enter netns {0}: {1}")]
+    #[error("starting a thread to enter netns {0}")]
     Thread(NetnsId, #[source] std::io::Error),
     #[error("the thread inside netns {0} panicked")]
     ThreadPanicked(NetnsId),
-    #[error("entering netns {id}: {source}")]
+    #[error("entering netns {id}")]
     Setns {
         id: NetnsId,
         #[source]

@@ -176,12 +176,12 @@ fn log_pump(ebpf: &mut Ebpf) -> Option<LogPump> {
         Ok(logger) => match async_readable(logger) {
             Ok(fd) => Some(LogPump { fd }),
             Err(e) => {
-                debug!(error = %e, "aya-log fd not pollable");
+                debug!(error = %crate::telemetry::chain(&e), "aya-log fd not pollable");
                 None
             }
         },
         Err(e) => {
-            debug!(error = %e, "aya-log not initialised");
+            debug!(error = %crate::telemetry::chain(&e), "aya-log not initialised");
             None
         }
     }

@@ -38,7 +38,7 @@ pub fn object() -> Option<&'static [u8]> {
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error("loading the eBPF object (maps): {source}; needs root, or CAP_BPF + CAP_PERFMON")]
+    #[error("loading the eBPF object (maps); needs root, or CAP_BPF + CAP_PERFMON")]
     Load {
         #[source]
         source: aya::EbpfError,

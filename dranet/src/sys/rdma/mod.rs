@@ -48,7 +48,7 @@ pub const fn nl_type(cmd: u16) -> u16 {
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum RdmaError {
-    #[error("NETLINK_RDMA socket: {0}")]
+    #[error("NETLINK_RDMA socket")]
     Socket(#[source] std::io::Error),
     #[error("the kernel has no RDMA netlink (no ib_core loaded?)")]
     NoRdma,
