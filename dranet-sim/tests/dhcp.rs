@@ -650,11 +650,8 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
     }
 
     // A DHCP failure is a per-claim prepare error; nothing is stored for it.
-    let err = p
-        .prepare(&cref("missing", "uid-m"))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = p.prepare(&cref("missing", "uid-m")).await.unwrap_err();
+    let err = dranet::telemetry::chain(&err).to_string();
     assert!(
         err.contains("device nic1: failed to get configuration via DHCP for nosuchif1")
             && err.contains("not found"),

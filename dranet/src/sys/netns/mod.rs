@@ -99,6 +99,8 @@ const NSFS_MAGIC: i64 = 0x6e73_6673;
 pub struct Netns {
     fd: OwnedFd,
     id: NetnsId,
+    /// Runs [`in_netns`] closures, entered once ([`worker`]).
+    worker: worker::Worker,
 }
 
 impl Netns {
@@ -176,7 +178,11 @@ impl Netns {
             path: path.to_owned(),
             source,
         })?;
-        Ok(Self { fd, id })
+        Ok(Self {
+            fd,
+            id,
+            worker: worker::Worker::default(),
+        })
     }
 
     /// Cookie + inode.
@@ -197,7 +203,11 @@ impl Netns {
             path: PathBuf::from(format!("fd {}", self.fd.as_raw_fd())),
             source: io_to_nix(&e),
         })?;
-        Ok(Self { fd, id: self.id })
+        Ok(Self {
+            fd,
+            id: self.id,
+            worker: worker::Worker::default(),
+        })
     }
 }
 
@@ -265,10 +275,21 @@ fn cookie_by_socket(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
     Ok(cookie)
 }
 
-/// Runs `f` on a new OS thread inside `netns`; the thread exits afterwards, so no thread of
-/// the process stays in a foreign netns. Used to open sockets inside a pod netns and for RDMA
-/// moves (which need the calling thread in the source netns).
+/// Runs `f` inside `netns` on the netns's worker thread ([`worker`]: entered once, reused by
+/// every call on this `Netns` until it is idle for [`worker::IDLE`]), so no thread of the
+/// process but that one is ever in a foreign netns. Blocks until `f` returns. Used to open
+/// sockets inside a pod netns, for sysctls, TCX detach and the inventory of a pinned netns.
 pub fn in_netns<R, F>(netns: &Netns, f: F) -> Result<R, NetnsError>
+where
+    R: Send + 'static,
+    F: FnOnce() -> R + Send + 'static,
+{
+    netns.worker.run(&netns.fd, netns.id, f)
+}
+
+/// Runs `f` on a new OS thread inside `netns` that exits afterwards: for a call that may hang
+/// (an RDMA move has no kernel timeout), so a hung one never holds up the netns's worker.
+pub fn in_netns_alone<R, F>(netns: &Netns, f: F) -> Result<R, NetnsError>
 where
     R: Send + 'static,
     F: FnOnce() -> R + Send + 'static,
@@ -276,9 +297,8 @@ where
     let id = netns.id();
     let fd = netns.try_clone()?.fd;
     let handle = std::thread::Builder::new()
-        .name("dranet-netns".into())
+        .name("dranet-netns-1".into())
         .spawn(move || -> Result<R, NetnsError> {
-            // Network namespace only: a thread may switch it on its own (no CLONE_FS sharing rule).
             setns(&fd, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Setns { id, source })?;
             Ok(f())
         })
@@ -529,6 +549,8 @@ pub fn socket_in(netns: &Netns, protocol: isize) -> Result<std::io::Result<Owned
         Ok(unsafe { OwnedFd::from_raw_fd(raw) })
     })
 }
+
+mod worker;
 
 #[cfg(test)]
 mod tests;

@@ -137,3 +137,36 @@ fn the_socket_fallback_finds_the_same_cookie_as_ns_get_id() {
     let f = std::fs::File::open("/proc/self/ns/uts").unwrap();
     assert!(cookie_by_socket(f.as_fd()).is_err());
 }
+
+/// One operation enters a netns once: every `in_netns` on the same `Netns` runs on one worker
+/// thread, a closure that asks for the same netns from inside it runs inline (no deadlock), a
+/// clone has its own worker, and the worker exits when idle (the next call starts another).
+#[test]
+fn in_netns_enters_once_per_netns_handle_and_the_worker_exits_when_idle() {
+    let host = Netns::host().unwrap();
+    let tid = || format!("{:?}", std::thread::current().id());
+    let first = in_netns(&host, tid).unwrap();
+    let second = in_netns(&host, tid).unwrap();
+    assert_eq!(first, second, "two calls on one Netns entered it twice");
+    let again = host.try_clone().unwrap();
+    let nested = in_netns(&host, move || {
+        let outer = format!("{:?}", std::thread::current().id());
+        // A nested call for another handle of the same netns runs inline on this thread.
+        let inner = in_netns(&again, move || format!("{:?}", std::thread::current().id())).unwrap();
+        (outer, inner)
+    })
+    .unwrap();
+    assert_eq!(nested.0, first);
+    assert_eq!(nested.1, first, "a nested call on the same netns did not run inline");
+    let other = host.try_clone().unwrap();
+    assert_ne!(in_netns(&other, tid).unwrap(), first, "a clone shares the worker");
+    std::thread::sleep(worker::IDLE * 2);
+    let later = in_netns(&host, tid).unwrap();
+    assert_ne!(later, first, "the worker did not exit when idle");
+    // A panicking closure is an error for its caller, and the next call works.
+    assert!(matches!(
+        in_netns(&host, || -> u8 { panic!("boom") }),
+        Err(NetnsError::ThreadPanicked(_))
+    ));
+    assert_eq!(in_netns(&host, || 7).unwrap(), 7);
+}

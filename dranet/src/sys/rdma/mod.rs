@@ -406,7 +406,7 @@ impl Rdma {
 pub fn move_device(from: &Netns, name: &str, to: &Netns) -> Result<(), RdmaError> {
     let to = to.try_clone()?;
     let name = name.to_owned();
-    crate::sys::netns::in_netns(from, move || -> Result<(), RdmaError> {
+    crate::sys::netns::in_netns_alone(from, move || -> Result<(), RdmaError> {
         let mut r = Rdma::open()?;
         if r.netns_mode()? == NetnsMode::Shared {
             return Err(RdmaError::SharedMode);
