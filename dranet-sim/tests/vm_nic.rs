@@ -464,7 +464,7 @@ async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio
     // record of it. The claims never come (no kubelet side here): the plan is enough.
     let adopter = Adopter::new(e.clone(), AllocationsCell::default());
     let mut runs = adopter.runs();
-    let driver = dranet::driver::Driver::new(e.clone()).with_adoption(adopter.clone());
+    let driver = dranet::pod::Driver::new(e.clone()).with_adoption(adopter.clone());
     let sandbox = Pod {
         uid: uid.clone(),
         namespace: "default".into(),

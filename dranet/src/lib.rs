@@ -4,6 +4,7 @@
 //! The data path reads off the module tree:
 //!
 //! * [`watch`] — eBPF probes + rtnetlink (+ inotify fallback) → one stream of [`watch::LifecycleEvent`]s;
+//! * [`pod`] — the pod life cycle: the runtime's hooks and Prepare's plans → the engine;
 //! * [`rescue`] — events, NRI hooks and reconcile → decisions (one owner per pod);
 //! * [`adoption`] — running sandboxes dranet has no record of + the node's allocations → rescue's
 //!   adoption (pods started by upstream dranet, a lost checkpoint);
@@ -15,7 +16,8 @@
 //! [`plan`] (per-pod device plans from Prepare), [`config`] (opaque config + validation),
 //! [`inventory`] and [`slices`] (ResourceSlice publishing), [`cloud`] (cloud provider attributes
 //! and the profile webhook), [`report`] (claim status and events),
-//! [`state`] (crash-safe checkpoint), [`cli`] (one file per subcommand).
+//! [`state`] (crash-safe checkpoint), [`telemetry`] (logs, error chains, metrics), [`cli`] (one
+//! file per subcommand).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod adoption;
@@ -25,7 +27,6 @@ pub mod cloud;
 pub mod config;
 pub mod dhcp;
 pub mod dra;
-pub mod driver;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
@@ -35,6 +36,7 @@ pub mod listen;
 pub mod nri;
 pub mod pci;
 pub mod plan;
+pub mod pod;
 pub mod proto;
 pub mod rbac;
 pub mod ready;

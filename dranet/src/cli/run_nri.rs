@@ -9,8 +9,8 @@ use tracing::{error, info};
 use super::run::RunArgs;
 use super::run_sides::Sides;
 use crate::adoption::Adopter;
-use crate::driver::Driver;
 use crate::nri::{NriMetrics, PluginConfig};
+use crate::pod::Driver;
 use crate::rescue::Engine;
 
 pub async fn start(

@@ -31,27 +31,6 @@ pub trait PlanSink: Send + Sync + 'static {
     }
 }
 
-/// The rescue engine is the daemon's plan store: the plans it checkpoints are what the NRI hooks
-/// attach.
-impl PlanSink for crate::rescue::Engine {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        crate::rescue::Engine::set_plan(self, plan).map_err(|e| crate::telemetry::chain(&e).to_string())
-    }
-
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
-        crate::rescue::Engine::remove_claim(self, claim_uid)
-            .map_err(|e| crate::telemetry::chain(&e).to_string())
-    }
-
-    fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            crate::rescue::Engine::durable(self)
-                .await
-                .map_err(|e| crate::telemetry::chain(&e).to_string())
-        })
-    }
-}
-
 /// Finds inventory devices by slice device name.
 pub trait DeviceLookup: Send + Sync + 'static {
     fn device(&self, name: &str) -> Option<Device>;

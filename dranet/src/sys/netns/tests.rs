@@ -157,7 +157,10 @@ fn in_netns_enters_once_per_netns_handle_and_the_worker_exits_when_idle() {
     })
     .unwrap();
     assert_eq!(nested.0, first);
-    assert_eq!(nested.1, first, "a nested call on the same netns did not run inline");
+    assert_eq!(
+        nested.1, first,
+        "a nested call on the same netns did not run inline"
+    );
     let other = host.try_clone().unwrap();
     assert_ne!(in_netns(&other, tid).unwrap(), first, "a clone shares the worker");
     std::thread::sleep(worker::IDLE * 2);
