@@ -36,6 +36,7 @@
 //! Records rebuilt from a pin ([`PodRecord::recovered`]) keep an empty pod UID until a hook or
 //! Synchronize names their sandbox.
 
+mod disk;
 mod lock;
 mod store;
 mod writer;
@@ -147,7 +148,9 @@ pub struct DeviceRecord {
     /// MAC set inside the pod (config `hardwareAddr`), if any: the kernel returns the device with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_mac: Option<String>,
-    /// Host state before attach: what detach restores.
+    /// Host state before attach: what detach restores (on disk in the checkpoint's own form,
+    /// [`disk`]).
+    #[serde(with = "disk::snapshot")]
     pub snapshot: LinkSnapshot,
     pub state: DeviceState,
     /// Name the device carries in the host while its own is taken (see `link` name policy).

@@ -12,7 +12,6 @@ use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressMessage, AddressScope, CacheInfo,
 };
-use serde::{Deserialize, Serialize};
 
 /// Lifetime meaning "forever" (`INFINITY_LIFE_TIME`).
 pub const FOREVER: u32 = u32::MAX;
@@ -26,93 +25,25 @@ const SETTABLE: AddressFlags = AddressFlags::Nodad
     .union(AddressFlags::Mcautojoin);
 
 /// One address of a device, as snapshotted.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(from = "AddrRepr")]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AddrSnapshot {
     /// `ip/prefix` (the local address).
     pub cidr: String,
     /// The peer of a point-to-point address (`IFA_ADDRESS` when it differs from the local one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<IpAddr>,
     /// The IPv4 broadcast address; `None` when the address had none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broadcast: Option<Ipv4Addr>,
     /// The IPv4 label when it is not the device's name (`eth0:1`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
     /// Administrator-settable `IFA_F_*` flags.
-    #[serde(default)]
     pub flags: u32,
     /// `RT_SCOPE_*` (0 universe, 253 link, 254 host).
-    #[serde(default)]
     pub scope: u8,
     /// Metric of the prefix route (`IFA_RT_PRIORITY`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metric: Option<u32>,
     /// Valid and preferred lifetimes in seconds as they stood at the snapshot ([`FOREVER`]).
-    #[serde(default = "forever")]
     pub valid_lft: u32,
-    #[serde(default = "forever")]
     pub preferred_lft: u32,
-}
-
-fn forever() -> u32 {
-    FOREVER
-}
-
-/// Checkpoint format 1 stored addresses as `ip/prefix` strings.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum AddrRepr {
-    Cidr(String),
-    Full {
-        cidr: String,
-        #[serde(default)]
-        peer: Option<IpAddr>,
-        #[serde(default)]
-        broadcast: Option<Ipv4Addr>,
-        #[serde(default)]
-        label: Option<String>,
-        #[serde(default)]
-        flags: u32,
-        #[serde(default)]
-        scope: u8,
-        #[serde(default)]
-        metric: Option<u32>,
-        #[serde(default = "forever")]
-        valid_lft: u32,
-        #[serde(default = "forever")]
-        preferred_lft: u32,
-    },
-}
-
-impl From<AddrRepr> for AddrSnapshot {
-    fn from(r: AddrRepr) -> Self {
-        match r {
-            AddrRepr::Cidr(cidr) => AddrSnapshot::plain(cidr),
-            AddrRepr::Full {
-                cidr,
-                peer,
-                broadcast,
-                label,
-                flags,
-                scope,
-                metric,
-                valid_lft,
-                preferred_lft,
-            } => AddrSnapshot {
-                cidr,
-                peer,
-                broadcast,
-                label,
-                flags,
-                scope,
-                metric,
-                valid_lft,
-                preferred_lft,
-            },
-        }
-    }
 }
 
 impl AddrSnapshot {
@@ -237,23 +168,6 @@ impl AddrSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn format_1_strings_and_full_records_both_load() {
-        let v: Vec<AddrSnapshot> =
-            serde_json::from_str(r#"["10.1.2.3/24", {"cidr": "10.9.0.1/16", "broadcast": "10.9.255.255", "label": "x:1", "flags": 512, "scope": 253}]"#)
-                .unwrap();
-        assert_eq!(v[0], AddrSnapshot::plain("10.1.2.3/24"));
-        assert_eq!(v[1].broadcast, Some("10.9.255.255".parse().unwrap()));
-        assert_eq!(
-            (v[1].label.as_deref(), v[1].flags, v[1].scope),
-            (Some("x:1"), 512, 253)
-        );
-        assert_eq!((v[1].valid_lft, v[1].preferred_lft), (FOREVER, FOREVER));
-        // Round trip of the full form.
-        let back: Vec<AddrSnapshot> = serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap();
-        assert_eq!(back, v);
-    }
 
     #[test]
     fn shape_removes_the_builders_broadcast_when_the_original_had_none() {

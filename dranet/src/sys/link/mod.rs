@@ -23,7 +23,6 @@ use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Prop};
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::{Handle, RouteMessageBuilder};
-use serde::{Deserialize, Serialize};
 
 use crate::config::RouteConfig;
 use crate::plan::DevicePlan;

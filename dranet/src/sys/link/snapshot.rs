@@ -4,55 +4,40 @@
 use super::*;
 
 /// A device's host state, taken before it moves and restored when it comes home.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LinkSnapshot {
     pub ifindex: u32,
     pub name: String,
-    #[serde(default)]
     pub altnames: Vec<String>,
-    #[serde(default)]
     pub alias: Option<String>,
     pub mtu: u32,
     pub mac: Option<String>,
-    #[serde(default)]
     pub perm_mac: Option<String>,
-    #[serde(default)]
     pub gso_max_size: Option<u32>,
-    #[serde(default)]
     pub gso_max_segs: Option<u32>,
-    #[serde(default)]
     pub gro_max_size: Option<u32>,
-    #[serde(default)]
     pub gso_ipv4_max_size: Option<u32>,
-    #[serde(default)]
     pub gro_ipv4_max_size: Option<u32>,
     /// Administratively up.
     pub up: bool,
     /// Addresses with everything a restore puts back (IPv6 link-local left out: the kernel
     /// recreates it). Checkpoint format 1 stored `ip/prefix` strings; they still load.
-    #[serde(default)]
     pub addresses: Vec<AddrSnapshot>,
     /// Link kind (`IFLA_INFO_KIND`: `veth`, `dummy`, ...); `None` for a physical device, which
     /// has no `rtnl_link_ops`. Identity: a pod can only create links that have a kind.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// Parent device, `<bus>/<name>` (`pci/0000:3b:00.1`, `virtio/virtio2`); `None` for virtual
     /// devices. Identity: set by the kernel, not by anything a pod or a claim can write.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
     /// `kind` and `parent` were read (false in a snapshot from checkpoint format 1, which had
     /// neither: such a device is identified by its permanent MAC alone).
-    #[serde(default)]
     pub identified: bool,
     /// Wanted state of every changeable offload feature (`ethtool -k`, kernel names).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub features: BTreeMap<String, bool>,
     /// Every private flag (`ethtool --show-priv-flags`) of the driver.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub private_flags: BTreeMap<String, bool>,
     /// Per-device IP sysctls, `ipv4/<name>` / `ipv6/<name>` (see [`sysctl`]: a netns move
     /// resets them to the destination's defaults).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sysctls: BTreeMap<String, i32>,
 }
 

@@ -6,8 +6,8 @@
 
 use std::cell::Cell;
 use std::os::fd::OwnedFd;
-use std::sync::Mutex;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sched::{CloneFlags, setns};
@@ -25,9 +25,11 @@ thread_local! {
 }
 
 /// The sending side of the current worker thread, if one runs.
+/// The slot is shared with the thread: a send happens under its lock, and the thread leaves
+/// only under it, after a last look for work, so no closure is ever dropped unrun.
 #[derive(Default)]
 pub(super) struct Worker {
-    tx: Mutex<Option<Sender<Job>>>,
+    tx: Arc<Mutex<Option<Sender<Job>>>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -48,39 +50,32 @@ impl Worker {
             return Ok(f());
         }
         let (done_tx, done_rx) = mpsc::sync_channel::<R>(1);
-        let mut job: Job = Box::new(move || {
+        let job: Job = Box::new(move || {
             let _ = done_tx.send(f());
         });
-        // Twice at most: the thread may have just exited on idle (its receiver is gone and the
-        // job comes back); the second try starts a new one.
-        for _ in 0..2 {
-            let tx = self.sender(fd, id)?;
-            match tx.send(job) {
-                Ok(()) => return done_rx.recv().map_err(|_| NetnsError::ThreadPanicked(id)),
-                Err(mpsc::SendError(back)) => {
-                    job = back;
-                    if let Ok(mut slot) = self.tx.lock() {
-                        *slot = None;
-                    }
-                }
+        {
+            let mut slot = self.tx.lock().map_err(|_| NetnsError::ThreadPanicked(id))?;
+            let sent = match slot.as_ref() {
+                Some(tx) => tx.send(job).map_err(|mpsc::SendError(back)| back),
+                None => Err(job),
+            };
+            if let Err(back) = sent {
+                // No thread, or it died (a closure panicked): start one.
+                let tx = start(fd, id, Arc::clone(&self.tx))?;
+                tx.send(back).map_err(|_| NetnsError::ThreadPanicked(id))?;
+                *slot = Some(tx);
             }
         }
-        Err(NetnsError::ThreadPanicked(id))
-    }
-
-    fn sender(&self, fd: &OwnedFd, id: NetnsId) -> Result<Sender<Job>, NetnsError> {
-        let mut slot = self.tx.lock().map_err(|_| NetnsError::ThreadPanicked(id))?;
-        if let Some(tx) = slot.as_ref() {
-            return Ok(tx.clone());
-        }
-        let tx = start(fd, id)?;
-        *slot = Some(tx.clone());
-        Ok(tx)
+        done_rx.recv().map_err(|_| NetnsError::ThreadPanicked(id))
     }
 }
 
 /// Starts a worker thread in the netns of `fd`; returns once it is inside.
-fn start(fd: &OwnedFd, id: NetnsId) -> Result<Sender<Job>, NetnsError> {
+fn start(
+    fd: &OwnedFd,
+    id: NetnsId,
+    slot: Arc<Mutex<Option<Sender<Job>>>>,
+) -> Result<Sender<Job>, NetnsError> {
     let fd = fd.try_clone().map_err(|e| NetnsError::Thread(id, e))?;
     let (tx, rx) = mpsc::channel::<Job>();
     let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), nix::Error>>(1);
@@ -97,8 +92,23 @@ fn start(fd: &OwnedFd, id: NetnsId) -> Result<Sender<Job>, NetnsError> {
             INSIDE.with(|c| c.set(Some(id)));
             loop {
                 match rx.recv_timeout(IDLE) {
-                    Ok(job) => job(),
-                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return,
+                    Ok(job) => run_job(job),
+                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Timeout) => {
+                        // Leave under the slot's lock, after a last look: a closure sent before
+                        // runs here, one sent after finds the slot empty and starts a thread.
+                        let Ok(mut guard) = slot.lock() else { return };
+                        match rx.try_recv() {
+                            Ok(job) => {
+                                drop(guard);
+                                run_job(job);
+                            }
+                            Err(_) => {
+                                *guard = None;
+                                return;
+                            }
+                        }
+                    }
                 }
             }
         })
@@ -108,4 +118,10 @@ fn start(fd: &OwnedFd, id: NetnsId) -> Result<Sender<Job>, NetnsError> {
         Ok(Err(source)) => Err(NetnsError::Setns { id, source }),
         Err(_) => Err(NetnsError::ThreadPanicked(id)),
     }
+}
+
+/// Runs one closure; a panic in it is its caller's error (the result never arrives), not the
+/// end of the worker, so closures queued behind it still run.
+fn run_job(job: Job) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
 }
