@@ -553,14 +553,18 @@ pub async fn plan_claim_in(
     res
 }
 
-async fn plan_devices(
-    ctx: &PlanContext<'_>,
+/// Phase 1: the claim is the one asked for, allocated, and reserved for exactly one pod (`None`:
+/// reserved for nobody yet, nothing to plan).
+fn allocation_for_a_pod<'r>(
     claim: &ClaimRef,
-    rc: &ResourceClaim,
-    previous: &[DevicePlan],
-    taken: &mut Vec<(DeviceIds, NetworkConfig)>,
-) -> Result<Option<PlannedClaim>, PrepareError> {
-    let (driver, node, devices, leases) = (ctx.driver, ctx.node, ctx.devices, ctx.leases);
+    rc: &'r ResourceClaim,
+) -> Result<
+    Option<(
+        &'r super::claim::AllocationResult,
+        &'r super::claim::ConsumerReference,
+    )>,
+    PrepareError,
+> {
     if rc.metadata.uid != claim.uid {
         return Err(PrepareError::UidMismatch {
             namespace: claim.namespace.clone(),
@@ -586,103 +590,25 @@ async fn plan_devices(
             resource: consumer.resource.clone(),
         });
     }
+    Ok(Some((alloc, consumer)))
+}
+
+/// Phases 2 and 3: every result of this driver planned ([`plan_result`]), with its share id.
+async fn plan_devices(
+    ctx: &PlanContext<'_>,
+    claim: &ClaimRef,
+    rc: &ResourceClaim,
+    previous: &[DevicePlan],
+    taken: &mut Vec<(DeviceIds, NetworkConfig)>,
+) -> Result<Option<PlannedClaim>, PrepareError> {
+    let Some((alloc, consumer)) = allocation_for_a_pod(claim, rc)? else {
+        return Ok(None);
+    };
     let mut plans = Vec::new();
     let mut share_ids = HashMap::new();
-    for r in alloc.devices.results.iter().filter(|r| r.driver == driver) {
-        if r.pool != node {
-            return Err(PrepareError::WrongPool {
-                device: r.device.clone(),
-                request: r.request.clone(),
-                pool: r.pool.clone(),
-                node: node.to_owned(),
-            });
-        }
-        let config_err = |source| PrepareError::Config {
-            device: r.device.clone(),
-            request: r.request.clone(),
-            source,
-        };
-        let cfg = device_config(driver, &r.request, &alloc.devices.config).map_err(config_err)?;
-        let dev = devices
-            .device(&r.device)
-            .ok_or_else(|| PrepareError::UnknownDevice {
-                device: r.device.clone(),
-            })?;
-        // A repeated Prepare keeps what the profile gave (it is not taken twice).
-        let profiled_before = previous.iter().find(|p| {
-            p.device == r.device
-                && p.request == r.request
-                && cfg.profile.as_deref().is_some_and(|s| !s.is_empty())
-                && p.config.profile == cfg.profile
-        });
-        if let Some(p) = profiled_before {
-            share_ids.insert(r.device.clone(), r.share_id.clone());
-            plans.push(p.clone());
-            continue;
-        }
-        let (cfg, profiled) = super::profiles::resolve(ctx.providers, &dev, &claim.uid, cfg)
-            .await
-            .map_err(|e| match e {
-                super::profiles::ResolveError::Config(source) => config_err(source),
-                super::profiles::ResolveError::Profile(why) => PrepareError::Profile {
-                    device: r.device.clone(),
-                    request: r.request.clone(),
-                    why,
-                },
-            })?;
-        if profiled {
-            taken.push((super::profiles::prepare_ids(&dev), cfg.clone()));
-        }
-        let cfg = if dev.ifname.is_none() {
-            if dev.rdma_device.is_none() {
-                return Err(PrepareError::NoInterface {
-                    device: r.device.clone(),
-                });
-            }
-            config::validate_rdma_only(&cfg).map_err(config_err)?;
-            cfg
-        } else {
-            check_vf_mtu(&r.device, &cfg, &dev)?;
-            let leased_before = previous.iter().find(|p| {
-                cfg.interface.dhcp == Some(true)
-                    && p.device == r.device
-                    && p.request == r.request
-                    && p.host_ifname == dev.ifname
-                    && p.config.interface.dhcp == Some(true)
-            });
-            if let Some(p) = leased_before {
-                share_ids.insert(r.device.clone(), r.share_id.clone());
-                plans.push(p.clone());
-                continue;
-            }
-            let lease = match (cfg.interface.dhcp, &dev.ifname) {
-                (Some(true), Some(ifname)) => {
-                    Some(leases.lease(ifname).await.map_err(|source| PrepareError::Dhcp {
-                        device: r.device.clone(),
-                        ifname: ifname.clone(),
-                        source: Box::new(source),
-                    })?)
-                }
-                _ => None,
-            };
-            let cfg = with_host_state(cfg, &dev, lease.as_ref());
-            let cfg = with_offloads(&r.device, &r.request, cfg, dev.ifname.as_deref(), devices)?;
-            unpin_ebpf(&r.device, &cfg, dev.ifname.as_deref(), devices).await?;
-            cfg
-        };
+    for r in alloc.devices.results.iter().filter(|r| r.driver == ctx.driver) {
+        plans.push(plan_result(ctx, claim, r, &alloc.devices.config, previous, taken).await?);
         share_ids.insert(r.device.clone(), r.share_id.clone());
-        plans.push(DevicePlan {
-            device: r.device.clone(),
-            pool: r.pool.clone(),
-            request: r.request.clone(),
-            claim: claim.clone(),
-            host_ifname: dev.ifname.clone(),
-            pci_address: dev.pci_address.clone(),
-            permanent_mac: dev.mac.clone(),
-            rdma_device: dev.rdma_device.clone(),
-            config: cfg,
-            char_devices: dev.char_devices.clone(),
-        });
     }
     Ok(Some(PlannedClaim {
         pod_uid: consumer.uid.clone(),
@@ -690,6 +616,109 @@ async fn plan_devices(
         plans,
         share_ids,
     }))
+}
+
+/// Phase 3: one allocated device: its pool, its config (profile resolved, validated), the
+/// device, and for a netdev the VF MTU check, the DHCP lease, the host state, offloads and eBPF
+/// unpinning. A repeated Prepare keeps what a profile or a lease gave the first time.
+async fn plan_result(
+    ctx: &PlanContext<'_>,
+    claim: &ClaimRef,
+    r: &super::claim::DeviceRequestAllocationResult,
+    configs: &[DeviceAllocationConfiguration],
+    previous: &[DevicePlan],
+    taken: &mut Vec<(DeviceIds, NetworkConfig)>,
+) -> Result<DevicePlan, PrepareError> {
+    let (driver, node, devices, leases) = (ctx.driver, ctx.node, ctx.devices, ctx.leases);
+    if r.pool != node {
+        return Err(PrepareError::WrongPool {
+            device: r.device.clone(),
+            request: r.request.clone(),
+            pool: r.pool.clone(),
+            node: node.to_owned(),
+        });
+    }
+    let config_err = |source| PrepareError::Config {
+        device: r.device.clone(),
+        request: r.request.clone(),
+        source,
+    };
+    let cfg = device_config(driver, &r.request, configs).map_err(config_err)?;
+    let dev = devices
+        .device(&r.device)
+        .ok_or_else(|| PrepareError::UnknownDevice {
+            device: r.device.clone(),
+        })?;
+    // A repeated Prepare keeps what the profile gave (it is not taken twice).
+    let profiled_before = previous.iter().find(|p| {
+        p.device == r.device
+            && p.request == r.request
+            && cfg.profile.as_deref().is_some_and(|s| !s.is_empty())
+            && p.config.profile == cfg.profile
+    });
+    if let Some(p) = profiled_before {
+        return Ok(p.clone());
+    }
+    let (cfg, profiled) = super::profiles::resolve(ctx.providers, &dev, &claim.uid, cfg)
+        .await
+        .map_err(|e| match e {
+            super::profiles::ResolveError::Config(source) => config_err(source),
+            super::profiles::ResolveError::Profile(why) => PrepareError::Profile {
+                device: r.device.clone(),
+                request: r.request.clone(),
+                why,
+            },
+        })?;
+    if profiled {
+        taken.push((super::profiles::prepare_ids(&dev), cfg.clone()));
+    }
+    let cfg = if dev.ifname.is_none() {
+        if dev.rdma_device.is_none() {
+            return Err(PrepareError::NoInterface {
+                device: r.device.clone(),
+            });
+        }
+        config::validate_rdma_only(&cfg).map_err(config_err)?;
+        cfg
+    } else {
+        check_vf_mtu(&r.device, &cfg, &dev)?;
+        let leased_before = previous.iter().find(|p| {
+            cfg.interface.dhcp == Some(true)
+                && p.device == r.device
+                && p.request == r.request
+                && p.host_ifname == dev.ifname
+                && p.config.interface.dhcp == Some(true)
+        });
+        if let Some(p) = leased_before {
+            return Ok(p.clone());
+        }
+        let lease = match (cfg.interface.dhcp, &dev.ifname) {
+            (Some(true), Some(ifname)) => {
+                Some(leases.lease(ifname).await.map_err(|source| PrepareError::Dhcp {
+                    device: r.device.clone(),
+                    ifname: ifname.clone(),
+                    source: Box::new(source),
+                })?)
+            }
+            _ => None,
+        };
+        let cfg = with_host_state(cfg, &dev, lease.as_ref());
+        let cfg = with_offloads(&r.device, &r.request, cfg, dev.ifname.as_deref(), devices)?;
+        unpin_ebpf(&r.device, &cfg, dev.ifname.as_deref(), devices).await?;
+        cfg
+    };
+    Ok(DevicePlan {
+        device: r.device.clone(),
+        pool: r.pool.clone(),
+        request: r.request.clone(),
+        claim: claim.clone(),
+        host_ifname: dev.ifname.clone(),
+        pci_address: dev.pci_address.clone(),
+        permanent_mac: dev.mac.clone(),
+        rdma_device: dev.rdma_device.clone(),
+        config: cfg,
+        char_devices: dev.char_devices.clone(),
+    })
 }
 
 /// Upstream step 6: an SR-IOV VF's MTU may not exceed its PF's.

@@ -191,34 +191,76 @@ pub(super) async fn restore(
     let cur = snapshot_index(nl, index)
         .await?
         .ok_or_else(|| LinkError::NotFound(snap.name.clone()))?;
-    let mut result = Returned::Restored;
-    if cur.name != snap.name {
-        if keep_name {
-            result = Returned::NameBusy {
-                temp_name: cur.name.clone(),
-            };
-        } else {
-            // Renaming needs the device down.
-            set_up(nl, index, false).await?;
-            let mut m = LinkMessage::default();
-            m.header.index = index;
-            m.attributes.push(LinkAttribute::IfName(snap.name.clone()));
-            match nl.newlink(m, "rename").await {
-                Ok(()) => {}
-                Err(e) if e.errno() == Some(libc::EEXIST) => {
-                    let tmp = temp_name_of(snap, index);
-                    if cur.name != tmp {
-                        let mut m = LinkMessage::default();
-                        m.header.index = index;
-                        m.attributes.push(LinkAttribute::IfName(tmp.clone()));
-                        nl.newlink(m, "rename to the temporary name").await?;
-                    }
-                    result = Returned::NameBusy { temp_name: tmp };
-                }
-                Err(e) => return Err(e),
-            }
-        }
+    let result = restore_name(nl, index, snap, &cur, keep_name).await?;
+    restore_settings(nl, index, snap, &cur).await?;
+    restore_altnames(nl, index, snap, &cur).await?;
+    // Phase 4: the addresses the move dropped.
+    for a in snap
+        .addresses
+        .iter()
+        .filter(|a| !cur.addresses.iter().any(|c| c.same_as(a)))
+    {
+        restore_address(nl, index, a).await?;
     }
+    let now_name = match &result {
+        Returned::NameBusy { temp_name } => temp_name.as_str(),
+        Returned::Restored => snap.name.as_str(),
+    };
+    restore_sysctls(now_name, snap, &cur);
+    restore_offloads(index, snap)?;
+    if snap.up {
+        set_up(nl, index, true).await?;
+    } else if cur.up {
+        set_up(nl, index, false).await?;
+    }
+    Ok(result)
+}
+
+/// Phase 1: the host name back; under a temporary name when it is taken (or kept as it is with
+/// `keep_name`).
+async fn restore_name(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    cur: &LinkSnapshot,
+    keep_name: bool,
+) -> Result<Returned, LinkError> {
+    if cur.name == snap.name {
+        return Ok(Returned::Restored);
+    }
+    if keep_name {
+        return Ok(Returned::NameBusy {
+            temp_name: cur.name.clone(),
+        });
+    }
+    // Renaming needs the device down.
+    set_up(nl, index, false).await?;
+    let mut m = LinkMessage::default();
+    m.header.index = index;
+    m.attributes.push(LinkAttribute::IfName(snap.name.clone()));
+    match nl.newlink(m, "rename").await {
+        Ok(()) => Ok(Returned::Restored),
+        Err(e) if e.errno() == Some(libc::EEXIST) => {
+            let tmp = temp_name_of(snap, index);
+            if cur.name != tmp {
+                let mut m = LinkMessage::default();
+                m.header.index = index;
+                m.attributes.push(LinkAttribute::IfName(tmp.clone()));
+                nl.newlink(m, "rename to the temporary name").await?;
+            }
+            Ok(Returned::NameBusy { temp_name: tmp })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Phase 2: MTU, MAC, GSO/GRO limits and alias, in one `RTM_NEWLINK` of what differs.
+async fn restore_settings(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    cur: &LinkSnapshot,
+) -> Result<(), LinkError> {
     let diff = |a: Option<u32>, b: Option<u32>| if a != b { a } else { None };
     let mac = match (&snap.mac, &cur.mac) {
         (Some(want), Some(have)) if !want.eq_ignore_ascii_case(have) => Some(parse_mac(want)?),
@@ -240,18 +282,22 @@ pub(super) async fn restore(
     if !m.attributes.is_empty() {
         nl.newlink(m, "restore settings").await?;
     }
-    let missing: Vec<&str> = snap
-        .altnames
-        .iter()
-        .filter(|a| !cur.altnames.contains(a))
-        .map(String::as_str)
-        .collect();
-    for alt in missing {
+    Ok(())
+}
+
+/// Phase 3: the alternative names the device lost.
+async fn restore_altnames(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    cur: &LinkSnapshot,
+) -> Result<(), LinkError> {
+    for alt in snap.altnames.iter().filter(|a| !cur.altnames.contains(a)) {
         match nl
             .handle
             .link()
             .property_add(index)
-            .alt_ifname(&[alt])
+            .alt_ifname(&[alt.as_str()])
             .execute()
             .await
         {
@@ -260,48 +306,41 @@ pub(super) async fn restore(
             Err(e) => return Err(nl_err("restore altname", e)),
         }
     }
-    for a in snap
-        .addresses
-        .iter()
-        .filter(|a| !cur.addresses.iter().any(|c| c.same_as(a)))
-    {
-        restore_address(nl, index, a).await?;
+    Ok(())
+}
+
+/// Phase 5: IP sysctls the move reset to the host defaults. A value the kernel refuses does not
+/// undo a return that otherwise worked: it is logged.
+fn restore_sysctls(now_name: &str, snap: &LinkSnapshot, cur: &LinkSnapshot) {
+    if snap.sysctls.is_empty() {
+        return;
     }
-    // IP sysctls the move reset to the host defaults. A value the kernel refuses does not undo
-    // a return that otherwise worked: it is logged.
-    if !snap.sysctls.is_empty() {
-        let now_name = match &result {
-            Returned::NameBusy { temp_name } => temp_name.as_str(),
-            Returned::Restored => snap.name.as_str(),
-        };
-        match sysctl::restore(now_name, &snap.sysctls, &cur.sysctls) {
-            Ok(done) if !done.is_empty() => {
-                tracing::info!(device = snap.name, sysctls = ?done, "sysctls restored")
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(device = snap.name, error = %crate::telemetry::chain(&e), "restoring a sysctl")
-            }
+    match sysctl::restore(now_name, &snap.sysctls, &cur.sysctls) {
+        Ok(done) if !done.is_empty() => {
+            tracing::info!(device = snap.name, sysctls = ?done, "sysctls restored");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(device = snap.name, error = %crate::telemetry::chain(&e), "restoring a sysctl");
         }
     }
-    // Offloads: whatever differs from the snapshot, whether dranet or the pod changed it.
-    if !snap.features.is_empty() || !snap.private_flags.is_empty() {
-        let done = Ethtool::open()?.restore(&Dev::Index(index), &snap.features, &snap.private_flags)?;
-        if !done.features.is_empty() || !done.private_flags.is_empty() {
-            tracing::info!(
-                device = snap.name,
-                features = ?done.features,
-                private_flags = ?done.private_flags,
-                "offloads restored"
-            );
-        }
+}
+
+/// Phase 6: offloads, whatever differs from the snapshot, whether dranet or the pod changed it.
+fn restore_offloads(index: u32, snap: &LinkSnapshot) -> Result<(), LinkError> {
+    if snap.features.is_empty() && snap.private_flags.is_empty() {
+        return Ok(());
     }
-    if snap.up {
-        set_up(nl, index, true).await?;
-    } else if cur.up {
-        set_up(nl, index, false).await?;
+    let done = Ethtool::open()?.restore(&Dev::Index(index), &snap.features, &snap.private_flags)?;
+    if !done.features.is_empty() || !done.private_flags.is_empty() {
+        tracing::info!(
+            device = snap.name,
+            features = ?done.features,
+            private_flags = ?done.private_flags,
+            "offloads restored"
+        );
     }
-    Ok(result)
+    Ok(())
 }
 
 /// A managed device appeared in the host netns by itself (the kernel returned it, DOWN, under
