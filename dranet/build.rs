@@ -53,7 +53,7 @@ fn ebpf_object() -> Result<()> {
             "\n\n  dranet embeds its eBPF object, and {} does not exist.\n  \
              Build it first with:\n\n      cargo xtask build-ebpf\n\n  \
              (the toolchain it needs: `cargo xtask install-toolchain`; or point DRANET_EBPF_OBJECT \
-             at a built object)\n",
+             at a built object; or build without it: --no-default-features --features bundled-pci-ids)\n",
             obj.display()
         );
     }
