@@ -322,7 +322,8 @@ async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result
         .err()
         .context("attach must fail")?;
     assert!(matches!(err, RescueError::Link { .. }), "{err}");
-    assert!(err.to_string().contains("after setting it"), "{err}");
+    let err = dranet::telemetry::chain(&err).to_string();
+    assert!(err.contains("after setting it"), "{err}");
     assert!(host_has(&nic.name), "rolled back home");
     assert_same(&before, &view(&nic.name, None)?)?;
     assert_eq!(

@@ -27,12 +27,11 @@ pub async fn start(
             .with_reporter(sides.reporter.clone())
             .with_adoption(adopter),
     );
-    driver.metrics().register(registry);
+    let metrics = NriMetrics::default();
+    metrics.register(registry);
     if args.no_nri {
         return Ok(());
     }
-    let metrics = NriMetrics::default();
-    metrics.register(registry);
     let cfg = PluginConfig {
         socket: args.nri_socket.clone(),
         name: args.nri_plugin_name.clone(),

@@ -14,11 +14,6 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 use tracing::info;
 
 use crate::adoption::Adopter;
@@ -28,72 +23,10 @@ use crate::rescue::activity::ActivityKind;
 use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef, RescueError, SandboxInfo, SandboxRef};
 use crate::state::ReturnReason;
 
-/// Labels of upstream's `dranet_driver_nri_plugin_requests_*` metrics.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HookLabels {
-    pub method: String,
-    pub status: String,
-}
-
-/// Upstream dranet's NRI metrics, same names and labels.
-#[derive(Clone)]
-pub struct HookMetrics {
-    pub requests: Family<HookLabels, Counter>,
-    pub latency: Family<HookLabels, Histogram>,
-}
-
-impl Default for HookMetrics {
-    fn default() -> Self {
-        Self {
-            requests: Family::default(),
-            latency: Family::new_with_constructor(|| {
-                Histogram::new([
-                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
-                ])
-            }),
-        }
-    }
-}
-
-impl HookMetrics {
-    pub fn register(&self, r: &mut Registry) {
-        r.register(
-            "dranet_driver_nri_plugin_requests",
-            "NRI hook calls by method and status",
-            self.requests.clone(),
-        );
-        r.register(
-            "dranet_driver_nri_plugin_requests_latency_seconds",
-            "NRI hook latency by method and status",
-            self.latency.clone(),
-        );
-    }
-
-    fn observe(&self, method: &str, status: &str, start: Instant) {
-        let l = HookLabels {
-            method: method.to_owned(),
-            status: status.to_owned(),
-        };
-        self.requests.get_or_create(&l).inc();
-        self.latency
-            .get_or_create(&l)
-            .observe(start.elapsed().as_secs_f64());
-    }
-}
-
-fn status_of<T>(r: &Result<Outcome, T>) -> &'static str {
-    match r {
-        Ok(Outcome::Applied) => "success",
-        Ok(Outcome::Noop) => "noop",
-        Err(_) => "failed",
-    }
-}
-
 /// The driver's NRI side.
 #[derive(Clone)]
 pub struct Driver {
     engine: Engine,
-    metrics: HookMetrics,
     reporter: Reporter,
     adopter: Option<Adopter>,
 }
@@ -103,7 +36,6 @@ impl Driver {
     pub fn new(engine: Engine) -> Self {
         Self {
             engine,
-            metrics: HookMetrics::default(),
             reporter: Reporter::disabled(),
             adopter: None,
         }
@@ -129,11 +61,6 @@ impl Driver {
         &self.engine
     }
 
-    #[must_use]
-    pub fn metrics(&self) -> &HookMetrics {
-        &self.metrics
-    }
-
     async fn detach(&self, pod: &Pod, hook: &'static str) -> Result<Outcome, HookError> {
         let start = Instant::now();
         self.engine.record(
@@ -152,7 +79,7 @@ impl Driver {
         } else {
             self.engine.detach_sandbox(sb, ReturnReason::Hook).await
         };
-        let r = match res {
+        match res {
             Ok(DetachOutcome::Returned { devices, name_busy }) => {
                 info!(
                     pod = pod.uid,
@@ -179,9 +106,7 @@ impl Driver {
                     source: Box::new(e),
                 })
             }
-        };
-        self.metrics.observe(hook, status_of(&r), start);
-        r
+        }
     }
 
     async fn attach(&self, pod: &Pod) -> Result<Outcome, HookError> {
@@ -294,16 +219,13 @@ impl Driver {
 
 impl PodHooks for Driver {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
-        let start = Instant::now();
         self.engine.record(
             &pod.uid,
             ActivityKind::Hook {
                 name: "RunPodSandbox".into(),
             },
         );
-        let r = self.attach(&pod).await;
-        self.metrics.observe("RunPodSandbox", status_of(&r), start);
-        r
+        self.attach(&pod).await
     }
 
     async fn stop_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
@@ -319,14 +241,7 @@ impl PodHooks for Driver {
         pod: Pod,
         _container: ContainerInfo,
     ) -> Result<Vec<LinuxDevice>, HookError> {
-        let start = Instant::now();
-        let devs = self.char_devices(&pod);
-        self.metrics.observe(
-            "CreateContainer",
-            if devs.is_empty() { "noop" } else { "success" },
-            start,
-        );
-        Ok(devs)
+        Ok(self.char_devices(&pod))
     }
 
     async fn synchronize(&self, pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {

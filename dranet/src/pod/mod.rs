@@ -10,4 +10,4 @@
 pub mod hooks;
 mod plans;
 
-pub use hooks::{Driver, HookLabels, HookMetrics};
+pub use hooks::Driver;
