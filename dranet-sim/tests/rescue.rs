@@ -718,7 +718,7 @@ async fn vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly() -> Resu
         let err = res
             .err()
             .context("the attach should fail on a kernel without VRF")?;
-        let msg = format!("{err:#}");
+        let msg = dranet::telemetry::chain(&err).to_string();
         assert!(msg.contains("blue") && msg.contains("CONFIG_NET_VRF"), "{msg}");
         assert!(!in_pod(&ns, "net1"), "the device must not stay in the pod");
         assert_same(&before, &view(&nic.name, None)?)?;
@@ -778,7 +778,7 @@ async fn a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_bac
         .await
         .err()
         .context("must fail")?;
-    let msg = format!("{err:#}");
+    let msg = dranet::telemetry::chain(&err).to_string();
     assert!(msg.contains("\"red\""), "{msg}");
     assert!(
         msg.contains("not a VRF") || msg.contains("CONFIG_NET_VRF"),
