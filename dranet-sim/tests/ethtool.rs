@@ -344,10 +344,8 @@ async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result
         .await
         .err()
         .context("attach must fail")?;
-    assert!(
-        err.to_string().contains("ethtool.features.bogus-offload"),
-        "{err}"
-    );
+    let err = dranet::telemetry::chain(&err).to_string();
+    assert!(err.contains("ethtool.features.bogus-offload"), "{err}");
     assert_same(&before, &view(&nic.name, None)?)?;
     Ok(())
 }
