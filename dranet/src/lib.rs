@@ -43,4 +43,6 @@ pub mod rescue;
 pub mod slices;
 pub mod state;
 pub mod sys;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 pub mod watch;
