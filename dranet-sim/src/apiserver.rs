@@ -18,9 +18,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -648,23 +648,14 @@ impl ApiServer {
         self.inner.faults_changed.send_modify(|v| *v += 1);
     }
 
-    /// Polls `check` (every 10 ms) until it returns `Some`, for at most `timeout`.
+    /// Polls `check` until it returns `Some`, for at most `timeout` ([`fixtures::wait_for_some`]).
     pub async fn wait_for<T>(
         &self,
         what: &str,
         timeout: Duration,
         mut check: impl FnMut(&Self) -> Option<T>,
     ) -> Result<T> {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = check(self) {
-                return Ok(v);
-            }
-            if start.elapsed() > timeout {
-                bail!("timed out after {timeout:?} waiting for {what}");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        crate::fixtures::wait_for_some(what, timeout, || check(self)).await
     }
 }
 
@@ -1055,27 +1046,7 @@ fn not_found(t: &Target) -> Value {
 
 /// RFC 3339 UTC, seconds.
 fn now_rfc3339() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
+    dranet::report::rfc3339(SystemTime::now())
 }
 
 /// Fills in server-set metadata of a new object.

@@ -141,3 +141,23 @@ pub fn assert_same(before: &Value, after: &Value) -> Result<()> {
     }
     Ok(())
 }
+
+/// Waits up to `timeout` until link `name` is in the host again and its [`view`] is the same as
+/// `before` (restores finish right after the move home); the last difference otherwise.
+pub async fn wait_restored(name: &str, before: &Value, timeout: std::time::Duration) -> Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let last = if crate::kernel::host_has(name) {
+            view(name, None).and_then(|v| assert_same(before, &v))
+        } else {
+            Err(anyhow::anyhow!("{name} not in the host"))
+        };
+        match last {
+            Ok(()) => return Ok(()),
+            Err(e) if start.elapsed() > timeout => {
+                return Err(e.context(format!("{name} not home and restored after {timeout:?}")));
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
+}

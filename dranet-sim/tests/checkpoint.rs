@@ -19,11 +19,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dranet::nri::pb::nri as pb;
-use dranet_sim::kernel::{PodNetns, Veth, dranet_bin, require_root, sh, unique};
-use dranet_sim::kubelet::Claim;
-use dranet_sim::nic::{Nic, assert_same, view};
-use dranet_sim::node::{Node, NodeOptions, sandbox};
+use dranet_sim::fixtures::{TestPod, nic_device};
+use dranet_sim::kernel::{PodNetns, Veth, dranet_bin, require_root, sh};
+use dranet_sim::nic::{Nic, view, wait_restored};
+use dranet_sim::node::{Node, NodeOptions};
 use dranet_sim::nri_runtime::Flavor;
 use serde_json::{Value, json};
 
@@ -67,35 +66,20 @@ fn corrupt(path: &Path, bad: Bad) -> Result<()> {
     Ok(())
 }
 
-fn in_pod(ns: &PodNetns, name: &str) -> bool {
-    ns.ip(&["link", "show", "dev", name]).is_ok()
-}
-
 /// A pod holding one NIC as `net0`, its sandbox reported by the runtime's Synchronize.
-struct Pod {
-    claim: Claim,
-    ns: PodNetns,
-    sb: pb::PodSandbox,
-}
-
-async fn start_pod(node: &Node, nic: &Nic) -> Result<Pod> {
-    let uid = unique("ck-");
-    let ns = PodNetns::create(&unique("dranet-ck-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        &uid,
-        &[(
-            dranet::inventory::netdev_device_name(&nic.name),
+async fn start_pod(node: &Node, nic: &Nic) -> Result<TestPod> {
+    let pod = TestPod::new("ck-")?;
+    pod.prepare(
+        node,
+        &[nic_device(
+            nic,
             json!({"interface": {"name": "net0", "addresses": ["192.168.77.2/24"]}}),
         )],
-    )?;
-    node.prepare(&claim).await?;
-    let sb = sandbox(&uid, &ns.path);
-    node.runtime.run_pod_sandbox(&sb).await.context("RunPodSandbox")?;
-    node.runtime.set_state(vec![sb.clone()], vec![]);
-    assert!(in_pod(&ns, "net0"), "the NIC did not move into the pod");
-    Ok(Pod { claim, ns, sb })
+    )
+    .await?;
+    pod.run(node).await?;
+    assert!(pod.has("net0"), "the NIC did not move into the pod");
+    Ok(pod)
 }
 
 /// The NIC's ifindex inside the pod.
@@ -134,18 +118,18 @@ async fn wait_home(nic: &Nic, what: &str) -> Result<Value> {
 }
 
 /// The pod's teardown in `order`; returns the NIC as it came home.
-async fn teardown(node: &Node, pod: &mut Pod, nic: &Nic, order: Order) -> Result<Value> {
+async fn teardown(node: &Node, pod: &mut TestPod, nic: &Nic, order: Order) -> Result<Value> {
     let home = match order {
         Order::Containerd => {
             node.runtime.set_flavor(Flavor::Containerd);
             node.runtime
-                .stop_pod_sandbox(&pod.sb)
+                .stop_pod_sandbox(&pod.sandbox)
                 .await
                 .context("StopPodSandbox")?;
             let home = nic_at_home(nic)?.context("not home after StopPodSandbox")?;
             pod.ns.remove_crio_style()?;
             node.runtime
-                .remove_pod_sandbox(&pod.sb)
+                .remove_pod_sandbox(&pod.sandbox)
                 .await
                 .context("RemovePodSandbox")?;
             home
@@ -156,11 +140,11 @@ async fn teardown(node: &Node, pod: &mut Pod, nic: &Nic, order: Order) -> Result
             // Before any hook: the rescue brings it home.
             let home = wait_home(nic, "CRI-O order").await?;
             node.runtime
-                .stop_pod_sandbox(&pod.sb)
+                .stop_pod_sandbox(&pod.sandbox)
                 .await
                 .context("StopPodSandbox")?;
             node.runtime
-                .remove_pod_sandbox(&pod.sb)
+                .remove_pod_sandbox(&pod.sandbox)
                 .await
                 .context("RemovePodSandbox")?;
             home
@@ -169,17 +153,6 @@ async fn teardown(node: &Node, pod: &mut Pod, nic: &Nic, order: Order) -> Result
     node.runtime.set_state(vec![], vec![]);
     node.unprepare(&pod.claim).await?;
     Ok(home)
-}
-
-async fn restored(nic: &Nic, before: &Value) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        match view(&nic.name, None).and_then(|v| assert_same(before, &v)) {
-            Ok(()) => return Ok(()),
-            Err(e) if start.elapsed() > Duration::from_secs(5) => return Err(e),
-            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
 }
 
 /// Waits until the NIC is home as a device of a record rebuilt from its pin comes home:
@@ -259,9 +232,9 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     wait_log(node, "the checkpoint does not load: using state.json.prev").await?;
     let aside = state_files(node, "state.json.corrupt-")?;
     assert_eq!(aside.len(), 1, "the bad file is kept aside: {aside:?}");
-    assert!(in_pod(&pod.ns, "net0"), "the running pod lost its NIC");
+    assert!(pod.ns.has("net0"), "the running pod lost its NIC");
     teardown(node, &mut pod, nic, prev_order).await?;
-    restored(nic, &before)
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
         .await
         .context("after the fallback to .prev")?;
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
@@ -277,7 +250,7 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
         .context("restart with neither checkpoint loading")?;
     wait_log(node, "neither the checkpoint nor state.json.prev loads").await?;
     wait_log(node, "record rebuilt from the pin").await?;
-    assert!(in_pod(&pod.ns, "net0"), "the running pod lost its NIC");
+    assert!(pod.ns.has("net0"), "the running pod lost its NIC");
     teardown(node, &mut pod, nic, pins_order).await?;
     let home = rebuilt_home(nic, idx).await?;
     wait_log(node, "are home under these names").await?;
@@ -287,7 +260,7 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     sh(&["ip", "link", "set", &renamed, "name", &nic.name])?;
     sh(&["ip", "link", "set", &nic.name, "up"])?;
     sh(&["ip", "addr", "add", &nic.addr, "dev", &nic.name])?;
-    restored(nic, &before)
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
         .await
         .context("putting the NIC back by hand")?;
 
@@ -302,7 +275,7 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "release-all failed: {stdout}\n{stderr}");
     assert!(stdout.contains("rebuilt from pins 1"), "{stdout}\n{stderr}");
-    assert!(!in_pod(&pod.ns, "net0"), "release-all left the NIC in the pod");
+    assert!(!pod.ns.has("net0"), "release-all left the NIC in the pod");
     let home = rebuilt_home(nic, idx).await.context("after release-all")?;
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
     let renamed = home["ifname"].as_str().unwrap_or_default().to_owned();
@@ -390,10 +363,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
         text.contains("in use by another dranet") && text.contains(&format!("pid {pid}")),
         "release-all must say which process holds the state dir:\n{text}"
     );
-    assert!(
-        in_pod(&a.ns, "net0"),
-        "release-all took the NIC from a running pod"
-    );
+    assert!(a.ns.has("net0"), "release-all took the NIC from a running pod");
 
     let (ok, text) = run_bounded(
         &[
@@ -416,7 +386,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
         text.contains("in use by another dranet") && text.contains(&format!("pid {pid}")),
         "the second daemon must say which process holds the state dir:\n{text}"
     );
-    assert!(in_pod(&a.ns, "net0"));
+    assert!(a.ns.has("net0"));
     assert_eq!(
         node.records()?,
         records,
@@ -425,7 +395,8 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
 
     // The daemon still serves hooks; a release-all that waits gets the state dir once it stops.
     let b = start_pod(&node, &nics[1]).await?;
-    node.runtime.set_state(vec![a.sb.clone(), b.sb.clone()], vec![]);
+    node.runtime
+        .set_state(vec![a.sandbox.clone(), b.sandbox.clone()], vec![]);
     let waiting = Command::new(dranet_bin()?)
         .args(["release-all", "--json", "--state-dir", &state])
         .env("DRANET_LOCK_WAIT_SECONDS", "30")
@@ -434,7 +405,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
         .spawn()?;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(
-        in_pod(&a.ns, "net0") && in_pod(&b.ns, "net0"),
+        a.ns.has("net0") && b.ns.has("net0"),
         "release-all did not wait for the daemon"
     );
     node.stop()?;
@@ -452,7 +423,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
         "release-all must see both pods' records: {report}"
     );
     for (n, b) in nics.iter().zip(&before) {
-        restored(n, b).await?;
+        wait_restored(&n.name, b, Duration::from_secs(5)).await?;
     }
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
     Ok(())

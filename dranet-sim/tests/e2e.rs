@@ -3,13 +3,13 @@
 //! devices × {driver alive; driver SIGKILLed and restarted while the pod runs; driver down while
 //! the pod is deleted}, plus a soak.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
-use dranet_sim::kubelet::Claim;
-use dranet_sim::nic::{Nic, assert_same, view};
-use dranet_sim::node::{Node, NodeOptions, sandbox};
+use anyhow::{Context, Result};
+use dranet_sim::fixtures::{TestPod, nic_device, wait_for};
+use dranet_sim::kernel::{host_has, require_root};
+use dranet_sim::nic::{Nic, view, wait_restored};
+use dranet_sim::node::{Node, NodeOptions};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
 use serde_json::{Value, json};
 
@@ -45,60 +45,36 @@ fn opts(order: Order) -> NodeOptions {
     }
 }
 
-async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(start.elapsed())
-}
-
-fn in_pod(ns: &PodNetns, name: &str) -> bool {
-    ns.ip(&["link", "show", "dev", name]).is_ok()
-}
-
 /// One pod with `nics`, through its whole life, in `order`, with the driver doing `driver`.
 async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver) -> Result<()> {
     let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
-    let uid = unique("e2e-pod-");
-    let mut ns = PodNetns::create(&unique("dranet-e2e-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    let mut p = TestPod::new("e2e-pod-")?;
     let devices: Vec<(String, Value)> = nics
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            (
-                dranet::inventory::netdev_device_name(&n.name),
+            nic_device(
+                n,
                 json!({"interface": {"name": format!("net{i}"), "addresses": [format!("192.168.{}.2/24", 60 + i)]}}),
             )
         })
         .collect();
-    node.write_claim(&claim, &uid, &devices)?;
-    node.prepare(&claim).await?;
-    let pod = sandbox(&uid, &ns.path);
-    node.runtime
-        .run_pod_sandbox(&pod)
-        .await
-        .context("RunPodSandbox")?;
-    // What the runtime reports in Synchronize after a plugin (re)connects.
-    node.runtime.set_state(vec![pod.clone()], vec![]);
+    p.prepare(node, &devices).await?;
+    p.run(node).await?;
     for (i, n) in nics.iter().enumerate() {
         assert!(
             !host_has(&n.name),
             "{} still in the host after RunPodSandbox",
             n.name
         );
-        let v = ns.ip(&["-j", "addr", "show", "dev", &format!("net{i}")])?;
+        let v = p.ns.ip(&["-j", "addr", "show", "dev", &format!("net{i}")])?;
         assert!(
             v.contains(&format!("192.168.{}.2", 60 + i)),
             "net{i} has no address in the pod: {v}"
         );
     }
     // Embedded mode: the claim's device status lands next to the claim files.
-    let st = node.claim_status(&claim, Duration::from_secs(3)).await?;
+    let st = node.claim_status(&p.claim, Duration::from_secs(3)).await?;
     let devs = st["status"]["devices"].as_array().context("status.devices")?;
     assert_eq!(devs.len(), nics.len(), "{st}");
     for (i, n) in nics.iter().enumerate() {
@@ -119,7 +95,7 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
         node.restart().await?;
         for i in 0..nics.len() {
             assert!(
-                in_pod(&ns, &format!("net{i}")),
+                p.has(&format!("net{i}")),
                 "restart must not disturb a running pod"
             );
         }
@@ -131,25 +107,25 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
         Order::Containerd => {
             if driver != Driver::DownDuringTeardown {
                 node.runtime
-                    .stop_pod_sandbox(&pod)
+                    .stop_pod_sandbox(&p.sandbox)
                     .await
                     .context("StopPodSandbox")?;
                 for n in nics {
                     assert!(host_has(&n.name), "{} not home after StopPodSandbox", n.name);
                 }
             }
-            ns.remove_crio_style()?;
+            p.ns.remove_crio_style()?;
             if driver == Driver::DownDuringTeardown {
                 node.restart().await?;
             }
             node.runtime
-                .remove_pod_sandbox(&pod)
+                .remove_pod_sandbox(&p.sandbox)
                 .await
                 .context("RemovePodSandbox")?;
             node.runtime.set_state(vec![], vec![]);
         }
         Order::Crio => {
-            ns.remove_crio_style()?;
+            p.ns.remove_crio_style()?;
             if driver == Driver::DownDuringTeardown {
                 node.restart().await?;
             }
@@ -163,29 +139,20 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
                 .await?;
             }
             node.runtime
-                .stop_pod_sandbox(&pod)
+                .stop_pod_sandbox(&p.sandbox)
                 .await
                 .context("StopPodSandbox")?;
             node.runtime
-                .remove_pod_sandbox(&pod)
+                .remove_pod_sandbox(&p.sandbox)
                 .await
                 .context("RemovePodSandbox")?;
             node.runtime.set_state(vec![], vec![]);
         }
     }
     for (n, b) in nics.iter().zip(&before) {
-        // Restores finish right after the move home.
-        let mut last = Ok(());
-        for _ in 0..100 {
-            last = assert_same(b, &view(&n.name, None)?);
-            if last.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        last.with_context(|| format!("{} not restored", n.name))?;
+        wait_restored(&n.name, b, Duration::from_secs(1)).await?;
     }
-    node.unprepare(&claim).await?;
+    node.unprepare(&p.claim).await?;
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
     Ok(())
 }
@@ -237,31 +204,16 @@ async fn stop_hook_missing_entirely() -> Result<()> {
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
     let node = Node::start(opts(Order::Crio)).await?;
-    let uid = unique("e2e-nostop-");
-    let mut ns = PodNetns::create(&unique("dranet-e2e-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        &uid,
-        &[(dranet::inventory::netdev_device_name(&nic.name), json!({}))],
-    )?;
-    node.prepare(&claim).await?;
-    node.runtime.run_pod_sandbox(&sandbox(&uid, &ns.path)).await?;
+    let mut p = TestPod::new("e2e-nostop-")?;
+    p.prepare(&node, &[nic_device(&nic, json!({}))]).await?;
+    node.runtime.run_pod_sandbox(&p.sandbox).await?;
     assert!(!host_has(&nic.name));
-    ns.remove_crio_style()?;
+    p.ns.remove_crio_style()?;
     wait_for("device home without any hook", Duration::from_secs(5), || {
         host_has(&nic.name)
     })
     .await?;
-    let mut last = Ok(());
-    for _ in 0..100 {
-        last = assert_same(&before, &view(&nic.name, None)?);
-        if last.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    last?;
+    wait_restored(&nic.name, &before, Duration::from_secs(1)).await?;
     wait_for("pin released", Duration::from_secs(2), || node.pins().is_empty()).await?;
     Ok(())
 }

@@ -26,7 +26,7 @@ use dranet_sim::bpf::{
     BpffsDir, PrivateBpffs, bpftool_net, bpftool_tc_count, clsact, link_ifindex, load_noop_sched_cls,
     refuse_bpf_detach_on_this_thread, tc_bpf_filter, tcx_attach, tcx_link, tcx_programs,
 };
-use dranet_sim::fixtures::{StateDir, device_plan, engine, pod_plan, pod_ref};
+use dranet_sim::fixtures::{device_plan, engine, engine_case, pod_plan, pod_ref};
 use dranet_sim::kernel::{PodNetns, Veth, require_root, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
 use serde_json::json;
@@ -142,9 +142,7 @@ async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod(
         return Ok(());
     }
     let dir = BpffsDir::create("attach")?;
-    let state = StateDir::new("ebpf-at");
-    let ns = PodNetns::create(&unique("dranet-t-ebpf-"))?;
-    let nic = Nic::create()?;
+    let (state, ns, nic, _, _) = engine_case("ebpf-at")?;
     let idx = ifindex(&nic)?;
     let before = view(&nic.name, None)?;
     let prog = load_noop_sched_cls("dranet_t2")?;
@@ -315,9 +313,7 @@ fn a_refused_detach_fails_the_attach_and_rolls_the_device_back() -> Result<()> {
     if !require_root("a_refused_detach_fails_the_attach_and_rolls_the_device_back")? {
         return Ok(());
     }
-    let state = StateDir::new("ebpf-rb");
-    let ns = PodNetns::create(&unique("dranet-t-ebpfrb-"))?;
-    let nic = Nic::create()?;
+    let (state, ns, nic, _, _) = engine_case("ebpf-rb")?;
     let idx = ifindex(&nic)?;
     let before = view(&nic.name, None)?;
     let prog = load_noop_sched_cls("dranet_t4")?;
@@ -375,9 +371,7 @@ async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Resu
         return Ok(());
     }
     let dir = BpffsDir::create("keep")?;
-    let state = StateDir::new("ebpf-keep");
-    let ns = PodNetns::create(&unique("dranet-t-ebpfk-"))?;
-    let nic = Nic::create()?;
+    let (state, ns, nic, _, _) = engine_case("ebpf-keep")?;
     let idx = ifindex(&nic)?;
     let prog = load_noop_sched_cls("dranet_t5")?;
     let link_pin = dir.path.join("link");

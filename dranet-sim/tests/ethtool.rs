@@ -19,7 +19,7 @@ use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
 use serde_json::json;
 
-use dranet_sim::fixtures::{StateDir, engine, pod_plan as plan, pod_ref as pod, wait_for};
+use dranet_sim::fixtures::{engine, engine_case, pod_plan as plan, pod_ref as pod, wait_for, watched_engine};
 
 fn device(nic: &Nic, pod_if: &str, uid: &str, features: &[(&str, bool)]) -> DevicePlan {
     let mut config = NetworkConfig::default();
@@ -216,12 +216,8 @@ async fn attach_applies_features_in_the_pod_and_detach_restores_them() -> Result
     if !require_root("attach_applies_features_in_the_pod_and_detach_restores_them")? {
         return Ok(());
     }
-    let state = StateDir::new("apply");
-    let ns = PodNetns::create(&unique("dranet-t-eth-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (state, ns, nic, before, uid) = engine_case("apply")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-eth-");
     let e = engine(&state, None).await?;
     e.set_plan(plan(
         &uid,
@@ -269,11 +265,8 @@ async fn features_the_pod_flipped_are_restored_on_detach() -> Result<()> {
     if !require_root("features_the_pod_flipped_are_restored_on_detach")? {
         return Ok(());
     }
-    let state = StateDir::new("flip");
-    let ns = PodNetns::create(&unique("dranet-t-ethf-"))?;
-    let nic = Nic::create()?;
+    let (state, ns, nic, _, uid) = engine_case("flip")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-ethf-");
     let e = engine(&state, None).await?;
     // No ethtool block at all: the pod changes offloads by itself.
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[])]))?;
@@ -303,12 +296,8 @@ async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result
     if !require_root("a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back")? {
         return Ok(());
     }
-    let state = StateDir::new("rb");
-    let ns = PodNetns::create(&unique("dranet-t-ethr-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (state, ns, nic, before, uid) = engine_case("rb")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-ethr-");
     let e = engine(&state, None).await?;
     // TSO needs scatter-gather: with SG off the kernel keeps TSO off, so the request cannot be
     // met (found only after the move, by reading back).
@@ -356,17 +345,10 @@ async fn rescue_on_netns_teardown_restores_offloads() -> Result<()> {
     if !require_root("rescue_on_netns_teardown_restores_offloads")? {
         return Ok(());
     }
-    let state = StateDir::new("crio");
-    let mut ns = PodNetns::create(&unique("dranet-t-ethc-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (state, mut ns, nic, before, uid) = engine_case("crio")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-ethc-");
     let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let e = engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[("gro", true)])]))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
     assert!(pod_features(&ns, "net1")?.active.contains("rx-gro"));
@@ -385,7 +367,7 @@ async fn rescue_on_netns_teardown_restores_offloads() -> Result<()> {
         before_off,
         "offloads restored"
     );
-    events.abort();
+    drop(events);
     Ok(())
 }
 
@@ -394,21 +376,14 @@ async fn kernel_returned_device_gets_its_offloads_back() -> Result<()> {
     if !require_root("kernel_returned_device_gets_its_offloads_back")? {
         return Ok(());
     }
-    let state = StateDir::new("repair");
-    let ns = PodNetns::create(&unique("dranet-t-ethp-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (state, ns, nic, before, uid) = engine_case("repair")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-ethp-");
     let watcher = Watcher::start(WatcherOptions {
         ebpf: false,
         ..WatcherOptions::default()
     })
     .await?;
-    let sub = watcher.subscribe();
-    let e = engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[("gro", true)])]))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
     set_in_pod(&ns, "net1", &[("rx-udp-gro-forwarding", true)])?;
@@ -428,6 +403,6 @@ async fn kernel_returned_device_gets_its_offloads_back() -> Result<()> {
         before_off,
         "offloads restored"
     );
-    events.abort();
+    drop(events);
     Ok(())
 }
