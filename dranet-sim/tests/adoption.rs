@@ -27,9 +27,10 @@ use dranet::nri::hooks::{Pod, PodHooks};
 use dranet::rescue::{AdoptOutcome, Engine};
 use dranet::slices::PublishedDevices;
 use dranet_sim::fixtures::{StateDir, TestPod, device_plan, engine, nic_device, pod_plan, wait_for};
-use dranet_sim::kernel::{PodNetns, require_root, unique};
+use dranet_sim::kernel::{PodNetns, unique};
 use dranet_sim::nic::Nic;
 use dranet_sim::node::{Node, NodeOptions, free_port, http_get};
+use dranet_sim::root_or_skip;
 use futures::future::BoxFuture;
 use serde_json::json;
 
@@ -145,9 +146,7 @@ fn assert_not_adopted(e: &Engine, state: &StateDir, ns: &PodNetns, uid: &str) ->
 
 #[tokio::test]
 async fn a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted() -> Result<()> {
-    if !require_root("a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted")? {
-        return Ok(());
-    }
+    root_or_skip!("a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted");
     let log = log();
     let state = StateDir::new("adopt-veth");
     let e = engine(&state, None).await?;
@@ -229,9 +228,7 @@ impl ClaimSource for Hung {
 
 #[tokio::test]
 async fn synchronize_answers_within_the_nri_budget_while_the_claims_hang() -> Result<()> {
-    if !require_root("synchronize_answers_within_the_nri_budget_while_the_claims_hang")? {
-        return Ok(());
-    }
+    root_or_skip!("synchronize_answers_within_the_nri_budget_while_the_claims_hang");
     let state = StateDir::new("adopt-hang");
     let e = engine(&state, None).await?;
     let nic = Nic::create()?;
@@ -285,9 +282,7 @@ async fn synchronize_answers_within_the_nri_budget_while_the_claims_hang() -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth() -> Result<()> {
-    if !require_root("the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth")? {
-        return Ok(());
-    }
+    root_or_skip!("the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth");
     let nic = Nic::create()?;
     let http = format!("127.0.0.1:{}", free_port()?);
     let mut node = Node::start(NodeOptions {

@@ -13,8 +13,8 @@ use dranet::state::ReturnReason;
 use dranet::sys::netns::Netns;
 use dranet::sys::rdma::{NetnsMode, RdmaError, RdmaOps};
 use dranet_sim::fixtures::{device_plan, engine_case, pod_plan, pod_ref, wait_for};
-use dranet_sim::kernel::require_root;
 use dranet_sim::nic::{assert_same, view};
+use dranet_sim::root_or_skip;
 
 /// An RDMA subsystem in exclusive mode whose first move hangs (until the test lets it go, at
 /// most a minute); later moves succeed at once.
@@ -58,9 +58,7 @@ impl RdmaOps for HangingRdma {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served() -> Result<()> {
-    if !require_root("a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served")? {
-        return Ok(());
-    }
+    root_or_skip!("a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served");
     let (state, ns, nic, before, uid) = engine_case("rdma-hang")?;
     let rdma = Arc::new(HangingRdma::default());
     let bound = Duration::from_secs(1);

@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dranet_sim::fixtures::{TestPod, nic_device};
-use dranet_sim::kernel::{PodNetns, Veth, dranet_bin, require_root, sh};
+use dranet_sim::kernel::{PodNetns, Veth, dranet_bin, sh};
 use dranet_sim::nic::{Nic, view, wait_restored};
 use dranet_sim::node::{Node, NodeOptions};
 use dranet_sim::nri_runtime::Flavor;
+use dranet_sim::root_or_skip;
 use serde_json::{Value, json};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,16 +123,10 @@ async fn teardown(node: &Node, pod: &mut TestPod, nic: &Nic, order: Order) -> Re
     let home = match order {
         Order::Containerd => {
             node.runtime.set_flavor(Flavor::Containerd);
-            node.runtime
-                .stop_pod_sandbox(&pod.sandbox)
-                .await
-                .context("StopPodSandbox")?;
+            pod.stop(node).await?;
             let home = nic_at_home(nic)?.context("not home after StopPodSandbox")?;
             pod.ns.remove_crio_style()?;
-            node.runtime
-                .remove_pod_sandbox(&pod.sandbox)
-                .await
-                .context("RemovePodSandbox")?;
+            pod.remove(node).await?;
             home
         }
         Order::Crio => {
@@ -139,14 +134,7 @@ async fn teardown(node: &Node, pod: &mut TestPod, nic: &Nic, order: Order) -> Re
             pod.ns.remove_crio_style()?;
             // Before any hook: the rescue brings it home.
             let home = wait_home(nic, "CRI-O order").await?;
-            node.runtime
-                .stop_pod_sandbox(&pod.sandbox)
-                .await
-                .context("StopPodSandbox")?;
-            node.runtime
-                .remove_pod_sandbox(&pod.sandbox)
-                .await
-                .context("RemovePodSandbox")?;
+            pod.stop_and_remove(node).await?;
             home
         }
     };
@@ -284,25 +272,11 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     Ok(())
 }
 
-macro_rules! corrupt_cases {
-    ($($name:ident: $bad:ident, $prev:ident, $pins:ident;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() -> Result<()> {
-            if !require_root(stringify!($name))? {
-                return Ok(());
-            }
-            corrupt_checkpoint(Bad::$bad, Order::$prev, Order::$pins)
-                .await
-                .context(stringify!($name))
-        }
-    )*};
-}
-
-corrupt_cases! {
-    truncated_checkpoint: Truncated, Containerd, Crio;
-    garbage_checkpoint: Garbage, Crio, Containerd;
-    empty_object_checkpoint: EmptyObject, Containerd, Crio;
-    version_99_checkpoint: Version99, Crio, Containerd;
+dranet_sim::root_tests! {
+    truncated_checkpoint => corrupt_checkpoint(Bad::Truncated, Order::Containerd, Order::Crio);
+    garbage_checkpoint => corrupt_checkpoint(Bad::Garbage, Order::Crio, Order::Containerd);
+    empty_object_checkpoint => corrupt_checkpoint(Bad::EmptyObject, Order::Containerd, Order::Crio);
+    version_99_checkpoint => corrupt_checkpoint(Bad::Version99, Order::Crio, Order::Containerd);
 }
 
 /// Runs `dranet <args>` with `env`, waiting at most `timeout` for it to exit (killed after).
@@ -341,9 +315,7 @@ fn run_bounded(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Result
 /// the daemon stops and finds every record the daemon wrote meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()> {
-    if !require_root("release_all_and_a_second_daemon_beside_a_running_daemon")? {
-        return Ok(());
-    }
+    root_or_skip!("release_all_and_a_second_daemon_beside_a_running_daemon");
     let nics = [Nic::create()?, Nic::create()?];
     let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
     let mut node = Node::start(opts()).await?;

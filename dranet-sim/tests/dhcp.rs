@@ -25,6 +25,7 @@ use dranet::plan::ClaimRef;
 use dranet::sys::netns::Netns;
 use dranet_sim::fixtures::RecordingSink;
 use dranet_sim::kernel::{PodNetns, require_root, sh, unique};
+use dranet_sim::root_or_skip;
 use serde_json::json;
 
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -287,9 +288,7 @@ async fn dnsmasq_lease_gives_address_prefix_and_classless_routes() -> Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_server_is_a_timeout_and_the_device_goes_back_down() -> Result<()> {
-    if !require_root("no_server_is_a_timeout_and_the_device_goes_back_down")? {
-        return Ok(());
-    }
+    root_or_skip!("no_server_is_a_timeout_and_the_device_goes_back_down");
     let lab = Lab::new()?;
     let t0 = Instant::now();
     let err = lab
@@ -474,9 +473,7 @@ fn serve(sock: &UdpSocket, answer: Answer, stop: &AtomicBool) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nak_and_unusable_acks_are_clear_errors_and_restore_the_device() -> Result<()> {
-    if !require_root("nak_and_unusable_acks_are_clear_errors_and_restore_the_device")? {
-        return Ok(());
-    }
+    root_or_skip!("nak_and_unusable_acks_are_clear_errors_and_restore_the_device");
     for (answer, want) in [
         (
             Answer::Nak,

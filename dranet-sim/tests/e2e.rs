@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dranet_sim::fixtures::{TestPod, nic_device, wait_for};
-use dranet_sim::kernel::{host_has, require_root};
+use dranet_sim::kernel::host_has;
 use dranet_sim::nic::{Nic, view, wait_restored};
 use dranet_sim::node::{Node, NodeOptions};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+use dranet_sim::root_or_skip;
 use serde_json::{Value, json};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,10 +107,7 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
     match order {
         Order::Containerd => {
             if driver != Driver::DownDuringTeardown {
-                node.runtime
-                    .stop_pod_sandbox(&p.sandbox)
-                    .await
-                    .context("StopPodSandbox")?;
+                p.stop(node).await?;
                 for n in nics {
                     assert!(host_has(&n.name), "{} not home after StopPodSandbox", n.name);
                 }
@@ -118,10 +116,7 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
             if driver == Driver::DownDuringTeardown {
                 node.restart().await?;
             }
-            node.runtime
-                .remove_pod_sandbox(&p.sandbox)
-                .await
-                .context("RemovePodSandbox")?;
+            p.remove(node).await?;
             node.runtime.set_state(vec![], vec![]);
         }
         Order::Crio => {
@@ -138,14 +133,7 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
                 )
                 .await?;
             }
-            node.runtime
-                .stop_pod_sandbox(&p.sandbox)
-                .await
-                .context("StopPodSandbox")?;
-            node.runtime
-                .remove_pod_sandbox(&p.sandbox)
-                .await
-                .context("RemovePodSandbox")?;
+            p.stop_and_remove(node).await?;
             node.runtime.set_state(vec![], vec![]);
         }
     }
@@ -159,9 +147,6 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
 
 async fn case(order: Order, n: usize, driver: Driver) -> Result<()> {
     let test = format!("e2e {order:?} {n} {driver:?}");
-    if !require_root(&test)? {
-        return Ok(());
-    }
     let nics: Vec<Nic> = (0..n).map(|_| Nic::create()).collect::<Result<_>>()?;
     let mut node = Node::start(opts(order)).await?;
     life_cycle(&mut node, &nics, order, driver)
@@ -171,36 +156,25 @@ async fn case(order: Order, n: usize, driver: Driver) -> Result<()> {
     Ok(())
 }
 
-macro_rules! cases {
-    ($($name:ident: $order:ident, $n:expr, $driver:ident;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() -> Result<()> {
-            case(Order::$order, $n, Driver::$driver).await
-        }
-    )*};
-}
-
-cases! {
-    containerd_1_alive: Containerd, 1, Alive;
-    containerd_4_alive: Containerd, 4, Alive;
-    containerd_1_restarted_while_running: Containerd, 1, RestartedWhileRunning;
-    containerd_4_restarted_while_running: Containerd, 4, RestartedWhileRunning;
-    containerd_1_down_during_teardown: Containerd, 1, DownDuringTeardown;
-    containerd_4_down_during_teardown: Containerd, 4, DownDuringTeardown;
-    crio_1_alive: Crio, 1, Alive;
-    crio_4_alive: Crio, 4, Alive;
-    crio_1_restarted_while_running: Crio, 1, RestartedWhileRunning;
-    crio_4_restarted_while_running: Crio, 4, RestartedWhileRunning;
-    crio_1_down_during_teardown: Crio, 1, DownDuringTeardown;
-    crio_4_down_during_teardown: Crio, 4, DownDuringTeardown;
+dranet_sim::root_tests! {
+    containerd_1_alive => case(Order::Containerd, 1, Driver::Alive);
+    containerd_4_alive => case(Order::Containerd, 4, Driver::Alive);
+    containerd_1_restarted_while_running => case(Order::Containerd, 1, Driver::RestartedWhileRunning);
+    containerd_4_restarted_while_running => case(Order::Containerd, 4, Driver::RestartedWhileRunning);
+    containerd_1_down_during_teardown => case(Order::Containerd, 1, Driver::DownDuringTeardown);
+    containerd_4_down_during_teardown => case(Order::Containerd, 4, Driver::DownDuringTeardown);
+    crio_1_alive => case(Order::Crio, 1, Driver::Alive);
+    crio_4_alive => case(Order::Crio, 4, Driver::Alive);
+    crio_1_restarted_while_running => case(Order::Crio, 1, Driver::RestartedWhileRunning);
+    crio_4_restarted_while_running => case(Order::Crio, 4, Driver::RestartedWhileRunning);
+    crio_1_down_during_teardown => case(Order::Crio, 1, Driver::DownDuringTeardown);
+    crio_4_down_during_teardown => case(Order::Crio, 4, Driver::DownDuringTeardown);
 }
 
 /// A pod whose StopPodSandbox never comes: the rescue alone brings the devices home.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_hook_missing_entirely() -> Result<()> {
-    if !require_root("stop_hook_missing_entirely")? {
-        return Ok(());
-    }
+    root_or_skip!("stop_hook_missing_entirely");
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
     let node = Node::start(opts(Order::Crio)).await?;
@@ -221,9 +195,7 @@ async fn stop_hook_missing_entirely() -> Result<()> {
 /// The runtime drops the connection mid-run: the plugin reconnects and later pods still work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_disconnect_then_later_pods_work() -> Result<()> {
-    if !require_root("runtime_disconnect_then_later_pods_work")? {
-        return Ok(());
-    }
+    root_or_skip!("runtime_disconnect_then_later_pods_work");
     let nic = Nic::create()?;
     let mut node = Node::start(opts(Order::Containerd)).await?;
     node.runtime.disconnect();
@@ -241,9 +213,7 @@ async fn runtime_disconnect_then_later_pods_work() -> Result<()> {
 /// 200 pod life cycles, random order, random driver restarts: nothing leaks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_200_life_cycles() -> Result<()> {
-    if !require_root("soak_200_life_cycles")? {
-        return Ok(());
-    }
+    root_or_skip!("soak_200_life_cycles");
     let rounds: usize = std::env::var("DRANET_SOAK_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

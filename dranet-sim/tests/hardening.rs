@@ -17,10 +17,11 @@ use dranet::nri::pb::nri as pb;
 use dranet::nri::plugin::PLUGIN_SERVICE;
 use dranet::nri::ttrpc::code;
 use dranet_sim::fixtures::{TestPod, nic_device, wait_for};
-use dranet_sim::kernel::{host_has, require_root};
+use dranet_sim::kernel::host_has;
 use dranet_sim::nic::Nic;
 use dranet_sim::node::{Node, NodeOptions, sandbox};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+use dranet_sim::root_or_skip;
 use prost::Message;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -165,9 +166,7 @@ async fn slowloris(port: u16, stop: tokio::sync::watch::Receiver<bool>) -> Optio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fd_flood_leaves_hooks_rescue_health_and_events_working() -> Result<()> {
-    if !require_root("fd flood")? {
-        return Ok(());
-    }
+    root_or_skip!("fd flood");
     raise_own_fd_limit(4096)?;
     let nic = Nic::create()?;
     let node = Node::start(NodeOptions {
@@ -245,14 +244,7 @@ async fn fd_flood_leaves_hooks_rescue_health_and_events_working() -> Result<()> 
     )
     .await?;
     eprintln!("rescue during the flood: home after {took:?}");
-    node.runtime
-        .stop_pod_sandbox(&p.sandbox)
-        .await
-        .context("StopPodSandbox")?;
-    node.runtime
-        .remove_pod_sandbox(&p.sandbox)
-        .await
-        .context("RemovePodSandbox")?;
+    p.stop_and_remove(&node).await?;
 
     // CPU over the flood: an accept loop spinning on EMFILE burns a whole core.
     let window = Duration::from_secs(5);
@@ -307,9 +299,7 @@ fn sync_part(tag: usize, more: bool) -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synchronize_flood_is_refused_past_the_cap_with_bounded_memory() -> Result<()> {
-    if !require_root("Synchronize flood")? {
-        return Ok(());
-    }
+    root_or_skip!("Synchronize flood");
     let node = Node::start(NodeOptions::default()).await?;
     let rss0 = node.daemon_rss_kib()?;
     let part = sync_part(0, true);
@@ -377,9 +367,7 @@ async fn interface_names_with_percent_are_refused() -> Result<()> {
         );
     }
     dranet::sys::link::validate_ifname("net0")?;
-    if !require_root("hostile names")? {
-        return Ok(());
-    }
+    root_or_skip!("hostile names");
     // A claim asking for `eth%d` fails Prepare, saying why, and nothing moves.
     let nic = Nic::create()?;
     let node = Node::start(NodeOptions::default()).await?;

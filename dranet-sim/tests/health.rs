@@ -28,9 +28,10 @@ use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::fixtures::{
     AbortOnDrop, NoSink, StateDir, device_plan, pod_plan, pod_ref, wait_for, watched_engine,
 };
-use dranet_sim::kernel::{PodNetns, require_root, unique};
+use dranet_sim::kernel::{PodNetns, unique};
 use dranet_sim::kubelet::uds_channel;
 use dranet_sim::nic::Nic;
+use dranet_sim::root_or_skip;
 use tonic::Streaming;
 
 async fn plugin(dir: &StateDir, hub: HealthHub) -> (PluginConfig, KubeletPlugin) {
@@ -158,9 +159,7 @@ fn scan_loop(
 
 #[tokio::test]
 async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
-    if !require_root("health_stream_follows_a_veth_deleted_and_recreated")? {
-        return Ok(());
-    }
+    root_or_skip!("health_stream_follows_a_veth_deleted_and_recreated");
     let dir = StateDir::create("health")?;
     let ns = PodNetns::create(&unique("dhealth"))?;
     let (va, vb) = (unique("hva"), unique("hvb"));
@@ -233,9 +232,7 @@ async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
 
 #[tokio::test]
 async fn health_stream_drops_a_veth_gone_for_good_after_the_grace() -> Result<()> {
-    if !require_root("health_stream_drops_a_veth_gone_for_good_after_the_grace")? {
-        return Ok(());
-    }
+    root_or_skip!("health_stream_drops_a_veth_gone_for_good_after_the_grace");
     let dir = StateDir::create("health-grace")?;
     let ns = PodNetns::create(&unique("dhgrace"))?;
     let (va, vb) = (unique("hga"), unique("hgb"));
@@ -295,9 +292,7 @@ async fn health_stream_drops_a_veth_gone_for_good_after_the_grace() -> Result<()
 
 #[tokio::test]
 async fn health_stream_follows_a_rescue() -> Result<()> {
-    if !require_root("health_stream_follows_a_rescue")? {
-        return Ok(());
-    }
+    root_or_skip!("health_stream_follows_a_rescue");
     let dir = StateDir::create("health-rescue")?;
     let mut ns = PodNetns::create(&unique("dhresc"))?;
     let nic = Nic::create()?;

@@ -27,10 +27,11 @@ use dranet_sim::fixtures::{
     StateDir, device_plan, engine_case, nic_device, pod_plan, pod_ref, prepare_claim, wait_for,
     watched_engine,
 };
-use dranet_sim::kernel::{PodNetns, Veth, host_has, require_root, sh, unique};
+use dranet_sim::kernel::{PodNetns, Veth, host_has, sh, unique};
 use dranet_sim::nic::{Nic, assert_same, view, wait_restored};
 use dranet_sim::node::{Node, NodeOptions, sandbox_with_id};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+use dranet_sim::root_or_skip;
 use serde_json::{Value, json};
 
 fn node_opts(flavor: Flavor) -> NodeOptions {
@@ -114,20 +115,9 @@ async fn recreation(flavor: Flavor) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sandbox_recreation_containerd_gc_of_the_old_sandbox_leaves_the_new_one_alone() -> Result<()> {
-    if !require_root("sandbox_recreation_containerd")? {
-        return Ok(());
-    }
-    recreation(Flavor::Containerd).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sandbox_recreation_crio_gc_of_the_old_sandbox_leaves_the_new_one_alone() -> Result<()> {
-    if !require_root("sandbox_recreation_crio")? {
-        return Ok(());
-    }
-    recreation(Flavor::Crio).await
+dranet_sim::root_tests! {
+    sandbox_recreation_containerd_gc_of_the_old_sandbox_leaves_the_new_one_alone => recreation(Flavor::Containerd);
+    sandbox_recreation_crio_gc_of_the_old_sandbox_leaves_the_new_one_alone => recreation(Flavor::Crio);
 }
 
 /// The old sandbox's StopPodSandbox never came before the new sandbox started (it comes late):
@@ -135,9 +125,7 @@ async fn sandbox_recreation_crio_gc_of_the_old_sandbox_leaves_the_new_one_alone(
 /// touches nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them() -> Result<()> {
-    if !require_root("a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them")? {
-        return Ok(());
-    }
+    root_or_skip!("a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them");
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
     let node = Node::start(node_opts(Flavor::Containerd)).await?;
@@ -193,9 +181,7 @@ fn decoy(mac: &str) -> Result<(Veth, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_links_with_the_claims_mac_or_the_original_mac_are_never_touched() -> Result<()> {
-    if !require_root("host_links_with_the_claims_mac_or_the_original_mac_are_never_touched")? {
-        return Ok(());
-    }
+    root_or_skip!("host_links_with_the_claims_mac_or_the_original_mac_are_never_touched");
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
     let node = Node::start(node_opts(Flavor::Containerd)).await?;
@@ -314,20 +300,9 @@ async fn impostor_case(flavor: Flavor) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_side_impostor_stays_in_the_pod_containerd_order() -> Result<()> {
-    if !require_root("a_pod_side_impostor_stays_in_the_pod_containerd_order")? {
-        return Ok(());
-    }
-    impostor_case(Flavor::Containerd).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_side_impostor_stays_in_the_pod_crio_order() -> Result<()> {
-    if !require_root("a_pod_side_impostor_stays_in_the_pod_crio_order")? {
-        return Ok(());
-    }
-    impostor_case(Flavor::Crio).await
+dranet_sim::root_tests! {
+    a_pod_side_impostor_stays_in_the_pod_containerd_order => impostor_case(Flavor::Containerd);
+    a_pod_side_impostor_stays_in_the_pod_crio_order => impostor_case(Flavor::Crio);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -339,9 +314,7 @@ async fn a_pod_side_impostor_stays_in_the_pod_crio_order() -> Result<()> {
 /// `dranet status` lists no pod, and `release-all` leaves no record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_sandboxes_removed_while_dranet_was_down_are_dropped() -> Result<()> {
-    if !require_root("records_of_sandboxes_removed_while_dranet_was_down_are_dropped")? {
-        return Ok(());
-    }
+    root_or_skip!("records_of_sandboxes_removed_while_dranet_was_down_are_dropped");
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
     let mut node = Node::start(node_opts(Flavor::Crio)).await?;
@@ -388,9 +361,7 @@ async fn records_of_sandboxes_removed_while_dranet_was_down_are_dropped() -> Res
 /// restart. The unmount probe rescues the devices; the record goes with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record() -> Result<()> {
-    if !require_root("a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record")? {
-        return Ok(());
-    }
+    root_or_skip!("a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record");
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
     let node = Node::start(node_opts(Flavor::Containerd)).await?;
@@ -432,9 +403,7 @@ async fn a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record() 
 /// roll back the pod that just attached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconcile_during_an_attach_does_not_roll_it_back() -> Result<()> {
-    if !require_root("a_reconcile_during_an_attach_does_not_roll_it_back")? {
-        return Ok(());
-    }
+    root_or_skip!("a_reconcile_during_an_attach_does_not_roll_it_back");
     let state = StateDir::new("stale");
     let ns = PodNetns::create(&unique("dranet-idR-"))?;
     let nics = [Nic::create()?, Nic::create()?];
@@ -487,9 +456,7 @@ async fn a_reconcile_during_an_attach_does_not_roll_it_back() -> Result<()> {
 /// the device comes home all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home() -> Result<()> {
-    if !require_root("a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home")? {
-        return Ok(());
-    }
+    root_or_skip!("a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home");
     let (state, mut ns, nic, before, uid) = engine_case("lost")?;
     let watcher = Watcher::start(WatcherOptions {
         // The reader starts late: until then the ring buffer only fills.
@@ -548,9 +515,7 @@ async fn a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home() -> R
 /// `Lost` event comes out instead of silence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rtnetlink_overflow_is_a_lost_event() -> Result<()> {
-    if !require_root("an_rtnetlink_overflow_is_a_lost_event")? {
-        return Ok(());
-    }
+    root_or_skip!("an_rtnetlink_overflow_is_a_lost_event");
     let watcher = Watcher::start(WatcherOptions {
         ebpf: false,
         rtnl_rcvbuf: 4096,

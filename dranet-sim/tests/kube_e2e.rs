@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use dranet_sim::apiserver::{ApiServer, Recorded, TOKEN};
 use dranet_sim::fixtures::{StateDir, TestPod, nic_device, wait_for};
-use dranet_sim::kernel::{host_has, require_root, unique};
+use dranet_sim::kernel::{host_has, unique};
 use dranet_sim::kubelet::Claim;
 use dranet_sim::nic::{Nic, view, wait_restored};
 use dranet_sim::node::{Node, NodeOptions, claim_object, free_port, http_get};
+use dranet_sim::root_or_skip;
 use serde_json::{Value, json};
 
 /// The node name the harness runs the daemon under (`--node-name`): also the pool name.
@@ -157,9 +158,7 @@ fn slices_with(api: &ApiServer, device: &str) -> Option<Vec<Value>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -> Result<()> {
-    if !require_root("kube_mode_publishes_slices_prepares_from_the_api_and_reports_status")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_publishes_slices_prepares_from_the_api_and_reports_status");
     let t0 = Instant::now();
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
@@ -314,16 +313,10 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
     }
 
     // Teardown: the NIC comes home as it was; unprepare.
-    node.runtime
-        .stop_pod_sandbox(&p.sandbox)
-        .await
-        .context("StopPodSandbox")?;
+    p.stop(node).await?;
     assert!(host_has(&nic.name), "{} not home after StopPodSandbox", nic.name);
     p.ns.remove_crio_style()?;
-    node.runtime
-        .remove_pod_sandbox(&p.sandbox)
-        .await
-        .context("RemovePodSandbox")?;
+    p.remove(node).await?;
     node.runtime.set_state(vec![], vec![]);
     wait_restored(&nic.name, &before, Duration::from_secs(1))
         .await
@@ -356,9 +349,7 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_prepare_of_a_vanished_claim_fails_with_an_event() -> Result<()> {
-    if !require_root("kube_mode_prepare_of_a_vanished_claim_fails_with_an_event")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_prepare_of_a_vanished_claim_fails_with_an_event");
     let mut kn = kube_node().await?;
     let (api, node) = (&kn.api, &kn.node);
     let namespace = unique("ns-");
@@ -428,9 +419,7 @@ async fn kube_mode_prepare_of_a_vanished_claim_fails_with_an_event() -> Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_hung_api_server_fails_prepare_in_bounded_time() -> Result<()> {
-    if !require_root("kube_mode_hung_api_server_fails_prepare_in_bounded_time")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_hung_api_server_fails_prepare_in_bounded_time");
     let nic = Nic::create()?;
     let device = dranet::inventory::netdev_device_name(&nic.name);
     let mut kn = kube_node().await?;
@@ -563,9 +552,7 @@ async fn prepare_pod(api: &ApiServer, node: &Node, nic: &Nic, tag: &str) -> Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
-    if !require_root("kube_mode_api_server_down_at_start_then_up")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_api_server_down_at_start_then_up");
     let (nic1, nic2) = (Nic::create()?, Nic::create()?);
     let (before1, before2) = (view(&nic1.name, None)?, view(&nic2.name, None)?);
     let port = free_port()?;
@@ -619,10 +606,7 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
     wait_restored(&nic1.name, &before1, Duration::from_secs(5))
         .await
         .context("CRI-O-order rescue during the outage")?;
-    node.runtime
-        .stop_pod_sandbox(&p1.sandbox)
-        .await
-        .context("StopPodSandbox")?;
+    p1.stop(&node).await?;
     node.runtime.remove_pod_sandbox(&p1.sandbox).await?;
     node.runtime
         .run_pod_sandbox(&p2.sandbox)
@@ -658,9 +642,7 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -> Result<()> {
-    if !require_root("kube_mode_role_without_patch_keeps_running_and_names_the_permission")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_role_without_patch_keeps_running_and_names_the_permission");
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
     let http = format!("127.0.0.1:{}", free_port()?);
@@ -721,8 +703,7 @@ async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -
     wait_restored(&nic.name, &before, Duration::from_secs(5))
         .await
         .context("rescue with a role lacking patch")?;
-    node.runtime.stop_pod_sandbox(&p.sandbox).await?;
-    node.runtime.remove_pod_sandbox(&p.sandbox).await?;
+    p.stop_and_remove(&node).await?;
     node.unprepare(&p.claim).await?;
     assert!(node.daemon_running(), "the daemon exited");
 

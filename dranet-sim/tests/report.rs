@@ -24,9 +24,10 @@ use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::fixtures::{
     AbortOnDrop, NoSink, StateDir, engine, host_device_plan, pod_plan, wait_for, watched_engine,
 };
-use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::kernel::{PodNetns, host_has, unique};
 use dranet_sim::kubelet::{Claim, KubeletSim};
 use dranet_sim::nic::Nic;
+use dranet_sim::root_or_skip;
 use futures::future::BoxFuture;
 
 /// Records what it is given, then hangs or fails.
@@ -91,9 +92,7 @@ async fn setup(tag: &str, watcher: Option<Watcher>) -> Result<(StateDir, Engine)
 
 #[tokio::test]
 async fn run_pod_sandbox_applies_status_without_waiting_for_the_api() -> Result<()> {
-    if !require_root("run_pod_sandbox_applies_status_without_waiting_for_the_api")? {
-        return Ok(());
-    }
+    root_or_skip!("run_pod_sandbox_applies_status_without_waiting_for_the_api");
     for hang in [true, false] {
         let (_state, engine) = setup("status", None).await?;
         let ns = PodNetns::create(&unique("dnrep"))?;
@@ -163,9 +162,7 @@ async fn run_pod_sandbox_applies_status_without_waiting_for_the_api() -> Result<
 
 #[tokio::test]
 async fn a_failed_attach_is_a_warning_on_the_pod() -> Result<()> {
-    if !require_root("a_failed_attach_is_a_warning_on_the_pod")? {
-        return Ok(());
-    }
+    root_or_skip!("a_failed_attach_is_a_warning_on_the_pod");
     let (_state, engine) = setup("fail", None).await?;
     let ns = PodNetns::create(&unique("dnrepf"))?;
     let uid = unique("pod-repf-");
@@ -204,9 +201,7 @@ async fn a_failed_attach_is_a_warning_on_the_pod() -> Result<()> {
 
 #[tokio::test]
 async fn a_rescue_is_a_normal_event_on_the_pod() -> Result<()> {
-    if !require_root("a_rescue_is_a_normal_event_on_the_pod")? {
-        return Ok(());
-    }
+    root_or_skip!("a_rescue_is_a_normal_event_on_the_pod");
     let state = StateDir::new("report-rescue");
     let (engine, _events) = watched_engine(&state, Watcher::start(WatcherOptions::default()).await?).await?;
     let sink = Arc::new(Recording {

@@ -13,8 +13,9 @@ use dranet::plan::{DevicePlan, PodPlan};
 use dranet::rescue::{AttachOutcome, DetachOutcome, RescueError};
 use dranet::state::{PodPhase, ReturnReason};
 use dranet::watch::{Watcher, WatcherOptions};
-use dranet_sim::kernel::{PodNetns, host_has, require_root, sh, unique};
+use dranet_sim::kernel::{PodNetns, host_has, sh, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::root_or_skip;
 use serde_json::Value;
 
 use dranet_sim::fixtures::{
@@ -32,9 +33,7 @@ fn key(uid: &str) -> String {
 
 #[tokio::test]
 async fn containerd_order_restores_every_field() -> Result<()> {
-    if !require_root("containerd_order_restores_every_field")? {
-        return Ok(());
-    }
+    root_or_skip!("containerd_order_restores_every_field");
     let (state, ns, nic, before, uid) = engine_case("ctrd")?;
     let mut d = device(&nic, "net1", &uid);
     d.config.interface.mtu = Some(9000);
@@ -84,9 +83,7 @@ async fn containerd_order_restores_every_field() -> Result<()> {
 
 #[tokio::test]
 async fn crio_order_rescues_before_any_hook() -> Result<()> {
-    if !require_root("crio_order_rescues_before_any_hook")? {
-        return Ok(());
-    }
+    root_or_skip!("crio_order_rescues_before_any_hook");
     let (state, mut ns, nic, before, uid) = engine_case("crio")?;
     let watcher = Watcher::start(WatcherOptions::default()).await?;
     let (e, events) = watched_engine(&state, watcher).await?;
@@ -119,9 +116,7 @@ async fn crio_order_rescues_before_any_hook() -> Result<()> {
 
 #[tokio::test]
 async fn rollback_when_the_third_attach_fails() -> Result<()> {
-    if !require_root("rollback_when_the_third_attach_fails")? {
-        return Ok(());
-    }
+    root_or_skip!("rollback_when_the_third_attach_fails");
     let state = StateDir::new("rb");
     let ns = PodNetns::create(&unique("dranet-t-rb-"))?;
     let nics = [Nic::create()?, Nic::create()?, Nic::create()?];
@@ -156,9 +151,7 @@ async fn rollback_when_the_third_attach_fails() -> Result<()> {
 
 #[tokio::test]
 async fn rollback_when_the_kernel_fails_half_way_through_a_move() -> Result<()> {
-    if !require_root("rollback_when_the_kernel_fails_half_way_through_a_move")? {
-        return Ok(());
-    }
+    root_or_skip!("rollback_when_the_kernel_fails_half_way_through_a_move");
     let state = StateDir::new("rb2");
     let ns = PodNetns::create(&unique("dranet-t-rb2-"))?;
     let nics = [Nic::create()?, Nic::create()?];
@@ -181,9 +174,7 @@ async fn rollback_when_the_kernel_fails_half_way_through_a_move() -> Result<()> 
 
 #[tokio::test]
 async fn hostile_netns_paths_are_refused_and_nothing_moves() -> Result<()> {
-    if !require_root("hostile_netns_paths_are_refused_and_nothing_moves")? {
-        return Ok(());
-    }
+    root_or_skip!("hostile_netns_paths_are_refused_and_nothing_moves");
     let state = StateDir::new("hostile");
     let nic = Nic::create()?;
     let before = view(&nic.name, None)?;
@@ -220,9 +211,7 @@ async fn hostile_netns_paths_are_refused_and_nothing_moves() -> Result<()> {
 
 #[tokio::test]
 async fn invalid_pod_side_names_are_refused_before_any_move() -> Result<()> {
-    if !require_root("invalid_pod_side_names_are_refused_before_any_move")? {
-        return Ok(());
-    }
+    root_or_skip!("invalid_pod_side_names_are_refused_before_any_move");
     let (state, ns, nic, _, _) = engine_case("names")?;
     let e = engine(&state, None).await?;
     for bad in ["this-name-is-too-long", "a/b", ""] {
@@ -242,9 +231,7 @@ async fn invalid_pod_side_names_are_refused_before_any_move() -> Result<()> {
 
 #[tokio::test]
 async fn kernel_returned_device_is_repaired() -> Result<()> {
-    if !require_root("kernel_returned_device_is_repaired")? {
-        return Ok(());
-    }
+    root_or_skip!("kernel_returned_device_is_repaired");
     let (state, ns, nic, before, uid) = engine_case("repair")?;
     let watcher = Watcher::start(WatcherOptions {
         ebpf: false,
@@ -273,9 +260,7 @@ async fn kernel_returned_device_is_repaired() -> Result<()> {
 
 #[tokio::test]
 async fn busy_host_name_keeps_the_device_under_a_temporary_name() -> Result<()> {
-    if !require_root("busy_host_name_keeps_the_device_under_a_temporary_name")? {
-        return Ok(());
-    }
+    root_or_skip!("busy_host_name_keeps_the_device_under_a_temporary_name");
     let (state, ns, nic, _, uid) = engine_case("busy")?;
     let e = engine(&state, None).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
@@ -342,9 +327,7 @@ fn attach_in_a_child_then_kill(state: &StateDir, ns: &PodNetns, nic: &Nic, uid: 
 
 #[tokio::test]
 async fn sigkill_after_attach_then_netns_removed_then_restart_returns_devices() -> Result<()> {
-    if !require_root("sigkill_after_attach_then_netns_removed_then_restart_returns_devices")? {
-        return Ok(());
-    }
+    root_or_skip!("sigkill_after_attach_then_netns_removed_then_restart_returns_devices");
     let (state, mut ns, nic, before, uid) = engine_case("kill1")?;
     attach_in_a_child_then_kill(&state, &ns, &nic, &uid)?;
     // The runtime tears the pod down while dranet is down; the pin keeps the netns alive.
@@ -361,9 +344,7 @@ async fn sigkill_after_attach_then_netns_removed_then_restart_returns_devices() 
 
 #[tokio::test]
 async fn sigkill_after_attach_with_the_pod_alive_readopts_it() -> Result<()> {
-    if !require_root("sigkill_after_attach_with_the_pod_alive_readopts_it")? {
-        return Ok(());
-    }
+    root_or_skip!("sigkill_after_attach_with_the_pod_alive_readopts_it");
     let (state, ns, nic, before, uid) = engine_case("kill2")?;
     attach_in_a_child_then_kill(&state, &ns, &nic, &uid)?;
     let e = engine(&state, None).await?;
@@ -377,9 +358,7 @@ async fn sigkill_after_attach_with_the_pod_alive_readopts_it() -> Result<()> {
 
 #[tokio::test]
 async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<()> {
-    if !require_root("sigkill_in_the_middle_of_an_attach_of_three_loses_nothing")? {
-        return Ok(());
-    }
+    root_or_skip!("sigkill_in_the_middle_of_an_attach_of_three_loses_nothing");
     let state = StateDir::new("kill3");
     let ns = PodNetns::create(&unique("dranet-t-kill3-"))?;
     let nics = [Nic::create()?, Nic::create()?, Nic::create()?];
@@ -415,9 +394,7 @@ async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<(
 
 #[tokio::test]
 async fn release_all_brings_devices_home_and_removes_pins() -> Result<()> {
-    if !require_root("release_all_brings_devices_home_and_removes_pins")? {
-        return Ok(());
-    }
+    root_or_skip!("release_all_brings_devices_home_and_removes_pins");
     let (state, ns, nic, before, uid) = engine_case("relall")?;
     attach_in_a_child_then_kill(&state, &ns, &nic, &uid)?;
     let pin = state.0.join("pins").join(&uid);
@@ -440,9 +417,7 @@ async fn release_all_brings_devices_home_and_removes_pins() -> Result<()> {
 
 #[tokio::test]
 async fn a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted() -> Result<()> {
-    if !require_root("a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted")? {
-        return Ok(());
-    }
+    root_or_skip!("a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted");
     let (state, ns, nic, before, uid) = engine_case("repin")?;
     attach_in_a_child_then_kill(&state, &ns, &nic, &uid)?;
     // Someone removes the pin while dranet is down; the runtime's netns still lives.
@@ -465,9 +440,7 @@ async fn a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted() -> Result<(
 
 #[tokio::test]
 async fn addresses_routes_rules_and_neighbors_are_applied_in_the_pod() -> Result<()> {
-    if !require_root("addresses_routes_rules_and_neighbors_are_applied_in_the_pod")? {
-        return Ok(());
-    }
+    root_or_skip!("addresses_routes_rules_and_neighbors_are_applied_in_the_pod");
     let (state, ns, nic, before, uid) = engine_case("cfg")?;
     let mut d = device(&nic, "net1", &uid);
     d.config = serde_json::from_value(serde_json::json!({
@@ -529,9 +502,7 @@ fn set_host_sysctl(family: &str, dev: &str, name: &str, value: i32) -> Result<()
 
 #[tokio::test]
 async fn arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back() -> Result<()> {
-    if !require_root("arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back")? {
-        return Ok(());
-    }
+    root_or_skip!("arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back");
     let (state, ns, nic, _, _) = engine_case("sysctl")?;
     // Host tuning a netns move would lose (the device gets the destination's defaults).
     let host_tuning = [
@@ -578,9 +549,7 @@ async fn arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back() -
 
 #[tokio::test]
 async fn crio_order_rescue_brings_host_ip_sysctls_back_too() -> Result<()> {
-    if !require_root("crio_order_rescue_brings_host_ip_sysctls_back_too")? {
-        return Ok(());
-    }
+    root_or_skip!("crio_order_rescue_brings_host_ip_sysctls_back_too");
     let (state, mut ns, nic, _, uid) = engine_case("sysctl-crio")?;
     set_host_sysctl("ipv4", &nic.name, "rp_filter", 2)?;
     set_host_sysctl("ipv6", &nic.name, "accept_ra", 0)?;
@@ -615,9 +584,7 @@ fn kernel_has_vrf() -> Result<bool> {
 /// DRANET_EXPECT_VRF=1 there so a missing VRF fails instead of taking the second.
 #[tokio::test]
 async fn vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly() -> Result<()> {
-    if !require_root("vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly")? {
-        return Ok(());
-    }
+    root_or_skip!("vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly");
     let has_vrf = kernel_has_vrf()?;
     if std::env::var("DRANET_EXPECT_VRF").is_ok_and(|v| v == "1") {
         assert!(has_vrf, "DRANET_EXPECT_VRF=1 but this kernel cannot create a VRF");
@@ -682,9 +649,7 @@ async fn vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly() -> Resu
 
 #[tokio::test]
 async fn a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back() -> Result<()> {
-    if !require_root("a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back")? {
-        return Ok(());
-    }
+    root_or_skip!("a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back");
     let state = StateDir::new("vrf-taken");
     let ns = PodNetns::create(&unique("dranet-t-vrftaken-"))?;
     // A veth end of that name already in the pod: not a VRF.

@@ -57,6 +57,21 @@ fn configure(nic: &str) -> Result<()> {
     Ok(())
 }
 
+/// The NIC under test (`None` outside the VM), configured as the tests start from, the guard
+/// that puts it back (also from `net1`, its name in a pod), and its host view.
+fn configured_vm_nic(test: &str) -> Result<Option<(String, Restore, serde_json::Value)>> {
+    let Some(nic) = vm_nic(test) else {
+        return Ok(None);
+    };
+    let restore = Restore {
+        nic: nic.clone(),
+        aliases: vec!["net1".into()],
+    };
+    configure(&nic)?;
+    let before = view(&nic, None)?;
+    Ok(Some((nic, restore, before)))
+}
+
 /// `nic` as `net1` with one address, in pod `default/vm` (pool `vm`).
 fn plan(nic: &str, uid: &str) -> PodPlan {
     let mut config = NetworkConfig::default();
@@ -150,15 +165,10 @@ fn kernel_names_a_returned_nic_devn_when_its_name_is_taken() -> Result<()> {
 
 #[tokio::test]
 async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
-    let Some(nic) = vm_nic("dranet_repairs_a_nic_the_kernel_handed_back") else {
+    let Some((nic, _restore, before)) = configured_vm_nic("dranet_repairs_a_nic_the_kernel_handed_back")?
+    else {
         return Ok(());
     };
-    let _restore = Restore {
-        nic: nic.clone(),
-        aliases: vec!["net1".into()],
-    };
-    configure(&nic)?;
-    let before = view(&nic, None)?;
     let state = StateDir::new("repair");
     let ns = PodNetns::create(&unique("vmt-rep-"))?;
     let uid = unique("pod-vm-rep-");
@@ -212,15 +222,10 @@ async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
 
 #[tokio::test]
 async fn pinned_nic_comes_home_before_the_netns_dies() -> Result<()> {
-    let Some(nic) = vm_nic("pinned_nic_comes_home_before_the_netns_dies") else {
+    let Some((nic, _restore, before)) = configured_vm_nic("pinned_nic_comes_home_before_the_netns_dies")?
+    else {
         return Ok(());
     };
-    let _restore = Restore {
-        nic: nic.clone(),
-        aliases: vec!["net1".into()],
-    };
-    configure(&nic)?;
-    let before = view(&nic, None)?;
     let state = StateDir::new("pin");
     let mut ns = PodNetns::create(&unique("vmt-pin-"))?;
     let uid = unique("pod-vm-pin-");
@@ -375,16 +380,11 @@ async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio
     use dranet::adoption::{Adopter, AllocationsCell, Source};
     use dranet::nri::hooks::{Outcome, Pod, PodHooks};
     use dranet::rescue::AdoptOutcome;
-    let Some(nic) = vm_nic("a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio_order")
+    let Some((nic, _restore, before)) =
+        configured_vm_nic("a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio_order")?
     else {
         return Ok(());
     };
-    let _restore = Restore {
-        nic: nic.clone(),
-        aliases: vec!["net1".into()],
-    };
-    configure(&nic)?;
-    let before = view(&nic, None)?;
     let pci = pci_of(&nic)?;
     let state = StateDir::new("adopt");
     let mut ns = PodNetns::create(&unique("vmt-adopt-"))?;
@@ -463,16 +463,11 @@ async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio
 async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order() -> Result<()> {
     use dranet_sim::node::{Node, NodeOptions};
     use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
-    let Some(nic) = vm_nic("a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order")
+    let Some((nic, _restore, before)) =
+        configured_vm_nic("a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order")?
     else {
         return Ok(());
     };
-    let _restore = Restore {
-        nic: nic.clone(),
-        aliases: vec!["net1".into()],
-    };
-    configure(&nic)?;
-    let before = view(&nic, None)?;
     let pci = pci_of(&nic)?;
     let mut node = Node::start(NodeOptions {
         runtime: RuntimeConfig {
