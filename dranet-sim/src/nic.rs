@@ -81,6 +81,15 @@ impl Nic {
     }
 }
 
+impl Nic {
+    /// A stand-in NIC and its host [`view`] before any test step touched it.
+    pub fn with_view() -> Result<(Self, Value)> {
+        let nic = Self::create()?;
+        let before = view(&nic.name, None)?;
+        Ok((nic, before))
+    }
+}
+
 /// The fields of a device dranet promises to restore, read independently with `ip -j`.
 pub fn view(name: &str, netns: Option<&str>) -> Result<Value> {
     let ns: Vec<&str> = netns.map(|n| vec!["-n", n]).unwrap_or_default();

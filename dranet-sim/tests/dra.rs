@@ -18,7 +18,7 @@ use dranet::inventory::{self, AttrValue, Device, NetnsTarget, ScanOptions, Share
 use dranet::slices::{DirPublisher, SliceController};
 use dranet_sim::fixtures::{RecordingSink, StateDir};
 use dranet_sim::kernel::{PodNetns, require_root, sh, unique};
-use dranet_sim::kubelet::{Claim, DraVersion, KubeletSim};
+use dranet_sim::kubelet::{Claim, DraVersion, KubeletSim, RegisteredPlugin};
 use serde_json::json;
 
 fn claim_json(
@@ -102,6 +102,17 @@ async fn harness() -> Harness {
     }
 }
 
+/// [`harness`], registered with the kubelet simulator.
+async fn registered() -> (Harness, RegisteredPlugin) {
+    let h = harness().await;
+    let reg = h
+        .kubelet
+        .register_when_ready(Duration::from_secs(5))
+        .await
+        .unwrap();
+    (h, reg)
+}
+
 #[tokio::test]
 async fn registration_like_kubelet() {
     let mut h = harness().await;
@@ -167,13 +178,7 @@ async fn registration_like_kubelet() {
 
 #[tokio::test]
 async fn prepare_with_config_errors_and_unprepare_v1() {
-    let h = harness().await;
-    let sock = h
-        .kubelet
-        .wait_for_registration_socket(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let reg = h.kubelet.register(&sock).await.unwrap();
+    let (h, reg) = registered().await;
 
     h.claims.insert(claim_json(
         "good",
@@ -271,13 +276,7 @@ async fn prepare_with_config_errors_and_unprepare_v1() {
 
 #[tokio::test]
 async fn v1beta1_and_two_claims_of_one_pod() {
-    let h = harness().await;
-    let sock = h
-        .kubelet
-        .wait_for_registration_socket(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let reg = h.kubelet.register(&sock).await.unwrap();
+    let (h, reg) = registered().await;
     h.claims.insert(claim_json(
         "a",
         "uid-a",
@@ -755,11 +754,7 @@ async fn restart_over_stale_sockets_of_a_crashed_driver() {
     ));
     let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
     let kubelet = KubeletSim::new(&dir.0);
-    let sock = kubelet
-        .wait_for_registration_socket(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let reg = kubelet.register(&sock).await.unwrap();
+    let reg = kubelet.register_when_ready(Duration::from_secs(5)).await.unwrap();
     let res = reg.prepare(&[Claim::new("default", "c", "uid-c")]).await.unwrap();
     assert_eq!(res["uid-c"].error, "");
     assert_eq!(res["uid-c"].devices[0].device, "eth1");

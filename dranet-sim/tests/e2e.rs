@@ -175,8 +175,7 @@ dranet_sim::root_tests! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_hook_missing_entirely() -> Result<()> {
     root_or_skip!("stop_hook_missing_entirely");
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let node = Node::start(opts(Order::Crio)).await?;
     let mut p = TestPod::new("e2e-nostop-")?;
     p.prepare(&node, &[nic_device(&nic, json!({}))]).await?;

@@ -28,6 +28,7 @@ use dranet_sim::fixtures::{
     watched_engine,
 };
 use dranet_sim::kernel::{PodNetns, Veth, host_has, sh, unique};
+use dranet_sim::kubelet::Claim;
 use dranet_sim::nic::{Nic, assert_same, view, wait_restored};
 use dranet_sim::node::{Node, NodeOptions, sandbox_with_id};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
@@ -44,6 +45,20 @@ fn node_opts(flavor: Flavor) -> NodeOptions {
     }
 }
 
+/// A stand-in NIC and its host view, a node whose runtime is `flavor`, and pod `<tag>…`'s claim
+/// on the NIC with `config`, prepared.
+async fn node_with_claim(
+    flavor: Flavor,
+    tag: &str,
+    config: Value,
+) -> Result<(Nic, Value, Node, String, Claim)> {
+    let (nic, before) = Nic::with_view()?;
+    let node = Node::start(node_opts(flavor)).await?;
+    let uid = unique(tag);
+    let claim = prepare_claim(&node, &uid, &[nic_device(&nic, config)]).await?;
+    Ok((nic, before, node, uid, claim))
+}
+
 /// A runtime-style sandbox id (64 hex digits), unique on this machine.
 fn sandbox_id() -> String {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -58,16 +73,8 @@ fn sandbox_id() -> String {
 /// kubelet's order when it re-creates a sandbox: StopPodSandbox(A), RunPodSandbox(B) under the
 /// same pod UID (no new Prepare), and later its GC sends RemovePodSandbox(A) while B runs.
 async fn recreation(flavor: Flavor) -> Result<()> {
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let mut node = Node::start(node_opts(flavor)).await?;
-    let uid = unique("recreate-");
-    let claim = prepare_claim(
-        &node,
-        &uid,
-        &[nic_device(&nic, json!({"interface": {"name": "net0"}}))],
-    )
-    .await?;
+    let (nic, before, mut node, uid, claim) =
+        node_with_claim(flavor, "recreate-", json!({"interface": {"name": "net0"}})).await?;
     let mut ns_a = PodNetns::create(&unique("dranet-idA-"))?;
     let a = sandbox_with_id(&uid, &sandbox_id(), &ns_a.path);
     node.runtime.run_pod_sandbox(&a).await.context("Run(A)")?;
@@ -126,14 +133,10 @@ dranet_sim::root_tests! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them() -> Result<()> {
     root_or_skip!("a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them");
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let node = Node::start(node_opts(Flavor::Containerd)).await?;
-    let uid = unique("late-stop-");
-    let claim = prepare_claim(
-        &node,
-        &uid,
-        &[nic_device(&nic, json!({"interface": {"name": "net0"}}))],
+    let (nic, before, node, uid, claim) = node_with_claim(
+        Flavor::Containerd,
+        "late-stop-",
+        json!({"interface": {"name": "net0"}}),
     )
     .await?;
     let mut ns_a = PodNetns::create(&unique("dranet-idA-"))?;
@@ -182,18 +185,11 @@ fn decoy(mac: &str) -> Result<(Veth, Value)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_links_with_the_claims_mac_or_the_original_mac_are_never_touched() -> Result<()> {
     root_or_skip!("host_links_with_the_claims_mac_or_the_original_mac_are_never_touched");
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let node = Node::start(node_opts(Flavor::Containerd)).await?;
-    let uid = unique("tenant-mac-");
     let tenant_mac = "02:dd:00:00:00:42";
-    let claim = prepare_claim(
-        &node,
-        &uid,
-        &[nic_device(
-            &nic,
-            json!({"interface": {"name": "net0", "hardwareAddr": tenant_mac}}),
-        )],
+    let (nic, before, node, uid, claim) = node_with_claim(
+        Flavor::Containerd,
+        "tenant-mac-",
+        json!({"interface": {"name": "net0", "hardwareAddr": tenant_mac}}),
     )
     .await?;
     let ns = PodNetns::create(&unique("dranet-idM-"))?;
@@ -236,18 +232,11 @@ fn impostor(ns: &PodNetns, mac: &str) -> Result<()> {
 }
 
 async fn impostor_case(flavor: Flavor) -> Result<()> {
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let node = Node::start(node_opts(flavor)).await?;
-    let uid = unique("impostor-");
     let pod_mac = "02:dd:00:00:00:43";
-    let claim = prepare_claim(
-        &node,
-        &uid,
-        &[nic_device(
-            &nic,
-            json!({"interface": {"name": "net0", "hardwareAddr": pod_mac}}),
-        )],
+    let (nic, before, node, uid, claim) = node_with_claim(
+        flavor,
+        "impostor-",
+        json!({"interface": {"name": "net0", "hardwareAddr": pod_mac}}),
     )
     .await?;
     let mut ns = PodNetns::create(&unique("dranet-idI-"))?;
@@ -315,8 +304,7 @@ dranet_sim::root_tests! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_sandboxes_removed_while_dranet_was_down_are_dropped() -> Result<()> {
     root_or_skip!("records_of_sandboxes_removed_while_dranet_was_down_are_dropped");
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let mut node = Node::start(node_opts(Flavor::Crio)).await?;
     for round in 0..3 {
         let uid = unique("down-");
@@ -362,14 +350,10 @@ async fn records_of_sandboxes_removed_while_dranet_was_down_are_dropped() -> Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record() -> Result<()> {
     root_or_skip!("a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record");
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let node = Node::start(node_opts(Flavor::Containerd)).await?;
-    let uid = unique("silent-");
-    let claim = prepare_claim(
-        &node,
-        &uid,
-        &[nic_device(&nic, json!({"interface": {"name": "net0"}}))],
+    let (nic, before, node, uid, claim) = node_with_claim(
+        Flavor::Containerd,
+        "silent-",
+        json!({"interface": {"name": "net0"}}),
     )
     .await?;
     let mut ns = PodNetns::create(&unique("dranet-idS-"))?;

@@ -48,7 +48,7 @@ async fn kube_node_with(seed: impl FnOnce(&ApiServer)) -> Result<KubeNode> {
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": node_uid}}),
     );
     seed(&api);
-    let (node, kubeconfig) = start_daemon(&api, NodeOptions::default())
+    let (node, kubeconfig) = start_daemon(&api, None)
         .await
         .context("starting the daemon in kube mode")?;
     Ok(KubeNode {
@@ -59,16 +59,20 @@ async fn kube_node_with(seed: impl FnOnce(&ApiServer)) -> Result<KubeNode> {
     })
 }
 
-/// The daemon in kube mode with `opts`, its kubeconfig (in the returned dir) naming `api`.
-async fn start_daemon(api: &ApiServer, opts: NodeOptions) -> Result<(Node, StateDir)> {
+/// The daemon in kube mode (its HTTP endpoints on `bind_address`, if given), its kubeconfig
+/// (in the returned dir) naming `api`.
+async fn start_daemon(api: &ApiServer, bind_address: Option<&str>) -> Result<(Node, StateDir)> {
     let dir = StateDir::create("kubeconfig")?;
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig)?;
-    let node = Node::start(NodeOptions {
+    let mut opts = NodeOptions {
         kubeconfig: Some(kubeconfig),
-        ..opts
-    })
-    .await?;
+        ..NodeOptions::default()
+    };
+    if let Some(addr) = bind_address {
+        opts.bind_address = addr.to_owned();
+    }
+    let node = Node::start(opts).await?;
     Ok((node, dir))
 }
 
@@ -160,8 +164,7 @@ fn slices_with(api: &ApiServer, device: &str) -> Option<Vec<Value>> {
 async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -> Result<()> {
     root_or_skip!("kube_mode_publishes_slices_prepares_from_the_api_and_reports_status");
     let t0 = Instant::now();
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let device = dranet::inventory::netdev_device_name(&nic.name);
     // Left over from an earlier run of the driver on this node (generation 5, a slice index
     // the new pool does not use), and a slice of another node that is none of its business.
@@ -567,14 +570,7 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
     // Two pods' claims prepared while the API server is up; then the daemon dies.
     let api = ApiServer::enforcing_at(addr).await?;
     seed_node(&api);
-    let (mut node, _kubeconfig) = start_daemon(
-        &api,
-        NodeOptions {
-            bind_address: http.clone(),
-            ..NodeOptions::default()
-        },
-    )
-    .await?;
+    let (mut node, _kubeconfig) = start_daemon(&api, Some(&http)).await?;
     let mut p1 = prepare_pod(&api, &node, &nic1, "down-1-").await?;
     let p2 = prepare_pod(&api, &node, &nic2, "down-2-").await?;
     node.kill()?;
@@ -643,8 +639,7 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -> Result<()> {
     root_or_skip!("kube_mode_role_without_patch_keeps_running_and_names_the_permission");
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let http = format!("127.0.0.1:{}", free_port()?);
     let api = ApiServer::enforcing().await?;
     let role = dranet_sim::authz::Authorizer::shipped()?;
@@ -660,14 +655,7 @@ async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -
         &format!("/api/v1/nodes/{NODE}"),
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-2"}}),
     );
-    let (mut node, _kubeconfig) = start_daemon(
-        &api,
-        NodeOptions {
-            bind_address: http.clone(),
-            ..NodeOptions::default()
-        },
-    )
-    .await?;
+    let (mut node, _kubeconfig) = start_daemon(&api, Some(&http)).await?;
     api.wait_for("a refused slice apply", Duration::from_secs(20), |a| {
         a.forbidden()
             .into_iter()

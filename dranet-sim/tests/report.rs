@@ -283,11 +283,7 @@ async fn a_failed_prepare_is_a_warning_on_the_claim_and_the_rpc_does_not_wait() 
     );
     let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
     let kubelet = KubeletSim::new(&cfg.kubelet_root);
-    let sock = kubelet
-        .wait_for_registration_socket(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let reg = kubelet.register(&sock).await.unwrap();
+    let reg = kubelet.register_when_ready(Duration::from_secs(5)).await.unwrap();
     let claim = Claim::new("ns", "missing", "uid-missing");
     let start = Instant::now();
     let res = reg.prepare(std::slice::from_ref(&claim)).await.unwrap();

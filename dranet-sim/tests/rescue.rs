@@ -176,8 +176,7 @@ async fn rollback_when_the_kernel_fails_half_way_through_a_move() -> Result<()> 
 async fn hostile_netns_paths_are_refused_and_nothing_moves() -> Result<()> {
     root_or_skip!("hostile_netns_paths_are_refused_and_nothing_moves");
     let state = StateDir::new("hostile");
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let uid = unique("pod-hostile-");
     let e = engine(&state, None).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
@@ -654,8 +653,7 @@ async fn a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_bac
     let ns = PodNetns::create(&unique("dranet-t-vrftaken-"))?;
     // A veth end of that name already in the pod: not a VRF.
     ns.ip(&["link", "add", "red", "type", "veth", "peer", "name", "red-peer"])?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let uid = unique("pod-vrftaken-");
     let mut d = device(&nic, "net1", &uid);
     d.config = serde_json::from_value(
