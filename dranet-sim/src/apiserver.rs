@@ -49,15 +49,17 @@ pub struct HttpRequest {
     pub body: Vec<u8>,
 }
 
+/// The first header of that (case-insensitive) name in `headers` (names stored lower-case).
+fn header_in<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    let name = name.to_ascii_lowercase();
+    headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+}
+
 impl HttpRequest {
     /// The first header of that (case-insensitive) name.
     #[must_use]
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
+        header_in(&self.headers, name)
     }
 
     /// Whether the connection stays open after the response (HTTP/1.1 default unless
@@ -399,11 +401,7 @@ impl Recorded {
 
     #[must_use]
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
+        header_in(&self.headers, name)
     }
 }
 

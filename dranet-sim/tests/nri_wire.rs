@@ -265,9 +265,10 @@ fn pod(uid: &str, netns: Option<&str>) -> Pod {
     Pod::from(&sandbox(uid, netns.unwrap_or("")))
 }
 
-#[tokio::test]
-async fn dedicated_dialect() {
-    let (calls, methods) = pod_lifecycle(Dialect::Dedicated).await;
+/// One pod's life in `dialect`: the hooks see the same calls; the wire carries `methods`
+/// after the two set-up calls.
+async fn assert_pod_lifecycle(dialect: Dialect, methods: [&str; 4]) {
+    let (calls, seen) = pod_lifecycle(dialect).await;
     let p = pod("u1", Some("/var/run/netns/cni-1"));
     assert_eq!(p.netns, Some(PathBuf::from("/var/run/netns/cni-1")));
     assert_eq!(
@@ -280,30 +281,25 @@ async fn dedicated_dialect() {
             Call::Shutdown
         ]
     );
-    assert_eq!(
-        methods[2..],
-        ["RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "Shutdown"]
-    );
+    assert_eq!(seen[2..], methods);
+}
+
+#[tokio::test]
+async fn dedicated_dialect() {
+    assert_pod_lifecycle(
+        Dialect::Dedicated,
+        ["RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "Shutdown"],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn state_change_dialect() {
-    let (calls, methods) = pod_lifecycle(Dialect::StateChange).await;
-    let p = pod("u1", Some("/var/run/netns/cni-1"));
-    assert_eq!(
-        calls,
-        vec![
-            Call::Sync(vec![], vec![]),
-            Call::Run(p.clone()),
-            Call::Stop(p),
-            Call::Remove(pod("u1", None)),
-            Call::Shutdown
-        ]
-    );
-    assert_eq!(
-        methods[2..],
-        ["StateChange", "StateChange", "StateChange", "Shutdown"]
-    );
+    assert_pod_lifecycle(
+        Dialect::StateChange,
+        ["StateChange", "StateChange", "StateChange", "Shutdown"],
+    )
+    .await;
 }
 
 #[tokio::test]
