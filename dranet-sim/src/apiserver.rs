@@ -646,14 +646,14 @@ impl ApiServer {
         self.inner.faults_changed.send_modify(|v| *v += 1);
     }
 
-    /// Polls `check` until it returns `Some`, for at most `timeout` ([`fixtures::wait_for_some`]).
+    /// Polls `check` every 10 ms until it returns `Some`, for at most `timeout`.
     pub async fn wait_for<T>(
         &self,
         what: &str,
         timeout: Duration,
         mut check: impl FnMut(&Self) -> Option<T>,
     ) -> Result<T> {
-        crate::fixtures::wait_for_some(what, timeout, || check(self)).await
+        crate::fixtures::wait_for_some_every(what, timeout, Duration::from_millis(10), || check(self)).await
     }
 }
 

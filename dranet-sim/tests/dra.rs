@@ -16,7 +16,7 @@ use std::time::Duration;
 use dranet::dra::{DraMetrics, KubeletPlugin, MemoryClaimSource, PluginConfig, Preparer, ResourceClaim};
 use dranet::inventory::{self, AttrValue, Device, NetnsTarget, ScanOptions, SharedInventory, Sysfs};
 use dranet::slices::{DirPublisher, SliceController};
-use dranet_sim::fixtures::{RecordingSink, StateDir};
+use dranet_sim::fixtures::{RecordingSink, StateDir, wait_for_blocking};
 use dranet_sim::kernel::{PodNetns, require_root, sh, unique};
 use dranet_sim::kubelet::{Claim, DraVersion, KubeletSim, RegisteredPlugin};
 use serde_json::json;
@@ -912,14 +912,8 @@ async fn link_events_drive_debounced_rescans() {
     let ev = tokio::spawn(link_events(handle, stop_rx));
     let count = || scans.lock().unwrap().len();
     let wait_for = |pred: &dyn Fn() -> bool, what: &str| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !pred() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what}: {:?}",
-                scans.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        if let Err(e) = wait_for_blocking(what, Duration::from_secs(10), pred) {
+            panic!("{e}: {:?}", scans.lock().unwrap());
         }
     };
     wait_for(&|| count() >= 1, "first scan");

@@ -7,27 +7,9 @@ use prost::Message;
 
 use super::*;
 use crate::dra::proto::health_v1alpha1 as pb;
-use crate::state::{DeviceRecord, PodPhase, PodRecord};
-use crate::sys::link::LinkSnapshot;
+use crate::state::{PodPhase, PodRecord};
 use crate::sys::netns::NetnsId;
-use crate::test_support::{NoSink, TempDir};
-
-fn record(device: &str, state: DeviceState) -> DeviceRecord {
-    DeviceRecord {
-        device: device.into(),
-        pod_ifname: "net1".into(),
-        pci_address: None,
-        permanent_mac: None,
-        rdma_device: None,
-        rdma_in_pod: false,
-        pod_mac: None,
-        snapshot: LinkSnapshot::default(),
-        state,
-        temp_name: None,
-        at: None,
-        rebuilt: false,
-    }
-}
+use crate::test_support::{NoSink, TempDir, device_record};
 
 fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
     let mut cp = Checkpoint::default();
@@ -42,7 +24,7 @@ fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
             netns: NetnsId { cookie: 1, inode: 2 },
             pin: None,
             phase: PodPhase::Attached,
-            devices: devices.iter().map(|(d, s)| record(d, *s)).collect(),
+            devices: devices.iter().map(|(d, s)| device_record(d, *s)).collect(),
             recovered: None,
         },
     );

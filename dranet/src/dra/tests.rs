@@ -77,13 +77,18 @@ fn cref(name: &str, uid: &str) -> ClaimRef {
 }
 
 fn setup() -> (Preparer, MemoryClaimSource, Arc<RecordingSink>) {
+    setup_with(Arc::new(inventory()))
+}
+
+/// A preparer on `devices`, an in-memory claim source and a recording sink.
+fn setup_with(devices: Arc<dyn DeviceLookup>) -> (Preparer, MemoryClaimSource, Arc<RecordingSink>) {
     let claims = MemoryClaimSource::new();
     let rec = Arc::new(RecordingSink::default());
     let p = Preparer::new(
         "dra.net",
         "node-a",
         Arc::new(claims.clone()),
-        Arc::new(inventory()),
+        devices,
         rec.clone(),
     );
     (p, claims, rec)
@@ -400,8 +405,6 @@ async fn host_state_merge_vf_mtu_and_dhcp() {
 
 #[tokio::test]
 async fn a_repeated_prepare_keeps_the_dhcp_lease() {
-    let claims = MemoryClaimSource::new();
-    let rec = Arc::new(RecordingSink::default());
     let leases = Arc::new(Leases {
         lease: Some(crate::dhcp::Lease {
             address: "10.5.0.77".parse().unwrap(),
@@ -413,14 +416,8 @@ async fn a_repeated_prepare_keeps_the_dhcp_lease() {
         }),
         asked: Mutex::new(Vec::new()),
     });
-    let p = Preparer::new(
-        "dra.net",
-        "node-a",
-        Arc::new(claims.clone()),
-        Arc::new(inventory()),
-        rec.clone(),
-    )
-    .with_leases(leases.clone());
+    let (p, claims, rec) = setup();
+    let p = p.with_leases(leases.clone());
     claims.insert(claim(
         "c1",
         "u1",
@@ -492,19 +489,12 @@ async fn restored_plans_are_merged_not_replaced() {
 
 #[tokio::test]
 async fn pci_device_without_netdev_or_rdma_is_an_error() {
-    let claims = MemoryClaimSource::new();
     let inv = SharedInventory::new(vec![Device {
         name: "pci-0000-10-00-0".into(),
         pci_address: Some("0000:10:00.0".into()),
         ..Device::default()
     }]);
-    let p = Preparer::new(
-        "dra.net",
-        "node-a",
-        Arc::new(claims.clone()),
-        Arc::new(inv),
-        Arc::new(RecordingSink::default()),
-    );
+    let (p, claims, _) = setup_with(Arc::new(inv));
     claims.insert(claim(
         "c",
         "u",
@@ -587,7 +577,6 @@ async fn kube_claim_source_gets_and_decodes() {
 #[tokio::test]
 async fn missing_device_triggers_one_rescan() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let claims = MemoryClaimSource::new();
     let scans = Arc::new(AtomicUsize::new(0));
     let s2 = scans.clone();
     let lookup = RescanOnMiss::new(SharedInventory::default(), move || {
@@ -598,13 +587,7 @@ async fn missing_device_triggers_one_rescan() {
             ..Device::default()
         }])
     });
-    let p = Preparer::new(
-        "dra.net",
-        "node-a",
-        Arc::new(claims.clone()),
-        Arc::new(lookup),
-        Arc::new(RecordingSink::default()),
-    );
+    let (p, claims, _) = setup_with(Arc::new(lookup));
     claims.insert(claim(
         "c",
         "u",

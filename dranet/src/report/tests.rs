@@ -11,7 +11,7 @@ use crate::plan::ClaimRef;
 use crate::slices::kube_mock::{client, status};
 use crate::state::DeviceState;
 use crate::sys::link::LinkSnapshot;
-use crate::test_support::wait_for;
+use crate::test_support::{device_record, wait_for};
 
 fn plan(device: &str, claim: &str) -> DevicePlan {
     let mut config = NetworkConfig::default();
@@ -37,21 +37,11 @@ fn plan(device: &str, claim: &str) -> DevicePlan {
 
 fn record(device: &str) -> DeviceRecord {
     DeviceRecord {
-        device: device.into(),
-        pod_ifname: "net1".into(),
-        pci_address: None,
-        permanent_mac: None,
-        rdma_device: None,
-        rdma_in_pod: false,
-        pod_mac: None,
         snapshot: LinkSnapshot {
             mac: Some("02:00:00:00:00:01".into()),
             ..LinkSnapshot::default()
         },
-        state: DeviceState::InPod,
-        temp_name: None,
-        at: None,
-        rebuilt: false,
+        ..device_record(device, DeviceState::InPod)
     }
 }
 
