@@ -186,12 +186,14 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
     let (api, node) = (&kn.api, &kn.node);
 
     // ResourceSlices: applied server-side, owned by the Node, the NIC in the pool; the stale
-    // slice deleted, the other node's kept, the generation continued above the stale one.
+    // slice deleted, the other node's kept, the generation continued above the stale one. The
+    // stale slice goes right after the apply: the pool is looked at once it has (else a poll
+    // between the two requests sees one slice too many).
     let slices = api
         .wait_for(
-            "a ResourceSlice with the test NIC",
+            "a ResourceSlice with the test NIC, the stale slice deleted",
             Duration::from_secs(20),
-            |a| slices_with(a, &device),
+            |a| slices_with(a, &device).filter(|_| a.get(&stale).is_none()),
         )
         .await
         .with_context(|| format!("requests: {:#?}", summary(&api.requests())))?;
