@@ -1021,16 +1021,12 @@ fn route(
     content_type: &str,
     body: &[u8],
 ) -> (u16, Value, bool) {
+    let no_route = || {
+        let msg = format!("the server could not find the requested resource ({method} {path})");
+        (404, status_body(404, "NotFound", &msg), false)
+    };
     let Some(t) = parse_target(path) else {
-        return (
-            404,
-            status_body(
-                404,
-                "NotFound",
-                &format!("the server could not find the requested resource ({method} {path})"),
-            ),
-            false,
-        );
+        return no_route();
     };
     let result = match (method, &t.name, t.subresource.as_deref()) {
         ("GET", Some(_), None) => Ok(get(inner, &t)),
@@ -1042,17 +1038,7 @@ fn route(
         ("DELETE", Some(_), None) => Ok(delete(inner, &t)),
         _ => Err(()),
     };
-    result.unwrap_or_else(|()| {
-        (
-            404,
-            status_body(
-                404,
-                "NotFound",
-                &format!("the server could not find the requested resource ({method} {path})"),
-            ),
-            false,
-        )
-    })
+    result.unwrap_or_else(|()| no_route())
 }
 
 fn get(inner: &Inner, t: &Target) -> (u16, Value, bool) {

@@ -11,7 +11,7 @@ use crate::plan::ClaimRef;
 use crate::slices::kube_mock::{client, status};
 use crate::state::DeviceState;
 use crate::sys::link::LinkSnapshot;
-use crate::test_support::{device_record, wait_for};
+use crate::test_support::{TempDir, device_record, wait_for};
 
 fn plan(device: &str, claim: &str) -> DevicePlan {
     let mut config = NetworkConfig::default();
@@ -302,8 +302,8 @@ async fn a_hanging_or_failing_api_never_blocks_and_reports_are_bounded() {
 
 #[tokio::test]
 async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
-    let dir = std::env::temp_dir().join(format!("dranet-report-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = TempDir::new("report");
+    let dir = tmp.path().join("claims");
     let sink = FileSink::new(&dir);
     let apply = claim_statuses("dra.net", &[plan("eth1", "c1")], &[record("eth1")]).remove(0);
     sink.apply_claim_status(&apply).await.unwrap();
@@ -335,7 +335,6 @@ async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
             "{bad:?}"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
