@@ -88,6 +88,13 @@ impl Nic {
         let before = view(&nic.name, None)?;
         Ok((nic, before))
     }
+
+    /// `n` stand-in NICs and their host views.
+    pub fn many_with_views(n: usize) -> Result<(Vec<Self>, Vec<Value>)> {
+        let nics: Vec<Self> = (0..n).map(|_| Self::create()).collect::<Result<_>>()?;
+        let before = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+        Ok((nics, before))
+    }
 }
 
 /// The fields of a device dranet promises to restore, read independently with `ip -j`.

@@ -316,8 +316,7 @@ fn run_bounded(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()> {
     root_or_skip!("release_all_and_a_second_daemon_beside_a_running_daemon");
-    let nics = [Nic::create()?, Nic::create()?];
-    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let (nics, before) = Nic::many_with_views(2)?;
     let mut node = Node::start(opts()).await?;
     let pid = node.daemon_pid().context("daemon pid")?.to_string();
     let a = start_pod(&node, &nics[0]).await?;

@@ -76,24 +76,13 @@ async fn watch_v1(cfg: &PluginConfig) -> Streaming<health_v1::NodeWatchResources
 async fn until_v1(
     what: &str,
     s: &mut Streaming<health_v1::NodeWatchResourcesResponse>,
-    mut ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
+    ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
 ) -> Result<NodeWatchResourcesResponse> {
     use prost::Message;
-    let deadline = Duration::from_secs(10);
-    let res = tokio::time::timeout(deadline, async {
-        while let Some(r) = s.message().await? {
-            let r = NodeWatchResourcesResponse::decode(r.encode_to_vec().as_slice())?;
-            if ok(&r) {
-                return Ok(r);
-            }
-        }
-        bail!("v1 stream ended waiting for {what}")
-    })
-    .await;
-    match res {
-        Ok(r) => r,
-        Err(_) => bail!("timed out after {deadline:?} waiting for {what} (v1)"),
-    }
+    let as_v1alpha1 = |r: health_v1::NodeWatchResourcesResponse| {
+        Ok(NodeWatchResourcesResponse::decode(r.encode_to_vec().as_slice())?)
+    };
+    until_as(&format!("{what} (v1)"), s, as_v1alpha1, ok).await
 }
 
 /// `device` → (health, message) in one response.
@@ -115,11 +104,23 @@ fn of(r: &NodeWatchResourcesResponse, device: &str) -> Option<(HealthStatus, Str
 async fn until(
     what: &str,
     s: &mut Streaming<NodeWatchResourcesResponse>,
+    ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
+) -> Result<NodeWatchResourcesResponse> {
+    until_as(what, s, Ok, ok).await
+}
+
+/// Reads a stream of `M` until `ok` holds for a response (as `conv` makes it v1alpha1), for at
+/// most 10 s.
+async fn until_as<M>(
+    what: &str,
+    s: &mut Streaming<M>,
+    conv: impl Fn(M) -> Result<NodeWatchResourcesResponse>,
     mut ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
 ) -> Result<NodeWatchResourcesResponse> {
     let deadline = Duration::from_secs(10);
     let res = tokio::time::timeout(deadline, async {
         while let Some(r) = s.message().await? {
+            let r = conv(r)?;
             if ok(&r) {
                 return Ok(r);
             }

@@ -119,8 +119,7 @@ async fn rollback_when_the_third_attach_fails() -> Result<()> {
     root_or_skip!("rollback_when_the_third_attach_fails");
     let state = StateDir::new("rb");
     let ns = PodNetns::create(&unique("dranet-t-rb-"))?;
-    let nics = [Nic::create()?, Nic::create()?, Nic::create()?];
-    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let (nics, before) = Nic::many_with_views(3)?;
     // The third pod-side name is already taken inside the pod: its move fails for real.
     ns.ip(&["link", "add", "net3", "type", "veth", "peer", "name", "net3p"])?;
     let uid = unique("pod-rb-");
@@ -154,8 +153,7 @@ async fn rollback_when_the_kernel_fails_half_way_through_a_move() -> Result<()> 
     root_or_skip!("rollback_when_the_kernel_fails_half_way_through_a_move");
     let state = StateDir::new("rb2");
     let ns = PodNetns::create(&unique("dranet-t-rb2-"))?;
-    let nics = [Nic::create()?, Nic::create()?];
-    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let (nics, before) = Nic::many_with_views(2)?;
     let uid = unique("pod-rb2-");
     let e = engine(&state, None).await?;
     let mut second = device(&nics[1], "net2", &uid);
@@ -360,8 +358,7 @@ async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<(
     root_or_skip!("sigkill_in_the_middle_of_an_attach_of_three_loses_nothing");
     let state = StateDir::new("kill3");
     let ns = PodNetns::create(&unique("dranet-t-kill3-"))?;
-    let nics = [Nic::create()?, Nic::create()?, Nic::create()?];
-    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let (nics, before) = Nic::many_with_views(3)?;
     let uid = unique("pod-kill3-");
     let devs = nics
         .iter()
