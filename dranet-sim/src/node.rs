@@ -199,8 +199,7 @@ impl Node {
             found
         });
         self.child = Some(child);
-        let reg = self.kubelet.wait_for_registration_socket(START_TIMEOUT).await?;
-        self.plugin = Some(self.kubelet.register(&reg).await?);
+        self.plugin = Some(self.kubelet.register_when_ready(START_TIMEOUT).await?);
         // One more handshake than the runtime has seen so far (a runtime restart in between
         // counts too).
         self.sessions = self.sessions.max(sessions_before) + 1;

@@ -9,22 +9,23 @@
     reason = "test helpers panic on setup failure, like the tests"
 )]
 
-use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dranet::dhcp::message::{Message, MessageType, opt};
 use dranet::dhcp::{ClasslessRoute, Client, DhcpError};
-use dranet::dra::{MemoryClaimSource, PlanSink, Preparer, ResourceClaim};
+use dranet::dra::{MemoryClaimSource, Preparer, ResourceClaim};
 use dranet::inventory::{Device, SharedInventory};
-use dranet::plan::{ClaimRef, PodPlan};
+use dranet::plan::ClaimRef;
 use dranet::sys::netns::Netns;
+use dranet_sim::fixtures::RecordingSink;
 use dranet_sim::kernel::{PodNetns, require_root, sh, unique};
+use dranet_sim::root_or_skip;
 use serde_json::json;
 
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -287,9 +288,7 @@ async fn dnsmasq_lease_gives_address_prefix_and_classless_routes() -> Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_server_is_a_timeout_and_the_device_goes_back_down() -> Result<()> {
-    if !require_root("no_server_is_a_timeout_and_the_device_goes_back_down")? {
-        return Ok(());
-    }
+    root_or_skip!("no_server_is_a_timeout_and_the_device_goes_back_down");
     let lab = Lab::new()?;
     let t0 = Instant::now();
     let err = lab
@@ -474,9 +473,7 @@ fn serve(sock: &UdpSocket, answer: Answer, stop: &AtomicBool) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nak_and_unusable_acks_are_clear_errors_and_restore_the_device() -> Result<()> {
-    if !require_root("nak_and_unusable_acks_are_clear_errors_and_restore_the_device")? {
-        return Ok(());
-    }
+    root_or_skip!("nak_and_unusable_acks_are_clear_errors_and_restore_the_device");
     for (answer, want) in [
         (
             Answer::Nak,
@@ -514,21 +511,6 @@ async fn nak_and_unusable_acks_are_clear_errors_and_restore_the_device() -> Resu
         server.finish()?;
     }
     Ok(())
-}
-
-#[derive(Default)]
-struct Recorder {
-    plans: Mutex<BTreeMap<String, PodPlan>>,
-}
-
-impl PlanSink for Recorder {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        self.plans.lock().unwrap().insert(plan.pod_uid.clone(), plan);
-        Ok(())
-    }
-    fn remove_claim(&self, _claim_uid: &str) -> Result<(), String> {
-        Ok(())
-    }
 }
 
 fn dhcp_claim(name: &str, uid: &str, device: &str) -> ResourceClaim {
@@ -573,7 +555,7 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
             ..Device::default()
         },
     ]);
-    let sink = Arc::new(Recorder::default());
+    let sink = Arc::new(RecordingSink::default());
     let p = Preparer::new(
         "dra.net",
         "node-a",
@@ -590,7 +572,7 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
     p.prepare(&cref("c", "uid-c"))
         .await
         .with_context(|| format!("dnsmasq log:\n{}", dns.log()))?;
-    let plans = sink.plans.lock().unwrap().clone();
+    let plans = sink.plans().clone();
     let cfg = &plans["pod-dhcp"].devices[0].config;
     assert_eq!(cfg.interface.name.as_deref(), Some("net1"));
     assert_eq!(cfg.interface.addresses.len(), 1, "{:?}", cfg.interface.addresses);
@@ -657,7 +639,7 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
             && err.contains("not found"),
         "{err}"
     );
-    assert_eq!(sink.plans.lock().unwrap()["pod-dhcp"].devices.len(), 1);
+    assert_eq!(sink.plans()["pod-dhcp"].devices.len(), 1);
     drop(dns);
     assert!(Path::new(&lab.cli.path).exists());
     Ok(())

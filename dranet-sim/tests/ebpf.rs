@@ -15,9 +15,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use dranet::config::NetworkConfig;
-use dranet::dra::plan_claim;
-use dranet::inventory::{Device, SharedInventory};
-use dranet::plan::{ClaimRef, DevicePlan};
+use dranet::plan::DevicePlan;
 use dranet::rescue::{AttachOutcome, RescueError};
 use dranet::state::{PodPhase, ReturnReason};
 use dranet::sys::link::Netlink;
@@ -26,26 +24,15 @@ use dranet_sim::bpf::{
     BpffsDir, PrivateBpffs, bpftool_net, bpftool_tc_count, clsact, link_ifindex, load_noop_sched_cls,
     refuse_bpf_detach_on_this_thread, tc_bpf_filter, tcx_attach, tcx_link, tcx_programs,
 };
-use dranet_sim::fixtures::{StateDir, device_plan, engine, pod_plan, pod_ref};
-use dranet_sim::kernel::{PodNetns, Veth, require_root, unique};
+use dranet_sim::fixtures::{device_plan, engine, engine_case, plan_for, pod_plan, pod_ref};
+use dranet_sim::kernel::{PodNetns, Veth, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::root_or_skip;
 use serde_json::json;
 
 /// Prepare (the real `plan_claim`, host netns, default bpffs walk) of one claim for `nic`.
 async fn prepare(nic: &Nic, interface: serde_json::Value) -> Result<Vec<DevicePlan>> {
-    let inv = SharedInventory::new(vec![Device {
-        name: nic.name.clone(),
-        ifname: Some(nic.name.clone()),
-        ..Device::default()
-    }]);
-    let cref = ClaimRef {
-        namespace: "ns".into(),
-        name: "c".into(),
-        uid: "u".into(),
-    };
-    let leases = dranet::dhcp::Client::host();
-    let rc = dranet_sim::fixtures::claim_for(&nic.name, json!({"interface": interface}))?;
-    let planned = plan_claim("dra.net", "node-a", &cref, &rc, &inv, &leases, &[])
+    let planned = plan_for(nic, json!({"interface": interface}))
         .await?
         .context("a plan")?;
     Ok(planned.plans)
@@ -71,9 +58,7 @@ fn pin(fd: std::os::fd::OwnedFd, path: &Path) -> Result<()> {
 
 #[tokio::test]
 async fn prepare_unpins_the_links_of_the_device_and_nothing_else() -> Result<()> {
-    if !require_root("prepare_unpins_the_links_of_the_device_and_nothing_else")? {
-        return Ok(());
-    }
+    root_or_skip!("prepare_unpins_the_links_of_the_device_and_nothing_else");
     let dir = BpffsDir::create("unpin")?;
     let private = PrivateBpffs::mount("unpin")?;
     let nic = Nic::create()?;
@@ -138,13 +123,9 @@ async fn prepare_unpins_the_links_of_the_device_and_nothing_else() -> Result<()>
 
 #[tokio::test]
 async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod() -> Result<()> {
-    if !require_root("attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod")? {
-        return Ok(());
-    }
+    root_or_skip!("attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod");
     let dir = BpffsDir::create("attach")?;
-    let state = StateDir::new("ebpf-at");
-    let ns = PodNetns::create(&unique("dranet-t-ebpf-"))?;
-    let nic = Nic::create()?;
+    let (state, ns, nic, _, _) = engine_case("ebpf-at")?;
     let idx = ifindex(&nic)?;
     let before = view(&nic.name, None)?;
     let prog = load_noop_sched_cls("dranet_t2")?;
@@ -212,9 +193,7 @@ async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod(
 
 #[tokio::test]
 async fn detach_in_pod_deletes_tc_filters_made_in_the_pod() -> Result<()> {
-    if !require_root("detach_in_pod_deletes_tc_filters_made_in_the_pod")? {
-        return Ok(());
-    }
+    root_or_skip!("detach_in_pod_deletes_tc_filters_made_in_the_pod");
     let ns = PodNetns::create(&unique("dranet-t-ebpftc-"))?;
     let name = unique("drp");
     ns.ip(&[
@@ -312,12 +291,8 @@ fn sh_in(ns: &PodNetns, args: &[&str]) -> Result<String> {
 /// and the device is rolled back home, restored, its programs still attached.
 #[test]
 fn a_refused_detach_fails_the_attach_and_rolls_the_device_back() -> Result<()> {
-    if !require_root("a_refused_detach_fails_the_attach_and_rolls_the_device_back")? {
-        return Ok(());
-    }
-    let state = StateDir::new("ebpf-rb");
-    let ns = PodNetns::create(&unique("dranet-t-ebpfrb-"))?;
-    let nic = Nic::create()?;
+    root_or_skip!("a_refused_detach_fails_the_attach_and_rolls_the_device_back");
+    let (state, ns, nic, _, _) = engine_case("ebpf-rb")?;
     let idx = ifindex(&nic)?;
     let before = view(&nic.name, None)?;
     let prog = load_noop_sched_cls("dranet_t4")?;
@@ -371,13 +346,9 @@ fn a_refused_detach_fails_the_attach_and_rolls_the_device_back() -> Result<()> {
 
 #[tokio::test]
 async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Result<()> {
-    if !require_root("without_disable_ebpf_programs_nothing_is_unpinned_or_detached")? {
-        return Ok(());
-    }
+    root_or_skip!("without_disable_ebpf_programs_nothing_is_unpinned_or_detached");
     let dir = BpffsDir::create("keep")?;
-    let state = StateDir::new("ebpf-keep");
-    let ns = PodNetns::create(&unique("dranet-t-ebpfk-"))?;
-    let nic = Nic::create()?;
+    let (state, ns, nic, _, _) = engine_case("ebpf-keep")?;
     let idx = ifindex(&nic)?;
     let prog = load_noop_sched_cls("dranet_t5")?;
     let link_pin = dir.path.join("link");

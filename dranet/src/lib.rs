@@ -46,4 +46,6 @@ pub mod slices;
 pub mod state;
 pub mod sys;
 pub mod telemetry;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 pub mod watch;

@@ -3,27 +3,7 @@
 //! order); genlmsghdr is cmd u8, version u8, reserved u16; NLAs are len u16, type u16, value
 //! padded to 4, nests flagged with NLA_F_NESTED (0x8000).
 use super::*;
-
-fn hdr(len: u32, ty: u16, flags: u16, seq: u32) -> Vec<u8> {
-    let mut v = Vec::new();
-    v.extend_from_slice(&len.to_ne_bytes());
-    v.extend_from_slice(&ty.to_ne_bytes());
-    v.extend_from_slice(&flags.to_ne_bytes());
-    v.extend_from_slice(&seq.to_ne_bytes());
-    v.extend_from_slice(&0u32.to_ne_bytes());
-    v
-}
-
-fn nla(ty: u16, value: &[u8]) -> Vec<u8> {
-    let mut v = Vec::new();
-    v.extend_from_slice(&u16::try_from(4 + value.len()).unwrap().to_ne_bytes());
-    v.extend_from_slice(&ty.to_ne_bytes());
-    v.extend_from_slice(value);
-    while v.len() % 4 != 0 {
-        v.push(0);
-    }
-    v
-}
+use crate::test_support::{nla, nlmsg_hdr as hdr};
 
 fn nested(ty: u16, parts: &[Vec<u8>]) -> Vec<u8> {
     let inner: Vec<u8> = parts.concat();

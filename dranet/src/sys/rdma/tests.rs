@@ -2,6 +2,7 @@
 //! len u32, type u16, flags u16, seq u32, pid u32 (host order); no family header; NLAs are
 //! len u16, type u16, value padded to 4.
 use super::*;
+use crate::test_support::{nla, nlmsg_hdr as hdr};
 
 #[test]
 fn message_types_match_the_uapi() {
@@ -9,27 +10,6 @@ fn message_types_match_the_uapi() {
     assert_eq!(nl_type(RDMA_NLDEV_CMD_SET), 5122);
     assert_eq!(nl_type(RDMA_NLDEV_CMD_SYS_GET), 5126);
     assert_eq!(nl_type(RDMA_NLDEV_CMD_SYS_SET), 5127);
-}
-
-fn hdr(len: u32, ty: u16, flags: u16, seq: u32) -> Vec<u8> {
-    let mut v = Vec::new();
-    v.extend_from_slice(&len.to_ne_bytes());
-    v.extend_from_slice(&ty.to_ne_bytes());
-    v.extend_from_slice(&flags.to_ne_bytes());
-    v.extend_from_slice(&seq.to_ne_bytes());
-    v.extend_from_slice(&0u32.to_ne_bytes());
-    v
-}
-
-fn nla(ty: u16, value: &[u8]) -> Vec<u8> {
-    let mut v = Vec::new();
-    v.extend_from_slice(&u16::try_from(4 + value.len()).unwrap().to_ne_bytes());
-    v.extend_from_slice(&ty.to_ne_bytes());
-    v.extend_from_slice(value);
-    while v.len() % 4 != 0 {
-        v.push(0);
-    }
-    v
 }
 
 #[test]
