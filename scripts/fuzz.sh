@@ -7,6 +7,8 @@
 #   probe_event  the probes' ring-buffer record decoder
 #   config       claim opaque parameters: strict JSON decoding + validation
 #   dhcp         the DHCP receive path (IPv4/UDP framing, message, lease)
+#   store        the checkpoint loader (decoding, format-1 migration, identifier checks; what it
+#                accepts saves and loads back unchanged)
 # Each target starts from the committed seeds in fuzz/corpus/<target>/ (read only) and grows
 # its working corpus in fuzz/work/<target>/ (git-ignored); full logs go to
 # fuzz/work/<target>.log. Prints libFuzzer's last lines (runs, cov, exec/s) per target and
@@ -19,7 +21,7 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-  targets=(nri http ethtool rdma probe_event config dhcp)
+  targets=(nri http ethtool rdma probe_event config dhcp store)
 fi
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 export RUSTC_BOOTSTRAP=1

@@ -2,9 +2,9 @@
 //! by hand on tokio (request line, headers, `Content-Length` or chunked bodies, keep-alive,
 //! pipelining), objects kept as JSON keyed by their resource path. It serves what `dranet run`
 //! uses in kube mode (Node GET; ResourceSlice apply / list by field selector / delete;
-//! ResourceClaim GET and server-side apply of its `status`; Event create and patch), answers
-//! anything else with a `NotFound` Status, and records every request. Faults (hang, error code)
-//! can be switched on per path prefix.
+//! ResourceClaim GET, list (in a namespace or cluster-wide: adoption) and server-side apply of its
+//! `status`; Event create and patch), answers anything else with a `NotFound` Status, and
+//! records every request. Faults (hang, error code) can be switched on per path prefix.
 //!
 //! [`ApiServer::enforcing`] also does what a real API server enforces on these requests: RBAC
 //! with the ClusterRole the shipped manifests bind to dranet's ServiceAccount

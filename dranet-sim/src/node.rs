@@ -39,6 +39,9 @@ pub struct NodeOptions {
     /// Run the daemon with this soft *and* hard `RLIMIT_NOFILE` (it raises its soft limit to
     /// the hard one, so both are set).
     pub nofile_limit: Option<u64>,
+    /// The daemon's stderr goes to `<dir>/daemon.log` (appended across restarts; read it with
+    /// [`Node::log`]) instead of the test's.
+    pub capture_log: bool,
 }
 
 impl Default for NodeOptions {
@@ -51,6 +54,7 @@ impl Default for NodeOptions {
             bind_address: "127.0.0.1:0".to_owned(),
             node_args: None,
             nofile_limit: None,
+            capture_log: false,
         }
     }
 }
@@ -152,6 +156,13 @@ impl Node {
             )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if self.opts.capture_log {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join("daemon.log"))?;
+            cmd.stderr(f);
+        }
         if !self.opts.probes {
             cmd.arg("--no-probes");
         }
@@ -390,9 +401,32 @@ impl Node {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// What the daemon logged so far ([`NodeOptions::capture_log`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
     /// Pins currently held in the state dir.
     pub fn pins(&self) -> Vec<PathBuf> {
         dranet::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
+    }
+
+    /// Loses the daemon's state as a wiped or corrupt `--state-dir` would: every pin is
+    /// unmounted (the pod netns stay alive through the runtime's own bind mounts) and the
+    /// directory removed. The daemon must not be running ([`Node::kill`] first).
+    pub fn wipe_state(&self) -> Result<()> {
+        if self.child.is_some() {
+            bail!("wipe_state while the daemon runs");
+        }
+        for pin in self.pins() {
+            // A pin file that is no mount point (EINVAL) has nothing to unmount; one still
+            // mounted makes the removal below fail with EBUSY.
+            let _ = nix::mount::umount2(&pin, nix::mount::MntFlags::MNT_DETACH);
+        }
+        match std::fs::remove_dir_all(self.state_dir()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 
     /// The daemon's checkpoint as it is on disk now (read as JSON, so any format shows).

@@ -26,6 +26,7 @@ const SCENARIOS: &[&str] = &[
     "publish_new_slices",
     "prune_a_stale_slice",
     "read_a_claim",
+    "list_claims_for_adoption",
     "report_claim_status",
     "report_an_event",
     "report_a_repeated_event",
@@ -120,6 +121,25 @@ async fn run(name: &str, api: &ApiServer) -> Result<()> {
         "read_a_claim" => {
             let claim = within(KubeClaimSource::new(c).get("default", "c1")).await??;
             ensure!(claim.metadata.uid == "claim-uid");
+        }
+        "list_claims_for_adoption" => {
+            // Another namespace's claim, allocated on this node too: the list is cluster-wide.
+            api.put(
+                "/apis/resource.k8s.io/v1/namespaces/team-b/resourceclaims/c2",
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": "c2", "namespace": "team-b", "uid": "claim-uid-2"},
+                       "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": DRIVER}}]}},
+                       "status": {"allocation": {"devices": {"results": [
+                           {"request": "nic", "driver": DRIVER, "pool": NODE, "device": "eth2"}]}},
+                                  "reservedFor": [{"resource": "pods", "name": "p2", "uid": "pod-uid-2"}]}}),
+            );
+            let claims = within(KubeClaimSource::new(c).list()).await??;
+            let by_pod = dranet::dra::devices_by_pod(&claims, DRIVER, NODE);
+            ensure!(claims.len() == 2, "{claims:?}");
+            ensure!(
+                by_pod.get("pod-uid-2").is_some_and(|d| d.contains("eth2")),
+                "{by_pod:?}"
+            );
         }
         "report_claim_status" => {
             let sink = dranet::report::KubeSink::new(c, DRIVER);

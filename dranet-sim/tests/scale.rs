@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::fixtures::{StateDir, device_plan, engine, pod_plan, pod_ref, wait_for};
 use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
@@ -70,7 +70,16 @@ async fn eight_pods_rescued_at_once_each_triggered_once() -> Result<()> {
         }
         last?;
     }
-    assert_eq!(e.counters().rescued_by_teardown, PODS as u64);
+    // Each rescue is counted once its pin is released, right after the last restore.
+    wait_for("every rescue counted", Duration::from_secs(5), || {
+        e.counters().rescued_by_teardown == PODS as u64
+    })
+    .await
+    .with_context(|| format!("{:?}", e.counters()))?;
+    assert_eq!(
+        e.counters().returned_by_reconcile + e.counters().repaired_devices,
+        0
+    );
     // The files are left for the guards (umounted already).
     for (_, ns) in &pods {
         let _ = std::fs::remove_file(&ns.path);

@@ -381,3 +381,262 @@ fn dranet_moves_an_rdma_device_in_exclusive_mode() -> Result<()> {
     eprintln!("kernel returned {dev} {took:?} after the netns was removed");
     Ok(())
 }
+
+/// eth1's PCI function, read from sysfs (its kernel identity anywhere).
+fn pci_of(nic: &str) -> Result<String> {
+    dranet::inventory::Sysfs::new("/sys")
+        .netdev_pci_address(nic)
+        .ok_or_else(|| anyhow::anyhow!("{nic} has no PCI address in sysfs"))
+}
+
+/// Moves `nic` into `ns` as upstream dranet would: renamed `net1`, addressed, up.
+fn move_by_hand(nic: &str, ns: &PodNetns) -> Result<()> {
+    sh(&["ip", "link", "set", nic, "netns", &ns.name])?;
+    ns.ip(&["link", "set", nic, "name", "net1"])?;
+    ns.ip(&["addr", "add", "198.51.100.2/24", "dev", "net1"])?;
+    ns.ip(&["link", "set", "net1", "up"])?;
+    Ok(())
+}
+
+/// The `dra.net/ifName` of `device` in the slices under `dir`, if they carry it.
+fn published_ifname(dir: &std::path::Path, device: &str) -> Option<String> {
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|f| {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(f.path()).ok()?).ok()?;
+        v["spec"]["devices"]
+            .as_array()?
+            .iter()
+            .find(|d| d["name"] == device)?["attributes"]["dra.net/ifName"]["string"]
+            .as_str()
+            .map(str::to_owned)
+    })
+}
+
+/// What adoption restores of a device it did not snapshot: home under its host name, its MAC,
+/// its MTU, up (addresses, offloads and sysctls were never known).
+fn assert_home_adopted(nic: &str, before: &serde_json::Value) -> Result<()> {
+    let v = view(nic, None)?;
+    assert_eq!(v["up"], true, "came home DOWN: {v}");
+    assert_eq!(v["address"], before["address"], "MAC: {v}");
+    assert_eq!(v["mtu"], before["mtu"], "MTU: {v}");
+    Ok(())
+}
+
+/// A NIC moved into a pod by hand (as upstream dranet would have, before a switch) is found by
+/// its PCI function at the runtime's Synchronize, adopted (plan with eth1's PCI address), and
+/// comes home in CRI-O order: the netns bind mount goes first, the Stop comes late.
+#[tokio::test]
+async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio_order() -> Result<()> {
+    use dranet::adoption::{Adopter, AllocationsCell, Source};
+    use dranet::nri::hooks::{Outcome, Pod, PodHooks};
+    use dranet::rescue::AdoptOutcome;
+    let Some(nic) = vm_nic("a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio_order")
+    else {
+        return Ok(());
+    };
+    let _restore = Restore {
+        nic: nic.clone(),
+        aliases: vec!["net1".into()],
+    };
+    configure(&nic)?;
+    let before = view(&nic, None)?;
+    let pci = pci_of(&nic)?;
+    let state = state_dir("adopt");
+    let mut ns = PodNetns::create(&unique("vmt-adopt-"))?;
+    move_by_hand(&nic, &ns)?;
+    assert!(!host_has(&nic));
+    let uid = unique("pod-vm-adopt-");
+    let watcher = Watcher::start(WatcherOptions::default()).await?;
+    let sub = watcher.subscribe();
+    let e = Engine::new(
+        EngineOptions {
+            state_dir: state.clone(),
+            ..EngineOptions::default()
+        },
+        Some(watcher),
+    )
+    .await?;
+    let runner = e.clone();
+    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let mut p = plan(&nic, &uid);
+    p.devices[0].pci_address = Some(pci.clone());
+    e.set_plan(p)?;
+    // The runtime's Synchronize (after a (re)connect) lists the running sandbox; dranet has no
+    // record of it. The claims never come (no kubelet side here): the plan is enough.
+    let adopter = Adopter::new(e.clone(), AllocationsCell::default());
+    let mut runs = adopter.runs();
+    let driver = dranet::driver::Driver::new(e.clone()).with_adoption(adopter.clone());
+    let sandbox = Pod {
+        uid: uid.clone(),
+        namespace: "default".into(),
+        name: "vm".into(),
+        id: uid.clone(),
+        netns: Some(ns.path.clone()),
+        ..Pod::default()
+    };
+    driver.synchronize(vec![sandbox.clone()], vec![]).await;
+    tokio::time::timeout(Duration::from_secs(30), runs.wait_for(|n| *n > 0)).await??;
+    let report = adopter.last();
+    eprintln!("adoption: {report:?}");
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert_eq!(report[0].from, Source::Plan);
+    assert_eq!(
+        report[0].outcome,
+        Ok(AdoptOutcome::Adopted {
+            devices: vec![nic.clone()],
+            unidentified: vec![]
+        })
+    );
+    let key = dranet_sim::fixtures::sandbox_key(&uid);
+    assert!(
+        e.checkpoint()
+            .pods
+            .get(&key)
+            .is_some_and(|r| r.has_devices_out() && r.pin.is_some())
+    );
+    // CRI-O order: the runtime unmounts and unlinks the netns first.
+    ns.remove_crio_style()?;
+    let start = Instant::now();
+    while e.counters().rescued_by_teardown == 0 || !host_has(&nic) || e.checkpoint().pods.contains_key(&key) {
+        if start.elapsed() > Duration::from_secs(20) {
+            bail!(
+                "adopted NIC not home within 20 s: {:?}",
+                e.checkpoint().pods.get(&key).map(|p| p.phase)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!(
+        "adopted {nic} returned {:?} after the netns bind mount was removed",
+        start.elapsed()
+    );
+    assert_home_adopted(&nic, &before)?;
+    // The late StopPodSandbox: nothing left to do.
+    assert_eq!(driver.stop_pod_sandbox(sandbox).await?, Outcome::Noop);
+    events.abort();
+    let _ = std::fs::remove_dir_all(&state);
+    Ok(())
+}
+
+/// The daemon attaches eth1 to a pod, is SIGKILLed and its state dir wiped (pins unmounted):
+/// restarted, it has no record and no plan. The runtime's Synchronize on connect names the
+/// sandbox; the daemon reads the claims dir and the slices it published before (eth1 with its
+/// `dra.net/pciAddress`), finds eth1 in the pod by its PCI function, pins and records it, and
+/// brings it home in CRI-O order: under its published `dra.net/ifName` when the slices kept it
+/// while the NIC was in the pod, else under its pod-side name (its slice name, `pci-…`, is no
+/// netdev name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order() -> Result<()> {
+    use dranet_sim::kubelet::Claim;
+    use dranet_sim::node::{Node, NodeOptions, sandbox};
+    use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+    let Some(nic) = vm_nic("a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order")
+    else {
+        return Ok(());
+    };
+    let _restore = Restore {
+        nic: nic.clone(),
+        aliases: vec!["net1".into()],
+    };
+    configure(&nic)?;
+    let before = view(&nic, None)?;
+    let pci = pci_of(&nic)?;
+    let mut node = Node::start(NodeOptions {
+        runtime: RuntimeConfig {
+            flavor: Flavor::Crio,
+            ..RuntimeConfig::default()
+        },
+        ..NodeOptions::default()
+    })
+    .await?;
+    let mut ns = PodNetns::create(&unique("vmt-wipe-"))?;
+    let uid = unique("pod-vm-wipe-");
+    // A PCI-backed NIC is published under its PCI function's name (as upstream), `pci-…`; its
+    // host name is the `dra.net/ifName` attribute.
+    let device = dranet::inventory::pci_device_name(&pci);
+    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    node.write_claim(
+        &claim,
+        &uid,
+        &[(
+            device.clone(),
+            serde_json::json!({"interface": {"name": "net1", "addresses": ["198.51.100.2/24"]}}),
+        )],
+    )?;
+    node.prepare(&claim).await?;
+    let pod = sandbox(&uid, &ns.path);
+    node.runtime.run_pod_sandbox(&pod).await?;
+    node.runtime.set_state(vec![pod.clone()], vec![]);
+    assert!(!host_has(&nic), "{nic} still in the host after RunPodSandbox");
+    ns.ip(&["link", "show", "dev", "net1"])?;
+    // The slices the daemon published keep the NIC (in a pod) with its PCI address and name.
+    let slices = node.dir.join("slices");
+    let (d, p) = (format!("\"{device}\""), pci.clone());
+    let published = move || {
+        std::fs::read_dir(&slices)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|f| std::fs::read_to_string(f.path()).is_ok_and(|t| t.contains(&d) && t.contains(&p)))
+    };
+    tokio::task::spawn_blocking(move || {
+        wait_for(
+            "the NIC and its PCI address in the published slices",
+            Duration::from_secs(30),
+            published,
+        )
+    })
+    .await??;
+    // The host name adoption can know: `dra.net/ifName` if the slices kept it while the NIC was in
+    // the pod, else the name it has there (a PCI function's slice name is no netdev name).
+    let home = published_ifname(&node.dir.join("slices"), &device).unwrap_or_else(|| "net1".to_owned());
+    eprintln!("the NIC comes home as {home}");
+    node.kill()?;
+    node.wipe_state()?;
+    assert!(node.records()?.is_empty());
+    node.restart().await?;
+    let start = Instant::now();
+    let key = (uid.clone(), format!("sb-{uid}"));
+    while !node.records()?.contains(&key) || node.pins().is_empty() {
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("not adopted within 60 s: records {:?}", node.records()?);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("adopted {:?} after the restart", start.elapsed());
+    let cp = node.checkpoint()?;
+    let rec = cp["pods"]
+        .as_object()
+        .and_then(|m| m.values().find(|r| r["pod_uid"] == uid.as_str()))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(rec["phase"], "attached", "{rec}");
+    assert_eq!(rec["devices"][0]["device"], device.as_str(), "{rec}");
+    assert_eq!(rec["devices"][0]["pci_address"], pci.as_str(), "{rec}");
+    assert_eq!(rec["devices"][0]["snapshot"]["name"], home.as_str(), "{rec}");
+    // CRI-O order: netns gone first, then a late StopPodSandbox with the dead path.
+    ns.remove_crio_style()?;
+    let start = Instant::now();
+    tokio::task::spawn_blocking({
+        let home = home.clone();
+        move || {
+            wait_for("the adopted NIC home", Duration::from_secs(30), || {
+                host_has(&home)
+            })
+        }
+    })
+    .await??;
+    eprintln!(
+        "adopted {nic} returned as {home} {:?} after the netns bind mount was removed",
+        start.elapsed()
+    );
+    node.runtime.stop_pod_sandbox(&pod).await?;
+    assert_home_adopted(&home, &before)?;
+    let start = Instant::now();
+    while node.records()?.contains(&key) {
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("the record stays after teardown: {:?}", node.records()?);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}

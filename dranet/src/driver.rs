@@ -1,7 +1,8 @@
 //! The runtime's pod hooks (NRI) on top of the rescue engine: RunPodSandbox attaches,
 //! StopPodSandbox / RemovePodSandbox detach (a no-op when the engine already rescued the
 //! sandbox), CreateContainer injects the RDMA character devices, Synchronize returns devices of
-//! sandboxes the runtime no longer knows. Every hook is about one *sandbox* (pod UID + sandbox
+//! sandboxes the runtime no longer knows, then adopts in the background the running sandboxes it
+//! has no record of ([`crate::adoption`]). Every hook is about one *sandbox* (pod UID + sandbox
 //! id): kubelet re-creates sandboxes under the same pod UID, and the old one's Stop or Remove
 //! must not touch the new one's devices. Every hook is counted under upstream dranet's metric
 //! names.
@@ -20,6 +21,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
+use crate::adoption::Adopter;
 use crate::nri::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
 use crate::report::{ObjectRef, Reporter};
 use crate::rescue::activity::ActivityKind;
@@ -93,6 +95,7 @@ pub struct Driver {
     engine: Engine,
     metrics: HookMetrics,
     reporter: Reporter,
+    adopter: Option<Adopter>,
 }
 
 impl Driver {
@@ -102,7 +105,16 @@ impl Driver {
             engine,
             metrics: HookMetrics::default(),
             reporter: Reporter::disabled(),
+            adopter: None,
         }
+    }
+
+    /// After each Synchronize, adopts the running sandboxes with no record through `adopter`
+    /// (in the background).
+    #[must_use]
+    pub fn with_adoption(mut self, adopter: Adopter) -> Self {
+        self.adopter = Some(adopter);
+        self
     }
 
     /// Reports claim status and events through `reporter`.
@@ -326,6 +338,10 @@ impl PodHooks for Driver {
         let report = self.engine.synchronize(&running).await;
         if report != crate::rescue::SyncReport::default() {
             info!(?report, "Synchronize: sandboxes the runtime no longer has");
+        }
+        // Never awaited here: the claims may take the kubelet side and the API server.
+        if let Some(a) = &self.adopter {
+            a.spawn(&running);
         }
     }
 

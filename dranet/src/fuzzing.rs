@@ -231,3 +231,13 @@ pub fn dhcp_packet(data: &[u8]) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Target `store`: `data` as a checkpoint file, through the loader's decoding, the migration
+/// from format 1 and the identifier checks; what it accepts must save and load back unchanged
+/// ([`crate::state::check_decode`]).
+///
+/// # Errors
+/// The rule a decoded checkpoint breaks.
+pub fn checkpoint(data: &[u8]) -> Result<(), String> {
+    crate::state::check_decode(data)
+}

@@ -64,9 +64,49 @@ pub fn sandbox_id(id: &str) -> Result<(), IdError> {
     }
 }
 
+/// A name the kernel takes for a netdev (`dev_valid_name`): 1 to 15 bytes (`IFNAMSIZ - 1`), not
+/// `.` or `..`, no `/`, `:` or whitespace (and printable here).
+#[must_use]
+pub fn is_ifname(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn netdev_names_as_the_kernel_takes_them() {
+        for ok in [
+            "eth1",
+            "ens1f0np0",
+            "net1",
+            "a",
+            "dn123",
+            "eth0.100",
+            "abcdefghijklmno",
+        ] {
+            assert!(is_ifname(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "a:b",
+            "a b",
+            "abcdefghijklmnop",
+            "pci-0000-00-05-0",
+            "é",
+        ] {
+            assert!(!is_ifname(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn pod_uids() {

@@ -5,6 +5,8 @@
 //!
 //! * [`watch`] — eBPF probes + rtnetlink (+ inotify fallback) → one stream of [`watch::LifecycleEvent`]s;
 //! * [`rescue`] — events, NRI hooks and reconcile → decisions (one owner per pod);
+//! * [`adoption`] — running sandboxes dranet has no record of + the node's allocations → rescue's
+//!   adoption (pods started by upstream dranet, a lost checkpoint);
 //! * [`netns`], [`link`], [`rdma`], [`ethtool`], [`dhcp`], [`bpf`] — the only places that touch the
 //!   kernel: pins, device moves and restores, RDMA link moves, offloads, the Prepare-time DHCPv4
 //!   lease, unpinning and detaching a device's eBPF programs (`disableEbpfPrograms`).
@@ -16,6 +18,7 @@
 //! [`state`] (crash-safe checkpoint), [`cli`] (one file per subcommand).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod adoption;
 pub mod backoff;
 pub mod bpf;
 pub mod cli;

@@ -90,6 +90,12 @@ pub const PERMISSIONS: &[Permission] = &[
     ),
     p(
         "resource.k8s.io",
+        "resourceclaims",
+        "list",
+        "dra::claim KubeClaimSource::list: this node's allocated claims, to adopt running pods with no record (adoption)",
+    ),
+    p(
+        "resource.k8s.io",
         "resourceclaims/status",
         "patch",
         "report::api KubeSink::apply_claim_status: server-side apply of status.devices",

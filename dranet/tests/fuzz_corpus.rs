@@ -394,6 +394,30 @@ fn probe_event_seeds() -> Seeds {
 // ------------------------------------------------------------------------------------------
 // config: claims' opaque parameters; dhcp: server replies.
 
+// ------------------------------------------------------------------------------------------
+// store: checkpoint files, written by hand (formats 1 and 2, a rebuilt record) and broken ones.
+
+fn store_seeds() -> Seeds {
+    macro_rules! seed {
+        ($name:literal) => {
+            (
+                $name,
+                include_bytes!(concat!("../../fuzz/corpus/store/", $name)).to_vec(),
+            )
+        };
+    }
+    vec![
+        seed!("v1_attached.json"),
+        seed!("v2_two_sandboxes.json"),
+        seed!("v2_recovered.json"),
+        seed!("empty_object"),
+        seed!("future_version_99"),
+        seed!("truncated"),
+        seed!("garbage"),
+        seed!("hostile_uid"),
+    ]
+}
+
 fn config_seeds() -> Seeds {
     let s = |x: &str| x.as_bytes().to_vec();
     vec![
@@ -474,6 +498,7 @@ fn targets() -> Vec<(&'static str, Entry, Seeds)> {
         ("probe_event", dranet::fuzzing::probe_event, probe_event_seeds()),
         ("config", dranet::fuzzing::config_json, config_seeds()),
         ("dhcp", dranet::fuzzing::dhcp_packet, dhcp_seeds()),
+        ("store", dranet::fuzzing::checkpoint, store_seeds()),
     ]
 }
 

@@ -96,13 +96,15 @@ case_trace() {
     fi
 }
 
-# Real NIC return and dranet's repair/rescue on a virtio NIC (dranet-sim/tests/vm_nic.rs).
+# Real NIC return, dranet's repair/rescue and adoption on a virtio NIC (dranet-sim/tests/vm_nic.rs).
 case_nic() {
     local t0 name
     for name in kernel_returns_a_real_nic_down_when_its_netns_dies \
         kernel_names_a_returned_nic_devn_when_its_name_is_taken \
         dranet_repairs_a_nic_the_kernel_handed_back \
-        pinned_nic_comes_home_before_the_netns_dies; do
+        pinned_nic_comes_home_before_the_netns_dies \
+        a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio_order \
+        a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order; do
         t0=$(now)
         if DRANET_VM_NIC=eth1 "$VM_NIC_TEST" --exact "$name" --test-threads=1 --nocapture \
             >"$OUT/nic-$name.log" 2>&1 && grep -q "test result: ok. 1 passed" "$OUT/nic-$name.log"; then

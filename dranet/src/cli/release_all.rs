@@ -1,5 +1,7 @@
 //! `dranet release-all`: bring every device home and remove every pin (uninstall, or an operator
-//! clearing a node). Safe to run while no `dranet run` is active on the node.
+//! clearing a node). It takes the state dir's lock: beside a running `dranet run` it waits
+//! `--lock-wait-seconds` for it to stop, then refuses, naming its pid. A checkpoint that does not
+//! load is no obstacle: the devices are found through the pins.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,6 +18,13 @@ pub struct ReleaseAllArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Seconds to wait for a running dranet to let go of the state dir.
+    #[arg(long, env = "DRANET_LOCK_WAIT_SECONDS", default_value_t = 10)]
+    pub lock_wait_seconds: u64,
+    /// The daemon's `--filter`: which links of a pin without a record are ours (only used when
+    /// the checkpoint does not have the pin's record).
+    #[arg(long, env = "DRANET_FILTER", default_value = crate::inventory::DEFAULT_FILTER)]
+    pub filter: String,
 }
 
 pub fn main(args: &ReleaseAllArgs) -> ExitCode {
@@ -30,6 +39,8 @@ pub fn main(args: &ReleaseAllArgs) -> ExitCode {
     rt.block_on(async {
         let opts = EngineOptions {
             state_dir: args.state_dir.clone(),
+            lock_wait: std::time::Duration::from_secs(args.lock_wait_seconds),
+            device_filter: args.filter.clone(),
             ..EngineOptions::default()
         };
         let engine = match Engine::new(opts, None).await {
@@ -45,10 +56,11 @@ pub fn main(args: &ReleaseAllArgs) -> ExitCode {
                     println!("{}", serde_json::to_string(&report).unwrap_or_default());
                 } else {
                     println!(
-                        "returned {} pod(s), failed {}, stray pins released {}",
+                        "returned {} pod(s), failed {}, stray pins released {}, rebuilt from pins {}",
                         report.returned.len(),
                         report.failed.len(),
-                        report.stray_pins
+                        report.stray_pins,
+                        report.rebuilt.len()
                     );
                     for p in &report.failed {
                         println!("  not all devices home: pod {p}");

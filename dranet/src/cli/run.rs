@@ -95,6 +95,10 @@ pub struct RunArgs {
     /// 100.100.100.200), e.g. http://127.0.0.1:8080 (tests).
     #[arg(long, env = "DRANET_CLOUD_METADATA_ENDPOINT", hide = true)]
     pub cloud_metadata_endpoint: Option<String>,
+    /// Seconds to wait for another dranet (an old pod of a rolling update, `dranet
+    /// release-all`) to let go of the state dir before giving up with its pid.
+    #[arg(long, env = "DRANET_STATE_LOCK_WAIT_SECONDS", default_value_t = 30)]
+    pub state_lock_wait_seconds: u64,
     #[command(flatten)]
     pub upstream: super::upstream::UpstreamArgs,
 }
@@ -221,11 +225,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         state_dir: args.state_dir.clone(),
         pci_rebind: args.pci_rebind,
         sysfs: args.sysfs.clone(),
-        pause_after_device: None,
+        lock_wait: std::time::Duration::from_secs(args.state_lock_wait_seconds),
+        device_filter: args.filter.clone(),
+        ..EngineOptions::default()
     };
+    // Never fails on the checkpoint's content (moved aside, `.prev`, the pins); it does fail
+    // when another dranet keeps the state dir.
     let engine = Engine::new(opts, watcher).await?;
     let report = engine.reconcile().await?;
-    info!(?report, "start-up reconcile");
+    if report.rebuilt.is_empty() {
+        info!(?report, checkpoint = ?engine.load_source(), "start-up reconcile");
+    } else {
+        warn!(?report, checkpoint = ?engine.load_source(), "start-up reconcile: records rebuilt from pins");
+    }
     if let Some(sub) = sub {
         let e = engine.clone();
         tokio::spawn(async move { e.run_events(sub).await });

@@ -8,6 +8,7 @@ use tracing::{error, info};
 
 use super::run::RunArgs;
 use super::run_sides::Sides;
+use crate::adoption::Adopter;
 use crate::driver::Driver;
 use crate::nri::{NriMetrics, PluginConfig};
 use crate::rescue::Engine;
@@ -18,7 +19,14 @@ pub async fn start(
     registry: &mut Registry,
     sides: &mut Sides,
 ) -> anyhow::Result<()> {
-    let driver = Arc::new(Driver::new(engine.clone()).with_reporter(sides.reporter.clone()));
+    // The node's claims arrive once the kubelet side is up; plans are used at once.
+    let adopter = Adopter::new(engine.clone(), sides.allocations.clone());
+    adopter.metrics().register(registry);
+    let driver = Arc::new(
+        Driver::new(engine.clone())
+            .with_reporter(sides.reporter.clone())
+            .with_adoption(adopter),
+    );
     driver.metrics().register(registry);
     if args.no_nri {
         return Ok(());

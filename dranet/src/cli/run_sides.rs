@@ -6,7 +6,6 @@
 //! in the background and retried with backoff, and `/readyz` says what is missing.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use tracing::{info, warn};
 
 use super::run::RunArgs;
 use super::run_api::{ApiMode, LateSink, api_mode, kube_client_retrying};
-use crate::dra::claim::{ClaimError, ClaimSource, ResourceClaim};
+use crate::dra::claim::ClaimSource;
 use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PluginConfig, Preparer};
 use crate::inventory::{Device, ScanOptions, SharedInventory};
 use crate::ready::Readiness;
@@ -35,6 +34,8 @@ pub struct Sides {
     pub(super) slices_stop: Option<tokio::sync::watch::Sender<bool>>,
     /// Claim status and events (the API server, or files in embedded mode).
     pub(super) reporter: Reporter,
+    /// The node's allocations for adoption, set once the kubelet side is up.
+    pub(super) allocations: crate::adoption::AllocationsCell,
 }
 
 impl Sides {
@@ -59,9 +60,21 @@ impl Sides {
 }
 
 /// Where slices go: the API server, or a directory (`--slices-dir`).
+#[derive(Clone)]
 enum AnyPublisher {
     Dir(crate::slices::DirPublisher),
     Kube(crate::slices::KubePublisher),
+}
+
+impl AnyPublisher {
+    fn existing_slices<'a>(
+        &'a self,
+    ) -> BoxFuture<'a, Result<Vec<serde_json::Value>, crate::slices::SliceError>> {
+        match self {
+            Self::Dir(p) => p.existing_slices(),
+            Self::Kube(p) => p.existing_slices(),
+        }
+    }
 }
 
 impl Publisher for AnyPublisher {
@@ -93,7 +106,8 @@ impl Publisher for AnyPublisher {
 }
 
 /// Device lookup for Prepare: a device missing from the last scan (it came home from a pod a
-/// moment ago, or appeared since) triggers one immediate rescan instead of a failed claim.
+/// moment ago, or appeared since) triggers one immediate rescan, on the blocking pool (a full
+/// scan reads sysfs and rtnetlink: never on an async worker), instead of a failed claim.
 struct RescanOnMiss {
     inventory: SharedInventory,
     opts: Arc<ScanOptions>,
@@ -101,58 +115,24 @@ struct RescanOnMiss {
 
 impl crate::dra::DeviceLookup for RescanOnMiss {
     fn device(&self, name: &str) -> Option<Device> {
-        if let Some(d) = self.inventory.get(name) {
-            return Some(d);
-        }
-        let scanned = tokio::task::block_in_place(|| crate::inventory::scan(&self.opts));
-        match scanned {
-            Ok(devs) => {
-                let found = devs.iter().find(|d| d.name == name).cloned();
-                if found.is_some() {
+        self.inventory.get(name)
+    }
+
+    fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let opts = self.opts.clone();
+            match tokio::task::spawn_blocking(move || crate::inventory::scan(&opts)).await {
+                Ok(Ok(devs)) => {
+                    // Devices in pods keep their entries: merge, do not replace.
                     let mut all = self.inventory.snapshot();
                     all.retain(|d| !devs.iter().any(|n| n.name == d.name));
                     all.extend(devs);
                     all.sort_by(|a, b| a.name.cmp(&b.name));
                     self.inventory.replace(all);
                 }
-                found
+                Ok(Err(e)) => warn!(error = %e, "inventory rescan"),
+                Err(e) => warn!(error = %e, "inventory rescan task"),
             }
-            Err(e) => {
-                warn!(error = %e, "inventory rescan");
-                None
-            }
-        }
-    }
-}
-
-/// `--claims-dir`: ResourceClaims read from `<dir>/<namespace>/<name>.json` (no API server: the
-/// node simulator and the demo write them there, as the scheduler would have allocated them).
-struct FileClaimSource {
-    dir: PathBuf,
-}
-
-impl ClaimSource for FileClaimSource {
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>> {
-        Box::pin(async move {
-            let safe = |s: &str| !s.is_empty() && !s.contains('/') && s != "." && s != "..";
-            let not_found = || ClaimError::NotFound {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-            };
-            if !safe(namespace) || !safe(name) {
-                return Err(not_found());
-            }
-            let path = self.dir.join(namespace).join(format!("{name}.json"));
-            let bytes = tokio::fs::read(&path).await.map_err(|_| not_found())?;
-            serde_json::from_slice(&bytes).map_err(|source| ClaimError::Decode {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                source,
-            })
         })
     }
 }
@@ -186,6 +166,7 @@ pub async fn start_runtime(
         tasks: Vec::new(),
         slices_stop: None,
         reporter,
+        allocations: crate::adoption::AllocationsCell::default(),
     };
     let slice_metrics = crate::slices::SliceMetrics::default();
     if !args.no_dra {
@@ -283,7 +264,7 @@ async fn start_kubelet_side(
                     &args.driver_name,
                     &args.node_name,
                 )),
-                Arc::new(FileClaimSource { dir: claims.clone() }),
+                Arc::new(crate::dra::FileClaimSource::new(claims.clone())),
                 Arc::new(crate::report::FileSink::new(claims.join("status"))),
             ),
             (ApiMode::Kube, Some(client)) => (
@@ -298,6 +279,7 @@ async fn start_kubelet_side(
             (ApiMode::Kube, None) => anyhow::bail!("kube mode without an API client"),
         };
     late.set(sink);
+    let adoption = adoption_input(args, sides, publisher.clone(), claims.clone());
     let slices = SliceController::new(publisher, args.driver_name.clone(), args.node_name.clone())
         .with_metrics(slice_metrics)
         .with_readiness(readiness.clone());
@@ -322,14 +304,18 @@ async fn start_kubelet_side(
         *last = devs.iter().map(|d| (d.name.clone(), d.clone())).collect();
         Ok(devs)
     };
-    sides.tasks.push(tokio::spawn(publish_loop(
+    let publishing = publish_loop(
         scan_fn,
         inventory.clone(),
         slices,
         rescan.clone(),
         args.upstream.loop_timing(),
         stop_rx.clone(),
-    )));
+    );
+    sides.tasks.push(tokio::spawn(async move {
+        adoption.await;
+        publishing.await;
+    }));
     let (r, stop) = (rescan.clone(), stop_rx.clone());
     sides.tasks.push(tokio::spawn(async move {
         if let Err(e) = link_events(r, stop).await {
@@ -395,6 +381,31 @@ async fn start_kubelet_side(
     }));
     sides.plugin = Some(plugin);
     Ok(())
+}
+
+/// Reads what this node published before this start (bounded), then gives adoption the node's
+/// allocations: claims from `claims`, device identities from those slices. Runs before the
+/// publish loop's first publish, which replaces them, and never holds up kubelet's side.
+fn adoption_input(
+    args: &RunArgs,
+    sides: &Sides,
+    publisher: AnyPublisher,
+    claims: Arc<dyn ClaimSource>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let (driver, node) = (args.driver_name.clone(), args.node_name.clone());
+    let cell = sides.allocations.clone();
+    async move {
+        let published = crate::slices::PublishedDevices::read(
+            publisher.existing_slices(),
+            &driver,
+            &node,
+            crate::slices::PUBLISHED_READ_TIMEOUT,
+        )
+        .await;
+        cell.set(crate::adoption::NodeAllocations::new(
+            claims, driver, node, published,
+        ));
+    }
 }
 
 /// Devices that are in a pod right now (gone from the host netns) keep their last published

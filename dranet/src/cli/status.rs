@@ -17,6 +17,8 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// Read only (it takes no lock: it works beside a running daemon). A checkpoint that does not
+/// load is reported, and `state.json.prev` shown instead when it loads.
 pub fn main(args: &StatusArgs) -> ExitCode {
     let store = match Store::open(&args.state_dir) {
         Ok(s) => s,
@@ -29,7 +31,27 @@ pub fn main(args: &StatusArgs) -> ExitCode {
         Ok(cp) => cp,
         Err(e) => {
             eprintln!("dranet status: {e}");
-            return ExitCode::FAILURE;
+            match store.load_prev() {
+                Ok(Some(cp)) => {
+                    eprintln!(
+                        "dranet status: showing {} (one save behind)",
+                        store.prev_path().display()
+                    );
+                    cp
+                }
+                other => {
+                    if let Err(e) = other {
+                        eprintln!("dranet status: {e}");
+                    }
+                    eprintln!(
+                        "dranet status: no checkpoint loads; the daemon rebuilds records from these pins:"
+                    );
+                    for p in crate::netns::Pin::list(&store.pins_dir()).unwrap_or_default() {
+                        eprintln!("  {}", p.display());
+                    }
+                    return ExitCode::FAILURE;
+                }
+            }
         }
     };
     if args.json {
@@ -53,9 +75,15 @@ pub fn main(args: &StatusArgs) -> ExitCode {
             p.netns,
             if pinned { "held" } else { "none" }
         );
+        if let Some(r) = &p.recovered {
+            println!(
+                "  rebuilt from its pin ({}): host state before the attach unknown",
+                r.reason
+            );
+        }
         for d in &p.devices {
             println!(
-                "  {} host {} pod {} {:?}{}",
+                "  {} host {} pod {} {:?}{}{}",
                 d.device,
                 d.snapshot.name,
                 d.pod_ifname,
@@ -63,7 +91,8 @@ pub fn main(args: &StatusArgs) -> ExitCode {
                 d.temp_name
                     .as_deref()
                     .map(|t| format!(" (as {t})"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if d.rebuilt { " (rebuilt: not restored)" } else { "" }
             );
         }
     }

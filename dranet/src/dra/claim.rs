@@ -1,6 +1,12 @@
 //! The parts of a `resource.k8s.io/v1` ResourceClaim that Prepare reads (own serde types, API
 //! field names), and where claims come from: [`ClaimSource`] ([`KubeClaimSource`] GETs them,
-//! [`MemoryClaimSource`] serves tests).
+//! [`FileClaimSource`] reads `--claims-dir`, [`MemoryClaimSource`] serves tests). Listing every
+//! claim and picking the devices this node's pods hold ([`devices_by_pod`]) is in [`list`]:
+//! adoption needs it.
+
+mod list;
+
+pub use list::{FileClaimSource, devices_by_pod};
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -33,6 +39,21 @@ pub enum ClaimError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("listing ResourceClaims")]
+    List {
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing ResourceClaims: no answer from the API server within {after:?}")]
+    ListTimeout { after: std::time::Duration },
+    #[error("reading the claims directory {dir}")]
+    ListDir {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("this claim source cannot list claims")]
+    ListUnsupported,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -136,6 +157,13 @@ pub trait ClaimSource: Send + Sync + 'static {
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<ResourceClaim, ClaimError>>;
+
+    /// Every ResourceClaim of every namespace (adoption picks this node's allocated ones with
+    /// [`devices_by_pod`]). A claim that cannot be decoded is left out (logged) rather than
+    /// failing the others. The default: this source cannot list.
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<ResourceClaim>, ClaimError>> {
+        Box::pin(async { Err(ClaimError::ListUnsupported) })
+    }
 }
 
 /// How long Prepare waits for the API server's answer to one claim GET by default: well inside
@@ -199,6 +227,13 @@ impl KubeClaimSource {
             Err(e @ ClaimError::Timeout { .. }) => {
                 r.set_unmet(crate::ready::CLAIMS, format!("ResourceClaims not readable: {e}"));
             }
+            // Listing errors are adoption's (logged there), never a GET's.
+            Err(
+                ClaimError::List { .. }
+                | ClaimError::ListTimeout { .. }
+                | ClaimError::ListDir { .. }
+                | ClaimError::ListUnsupported,
+            ) => {}
         }
     }
 
@@ -275,6 +310,10 @@ impl ClaimSource for KubeClaimSource {
             res
         })
     }
+
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<ResourceClaim>, ClaimError>> {
+        Box::pin(self.list_all())
+    }
 }
 
 /// Claims kept in memory, keyed by `namespace/name` (tests, offline runs).
@@ -325,6 +364,16 @@ impl ClaimSource for MemoryClaimSource {
                     namespace: namespace.to_owned(),
                     name: name.to_owned(),
                 })
+        })
+    }
+
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<ResourceClaim>, ClaimError>> {
+        Box::pin(async move {
+            let g = match self.claims.read() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            Ok(g.values().cloned().collect())
         })
     }
 }

@@ -22,6 +22,7 @@ fn record(device: &str, state: DeviceState) -> DeviceRecord {
         state,
         temp_name: None,
         at: None,
+        rebuilt: false,
     }
 }
 
@@ -39,6 +40,7 @@ fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
             pin: None,
             phase: PodPhase::Attached,
             devices: devices.iter().map(|(d, s)| record(d, *s)).collect(),
+            recovered: None,
         },
     );
     cp

@@ -11,7 +11,10 @@ pub mod profiles;
 pub mod proto;
 mod server;
 
-pub use claim::{ClaimError, ClaimSource, KubeClaimSource, MemoryClaimSource, ResourceClaim};
+pub use claim::{
+    ClaimError, ClaimSource, FileClaimSource, KubeClaimSource, MemoryClaimSource, ResourceClaim,
+    devices_by_pod,
+};
 pub use health::HealthHub;
 pub use metrics::DraMetrics;
 pub use prepare::{

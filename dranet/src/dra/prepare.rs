@@ -23,6 +23,11 @@ pub trait PlanSink: Send + Sync + 'static {
     fn set_plan(&self, plan: PodPlan) -> Result<(), String>;
     /// Forgets the devices of one claim.
     fn remove_claim(&self, claim_uid: &str) -> Result<(), String>;
+    /// Waits until every plan handed over so far is durable (the default: nothing to wait for).
+    /// Prepare answers kubelet only after this: kubelet never prepares a claim twice.
+    fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// The rescue engine is the daemon's plan store: the plans it checkpoints are what the NRI hooks
@@ -34,6 +39,14 @@ impl PlanSink for crate::rescue::Engine {
 
     fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
         crate::rescue::Engine::remove_claim(self, claim_uid).map_err(|e| e.to_string())
+    }
+
+    fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            crate::rescue::Engine::durable(self)
+                .await
+                .map_err(|e| e.to_string())
+        })
     }
 }
 
@@ -355,45 +368,52 @@ impl Preparer {
                 share_id: planned.share_ids.get(&p.device).cloned().flatten(),
             })
             .collect();
-        let mut st = match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if planned.plans.is_empty() && !st.pods.contains_key(&planned.pod_uid) {
-            // Nothing of ours in this claim and nothing known for the pod: no plan to store.
-            return Ok(prepared);
-        }
-        let entry = st.pods.entry(planned.pod_uid.clone()).or_default();
-        entry.namespace.clone_from(&claim.namespace);
-        entry.name.clone_from(&planned.pod_name);
-        entry.claims.insert(claim.uid.clone(), planned.plans);
-        let plan = PodPlan {
-            pod_uid: planned.pod_uid.clone(),
-            pod_namespace: entry.namespace.clone(),
-            pod_name: entry.name.clone(),
-            devices: entry.claims.values().flatten().cloned().collect(),
-        };
-        // Handed over under the lock: two claims of one pod prepared at once must not store
-        // their merged plans out of order.
-        if let Err(detail) = self.sink.set_plan(plan) {
-            // Roll back, so a later claim of the pod does not merge devices never stored; what
-            // their profiles took is given back.
-            let mut forgotten = Vec::new();
-            let empty = st.pods.get_mut(&planned.pod_uid).is_some_and(|e| {
-                forgotten = e.claims.remove(&claim.uid).unwrap_or_default();
-                e.claims.is_empty()
-            });
-            if empty {
-                st.pods.remove(&planned.pod_uid);
+        {
+            let mut st = match self.state.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            if planned.plans.is_empty() && !st.pods.contains_key(&planned.pod_uid) {
+                // Nothing of ours in this claim and nothing known for the pod: no plan to store.
+                return Ok(prepared);
             }
-            drop(st);
-            self.release_profiles(&claim.uid, &forgotten);
-            return Err(PrepareError::Sink {
-                pod_uid: planned.pod_uid,
-                detail,
-            });
+            let entry = st.pods.entry(planned.pod_uid.clone()).or_default();
+            entry.namespace.clone_from(&claim.namespace);
+            entry.name.clone_from(&planned.pod_name);
+            entry.claims.insert(claim.uid.clone(), planned.plans);
+            let plan = PodPlan {
+                pod_uid: planned.pod_uid.clone(),
+                pod_namespace: entry.namespace.clone(),
+                pod_name: entry.name.clone(),
+                devices: entry.claims.values().flatten().cloned().collect(),
+            };
+            // Handed over under the lock: two claims of one pod prepared at once must not store
+            // their merged plans out of order.
+            if let Err(detail) = self.sink.set_plan(plan) {
+                // Roll back, so a later claim of the pod does not merge devices never stored; what
+                // their profiles took is given back.
+                let mut forgotten = Vec::new();
+                let empty = st.pods.get_mut(&planned.pod_uid).is_some_and(|e| {
+                    forgotten = e.claims.remove(&claim.uid).unwrap_or_default();
+                    e.claims.is_empty()
+                });
+                if empty {
+                    st.pods.remove(&planned.pod_uid);
+                }
+                drop(st);
+                self.release_profiles(&claim.uid, &forgotten);
+                return Err(PrepareError::Sink {
+                    pod_uid: planned.pod_uid,
+                    detail,
+                });
+            }
+            st.claim_pod.insert(claim.uid.clone(), planned.pod_uid.clone());
         }
-        st.claim_pod.insert(claim.uid.clone(), planned.pod_uid.clone());
+        // kubelet gets its answer once the plan is on disk (saved off the async workers).
+        self.sink.durable().await.map_err(|detail| PrepareError::Sink {
+            pod_uid: planned.pod_uid,
+            detail,
+        })?;
         Ok(prepared)
     }
 

@@ -78,6 +78,11 @@ pub enum LinkError {
     Vrf { name: String, reason: String },
     #[error(transparent)]
     Ebpf(#[from] crate::bpf::BpfError),
+    #[error("{what}: no answer from the kernel within {after:?}")]
+    Timeout {
+        what: &'static str,
+        after: std::time::Duration,
+    },
 }
 
 impl LinkError {
@@ -371,6 +376,22 @@ fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnapshot {
 #[must_use]
 pub fn snapshot_of_message(m: &LinkMessage) -> LinkSnapshot {
     snapshot_of(m, &[])
+}
+
+/// Whether link `m` started life outside the netns it is in: it has a parent bus device (no
+/// pod or CNI creates one), or its peer or lower device lives in another netns
+/// (`IFLA_LINK_NETNSID`). A link a pod made in its own netns has neither.
+#[must_use]
+pub fn came_from_elsewhere(m: &LinkMessage) -> bool {
+    m.attributes
+        .iter()
+        .any(|a| matches!(a, LinkAttribute::ParentDevName(_) | LinkAttribute::LinkNetNsId(_)))
+}
+
+/// The temporary host name of the device of `snap` now at `index`: `dn<host ifindex>`, or
+/// `dn<index>` when its host ifindex is unknown (a record rebuilt from a pin).
+fn temp_name_of(snap: &LinkSnapshot, index: u32) -> String {
+    temp_name(if snap.ifindex > 0 { snap.ifindex } else { index })
 }
 
 fn kind_of(infos: &[netlink_packet_route::link::LinkInfo]) -> Option<String> {
@@ -1118,6 +1139,10 @@ async fn find_in_pod(
 /// the host netns, the same device by [`same_device`]. The host allocates ifindexes cyclically,
 /// so another link does not get this one back while the device is away.
 async fn at_home(nl: &Netlink, snap: &LinkSnapshot) -> Result<Option<LinkMessage>, LinkError> {
+    // 0: the host ifindex is unknown (rebuilt from a pin).
+    if snap.ifindex == 0 {
+        return Ok(None);
+    }
     Ok(nl
         .link_by_index(snap.ifindex)
         .await?
@@ -1177,7 +1202,7 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     // device already moved), so pick a free host name up front.
     let host_busy = in_host?.is_some();
     let name = if host_busy {
-        temp_name(snap.ifindex)
+        temp_name_of(snap, pod_index)
     } else {
         snap.name.clone()
     };
@@ -1187,7 +1212,7 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
         .push(LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
     msg.attributes.push(LinkAttribute::IfName(name.clone()));
     // Back at its own host ifindex when that is free (it is, unless something asked for it).
-    if req.host_nl.link_by_index(snap.ifindex).await?.is_none() {
+    if snap.ifindex > 0 && req.host_nl.link_by_index(snap.ifindex).await?.is_none() {
         msg.attributes.push(LinkAttribute::NewIfIndex(
             i32::try_from(snap.ifindex).unwrap_or(0),
         ));
@@ -1250,7 +1275,7 @@ async fn restore(
             match nl.newlink(m, "rename").await {
                 Ok(()) => {}
                 Err(e) if e.errno() == Some(libc::EEXIST) => {
-                    let tmp = temp_name(snap.ifindex);
+                    let tmp = temp_name_of(snap, index);
                     if cur.name != tmp {
                         let mut m = LinkMessage::default();
                         m.header.index = index;

@@ -457,6 +457,60 @@ pub fn find_by_id(id: NetnsId, hints: &[&Path]) -> Option<Netns> {
     None
 }
 
+/// The bind mounts of netns `id` in this mount namespace (from `/proc/self/mountinfo`: an nsfs
+/// mount whose root is `net:[<inode>]`), outside `skip` (our pins), each checked by opening it.
+/// A runtime's netns path is one of these: a record rebuilt from a pin finds it here. Blocking
+/// (reads the mount table).
+#[must_use]
+pub fn bind_mounts_of(id: NetnsId, skip: &Path) -> Vec<PathBuf> {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let root = format!("net:[{}]", id.inode);
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in table.lines() {
+        let mut f = line.split(' ');
+        let (Some(r), Some(mnt)) = (f.nth(3), f.next()) else {
+            continue;
+        };
+        if r != root {
+            continue;
+        }
+        let path = PathBuf::from(unescape_mountinfo(mnt));
+        if path.starts_with(skip) || out.contains(&path) {
+            continue;
+        }
+        if Netns::open_path(&path).is_ok_and(|ns| ns.id() == id) {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Mount points in mountinfo escape space, tab, newline and backslash as `\ooo` (octal).
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0')));
+        match octal.and_then(|v| u8::try_from(v).ok()) {
+            Some(v) => {
+                out.push(v);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Whether `path` currently has a netns mounted on it (used by tests and `dranet status`).
 #[must_use]
 pub fn is_pinned(path: &Path) -> bool {

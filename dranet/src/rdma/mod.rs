@@ -21,6 +21,9 @@ use netlink_packet_core::{
 
 use crate::netns::{Netns, NetnsError};
 
+mod ops;
+pub use ops::{KernelRdma, RdmaOps};
+
 /// `NETLINK_RDMA`.
 pub const NETLINK_RDMA: isize = 20;
 /// `RDMA_NL_NLDEV`.

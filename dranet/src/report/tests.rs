@@ -48,6 +48,7 @@ fn record(device: &str) -> DeviceRecord {
         state: DeviceState::InPod,
         temp_name: None,
         at: None,
+        rebuilt: false,
     }
 }
 

@@ -69,6 +69,19 @@ impl Engine {
         crate::ids::pod_uid(&sb.uid)?;
         crate::ids::sandbox_id(&sb.sandbox)?;
         let _owner = self.own(&sb.uid).await;
+        // A record rebuilt from this sandbox's pin (the checkpoint did not load) is named, not
+        // adopted a second time.
+        let this_netns = |r: &PodRecord| {
+            sb.netns
+                .as_deref()
+                .is_some_and(|p| Netns::open_path(p).is_ok_and(|ns| ns.id() == r.netns))
+        };
+        if self
+            .name_recovered_record(&sb.uid, &sb.sandbox, this_netns)
+            .await?
+        {
+            return Ok(AdoptOutcome::Known);
+        }
         let key = pod_key(&sb.uid, &sb.sandbox);
         if self.cp().pods.contains_key(&key) || self.cp().records_of(&sb.uid).any(PodRecord::has_devices_out)
         {
@@ -136,16 +149,19 @@ impl Engine {
                     pin: Some(pin_path.clone()),
                     phase: PodPhase::Attached,
                     devices: found,
+                    recovered: None,
                 },
             );
-        })?;
+        })
+        .await?;
         let pin = match Pin::create(&netns, &self.inner.store.pins_dir(), &sb.sandbox) {
             Ok(p) => p,
             Err(source) => {
                 // Not pinned: forget the record again rather than claim a protection we lack.
                 self.update(|cp| {
                     cp.pods.remove(&key);
-                })?;
+                })
+                .await?;
                 return Err(RescueError::Pin {
                     pod: sb.uid.clone(),
                     source,
@@ -173,11 +189,24 @@ impl Engine {
     }
 }
 
+/// The name an adopted device comes home under: its host name when known, else its slice device
+/// name when the kernel takes it as a netdev name, else the name it has in the pod (what the
+/// kernel itself would give it back under). A PCI function's slice name (`pci-dddd-bb-dd-f`, 16
+/// bytes) or a `net-<base32>` name is no netdev name: recorded, it would fail every detach with
+/// ERANGE and the device could never come home.
+fn home_name(d: &Allocated, in_pod: &LinkSnapshot) -> String {
+    [d.host_ifname.as_deref(), Some(d.device.as_str())]
+        .into_iter()
+        .flatten()
+        .find(|n| crate::ids::is_ifname(n))
+        .map_or_else(|| in_pod.name.clone(), str::to_owned)
+}
+
 /// The record of a device found in a pod's netns by its kernel identity. Its host state before
-/// the move is unknown: it comes home under its host name, with its permanent MAC and current
-/// MTU, up.
+/// the move is unknown: it comes home under its host name ([`home_name`]), with its permanent
+/// MAC and current MTU, up.
 fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::netns::NetnsId) -> DeviceRecord {
-    let host_name = d.host_ifname.clone().unwrap_or_else(|| d.device.clone());
+    let host_name = home_name(d, &in_pod);
     let snapshot = LinkSnapshot {
         ifindex: in_pod.ifindex,
         name: host_name,
@@ -205,12 +234,32 @@ fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::netns::Netn
             ifindex: in_pod.ifindex,
             netns,
         }),
+        rebuilt: false,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_adopted_device_comes_home_under_a_name_the_kernel_takes() {
+        let in_pod = LinkSnapshot {
+            name: "net1".into(),
+            ..LinkSnapshot::default()
+        };
+        let dev = |device: &str, host: Option<&str>| Allocated {
+            device: device.into(),
+            host_ifname: host.map(str::to_owned),
+            ..Allocated::default()
+        };
+        assert_eq!(home_name(&dev("pci-0000-00-05-0", Some("eth1")), &in_pod), "eth1");
+        assert_eq!(home_name(&dev("eth1", None), &in_pod), "eth1");
+        // No host name known and a slice name the kernel refuses (16 bytes): the pod-side name.
+        assert_eq!(home_name(&dev("pci-0000-00-05-0", None), &in_pod), "net1");
+        assert_eq!(home_name(&dev("net-mv2gqmbogeyda", None), &in_pod), "net1");
+        assert_eq!(home_name(&dev("pci-0000-00-05-0", Some("a/b")), &in_pod), "net1");
+    }
 
     #[test]
     fn a_parent_resolves_to_its_pci_function_through_sysfs() {

@@ -11,7 +11,7 @@ use super::{AttachOutcome, Engine, Live, RescueError};
 use crate::link::{self, AttachSpec, LinkError, Netlink};
 use crate::netns::{Netns, Pin};
 use crate::plan::DevicePlan;
-use crate::rdma::{self, NetnsMode};
+use crate::rdma::NetnsMode;
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason, pod_key};
 
 /// Identity of the pod sandbox being attached, as the runtime names it.
@@ -49,7 +49,10 @@ impl Engine {
             });
         }
         let key = pod_key(pod.uid, pod.sandbox);
-        self.name_legacy_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())?;
+        self.name_legacy_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())
+            .await?;
+        self.name_recovered_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())
+            .await?;
         if self.already_attached(&key, &netns) {
             return Ok(AttachOutcome::AlreadyAttached);
         }
@@ -71,7 +74,8 @@ impl Engine {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let pod_nl = Netlink::in_netns(&netns)
+        let pod_nl = self
+            .link_op("rtnetlink in the pod netns", Netlink::in_netns(&netns))
             .await
             .map_err(|source| RescueError::PodNetlink {
                 pod: pod.uid.to_owned(),
@@ -81,7 +85,8 @@ impl Engine {
         // it is the device's identity there from the moment it moves (whatever the pod renames
         // or creates), so even an attach cut short by a crash knows where to look.
         let pod_id = netns.id();
-        let places = pod_indices(&pod_nl, &records)
+        let places = self
+            .link_op("listing the pod's links", pod_indices(&pod_nl, &records))
             .await
             .map_err(|source| RescueError::PodNetlink {
                 pod: pod.uid.to_owned(),
@@ -108,13 +113,15 @@ impl Engine {
                     pin: Some(pin_path.clone()),
                     phase: PodPhase::Attaching,
                     devices: records.clone(),
+                    recovered: None,
                 },
             );
-        })?;
+        })
+        .await?;
         let pin = match Pin::create(&netns, &self.inner.store.pins_dir(), pod.sandbox) {
             Ok(p) => p,
             Err(source) => {
-                self.abandon(&key)?;
+                self.abandon(&key).await?;
                 return Err(RescueError::Pin {
                     pod: pod.uid.to_owned(),
                     source,
@@ -131,13 +138,16 @@ impl Engine {
         for (i, d) in plan.iter().enumerate() {
             let attached = match &live.netlink {
                 Some(pod_nl) => {
-                    link::attach(
-                        &host_nl,
-                        pod_nl,
-                        live.pin.netns(),
-                        &records[i].snapshot,
-                        &specs[i],
-                        places[i],
+                    self.link_op(
+                        "moving the device into the pod",
+                        link::attach(
+                            &host_nl,
+                            pod_nl,
+                            live.pin.netns(),
+                            &records[i].snapshot,
+                            &specs[i],
+                            places[i],
+                        ),
                     )
                     .await
                 }
@@ -182,7 +192,8 @@ impl Engine {
                     d.at = Some(*at);
                 }
             }
-        })?;
+        })
+        .await?;
         self.count(|c| c.attached_pods += 1);
         self.inner
             .metrics
@@ -239,7 +250,8 @@ impl Engine {
                     }
                 }
             }
-        })?;
+        })
+        .await?;
         self.inner.live_put(key, live);
         if let Err(e) = self.detach_locked(key, ReturnReason::Rollback).await {
             warn!(pod = uid, sandbox = key, error = %e, "rollback incomplete");
@@ -263,27 +275,30 @@ impl Engine {
             if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                 dev.rdma_in_pod = true;
             }
-        })?;
+        })
+        .await?;
         let uid = self
             .cp()
             .pods
             .get(key)
             .map(|r| r.pod_uid.clone())
             .unwrap_or_default();
-        let err = |source| RescueError::Rdma {
-            pod: uid.clone(),
-            device: name.clone(),
-            source,
-        };
         let (host, pod_ns) = (
             self.inner.host.try_clone().map_err(RescueError::Host)?,
             pod_ns.try_clone().map_err(RescueError::Host)?,
         );
-        let n = name.clone();
-        tokio::task::spawn_blocking(move || rdma::move_device(&host, &n, &pod_ns))
-            .await
-            .map_err(|_| err(rdma::RdmaError::Decode("the RDMA move task failed".into())))?
-            .map_err(err)
+        let (ops, n) = (self.inner.rdma.clone(), name.clone());
+        // Bounded: a move the kernel never answers fails the attach (rolled back) instead of
+        // holding the pod's lock, and with it every later hook of the pod, for ever.
+        self.blocking_op(&uid, &d.device, "RDMA move into the pod", move || {
+            ops.move_device(&host, &n, &pod_ns)
+        })
+        .await?
+        .map_err(|source| RescueError::Rdma {
+            pod: uid.clone(),
+            device: name.clone(),
+            source,
+        })
     }
 
     fn already_attached(&self, key: &str, netns: &Netns) -> bool {
@@ -347,7 +362,10 @@ impl Engine {
                 source,
             };
             link::validate_ifname(pod_if).map_err(link_err)?;
-            let snapshot = link::snapshot(host_nl, host_if).await.map_err(link_err)?;
+            let snapshot = self
+                .link_op("snapshot of the host device", link::snapshot(host_nl, host_if))
+                .await
+                .map_err(link_err)?;
             out.push(DeviceRecord {
                 device: d.device.clone(),
                 pod_ifname: pod_if.to_owned(),
@@ -360,13 +378,14 @@ impl Engine {
                 state: DeviceState::Moving,
                 temp_name: None,
                 at: None,
+                rebuilt: false,
             });
         }
         Ok(out)
     }
 
     /// Nothing moved: the sandbox record goes back to "returned".
-    fn abandon(&self, key: &str) -> Result<(), RescueError> {
+    async fn abandon(&self, key: &str) -> Result<(), RescueError> {
         self.update(|cp| {
             if let Some(rec) = cp.pods.get_mut(key) {
                 rec.phase = PodPhase::Returned(ReturnReason::Rollback);
@@ -374,6 +393,7 @@ impl Engine {
                 rec.devices.iter_mut().for_each(|d| d.state = DeviceState::Home);
             }
         })
+        .await
     }
 }
 

@@ -239,3 +239,7 @@ fn returned_device(
 #[cfg(test)]
 #[path = "decide_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "decide_props.rs"]
+mod props;

@@ -51,7 +51,9 @@ fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
                     ifindex: 7,
                     netns: ID,
                 }),
+                rebuilt: false,
             }],
+            recovered: None,
         },
     );
     cp

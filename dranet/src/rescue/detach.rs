@@ -73,18 +73,22 @@ impl Engine {
         let uid = uid.as_str();
         let live = match self.inner.live_take(key) {
             Some(l) => Some(l),
-            None => self.repin(key, pin_path.as_deref()),
+            None => self.repin(key, pin_path.as_deref()).await,
         };
         self.update(|cp| {
             if let Some(rec) = cp.pods.get_mut(key) {
                 rec.phase = PodPhase::Returning;
             }
-        })?;
+        })
+        .await?;
         let pod_nl = match &live {
             Some(Live {
                 netlink: Some(nl), ..
             }) => Some(nl.clone()),
-            Some(Live { pin, netlink: None }) => match Netlink::in_netns(pin.netns()).await {
+            Some(Live { pin, netlink: None }) => match self
+                .link_op("rtnetlink in the pod netns", Netlink::in_netns(pin.netns()))
+                .await
+            {
                 Ok(nl) => Some(nl),
                 Err(e) => {
                     warn!(pod = uid, sandbox = key, error = %e, "no netlink in the pod netns");
@@ -134,11 +138,16 @@ impl Engine {
                         pod_ifindex,
                         pod_ifname: &d.pod_ifname,
                     };
-                    link::detach(&req, first_move).await
+                    self.link_op("bringing the device home", link::detach(&req, first_move))
+                        .await
                 }
                 None => {
                     first_move.get_or_insert_with(crate::watch::monotonic_ns);
-                    link::find_and_repair(&host_nl, &d.snapshot).await
+                    self.link_op(
+                        "repairing the device in the host",
+                        link::find_and_repair(&host_nl, &d.snapshot),
+                    )
+                    .await
                 }
             };
             let res = match res {
@@ -158,7 +167,7 @@ impl Engine {
                 }
                 Ok(Returned::NameBusy { temp_name }) => {
                     busy.push(temp_name.clone());
-                    self.set_temp_name(key, i, Some(temp_name))?;
+                    self.set_temp_name(key, i, Some(temp_name)).await?;
                     DeviceState::HomeNameBusy
                 }
                 Err(e) => {
@@ -172,7 +181,8 @@ impl Engine {
                     dev.state = state;
                     dev.at = None;
                 }
-            })?;
+            })
+            .await?;
         }
         drop(pod_nl);
         if let Some(first) = failed.first() {
@@ -196,7 +206,8 @@ impl Engine {
                 first: first.clone(),
             });
         }
-        self.finish_return(key, live, reason)?;
+        self.finish_return(key, live, reason).await?;
+        self.say_what_was_not_restored(key, &devices);
         info!(pod = uid, sandbox = key, ?reason, devices = ?home, name_busy = ?busy, "devices home");
         self.record(
             uid,
@@ -213,8 +224,9 @@ impl Engine {
     }
 
     /// Re-opens the pod's pin; if it is gone, finds the netns by identity (the runtime's path,
-    /// then `/proc/*/ns/net`) and pins it again. `None`: the netns is gone.
-    pub(super) fn repin(&self, key: &str, pin_path: Option<&std::path::Path>) -> Option<Live> {
+    /// then `/proc/*/ns/net`, scanned on the blocking pool) and pins it again. `None`: the netns
+    /// is gone.
+    pub(super) async fn repin(&self, key: &str, pin_path: Option<&std::path::Path>) -> Option<Live> {
         let (id, path, name) = self
             .cp()
             .pods
@@ -232,16 +244,22 @@ impl Engine {
                 }
             }
         }
-        let ns = crate::netns::find_by_id(id, &[&path])?;
+        let ns = tokio::task::spawn_blocking(move || crate::netns::find_by_id(id, &[&path]))
+            .await
+            .ok()
+            .flatten()?;
         match Pin::create(&ns, &self.inner.store.pins_dir(), &name) {
             Ok(pin) => {
                 info!(sandbox = key, netns = %id, "netns found alive: pinned again");
                 let p = pin.path().to_owned();
-                if let Err(e) = self.update(|cp| {
-                    if let Some(r) = cp.pods.get_mut(key) {
-                        r.pin = Some(p);
-                    }
-                }) {
+                if let Err(e) = self
+                    .update(|cp| {
+                        if let Some(r) = cp.pods.get_mut(key) {
+                            r.pin = Some(p);
+                        }
+                    })
+                    .await
+                {
                     warn!(sandbox = key, error = %e, "cannot record the new pin");
                 }
                 Some(Live { pin, netlink: None })
@@ -254,7 +272,7 @@ impl Engine {
     }
 
     /// Every device is home: release the pin, stop watching, record why.
-    pub(super) fn finish_return(
+    pub(super) async fn finish_return(
         &self,
         key: &str,
         live: Option<Live>,
@@ -266,17 +284,8 @@ impl Engine {
                 warn!(sandbox = key, error = %e, "releasing the pin failed");
             }
         }
-        // The netns stays watched while the record stays: its teardown drops the record.
-        self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(key) {
-                rec.phase = PodPhase::Returned(reason);
-                rec.pin = None;
-            }
-        })?;
-        // The runtime tore the netns down (CRI-O order, a rescue, a reconcile): the sandbox can
-        // never run again, so its record goes now. Otherwise (containerd order, a new sandbox)
-        // it waits for RemovePodSandbox, Synchronize or the sweep.
-        self.drop_if_torn_down(key)?;
+        // Counted before the record changes: whoever sees the record say "returned" sees the
+        // return counted too (the save is awaited below).
         let m = &self.inner.metrics;
         match reason {
             ReturnReason::Hook => {
@@ -315,6 +324,18 @@ impl Engine {
             ReturnReason::Reconcile | ReturnReason::Vanished => c.returned_by_reconcile += 1,
             ReturnReason::Rollback => {}
         });
+        // The netns stays watched while the record stays: its teardown drops the record.
+        self.update(|cp| {
+            if let Some(rec) = cp.pods.get_mut(key) {
+                rec.phase = PodPhase::Returned(reason);
+                rec.pin = None;
+            }
+        })
+        .await?;
+        // The runtime tore the netns down (CRI-O order, a rescue, a reconcile): the sandbox can
+        // never run again, so its record goes now. Otherwise (containerd order, a new sandbox)
+        // it waits for RemovePodSandbox, Synchronize or the sweep.
+        self.drop_if_torn_down(key).await?;
         Ok(())
     }
 
@@ -338,10 +359,12 @@ impl Engine {
             };
             let pod_ns = pod_ns.try_clone().map_err(RescueError::Host)?;
             let host = self.inner.host.try_clone().map_err(RescueError::Host)?;
-            let n = name.clone();
-            let r = tokio::task::spawn_blocking(move || rdma::move_device(&pod_ns, &n, &host))
-                .await
-                .map_err(|_| err(rdma::RdmaError::Decode("the RDMA move task failed".into())))?;
+            let (ops, n) = (self.inner.rdma.clone(), name.clone());
+            let r = self
+                .blocking_op(key, &d.device, "RDMA move back to the host", move || {
+                    ops.move_device(&pod_ns, &n, &host)
+                })
+                .await?;
             match r {
                 // Not in the pod netns: it never moved (crash between record and move) or is home.
                 Ok(()) | Err(rdma::RdmaError::NotFound(_) | rdma::RdmaError::NoRdma) => {}
@@ -353,6 +376,7 @@ impl Engine {
                 dev.rdma_in_pod = false;
             }
         })
+        .await
     }
 
     /// `--pci-rebind`: the device is nowhere; rebind its PCI driver so it reappears in the host,
@@ -392,12 +416,13 @@ impl Engine {
         link::repair(host_nl, index, &d.snapshot).await.map_err(lerr)
     }
 
-    fn set_temp_name(&self, key: &str, i: usize, name: Option<String>) -> Result<(), RescueError> {
+    async fn set_temp_name(&self, key: &str, i: usize, name: Option<String>) -> Result<(), RescueError> {
         self.update(|cp| {
             if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                 dev.temp_name = name;
             }
         })
+        .await
     }
 
     /// A managed device appeared in the host by itself: restore it (idempotent). The link at
@@ -417,17 +442,24 @@ impl Engine {
         };
         let _slot = self.inner.lane.background().await;
         let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
-        let res = link::repair(&host_nl, ifindex, &d.snapshot)
+        let res = self
+            .link_op(
+                "repairing the device",
+                link::repair(&host_nl, ifindex, &d.snapshot),
+            )
             .await
             .map_err(|source| RescueError::Link {
                 pod: uid.to_owned(),
                 device: device.to_owned(),
                 source,
             })?;
+        // Counted before the record changes (see `finish_return`).
+        self.count(|c| c.repaired_devices += 1);
+        self.inner.metrics.repaired.inc();
         let state = match res {
             Returned::Restored => DeviceState::Home,
             Returned::NameBusy { temp_name } => {
-                self.set_temp_name(key, i, Some(temp_name))?;
+                self.set_temp_name(key, i, Some(temp_name)).await?;
                 DeviceState::HomeNameBusy
             }
         };
@@ -436,9 +468,8 @@ impl Engine {
                 dev.state = state;
                 dev.at = None;
             }
-        })?;
-        self.count(|c| c.repaired_devices += 1);
-        self.inner.metrics.repaired.inc();
+        })
+        .await?;
         info!(
             pod = uid,
             sandbox = key,
@@ -449,7 +480,7 @@ impl Engine {
         let all_home = self.cp().pods.get(key).is_some_and(|r| !r.has_devices_out());
         if all_home {
             let live = self.inner.live_take(key);
-            self.finish_return(key, live, ReturnReason::NetnsTeardown)?;
+            self.finish_return(key, live, ReturnReason::NetnsTeardown).await?;
         }
         Ok(())
     }
@@ -470,6 +501,7 @@ impl Engine {
                 d.at = Some(to);
             }
         })
+        .await
     }
 }
 

@@ -30,6 +30,7 @@ pub mod decide;
 mod detach;
 mod lane;
 pub mod metrics;
+mod rebuild;
 mod reconcile;
 mod sandbox;
 
@@ -43,7 +44,8 @@ use tracing::{debug, info, warn};
 use crate::link::{LinkError, Netlink};
 use crate::netns::{Netns, NetnsError, Pin};
 use crate::plan::{DevicePlan, PodPlan};
-use crate::state::{Checkpoint, PodPhase, ReturnReason, StateError, Store};
+use crate::rdma::{KernelRdma, RdmaOps};
+use crate::state::{Checkpoint, LoadSource, PodPhase, ReturnReason, StateError, StateLock, Store, Writer};
 use crate::watch::{Subscription, Watcher};
 
 pub use adopt::{AdoptOutcome, Allocated, parent_pci_address};
@@ -121,6 +123,17 @@ pub enum RescueError {
     Host(#[source] NetnsError),
     #[error("host netlink: {0}")]
     HostNetlink(#[source] LinkError),
+    #[error("pod {pod}: device {device}: {what} did not finish within {after:?}; not waiting for it")]
+    Timeout {
+        pod: String,
+        device: String,
+        what: &'static str,
+        after: std::time::Duration,
+    },
+    #[error("{what}: the blocking task failed")]
+    Task { what: &'static str },
+    #[error("inventory of a pinned netns: {0}")]
+    Inventory(#[source] crate::inventory::InventoryError),
 }
 
 impl RescueError {
@@ -132,6 +145,7 @@ impl RescueError {
             | Self::NoInterface { device, .. }
             | Self::DeviceBusy { device, .. }
             | Self::Rdma { device, .. }
+            | Self::Timeout { device, .. }
             | Self::Pci { device, .. } => Some(device),
             _ => None,
         }
@@ -151,7 +165,22 @@ pub struct EngineOptions {
     /// the process in that window).
     #[doc(hidden)]
     pub pause_after_device: Option<(usize, std::time::Duration)>,
+    /// How long to wait for another process to let go of the state dir's lock.
+    pub lock_wait: std::time::Duration,
+    /// Bound on each kernel operation on a device (its move and restore over rtnetlink, its
+    /// RDMA move): past it the operation counts as failed and the pod's lock is released (the
+    /// operation itself may still finish later; detach finds the device by its identity).
+    pub kernel_timeout: std::time::Duration,
+    /// The inventory's CEL filter (`--filter`): a link in a pin no record claims is taken as
+    /// ours only if the inventory would publish it under this filter (see `rebuild`).
+    pub device_filter: String,
+    /// Tests only: the RDMA subsystem (default: the kernel's, over NETLINK_RDMA).
+    #[doc(hidden)]
+    pub rdma: Option<Arc<dyn RdmaOps>>,
 }
+
+/// Default [`EngineOptions::kernel_timeout`].
+pub const KERNEL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Default for EngineOptions {
     fn default() -> Self {
@@ -160,6 +189,10 @@ impl Default for EngineOptions {
             pci_rebind: false,
             sysfs: PathBuf::from("/sys"),
             pause_after_device: None,
+            lock_wait: std::time::Duration::from_secs(10),
+            kernel_timeout: KERNEL_TIMEOUT,
+            device_filter: crate::inventory::DEFAULT_FILTER.to_owned(),
+            rdma: None,
         }
     }
 }
@@ -175,6 +208,13 @@ struct Inner {
     opts: EngineOptions,
     store: Store,
     cp: Mutex<Checkpoint>,
+    /// Saves the checkpoint off the async workers. Declared before `_lock`: it writes what is
+    /// still staged when the engine goes, and only then is the lock released.
+    writer: Writer,
+    _lock: StateLock,
+    /// Where the checkpoint came from at start.
+    load_source: LoadSource,
+    rdma: Arc<dyn RdmaOps>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Pinned netns of the sandboxes holding devices, by record key.
     live: Mutex<HashMap<String, Live>>,
@@ -257,18 +297,42 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Opens the state dir and the host handles. Call [`Engine::reconcile`] next.
+    /// Takes the state dir (its lock, waiting up to [`EngineOptions::lock_wait`]), loads the
+    /// checkpoint (a checkpoint that does not load is moved aside, then `state.json.prev` is
+    /// used, else nothing: never an error) and opens the host handles. Call
+    /// [`Engine::reconcile`] next: it also rebuilds records from pins no record claims.
     pub async fn new(opts: EngineOptions, watcher: Option<Watcher>) -> Result<Self, RescueError> {
         let store = Store::open(&opts.state_dir)?;
-        let cp = store.load()?;
+        let lock = StateLock::acquire(store.dir(), opts.lock_wait).await?;
+        let s = store.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            s.remove_stale_temp_files();
+            s.load_or_recover()
+        })
+        .await
+        .map_err(|_| RescueError::Task {
+            what: "loading the checkpoint",
+        })?;
+        let writer = Writer::start(store.clone())?;
         let host = Netns::host().map_err(RescueError::Host)?;
         // The host rtnetlink works here; operations open their own sockets (the kernel runs one
         // dump at a time per socket: concurrent rescues sharing one failed with EBUSY).
         drop(Netlink::host().await.map_err(RescueError::HostNetlink)?);
-        let rdma_mode = match crate::rdma::host_mode() {
-            Ok(m) => m,
-            Err(e) => {
+        let rdma: Arc<dyn RdmaOps> = opts.rdma.clone().unwrap_or_else(|| Arc::new(KernelRdma));
+        let ops = rdma.clone();
+        let mode = tokio::time::timeout(
+            opts.kernel_timeout,
+            tokio::task::spawn_blocking(move || ops.host_mode()),
+        )
+        .await;
+        let rdma_mode = match mode {
+            Ok(Ok(Ok(m))) => m,
+            Ok(Ok(Err(e))) => {
                 warn!(error = %e, "cannot read the RDMA netns mode; RDMA links will not be moved");
+                None
+            }
+            Ok(Err(_)) | Err(_) => {
+                warn!("reading the RDMA netns mode failed or hung; RDMA links will not be moved");
                 None
             }
         };
@@ -277,7 +341,11 @@ impl Engine {
             inner: Arc::new(Inner {
                 opts,
                 store,
-                cp: Mutex::new(cp),
+                cp: Mutex::new(loaded.cp),
+                writer,
+                _lock: lock,
+                load_source: loaded.source,
+                rdma,
                 locks: Mutex::new(HashMap::new()),
                 live: Mutex::new(HashMap::new()),
                 host,
@@ -290,6 +358,12 @@ impl Engine {
                 lane: lane::Lane::new(),
             }),
         })
+    }
+
+    /// Where the checkpoint came from when the engine started.
+    #[must_use]
+    pub fn load_source(&self) -> &LoadSource {
+        &self.inner.load_source
     }
 
     /// A copy of the checkpoint as it stands.
@@ -355,6 +429,7 @@ impl Engine {
     }
 
     /// Records the devices NodePrepareResources planned for a pod (merged across its claims).
+    /// The save is staged: [`Engine::durable`] waits for it.
     pub fn set_plan(&self, plan: PodPlan) -> Result<(), RescueError> {
         let mut cp = self.cp();
         let entry = cp.plans.entry(plan.pod_uid.clone()).or_insert_with(|| PodPlan {
@@ -369,12 +444,19 @@ impl Engine {
                 .retain(|e| !(e.device == d.device && e.pool == d.pool));
             entry.devices.push(d);
         }
-        self.inner.store.save(&cp)?;
+        self.inner.writer.stage(&cp)?;
+        Ok(())
+    }
+
+    /// Waits until every change made so far is on disk.
+    pub async fn durable(&self) -> Result<(), RescueError> {
+        let generation = self.inner.writer.staged();
+        self.inner.writer.durable(generation).await?;
         Ok(())
     }
 
     /// Forgets the plans of a claim (NodeUnprepareResources). Devices already in a pod stay
-    /// tracked until they are home.
+    /// tracked until they are home. The save is staged ([`Engine::durable`]).
     pub fn remove_claim(&self, claim_uid: &str) -> Result<(), RescueError> {
         let emptied: Vec<String> = {
             let mut cp = self.cp();
@@ -388,7 +470,7 @@ impl Engine {
                 .map(|(uid, _)| uid.clone())
                 .collect();
             cp.plans.retain(|_, p| !p.devices.is_empty());
-            self.inner.store.save(&cp)?;
+            self.inner.writer.stage(&cp)?;
             emptied
         };
         for uid in emptied {
@@ -466,7 +548,7 @@ impl Engine {
             Action::Forget { pod_uid, key } => {
                 {
                     let _owner = self.own(&pod_uid).await;
-                    if let Err(e) = self.drop_if_torn_down(&key) {
+                    if let Err(e) = self.drop_if_torn_down(&key).await {
                         warn!(pod = %pod_uid, sandbox = %key, error = %e, "cannot drop the record");
                     }
                 }
@@ -585,12 +667,55 @@ impl Engine {
         lock(&self.inner.locks).len()
     }
 
-    /// Applies `f` to the checkpoint and saves it.
-    fn update(&self, f: impl FnOnce(&mut Checkpoint)) -> Result<(), RescueError> {
-        let mut cp = self.cp();
-        f(&mut cp);
-        self.inner.store.save(&cp)?;
+    /// Applies `f` to the checkpoint and waits until it is on disk (saved by the writer thread:
+    /// no async worker blocks on `fsync`). The write-ahead relies on this.
+    async fn update(&self, f: impl FnOnce(&mut Checkpoint)) -> Result<(), RescueError> {
+        let generation = {
+            let mut cp = self.cp();
+            f(&mut cp);
+            self.inner.writer.stage(&cp)?
+        };
+        self.inner.writer.durable(generation).await?;
         Ok(())
+    }
+
+    /// Runs one blocking kernel operation of device `device` of pod `pod` on the blocking pool,
+    /// bounded by [`EngineOptions::kernel_timeout`]. Past the bound the caller goes on (and
+    /// releases the pod's lock); the thread finishes whenever the kernel answers.
+    pub(super) async fn blocking_op<T: Send + 'static>(
+        &self,
+        pod: &str,
+        device: &str,
+        what: &'static str,
+        op: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, RescueError> {
+        let after = self.inner.opts.kernel_timeout;
+        match tokio::time::timeout(after, tokio::task::spawn_blocking(op)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(_)) => Err(RescueError::Task { what }),
+            Err(_) => {
+                warn!(pod, device, what, ?after, "kernel operation timed out");
+                Err(RescueError::Timeout {
+                    pod: pod.to_owned(),
+                    device: device.to_owned(),
+                    what,
+                    after,
+                })
+            }
+        }
+    }
+
+    /// Bounds one rtnetlink operation by [`EngineOptions::kernel_timeout`] (a reply the kernel
+    /// never sends, a request stuck behind RTNL).
+    pub(super) async fn link_op<T>(
+        &self,
+        what: &'static str,
+        op: impl std::future::Future<Output = Result<T, LinkError>>,
+    ) -> Result<T, LinkError> {
+        let after = self.inner.opts.kernel_timeout;
+        tokio::time::timeout(after, op)
+            .await
+            .unwrap_or_else(|_| Err(LinkError::Timeout { what, after }))
     }
 }
 

@@ -9,8 +9,10 @@
 //! * pin gone (someone removed it) → the kernel returned or deleted the devices → find them in
 //!   the host and repair.
 //!
-//! Pins in the pins dir that no pod record claims (a crash between pin and checkpoint) are released.
-//! Records of sandboxes whose netns is gone are dropped ([`Engine::sweep`]).
+//! Pins in the pins dir that no pod record claims (a checkpoint that did not load, a `.prev` one
+//! save behind) are looked into first: one that holds devices of ours gets a record rebuilt from
+//! it (`rebuild`), and is then reconciled like any other; the others are released. Records of
+//! sandboxes whose netns is gone are dropped ([`Engine::sweep`]).
 
 use std::collections::HashSet;
 
@@ -19,7 +21,7 @@ use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError};
 use crate::netns::{Netns, Pin};
-use crate::state::{PodPhase, ReturnReason};
+use crate::state::{LoadSource, PodPhase, ReturnReason};
 
 /// What a reconcile found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -32,6 +34,8 @@ pub struct ReconcileReport {
     pub failed: Vec<String>,
     /// Pins nobody claimed, released.
     pub stray_pins: usize,
+    /// Records rebuilt from pins no record claimed (their devices' host state is unknown).
+    pub rebuilt: Vec<String>,
     /// Records of sandboxes whose netns is gone, dropped.
     pub dropped: usize,
 }
@@ -40,6 +44,7 @@ impl Engine {
     /// Reconciles the checkpoint with the kernel.
     pub async fn reconcile(&self) -> Result<ReconcileReport, RescueError> {
         let mut report = ReconcileReport::default();
+        self.recover_pins(&mut report).await;
         let sandboxes: Vec<(String, String)> = self
             .cp()
             .pods
@@ -77,6 +82,16 @@ impl Engine {
 
     /// Returns whether the sandbox was adopted (still running).
     async fn reconcile_pod(&self, key: &str, phase: PodPhase) -> Result<bool, RescueError> {
+        // A `.prev` checkpoint is one save behind: an attach it shows under way may have
+        // finished (its last save is what was lost). Trust the kernel, not the record.
+        let phase = if phase == PodPhase::Attaching
+            && matches!(self.inner.load_source, LoadSource::Previous { .. })
+            && self.confirm_attach(key).await
+        {
+            PodPhase::Attached
+        } else {
+            phase
+        };
         if phase == PodPhase::Attached && self.readopt(key).await {
             return Ok(true);
         }
@@ -88,7 +103,8 @@ impl Engine {
                 .get(key)
                 .and_then(|r| r.pin.clone())
                 .and_then(|p| Pin::reopen(&p).ok());
-            self.finish_return(key, live.map(|pin| Live { pin, netlink: None }), why)?;
+            self.finish_return(key, live.map(|pin| Live { pin, netlink: None }), why)
+                .await?;
             return Ok(false);
         }
         let reason = if phase == PodPhase::Attaching {
@@ -115,7 +131,7 @@ impl Engine {
             // running only if the runtime's path still names its netns.
             return Netns::open_path(&path).is_ok_and(|ns| ns.id() == id);
         }
-        let Some(Live { pin, .. }) = self.repin(key, pin_path.as_deref()) else {
+        let Some(Live { pin, .. }) = self.repin(key, pin_path.as_deref()).await else {
             return false;
         };
         let alive = Netns::open_path(&path).is_ok_and(|ns| ns.id() == id) && pin.netns().id() == id;
@@ -177,8 +193,11 @@ impl Engine {
     /// Brings every device of every sandbox home, removes all pins and drops every record
     /// (uninstall). Plans of prepared claims are kept: they are kubelet's, and a daemon started
     /// again still serves those pods' new sandboxes.
+    /// Works from the pins alone when the checkpoint did not load: their records are rebuilt
+    /// first.
     pub async fn release_all(&self) -> Result<ReconcileReport, RescueError> {
         let mut report = ReconcileReport::default();
+        self.recover_pins(&mut report).await;
         let sandboxes: Vec<(String, String)> = self
             .cp()
             .pods
@@ -203,9 +222,10 @@ impl Engine {
                             if let Some(r) = cp.pods.get_mut(&key) {
                                 r.pin = None;
                             }
-                        })?;
+                        })
+                        .await?;
                     }
-                    if self.drop_record(&key, "release-all")? {
+                    if self.drop_record(&key, "release-all").await? {
                         report.dropped += 1;
                     }
                 }

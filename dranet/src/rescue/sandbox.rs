@@ -59,22 +59,29 @@ impl Engine {
     /// checkpoint format 1 (no sandbox id) of the same pod that this sandbox is shown to own
     /// (same netns path; or, for a hook without a path, the pod's only record), which then takes
     /// the sandbox id. The pod's lock must be held.
-    fn resolve(&self, sb: SandboxRef<'_>) -> Result<Option<String>, RescueError> {
+    async fn resolve(&self, sb: SandboxRef<'_>) -> Result<Option<String>, RescueError> {
         let key = pod_key(sb.uid, sb.sandbox);
         if self.cp().pods.contains_key(&key) {
             return Ok(Some(key));
         }
         let only_record = self.cp().records_of(sb.uid).count() == 1;
-        let named = self.name_legacy_record(sb.uid, sb.sandbox, |r| match sb.netns {
-            Some(p) => same_path(&r.netns_path, p),
-            None => only_record,
-        })?;
+        let named = self
+            .name_legacy_record(sb.uid, sb.sandbox, |r| match sb.netns {
+                Some(p) => same_path(&r.netns_path, p),
+                None => only_record,
+            })
+            .await?
+            || self
+                .name_recovered_record(sb.uid, sb.sandbox, |r| {
+                    sb.netns.is_some_and(|p| same_path(&r.netns_path, p))
+                })
+                .await?;
         Ok(named.then_some(key))
     }
 
     /// Gives a format-1 record (no sandbox id) of pod `uid` the id `sandbox` when `owns` says the
     /// sandbox is its. Returns whether a record was named. The pod's lock must be held.
-    pub(super) fn name_legacy_record(
+    pub(super) async fn name_legacy_record(
         &self,
         uid: &str,
         sandbox: &str,
@@ -96,7 +103,8 @@ impl Engine {
                 r.sandbox_id = sandbox.to_owned();
                 cp.pods.insert(key.clone(), r);
             }
-        })?;
+        })
+        .await?;
         if let Some(l) = live {
             self.inner.live_put(&key, l);
         }
@@ -112,7 +120,7 @@ impl Engine {
         crate::ids::pod_uid(sb.uid)?;
         crate::ids::sandbox_id(sb.sandbox)?;
         let _owner = self.own(sb.uid).await;
-        let Some(key) = self.resolve(sb)? else {
+        let Some(key) = self.resolve(sb).await? else {
             return Ok(DetachOutcome::NotOurs);
         };
         self.detach_locked(&key, reason).await
@@ -125,11 +133,11 @@ impl Engine {
         crate::ids::sandbox_id(sb.sandbox)?;
         let out = {
             let _owner = self.own(sb.uid).await;
-            let Some(key) = self.resolve(sb)? else {
+            let Some(key) = self.resolve(sb).await? else {
                 return Ok(DetachOutcome::NotOurs);
             };
             let out = self.detach_locked(&key, ReturnReason::Hook).await?;
-            self.drop_record(&key, "removed by the runtime")?;
+            self.drop_record(&key, "removed by the runtime").await?;
             out
         };
         self.prune_lock(sb.uid);
@@ -146,11 +154,13 @@ impl Engine {
                 continue;
             }
             let _owner = self.own(&s.uid).await;
-            let named = self.name_legacy_record(&s.uid, &s.sandbox, |r| {
-                s.netns.as_deref().is_some_and(|p| same_path(&r.netns_path, p))
-            });
+            let owns = |r: &PodRecord| s.netns.as_deref().is_some_and(|p| same_path(&r.netns_path, p));
+            let named = match self.name_legacy_record(&s.uid, &s.sandbox, owns).await {
+                Ok(false) => self.name_recovered_record(&s.uid, &s.sandbox, owns).await,
+                other => other,
+            };
             if let Err(e) = named {
-                warn!(pod = s.uid, sandbox = s.sandbox, error = %e, "cannot name a format-1 record");
+                warn!(pod = s.uid, sandbox = s.sandbox, error = %e, "cannot name a format-1 or rebuilt record");
             }
         }
         let known: HashSet<String> = running.iter().map(|s| pod_key(&s.uid, &s.sandbox)).collect();
@@ -180,7 +190,7 @@ impl Engine {
                         }
                     }
                 }
-                match self.drop_record(&key, "unknown to the runtime") {
+                match self.drop_record(&key, "unknown to the runtime").await {
                     Ok(true) => report.dropped.push(key.clone()),
                     Ok(false) => {}
                     Err(e) => warn!(sandbox = key, error = %e, "cannot drop the record"),
@@ -193,7 +203,7 @@ impl Engine {
 
     /// Deletes the record `key` if every device is home and its pin is released. Returns whether
     /// it did. The pod's lock must be held.
-    pub(super) fn drop_record(&self, key: &str, why: &str) -> Result<bool, RescueError> {
+    pub(super) async fn drop_record(&self, key: &str, why: &str) -> Result<bool, RescueError> {
         let droppable = self
             .cp()
             .pods
@@ -205,7 +215,8 @@ impl Engine {
         let id = self.cp().pods.get(key).map(|r| r.netns);
         self.update(|cp| {
             cp.pods.remove(key);
-        })?;
+        })
+        .await?;
         if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
             w.unwatch_netns(id);
         }
@@ -216,7 +227,7 @@ impl Engine {
 
     /// Drops the record `key` (devices home, pin released) if its netns is gone: the runtime's
     /// path no longer names the netns the sandbox attached to.
-    pub(super) fn drop_if_torn_down(&self, key: &str) -> Result<bool, RescueError> {
+    pub(super) async fn drop_if_torn_down(&self, key: &str) -> Result<bool, RescueError> {
         let Some((path, id)) = self.cp().pods.get(key).map(|r| (r.netns_path.clone(), r.netns)) else {
             return Ok(false);
         };
@@ -224,7 +235,7 @@ impl Engine {
         if alive {
             return Ok(false);
         }
-        self.drop_record(key, "its netns is gone")
+        self.drop_record(key, "its netns is gone").await
     }
 
     /// Drops every returned record whose sandbox's netns is gone; then prunes the locks of pods
@@ -241,7 +252,7 @@ impl Engine {
         for (uid, key) in candidates {
             {
                 let _owner = self.own(&uid).await;
-                match self.drop_if_torn_down(&key) {
+                match self.drop_if_torn_down(&key).await {
                     Ok(true) => n += 1,
                     Ok(false) => {}
                     Err(e) => warn!(sandbox = key, error = %e, "sweep: cannot drop the record"),

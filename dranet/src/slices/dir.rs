@@ -94,6 +94,23 @@ impl DirPublisher {
     }
 }
 
+impl DirPublisher {
+    /// This node's slices as JSON (what [`super::PublishedDevices`] reads at start).
+    pub fn existing_slices<'a>(&'a self) -> BoxFuture<'a, Result<Vec<serde_json::Value>, SliceError>> {
+        Box::pin(async move {
+            self.read_all()?
+                .iter()
+                .map(|s| {
+                    serde_json::to_value(s).map_err(|source| SliceError::Json {
+                        name: s.metadata.name.clone(),
+                        source,
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
 impl Publisher for DirPublisher {
     fn existing_generation<'a>(&'a self) -> BoxFuture<'a, Result<i64, SliceError>> {
         Box::pin(async move {

@@ -90,6 +90,25 @@ impl KubePublisher {
     }
 }
 
+impl KubePublisher {
+    /// This node's slices of this driver as JSON, whoever published them (upstream dranet's
+    /// too): what [`super::PublishedDevices`] reads at start.
+    pub fn existing_slices<'a>(&'a self) -> BoxFuture<'a, Result<Vec<serde_json::Value>, SliceError>> {
+        Box::pin(async move {
+            self.existing()
+                .await?
+                .iter()
+                .map(|o| {
+                    serde_json::to_value(o).map_err(|source| SliceError::Json {
+                        name: o.metadata.name.clone().unwrap_or_default(),
+                        source,
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
 fn generation_of(o: &DynamicObject) -> i64 {
     o.data
         .pointer("/spec/pool/generation")

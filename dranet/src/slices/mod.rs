@@ -9,6 +9,7 @@
 mod dir;
 mod kube_api;
 mod metrics;
+mod published;
 mod run;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use dir::DirPublisher;
 pub use kube_api::{API_REQUEST_TIMEOUT, KubePublisher};
 pub use metrics::SliceMetrics;
+pub use published::{PUBLISHED_READ_TIMEOUT, PublishedDevice, PublishedDevices};
 pub use run::{
     DEFAULT_MAX_INTERVAL, DEFAULT_MIN_INTERVAL, DEFAULT_SETTLE, DEFAULT_SETTLE_MAX, LoopTiming, RescanHandle,
     link_events, publish_loop,

@@ -1,11 +1,26 @@
 //! Crash-safe checkpoint of what dranet did to the node: prepared plans, pods whose netns holds our
 //! devices, their pins and every device's host snapshot. (Files only.)
 //!
-//! The checkpoint is one JSON document, replaced atomically: write `state.json.tmp`, `fsync` it,
-//! `rename` over `state.json`, `fsync` the directory. A crash at any point leaves either the old or
-//! the new document, never a torn one. Each device moves through [`DeviceState`] with a write-ahead
-//! record (`Moving` is saved *before* the kernel is asked), so after a SIGKILL the reconcile knows
-//! exactly which devices may be half-way and where to look for them.
+//! The checkpoint is one JSON document, replaced atomically ([`Store::save`]): write a temp file
+//! of its own (`state.json.tmp.<pid>.<n>`), `fsync` it, keep the document it replaces as
+//! `state.json.prev` (a hard link renamed into place), `rename` the temp file over `state.json`,
+//! `fsync` the directory. A crash at any point leaves the old or the new document, never a torn
+//! one, and `state.json` is never missing in between. Each device moves through [`DeviceState`]
+//! with a write-ahead record (`Moving` is saved *before* the kernel is asked), so after a
+//! SIGKILL the reconcile knows exactly which devices may be half-way and where to look for them.
+//!
+//! One process owns the state dir at a time: [`StateLock`], an exclusive `flock` on
+//! `<state-dir>/lock` held for the life of `dranet run` and of `dranet release-all` (`dranet
+//! status` only reads). Saves run on a thread of their own ([`Writer`]); a caller that needs its
+//! change durable (the write-ahead) awaits it without blocking an async worker.
+//!
+//! A checkpoint that does not load (unreadable, truncated, garbage, no format version, a newer
+//! format, a record with an invalid pod UID or sandbox id) is moved aside as
+//! `state.json.corrupt-<unix time>` and `state.json.prev` is tried ([`Store::load_or_recover`]);
+//! if that fails too, the engine starts empty and rebuilds records from the pins
+//! (`rescue::rebuild`). `{}` is valid JSON but not a checkpoint: every format dranet ever wrote
+//! carries `version`, so a document without one is corrupt, not empty (an *absent* file is the
+//! empty checkpoint).
 //!
 //! The state dir lives on tmpfs by default (`/run/dranet`): after a reboot there are no pod netns
 //! and no pins left, and the devices are back in the host anyway, so forgetting is right.
@@ -18,17 +33,27 @@
 //! Format history: 1 keyed records by pod UID only; 2 keys them by sandbox and records every
 //! device's kernel identity ([`DeviceRecord::at`]). A format-1 file is migrated on load: its
 //! records keep an empty sandbox id (unknown) until a hook or Synchronize names their sandbox.
+//! Records rebuilt from a pin ([`PodRecord::recovered`]) keep an empty pod UID until a hook or
+//! Synchronize names their sandbox.
+
+mod lock;
+mod store;
+mod writer;
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::link::LinkSnapshot;
 use crate::netns::NetnsId;
 use crate::plan::PodPlan;
+
+pub use lock::StateLock;
+pub use store::{LoadSource, Loaded, Store};
+pub use writer::Writer;
 
 /// Version of the checkpoint format; a newer file is refused rather than misread.
 pub const FORMAT_VERSION: u32 = 2;
@@ -61,10 +86,33 @@ pub enum StateError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("checkpoint {path} is not valid: {what}")]
+    Invalid { path: PathBuf, what: String },
     #[error("encoding checkpoint: {0}")]
     Encode(#[source] serde_json::Error),
     #[error("checkpoint {path} has format version {found}, this dranet reads up to {FORMAT_VERSION}")]
     Version { path: PathBuf, found: u32 },
+    #[error("state dir lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "state dir {dir} is in use by another dranet ({holder}): {path} stayed locked for {waited_s} s; stop that process first"
+    )]
+    Locked {
+        dir: PathBuf,
+        path: PathBuf,
+        holder: String,
+        waited_s: u64,
+    },
+    #[error("starting the checkpoint writer thread: {0}")]
+    Thread(#[source] io::Error),
+    #[error("the checkpoint writer stopped")]
+    WriterStopped,
+    #[error("saving the checkpoint: {0}")]
+    Save(#[source] Arc<StateError>),
 }
 
 /// Where one managed device is, as far as the checkpoint knows.
@@ -110,6 +158,13 @@ pub struct DeviceRecord {
     /// request and this record) and in records migrated from format 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<DeviceAt>,
+    /// The snapshot was read from the device inside the pod when the record was rebuilt from a
+    /// pin (no checkpoint loaded), not taken before the attach: the host state is unknown. Such
+    /// a device comes home under [`LinkSnapshot::name`], up, without addresses, with its
+    /// permanent MAC when it has one; its MTU, offloads and IP sysctls stay as the pod left
+    /// them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebuilt: bool,
 }
 
 /// A device's kernel identity in one netns: the ifindex is fixed while the device stays in that
@@ -167,10 +222,26 @@ pub struct PodRecord {
     pub pin: Option<PathBuf>,
     pub phase: PodPhase,
     pub devices: Vec<DeviceRecord>,
+    /// Set on a record rebuilt from a pin because no checkpoint had it: the pod UID, namespace
+    /// and name are unknown (empty) until a hook or Synchronize names the sandbox, and the
+    /// devices' host snapshots are unknown ([`DeviceRecord::rebuilt`]). Adoption (claims,
+    /// Synchronize, kernel identity) can fill in the rest through the same naming step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<Recovered>,
+}
+
+/// Why and when a record was rebuilt from a pin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovered {
+    /// Why no checkpoint had the record.
+    pub reason: String,
+    /// Unix time of the rebuild.
+    pub at: u64,
 }
 
 /// The checkpoint key of a pod's sandbox: `<pod-uid>/<sandbox-id>` (the sandbox id is empty for
-/// a record migrated from format 1). Both parts are checked at the boundary ([`crate::ids`]), so
+/// a record migrated from format 1, the pod UID for a record rebuilt from a pin until its
+/// sandbox is named). Both parts are checked at the boundary ([`crate::ids`]) and on load, so
 /// neither contains `/`.
 #[must_use]
 pub fn pod_key(pod_uid: &str, sandbox_id: &str) -> String {
@@ -184,7 +255,8 @@ impl PodRecord {
         pod_key(&self.pod_uid, &self.sandbox_id)
     }
 
-    /// The file name of this sandbox's pin: the sandbox id (format 1: the pod UID).
+    /// The file name of this sandbox's pin: the sandbox id (format 1: the pod UID; a record
+    /// rebuilt from a pin: that pin's name).
     #[must_use]
     pub fn pin_name(&self) -> String {
         if self.sandbox_id.is_empty() {
@@ -234,122 +306,89 @@ impl Checkpoint {
         self.records_of(uid).map(PodRecord::key).collect()
     }
 
-    /// Re-keys every record by [`PodRecord::key`] (format 1 keyed them by pod UID).
-    fn rekey(&mut self) {
+    /// Re-keys every record by [`PodRecord::key`] (format 1 keyed them by pod UID; a hand-edited
+    /// key cannot point at another record). Returns whether no two records share a key.
+    fn rekey(&mut self) -> bool {
         let pods = std::mem::take(&mut self.pods);
+        let n = pods.len();
         self.pods = pods.into_values().map(|r| (r.key(), r)).collect();
+        self.pods.len() == n
     }
 }
 
-/// The state dir: checkpoint file and the pins directory.
-#[derive(Debug)]
-pub struct Store {
-    dir: PathBuf,
-}
-
-impl Store {
-    /// Opens (creating, mode 0700) the state dir.
-    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StateError> {
-        let dir = dir.into();
-        fs::create_dir_all(dir.join("pins")).map_err(|source| StateError::Dir {
-            path: dir.clone(),
-            source,
-        })?;
-        set_private(&dir).map_err(|source| StateError::Dir {
-            path: dir.clone(),
-            source,
-        })?;
-        Ok(Self { dir })
-    }
-
-    #[must_use]
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Where pins (netns bind mounts) live.
-    #[must_use]
-    pub fn pins_dir(&self) -> PathBuf {
-        self.dir.join("pins")
-    }
-
-    #[must_use]
-    pub fn path(&self) -> PathBuf {
-        self.dir.join(FILE)
-    }
-
-    /// Loads the checkpoint; an absent file is an empty checkpoint.
-    pub fn load(&self) -> Result<Checkpoint, StateError> {
-        let path = self.path();
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok(Checkpoint {
-                    version: FORMAT_VERSION,
-                    ..Checkpoint::default()
-                });
-            }
-            Err(source) => return Err(StateError::Read { path, source }),
-        };
-        decode(&bytes, &path)
-    }
-
-    /// Replaces the checkpoint atomically and durably.
-    pub fn save(&self, cp: &Checkpoint) -> Result<(), StateError> {
-        let mut cp_bytes = serde_json::to_vec(cp).map_err(StateError::Encode)?;
-        cp_bytes.push(b'\n');
-        let path = self.path();
-        let tmp = self.dir.join(format!("{FILE}.tmp"));
-        let werr = |source| StateError::Write {
-            path: tmp.clone(),
-            source,
-        };
-        let mut f = File::create(&tmp).map_err(werr)?;
-        f.write_all(&cp_bytes).map_err(werr)?;
-        f.sync_all().map_err(werr)?;
-        drop(f);
-        fs::rename(&tmp, &path).map_err(|source| StateError::Write {
-            path: path.clone(),
-            source,
-        })?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| StateError::Write {
-                path: self.dir.clone(),
-                source,
-            })
-    }
-}
-
-/// Decodes a checkpoint file of any format this dranet reads, migrating older ones.
-fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, StateError> {
+/// Decodes a checkpoint of any format this dranet reads, migrating older ones, and checks the
+/// identifiers that paths and keys are built from. `path` only names the file in errors.
+pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, StateError> {
     #[derive(Deserialize)]
     struct Version {
-        #[serde(default)]
-        version: u32,
+        version: Option<u32>,
     }
     let derr = |source| StateError::Decode {
         path: path.to_owned(),
         source,
     };
+    let invalid = |what: String| StateError::Invalid {
+        path: path.to_owned(),
+        what,
+    };
     let v: Version = serde_json::from_slice(bytes).map_err(derr)?;
-    if v.version > FORMAT_VERSION {
-        return Err(StateError::Version {
-            path: path.to_owned(),
-            found: v.version,
-        });
+    // Every format ever written carries its version: `{}` is not an empty checkpoint.
+    match v.version {
+        None => return Err(invalid("no format version".into())),
+        Some(0) => return Err(invalid("format version 0".into())),
+        Some(n) if n > FORMAT_VERSION => {
+            return Err(StateError::Version {
+                path: path.to_owned(),
+                found: n,
+            });
+        }
+        Some(_) => {}
     }
     let mut cp: Checkpoint = serde_json::from_slice(bytes).map_err(derr)?;
-    // Format 1 (and 0, unversioned) keyed records by pod UID: format 2 keys them by sandbox.
-    // Records of format 2 are re-keyed too, so a hand-edited key cannot point at another record.
-    cp.rekey();
+    for (uid, plan) in &cp.plans {
+        if crate::ids::pod_uid(uid).is_err() || plan.pod_uid != *uid {
+            return Err(invalid(format!("plan {uid:?}")));
+        }
+    }
+    for (key, r) in &cp.pods {
+        let uid_ok = r.pod_uid.is_empty() || crate::ids::pod_uid(&r.pod_uid).is_ok();
+        let sandbox_ok = r.sandbox_id.is_empty() || crate::ids::sandbox_id(&r.sandbox_id).is_ok();
+        if !uid_ok || !sandbox_ok || (r.pod_uid.is_empty() && r.sandbox_id.is_empty()) {
+            return Err(invalid(format!("record {key:?}")));
+        }
+    }
+    // Format 1 keyed records by pod UID: format 2 keys them by sandbox.
+    if !cp.rekey() {
+        return Err(invalid("two records of one sandbox".into()));
+    }
     cp.version = FORMAT_VERSION;
     Ok(cp)
 }
 
-fn set_private(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+/// The property the `store` fuzz target checks (through [`crate::fuzzing::checkpoint`]) and
+/// the test of its seed corpus: any bytes either fail to decode or decode to a format-2
+/// checkpoint keyed by sandbox that encodes and decodes back unchanged.
+///
+/// # Errors
+/// The rule the decoded checkpoint breaks.
+#[doc(hidden)]
+pub fn check_decode(bytes: &[u8]) -> Result<(), String> {
+    let path = Path::new("fuzz");
+    let Ok(cp) = decode(bytes, path) else {
+        return Ok(());
+    };
+    if cp.version != FORMAT_VERSION {
+        return Err(format!("decoded as version {}", cp.version));
+    }
+    if let Some((k, r)) = cp.pods.iter().find(|(k, r)| **k != r.key()) {
+        return Err(format!("record {k:?} keyed as {:?}", r.key()));
+    }
+    let again = serde_json::to_vec(&cp).map_err(|e| format!("a decoded checkpoint does not encode: {e}"))?;
+    match decode(&again, path) {
+        Ok(back) if back == cp => Ok(()),
+        Ok(_) => Err("a saved checkpoint loads back changed".into()),
+        Err(e) => Err(format!("a saved checkpoint does not load: {e}")),
+    }
 }
 
 #[cfg(test)]

@@ -1,3 +1,4 @@
+use std::fs;
 use std::path::PathBuf;
 
 use super::*;
@@ -38,6 +39,7 @@ fn sample() -> Checkpoint {
             pin: Some("/run/dranet/pins/uid-1".into()),
             phase: PodPhase::Returned(ReturnReason::NetnsTeardown),
             devices: vec![],
+            recovered: None,
         },
     );
     cp
@@ -60,7 +62,7 @@ fn save_load_round_trip_and_leftover_tmp_is_ignored() {
     let cp = sample();
     s.save(&cp).unwrap();
     // A crash between write and rename leaves a torn tmp file: the checkpoint is the old one.
-    fs::write(d.join("state.json.tmp"), b"{\"version\":1,\"pods\":{\"uid-").unwrap();
+    fs::write(d.join("state.json.tmp.1.0"), b"{\"version\":1,\"pods\":{\"uid-").unwrap();
     assert_eq!(s.load().unwrap(), cp);
     // The next save replaces the leftover.
     s.save(&cp).unwrap();
@@ -78,6 +80,12 @@ fn newer_format_and_garbage_are_refused() {
     let err = s.load().unwrap_err();
     assert!(matches!(err, StateError::Decode { .. }), "{err}");
     assert!(err.to_string().contains("state.json"), "{err}");
+    // Valid JSON without a format version is not a checkpoint dranet wrote.
+    for bad in [&b"{}"[..], b"{\"version\":0}", b"{\"plans\":{},\"pods\":{}}"] {
+        fs::write(s.path(), bad).unwrap();
+        let err = s.load().unwrap_err();
+        assert!(matches!(err, StateError::Invalid { .. }), "{err}");
+    }
     fs::remove_dir_all(&d).unwrap();
 }
 
@@ -130,4 +138,209 @@ fn records_of_a_pod_are_its_sandboxes_only() {
     );
     assert_eq!(cp.keys_of("uid"), vec!["uid/sb-1".to_owned()]);
     assert_eq!(cp.keys_of("uid-10"), vec!["uid-10/sb-1".to_owned()]);
+}
+
+fn record(uid: &str, sandbox: &str) -> PodRecord {
+    let mut r = sample().pods["uid-1/sb-1"].clone();
+    r.pod_uid = uid.into();
+    r.sandbox_id = sandbox.into();
+    r
+}
+
+/// Identifiers that paths and keys are built from are checked on load, as at the boundary.
+#[test]
+fn records_with_unsafe_ids_make_the_checkpoint_invalid() {
+    for (uid, sb) in [
+        ("../x", "sb"),
+        ("uid-1", "a/b"),
+        ("", ""),
+        ("UP", "sb"),
+        ("uid-1", ".h"),
+    ] {
+        let mut cp = sample();
+        cp.pods.insert(pod_key(uid, sb), record(uid, sb));
+        let bytes = serde_json::to_vec(&cp).unwrap();
+        let err = decode(&bytes, Path::new("x")).unwrap_err();
+        assert!(matches!(err, StateError::Invalid { .. }), "{uid:?} {sb:?}: {err}");
+    }
+    // A rebuilt record (no pod UID yet) and a format-1 one (no sandbox id) are fine.
+    let mut cp = sample();
+    cp.pods.insert(pod_key("", "sb-2"), record("", "sb-2"));
+    cp.pods.insert(pod_key("uid-2", ""), record("uid-2", ""));
+    assert_eq!(
+        decode(&serde_json::to_vec(&cp).unwrap(), Path::new("x")).unwrap(),
+        cp
+    );
+    // Two records of one sandbox under different keys: one would be lost.
+    let mut cp = sample();
+    cp.pods.insert("other".into(), record("uid-1", "sb-1"));
+    let err = decode(&serde_json::to_vec(&cp).unwrap(), Path::new("x")).unwrap_err();
+    assert!(matches!(err, StateError::Invalid { .. }), "{err}");
+}
+
+/// Every save keeps the document it replaces as `state.json.prev`, through temp files of its
+/// own that never stay behind.
+#[test]
+fn saves_keep_the_previous_generation_and_leave_no_temp_files() {
+    let d = tmpdir("prev");
+    let s = Store::open(&d).unwrap();
+    let first = sample();
+    s.save(&first).unwrap();
+    assert!(!s.prev_path().exists(), "nothing to keep before the first save");
+    let mut second = sample();
+    second.plans.clear();
+    s.save(&second).unwrap();
+    assert_eq!(s.load().unwrap(), second);
+    assert_eq!(s.load_prev().unwrap(), Some(first));
+    let left: Vec<String> = fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp."))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    fs::remove_dir_all(&d).unwrap();
+}
+
+fn corrupt_variants() -> Vec<(&'static str, Vec<u8>)> {
+    let good = serde_json::to_vec(&sample()).unwrap();
+    vec![
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("garbage", b"\x00\xffnot a checkpoint\n".to_vec()),
+        ("empty object", b"{}".to_vec()),
+        (
+            "version 99",
+            b"{\"version\":99,\"plans\":{},\"pods\":{}}".to_vec(),
+        ),
+        ("empty file", Vec::new()),
+    ]
+}
+
+/// A checkpoint that does not load is moved aside and `.prev` is used; when `.prev` does not
+/// load either, the result is empty and says so. Nothing fails.
+#[test]
+fn a_checkpoint_that_does_not_load_falls_back_to_prev_then_to_nothing() {
+    for (what, bytes) in corrupt_variants() {
+        let d = tmpdir(&format!("recover-{}", what.replace(' ', "-")));
+        let s = Store::open(&d).unwrap();
+        let prev = sample();
+        s.save(&prev).unwrap();
+        s.save(&prev).unwrap();
+        fs::write(s.path(), &bytes).unwrap();
+        let got = s.load_or_recover();
+        let LoadSource::Previous { problem, aside } = &got.source else {
+            panic!("{what}: {:?}", got.source);
+        };
+        assert!(!problem.is_empty());
+        let aside = aside.clone().unwrap();
+        assert!(
+            aside
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("state.json.corrupt-"),
+            "{aside:?}"
+        );
+        assert_eq!(
+            fs::read(&aside).unwrap(),
+            bytes,
+            "{what}: the bad file is kept as it was"
+        );
+        assert_eq!(got.cp, prev, "{what}");
+        assert!(!s.path().exists());
+        // The next two saves bring back state.json and then rotate it into .prev.
+        s.save(&got.cp).unwrap();
+        assert_eq!(s.load().unwrap(), prev);
+
+        fs::write(s.path(), &bytes).unwrap();
+        fs::write(s.prev_path(), &bytes).unwrap();
+        let got = s.load_or_recover();
+        assert!(
+            matches!(got.source, LoadSource::Nothing { .. }),
+            "{what}: {:?}",
+            got.source
+        );
+        assert!(got.cp.pods.is_empty() && got.cp.plans.is_empty());
+        fs::remove_dir_all(&d).unwrap();
+    }
+    // No file at all: empty, nothing to report.
+    let d = tmpdir("recover-absent");
+    let s = Store::open(&d).unwrap();
+    assert_eq!(s.load_or_recover().source, LoadSource::Absent);
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// One writer per state dir: a second lock waits, then fails naming the holder; dropping the
+/// first frees it.
+#[tokio::test]
+async fn the_state_dir_lock_is_exclusive_and_names_its_holder() {
+    let d = tmpdir("lock");
+    let _s = Store::open(&d).unwrap();
+    let held = StateLock::acquire(&d, std::time::Duration::ZERO).await.unwrap();
+    assert!(StateLock::try_acquire(&d).unwrap().is_none());
+    let started = std::time::Instant::now();
+    let err = StateLock::acquire(&d, std::time::Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+    assert!(msg.contains("in use by another dranet"), "{msg}");
+    drop(held);
+    assert!(StateLock::try_acquire(&d).unwrap().is_some());
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// The writer thread saves staged generations in order; awaiting one means it (or a newer one,
+/// which contains it) is on disk; a failed save is reported to its waiters.
+#[tokio::test]
+async fn the_writer_saves_staged_generations_and_reports_failures() {
+    let d = tmpdir("writer");
+    let s = Store::open(&d).unwrap();
+    let w = Writer::start(s.clone()).unwrap();
+    let mut cp = sample();
+    let mut last = 0;
+    for i in 0..50 {
+        cp.plans.get_mut("uid-1").unwrap().pod_name = format!("p{i}");
+        last = w.stage(&cp).unwrap();
+    }
+    w.durable(last).await.unwrap();
+    assert_eq!(s.load().unwrap(), cp);
+    // Earlier generations are durable too (contained in the last).
+    w.durable(1).await.unwrap();
+    fs::remove_dir_all(&d).unwrap();
+    let g = w.stage(&cp).unwrap();
+    let err = w.durable(g).await.unwrap_err();
+    assert!(matches!(err, StateError::Save(_)), "{err}");
+    drop(w);
+}
+
+/// Huge and deeply nested inputs are refused without a panic or a stack overflow.
+#[test]
+fn huge_and_deeply_nested_inputs_are_refused() {
+    let deep = "[".repeat(1 << 20);
+    assert!(decode(deep.as_bytes(), Path::new("x")).is_err());
+    let deep_obj = "{\"version\":2,\"plans\":".to_owned() + &"{\"a\":".repeat(100_000);
+    assert!(decode(deep_obj.as_bytes(), Path::new("x")).is_err());
+    let big = vec![b'7'; 16 << 20];
+    assert!(decode(&big, Path::new("x")).is_err());
+    for (_, bytes) in corrupt_variants() {
+        check_decode(&bytes).unwrap();
+    }
+}
+
+/// The committed seed corpus of the `store` fuzz target holds the property (`check_decode`).
+#[test]
+fn the_store_fuzz_corpus_holds_the_property() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/store");
+    let mut n = 0;
+    for e in fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let bytes = fs::read(&path).unwrap();
+        check_decode(&bytes).unwrap();
+        // The `v*` seeds are checkpoints dranet reads (the rest are refusals).
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(decode(&bytes, &path).is_ok(), name.starts_with('v'), "{name}");
+        n += 1;
+    }
+    assert!(n >= 5, "seed corpus in {} has {n} files", dir.display());
 }

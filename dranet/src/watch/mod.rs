@@ -114,6 +114,10 @@ pub struct WatcherOptions {
     /// Tests only: start reading the ring buffer this late (to fill it and see `Lost`).
     #[doc(hidden)]
     pub ring_reader_delay: Option<Duration>,
+    /// Tests only: once the link table is seeded, stop reading the rtnetlink monitor for this
+    /// long (to overflow its receive buffer and see `Lost`).
+    #[doc(hidden)]
+    pub rtnl_reader_delay: Option<Duration>,
 }
 
 impl Default for WatcherOptions {
@@ -128,6 +132,7 @@ impl Default for WatcherOptions {
             cleanup_probes: false,
             rtnl_rcvbuf: 4 << 20,
             ring_reader_delay: None,
+            rtnl_reader_delay: None,
         }
     }
 }
@@ -276,7 +281,7 @@ impl Watcher {
         };
         let unlink_probe = w.start_ebpf(&opts);
         release_freed_heap();
-        w.start_rtnl(opts.rtnl_rcvbuf).await?;
+        w.start_rtnl(opts.rtnl_rcvbuf, opts.rtnl_reader_delay).await?;
         w.start_inotify(&opts, !unlink_probe);
         Ok(w)
     }
@@ -401,8 +406,8 @@ impl Watcher {
         }
     }
 
-    async fn start_rtnl(&mut self, rcvbuf: usize) -> Result<(), WatchError> {
-        let mon = rtnl::open(rcvbuf).await?;
+    async fn start_rtnl(&mut self, rcvbuf: usize, pause: Option<Duration>) -> Result<(), WatchError> {
+        let mon = rtnl::open(rcvbuf, pause).await?;
         *self.shared.rtnl.lock().await = Some(mon.handle.clone());
         let shared = Arc::clone(&self.shared);
         let mut table = mon.table;

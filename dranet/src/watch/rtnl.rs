@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedReceiver;
@@ -184,8 +185,9 @@ pub struct Monitor {
 }
 
 /// Opens the monitor socket (RTNLGRP_LINK + RTNLGRP_NSID), spawns its connection and seeds the
-/// link table with a dump.
-pub async fn open(rcvbuf: usize) -> Result<Monitor, RtnlError> {
+/// link table with a dump. With `pause` (tests only), the connection is not read for that long
+/// once the table is seeded, so a burst of events overflows the receive buffer.
+pub async fn open(rcvbuf: usize, pause: Option<Duration>) -> Result<Monitor, RtnlError> {
     let (mut conn, handle, messages) =
         rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Nsid])
             .map_err(RtnlError::Socket)?;
@@ -194,9 +196,26 @@ pub async fn open(rcvbuf: usize) -> Result<Monitor, RtnlError> {
         .socket_ref()
         .set_rx_buf_sz(rcvbuf)
         .map_err(RtnlError::Socket)?;
-    tokio::spawn(conn);
+    let (seeded_tx, seeded_rx) = tokio::sync::oneshot::channel::<()>();
+    match pause {
+        None => {
+            tokio::spawn(conn);
+        }
+        Some(pause) => {
+            tokio::spawn(async move {
+                let mut conn = std::pin::pin!(conn);
+                tokio::select! {
+                    () = &mut conn => return,
+                    _ = seeded_rx => {}
+                }
+                tokio::time::sleep(pause).await;
+                conn.await;
+            });
+        }
+    }
     let mut table = LinkTable::default();
     reseed(&mut table, &handle).await?;
+    let _ = seeded_tx.send(());
     Ok(Monitor {
         handle,
         messages,

@@ -1,0 +1,459 @@
+//! A checkpoint that does not load, and a second process beside the daemon, against the real
+//! `dranet run` binary (NRI runtime harness + kubelet simulator), real netns and veth pairs
+//! standing in for NICs:
+//!
+//! * each of a truncated, a garbage, an `{}` and a version-99 `state.json`, written while the
+//!   daemon is down and a pod holds a device: the daemon starts, says what it did, and the
+//!   device comes home at teardown — restored from `state.json.prev` when that loads, rebuilt
+//!   from the pin when it does not (then home as `dn<ifindex>`, up, without addresses) — in
+//!   containerd and in CRI-O order; `release-all` works from the pins alone;
+//! * `release-all` and a second `dranet run` beside a running daemon refuse, naming it, and
+//!   touch nothing; a `release-all` that waits gets the state dir once the daemon stops, with
+//!   every record the daemon wrote meanwhile.
+//!
+//! `DRANET_BIN=<old build>/dranet cargo test -p dranet-sim --test checkpoint` runs them against
+//! another build of the daemon.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dranet::nri::pb::nri as pb;
+use dranet_sim::kernel::{PodNetns, Veth, dranet_bin, require_root, sh, unique};
+use dranet_sim::kubelet::Claim;
+use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::node::{Node, NodeOptions, sandbox};
+use dranet_sim::nri_runtime::Flavor;
+use serde_json::{Value, json};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bad {
+    Truncated,
+    Garbage,
+    EmptyObject,
+    Version99,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Order {
+    /// StopPodSandbox while the netns lives, then the netns goes, then RemovePodSandbox.
+    Containerd,
+    /// The netns is unmounted and unlinked first, the hooks come late.
+    Crio,
+}
+
+fn opts() -> NodeOptions {
+    NodeOptions {
+        capture_log: true,
+        ..NodeOptions::default()
+    }
+}
+
+/// Overwrites a checkpoint file with a bad version of itself.
+fn corrupt(path: &Path, bad: Bad) -> Result<()> {
+    let good = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = match bad {
+        Bad::Truncated => good[..good.len() / 2].to_vec(),
+        Bad::Garbage => b"\x00\xff\x13 not a checkpoint \xfe".to_vec(),
+        Bad::EmptyObject => b"{}".to_vec(),
+        Bad::Version99 => {
+            let mut v: Value = serde_json::from_slice(&good)?;
+            v["version"] = json!(99);
+            serde_json::to_vec(&v)?
+        }
+    };
+    std::fs::write(path, bytes)?;
+    Ok(())
+}
+
+fn in_pod(ns: &PodNetns, name: &str) -> bool {
+    ns.ip(&["link", "show", "dev", name]).is_ok()
+}
+
+/// A pod holding one NIC as `net0`, its sandbox reported by the runtime's Synchronize.
+struct Pod {
+    claim: Claim,
+    ns: PodNetns,
+    sb: pb::PodSandbox,
+}
+
+async fn start_pod(node: &Node, nic: &Nic) -> Result<Pod> {
+    let uid = unique("ck-");
+    let ns = PodNetns::create(&unique("dranet-ck-"))?;
+    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    node.write_claim(
+        &claim,
+        &uid,
+        &[(
+            dranet::inventory::netdev_device_name(&nic.name),
+            json!({"interface": {"name": "net0", "addresses": ["192.168.77.2/24"]}}),
+        )],
+    )?;
+    node.prepare(&claim).await?;
+    let sb = sandbox(&uid, &ns.path);
+    node.runtime.run_pod_sandbox(&sb).await.context("RunPodSandbox")?;
+    node.runtime.set_state(vec![sb.clone()], vec![]);
+    assert!(in_pod(&ns, "net0"), "the NIC did not move into the pod");
+    Ok(Pod { claim, ns, sb })
+}
+
+/// The NIC's ifindex inside the pod.
+fn pod_ifindex(ns: &PodNetns) -> Result<u64> {
+    let v: Value = serde_json::from_str(&ns.ip(&["-j", "link", "show", "dev", "net0"])?)?;
+    v[0]["ifindex"].as_u64().context("no ifindex")
+}
+
+/// The host link that is the NIC, found through its veth peer (which stays home) whatever its
+/// name: `None` while the NIC is elsewhere.
+fn nic_at_home(nic: &Nic) -> Result<Option<Value>> {
+    let peer = u64::from(Veth::ifindex(&nic.veth.b)?);
+    let links: Value = serde_json::from_str(&sh(&["ip", "-j", "-d", "addr", "show"])?)?;
+    // `ip` names the peer (`link`) when it is in the same netns, else gives its index and netns.
+    Ok(links.as_array().and_then(|a| {
+        a.iter()
+            .find(|l| {
+                l["link"] == nic.veth.b.as_str()
+                    || (l["link_index"].as_u64() == Some(peer) && l.get("link_netnsid").is_none())
+            })
+            .cloned()
+    }))
+}
+
+async fn wait_home(nic: &Nic, what: &str) -> Result<Value> {
+    let start = Instant::now();
+    loop {
+        if let Some(l) = nic_at_home(nic)? {
+            return Ok(l);
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("{what}: {} not home after 10 s", nic.name);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The pod's teardown in `order`; returns the NIC as it came home.
+async fn teardown(node: &Node, pod: &mut Pod, nic: &Nic, order: Order) -> Result<Value> {
+    let home = match order {
+        Order::Containerd => {
+            node.runtime.set_flavor(Flavor::Containerd);
+            node.runtime
+                .stop_pod_sandbox(&pod.sb)
+                .await
+                .context("StopPodSandbox")?;
+            let home = nic_at_home(nic)?.context("not home after StopPodSandbox")?;
+            pod.ns.remove_crio_style()?;
+            node.runtime
+                .remove_pod_sandbox(&pod.sb)
+                .await
+                .context("RemovePodSandbox")?;
+            home
+        }
+        Order::Crio => {
+            node.runtime.set_flavor(Flavor::Crio);
+            pod.ns.remove_crio_style()?;
+            // Before any hook: the rescue brings it home.
+            let home = wait_home(nic, "CRI-O order").await?;
+            node.runtime
+                .stop_pod_sandbox(&pod.sb)
+                .await
+                .context("StopPodSandbox")?;
+            node.runtime
+                .remove_pod_sandbox(&pod.sb)
+                .await
+                .context("RemovePodSandbox")?;
+            home
+        }
+    };
+    node.runtime.set_state(vec![], vec![]);
+    node.unprepare(&pod.claim).await?;
+    Ok(home)
+}
+
+async fn restored(nic: &Nic, before: &Value) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        match view(&nic.name, None).and_then(|v| assert_same(before, &v)) {
+            Ok(()) => return Ok(()),
+            Err(e) if start.elapsed() > Duration::from_secs(5) => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// Waits until the NIC is home as a device of a record rebuilt from its pin comes home:
+/// `dn<its pod ifindex>`, up, without an IPv4 address (its snapshot from before the attach is
+/// unknown). The rename comes with the move; the rest right after it.
+async fn rebuilt_home(nic: &Nic, pod_ifindex: u64) -> Result<Value> {
+    let start = Instant::now();
+    loop {
+        let last = match nic_at_home(nic)? {
+            Some(home) => match rebuilt_return(&home, pod_ifindex) {
+                Ok(()) => return Ok(home),
+                Err(e) => e,
+            },
+            None => anyhow::anyhow!("{} not home", nic.name),
+        };
+        if start.elapsed() > Duration::from_secs(5) {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn rebuilt_return(home: &Value, pod_ifindex: u64) -> Result<()> {
+    let name = home["ifname"].as_str().unwrap_or_default();
+    if name != format!("dn{pod_ifindex}") {
+        bail!("came home as {name:?}, not dn{pod_ifindex}: {home}");
+    }
+    let up = home["flags"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|x| x == "UP"));
+    let inet = home["addr_info"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x["family"] == "inet"));
+    if !up || inet {
+        bail!("a rebuilt device must come home up and without addresses: {home}");
+    }
+    Ok(())
+}
+
+fn state_files(node: &Node, prefix: &str) -> Result<Vec<String>> {
+    Ok(std::fs::read_dir(node.state_dir())?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect())
+}
+
+async fn wait_log(node: &Node, needle: &str) -> Result<()> {
+    let start = Instant::now();
+    while !node.log().contains(needle) {
+        if start.elapsed() > Duration::from_secs(5) {
+            bail!("the daemon never logged {needle:?}; its log:\n{}", node.log());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// `bad` while a pod holds a NIC: (1) `state.json` bad, `.prev` fine: restored from `.prev`,
+/// home fully restored at teardown in `prev_order`; (2) both bad: rebuilt from the pin, home as
+/// `dn<ifindex>` in `pins_order`; (3) both bad, daemon down: `release-all` brings it home.
+async fn corrupt_checkpoint(bad: Bad, prev_order: Order, pins_order: Order) -> Result<()> {
+    let nic = Nic::create()?;
+    let mut node = Node::start(opts()).await?;
+    let res = scenarios(&mut node, &nic, bad, prev_order, pins_order).await;
+    res.with_context(|| format!("the daemon's log:\n{}", node.log()))
+}
+
+async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins_order: Order) -> Result<()> {
+    let before = view(&nic.name, None)?;
+
+    // (1) state.json bad, state.json.prev fine.
+    let mut pod = start_pod(node, nic).await?;
+    node.kill()?;
+    corrupt(&node.state_dir().join("state.json"), bad)?;
+    node.restart().await.context("restart on a bad state.json")?;
+    wait_log(node, "the checkpoint does not load: using state.json.prev").await?;
+    let aside = state_files(node, "state.json.corrupt-")?;
+    assert_eq!(aside.len(), 1, "the bad file is kept aside: {aside:?}");
+    assert!(in_pod(&pod.ns, "net0"), "the running pod lost its NIC");
+    teardown(node, &mut pod, nic, prev_order).await?;
+    restored(nic, &before)
+        .await
+        .context("after the fallback to .prev")?;
+    assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+
+    // (2) Both bad: the pin is all there is.
+    let mut pod = start_pod(node, nic).await?;
+    let idx = pod_ifindex(&pod.ns)?;
+    node.kill()?;
+    corrupt(&node.state_dir().join("state.json"), bad)?;
+    corrupt(&node.state_dir().join("state.json.prev"), bad)?;
+    node.restart()
+        .await
+        .context("restart with neither checkpoint loading")?;
+    wait_log(node, "neither the checkpoint nor state.json.prev loads").await?;
+    wait_log(node, "record rebuilt from the pin").await?;
+    assert!(in_pod(&pod.ns, "net0"), "the running pod lost its NIC");
+    teardown(node, &mut pod, nic, pins_order).await?;
+    let home = rebuilt_home(nic, idx).await?;
+    wait_log(node, "are home under these names").await?;
+    assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    let renamed = home["ifname"].as_str().unwrap_or_default().to_owned();
+    sh(&["ip", "link", "set", &renamed, "down"])?;
+    sh(&["ip", "link", "set", &renamed, "name", &nic.name])?;
+    sh(&["ip", "link", "set", &nic.name, "up"])?;
+    sh(&["ip", "addr", "add", &nic.addr, "dev", &nic.name])?;
+    restored(nic, &before)
+        .await
+        .context("putting the NIC back by hand")?;
+
+    // (3) Both bad, daemon down: release-all from the pins alone.
+    let pod = start_pod(node, nic).await?;
+    let idx = pod_ifindex(&pod.ns)?;
+    node.kill()?;
+    corrupt(&node.state_dir().join("state.json"), bad)?;
+    corrupt(&node.state_dir().join("state.json.prev"), bad)?;
+    let out = node.cli(&["release-all", "--filter", ""])?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "release-all failed: {stdout}\n{stderr}");
+    assert!(stdout.contains("rebuilt from pins 1"), "{stdout}\n{stderr}");
+    assert!(!in_pod(&pod.ns, "net0"), "release-all left the NIC in the pod");
+    let home = rebuilt_home(nic, idx).await.context("after release-all")?;
+    assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    let renamed = home["ifname"].as_str().unwrap_or_default().to_owned();
+    sh(&["ip", "link", "set", &renamed, "down"])?;
+    sh(&["ip", "link", "set", &renamed, "name", &nic.name])?;
+    Ok(())
+}
+
+macro_rules! corrupt_cases {
+    ($($name:ident: $bad:ident, $prev:ident, $pins:ident;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() -> Result<()> {
+            if !require_root(stringify!($name))? {
+                return Ok(());
+            }
+            corrupt_checkpoint(Bad::$bad, Order::$prev, Order::$pins)
+                .await
+                .context(stringify!($name))
+        }
+    )*};
+}
+
+corrupt_cases! {
+    truncated_checkpoint: Truncated, Containerd, Crio;
+    garbage_checkpoint: Garbage, Crio, Containerd;
+    empty_object_checkpoint: EmptyObject, Containerd, Crio;
+    version_99_checkpoint: Version99, Crio, Containerd;
+}
+
+/// Runs `dranet <args>` with `env`, waiting at most `timeout` for it to exit (killed after).
+fn run_bounded(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Result<(bool, String)> {
+    let mut child = Command::new(dranet_bin()?)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let start = Instant::now();
+    loop {
+        if child.try_wait()?.is_some() {
+            let out = child.wait_with_output()?;
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return Ok((out.status.success(), text));
+        }
+        if start.elapsed() > timeout {
+            child.kill()?;
+            let out = child.wait_with_output()?;
+            bail!(
+                "dranet {args:?} still running after {timeout:?} beside the daemon:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `release-all` and a second daemon beside a running one: both refuse, naming the daemon's
+/// pid, and touch nothing; the daemon keeps serving hooks; a `release-all` that waits runs once
+/// the daemon stops and finds every record the daemon wrote meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()> {
+    if !require_root("release_all_and_a_second_daemon_beside_a_running_daemon")? {
+        return Ok(());
+    }
+    let nics = [Nic::create()?, Nic::create()?];
+    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let mut node = Node::start(opts()).await?;
+    let pid = node.daemon_pid().context("daemon pid")?.to_string();
+    let a = start_pod(&node, &nics[0]).await?;
+    let state = node.state_dir();
+    let state = state.to_string_lossy().into_owned();
+    let records = node.records()?;
+
+    let (ok, text) = run_bounded(
+        &["release-all", "--state-dir", &state],
+        &[("DRANET_LOCK_WAIT_SECONDS", "1")],
+        Duration::from_secs(20),
+    )?;
+    assert!(!ok, "release-all ran beside the daemon:\n{text}");
+    assert!(
+        text.contains("in use by another dranet") && text.contains(&format!("pid {pid}")),
+        "release-all must say which process holds the state dir:\n{text}"
+    );
+    assert!(
+        in_pod(&a.ns, "net0"),
+        "release-all took the NIC from a running pod"
+    );
+
+    let (ok, text) = run_bounded(
+        &[
+            "run",
+            "--node-name",
+            "second",
+            "--state-dir",
+            &state,
+            "--no-nri",
+            "--no-dra",
+            "--no-probes",
+            "--bind-address",
+            "127.0.0.1:0",
+        ],
+        &[("DRANET_STATE_LOCK_WAIT_SECONDS", "1"), ("RUST_LOG", "warn")],
+        Duration::from_secs(20),
+    )?;
+    assert!(!ok, "a second daemon ran on the same state dir:\n{text}");
+    assert!(
+        text.contains("in use by another dranet") && text.contains(&format!("pid {pid}")),
+        "the second daemon must say which process holds the state dir:\n{text}"
+    );
+    assert!(in_pod(&a.ns, "net0"));
+    assert_eq!(
+        node.records()?,
+        records,
+        "the refused processes changed the checkpoint"
+    );
+
+    // The daemon still serves hooks; a release-all that waits gets the state dir once it stops.
+    let b = start_pod(&node, &nics[1]).await?;
+    node.runtime.set_state(vec![a.sb.clone(), b.sb.clone()], vec![]);
+    let waiting = Command::new(dranet_bin()?)
+        .args(["release-all", "--json", "--state-dir", &state])
+        .env("DRANET_LOCK_WAIT_SECONDS", "30")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        in_pod(&a.ns, "net0") && in_pod(&b.ns, "net0"),
+        "release-all did not wait for the daemon"
+    );
+    node.stop()?;
+    let out = tokio::task::spawn_blocking(move || waiting.wait_with_output()).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim())?;
+    assert_eq!(
+        report["returned"].as_array().map(Vec::len),
+        Some(2),
+        "release-all must see both pods' records: {report}"
+    );
+    for (n, b) in nics.iter().zip(&before) {
+        restored(n, b).await?;
+    }
+    assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    Ok(())
+}
