@@ -366,7 +366,7 @@ fn checkpoint_rows(f: &checkpoint::Figures) -> Vec<Row> {
         Some(&f.save_empty),
     );
     let w = w.note(format!(
-        "one save as the engine does it on every update (tmpfs); baseline: an empty checkpoint; {:.1} MiB",
+        "one save as the engine's writer does it on every update (one record changed: stage = encode reusing unchanged records, then write + fsync + rename, awaited), tmpfs; baseline: a checkpoint of 1 record; {:.1} MiB",
         f.bytes as f64 / 1048576.0
     ));
     vec![a, w]
