@@ -126,13 +126,17 @@ async fn inventory_of_1024_devices_in_eight_slices() -> Result<()> {
     assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 8));
     // The daemon in that netns (sysfs is the netns's too under `ip netns exec`).
     let daemon = NetnsDaemon::start(&ns)?;
-    let sliced = daemon.wait_slices(Duration::from_secs(50), |names| names == &want).await?;
+    let sliced = daemon
+        .wait_slices(Duration::from_secs(50), |names| names == &want)
+        .await?;
     assert_eq!(sliced, vec![128; 8]);
     ns.ip(&["link", "set", "ia7", "name", "iz7"])?;
     let mut renamed = want.clone();
     renamed.remove(&dranet::inventory::netdev_device_name("ia7"));
     renamed.insert(dranet::inventory::netdev_device_name("iz7"));
-    let sliced = daemon.wait_slices(Duration::from_secs(30), |names| names == &renamed).await?;
+    let sliced = daemon
+        .wait_slices(Duration::from_secs(30), |names| names == &renamed)
+        .await?;
     assert_eq!(sliced, vec![128; 8]);
     Ok(())
 }
@@ -236,7 +240,13 @@ async fn node_drain_every_device_home() -> Result<()> {
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            last.map_err(|e| anyhow::anyhow!("{} ({} order): {e}", nic.name, if crio { "CRI-O" } else { "containerd" }))?;
+            last.map_err(|e| {
+                anyhow::anyhow!(
+                    "{} ({} order): {e}",
+                    nic.name,
+                    if crio { "CRI-O" } else { "containerd" }
+                )
+            })?;
         }
         wait_for("no record left", Duration::from_secs(10), || {
             node.records().is_ok_and(|r| r.is_empty())
@@ -282,15 +292,27 @@ async fn drain_once(node: &dranet_sim::node::Node, nics: &[Nic], crio: bool) -> 
         r?;
     }
     for n in nics {
-        assert!(!host_has(&n.name), "{} still in the host after RunPodSandbox", n.name);
+        assert!(
+            !host_has(&n.name),
+            "{} still in the host after RunPodSandbox",
+            n.name
+        );
     }
+    // At most 8 pods' hooks in flight (dranet refuses more than 16 on one connection; a real
+    // runtime sends one plugin call at a time).
+    let slots = &tokio::sync::Semaphore::new(8);
     let hooks = |i: usize| {
         let (uid, ns, _) = &pods[i];
         let sb = sandbox(uid, &ns.path);
         async move {
+            let _slot = slots.acquire().await;
             rt.stop_pod_sandbox(&sb).await?;
             if !crio {
-                let p = sb.linux.as_ref().map(|l| l.namespaces[0].path.clone()).unwrap_or_default();
+                let p = sb
+                    .linux
+                    .as_ref()
+                    .map(|l| l.namespaces[0].path.clone())
+                    .unwrap_or_default();
                 let _ = nix::mount::umount2(p.as_str(), MntFlags::MNT_DETACH);
                 let _ = std::fs::remove_file(&p);
             }

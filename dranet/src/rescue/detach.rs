@@ -105,7 +105,10 @@ impl Engine {
         // Part of an attach (its rollback, its pod's older sandbox): never behind the lane.
         let foreground = matches!(reason, ReturnReason::Rollback | ReturnReason::Replaced);
         for (i, d) in devices.iter().enumerate() {
-            let out = matches!(d.state, DeviceState::Moving | DeviceState::InPod | DeviceState::Returning);
+            let out = matches!(
+                d.state,
+                DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
+            );
             let _slot = if foreground || !(out || d.rdma_in_pod) {
                 None
             } else {

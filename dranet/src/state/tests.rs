@@ -354,7 +354,10 @@ fn cached_encoding_is_byte_identical_to_a_full_encode() {
     let same = |enc: &mut store::Encoder, cp: &Checkpoint| {
         let full = store::encode(cp).unwrap();
         let cached = enc.encode(cp).unwrap();
-        assert_eq!(String::from_utf8(cached).unwrap(), String::from_utf8(full).unwrap());
+        assert_eq!(
+            String::from_utf8(cached).unwrap(),
+            String::from_utf8(full).unwrap()
+        );
     };
     same(&mut enc, &cp);
     for i in 0..20 {

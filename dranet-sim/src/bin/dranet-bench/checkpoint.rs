@@ -150,7 +150,10 @@ pub async fn run(rounds: usize, records: usize) -> Result<Figures> {
     }
     // The write itself as the engine does it (its writer: one record changed since the last
     // save, staged, then awaited on disk), on its own tmpfs.
-    for (cp, out) in [(&big, &mut f.save_full), (&none_with_one(&big)?, &mut f.save_empty)] {
+    for (cp, out) in [
+        (&big, &mut f.save_full),
+        (&none_with_one(&big)?, &mut f.save_empty),
+    ] {
         let dir = StateDir::new_sized("256m")?;
         let writer = Writer::start(Store::open(&dir.0)?)?;
         let mut cp = cp.clone();

@@ -155,11 +155,14 @@ impl Ctx {
         }
         let t = Instant::now();
         let host = &self.host;
-        let attached: Vec<Result<()>> = futures::stream::iter(netns.iter().zip(devs))
-            .map(|((_, fd), d)| async move { baseline::attach(host, fd, std::slice::from_ref(d), POD_MTU).await })
-            .buffer_unordered(IN_FLIGHT)
-            .collect()
-            .await;
+        let attached: Vec<Result<()>> =
+            futures::stream::iter(netns.iter().zip(devs))
+                .map(|((_, fd), d)| async move {
+                    baseline::attach(host, fd, std::slice::from_ref(d), POD_MTU).await
+                })
+                .buffer_unordered(IN_FLIGHT)
+                .collect()
+                .await;
         for r in attached {
             r?;
         }

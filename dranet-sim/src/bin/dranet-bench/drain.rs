@@ -5,9 +5,9 @@
 //! * CRI-O order: one thread unmounts (MNT_DETACH) and unlinks every pod netns bind mount, one
 //!   after the other (a few ms for all); each pod's StopPodSandbox goes out 3 ms after its own
 //!   unmount, all in parallel over the one NRI connection (then RemovePodSandbox with the dead
-//!   path). Figure: first unmount → last device home (original name, UP, host MTU) as the
+//!   path); at most [`HOOKS_IN_FLIGHT`] pods' hooks in flight. Figure: first unmount → last device home (original name, UP, host MTU) as the
 //!   independent rtnetlink listener sees it.
-//! * containerd order: every StopPodSandbox at once; each pod's netns is unmounted 66 ms after
+//! * containerd order: every StopPodSandbox at once ([`HOOKS_IN_FLIGHT`] in flight); each pod's netns is unmounted 66 ms after
 //!   its hook returned (containerd's CNI teardown in between), then RemovePodSandbox (no path).
 //!   Figure: first hook sent → last device home.
 //! * Baseline: per device one RTM_NEWLINK in the pod (move home + name) and one in the host
@@ -43,6 +43,11 @@ const CRIO_STOP_AFTER: Duration = Duration::from_millis(3);
 /// containerd removes the netns 66–718 ms after StopPodSandbox.
 const CONTAINERD_UNMOUNT_AFTER: Duration = Duration::from_millis(66);
 const WAIT_HOME: Duration = Duration::from_secs(120);
+/// Teardown hooks (Stop, then Remove, of one pod) the runtime side has in flight at once. Real
+/// runtimes send one plugin call at a time (containerd/nri `pkg/adaptation` holds one lock
+/// across them); 8 is already more than any, and stays under dranet's cap of 16 per connection
+/// (`nri::ttrpc::MAX_IN_FLIGHT`, past which a request is refused) with the newcomer's hook.
+pub const HOOKS_IN_FLIGHT: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {
@@ -244,7 +249,10 @@ impl Ctx {
                 f.hol.push(took.as_secs_f64() * 1e3);
             }
         }
-        let slowest = hooks.iter().map(|(_, d, _)| d.as_secs_f64() * 1e3).fold(0.0, f64::max);
+        let slowest = hooks
+            .iter()
+            .map(|(_, d, _)| d.as_secs_f64() * 1e3)
+            .fold(0.0, f64::max);
         f.slowest_hook.push(slowest);
         for (h, _, r) in &hooks {
             if let Err(e) = r {
@@ -286,6 +294,7 @@ impl Ctx {
             Ok((first.unwrap_or(0), last))
         });
         let rt = &self.node.runtime;
+        let slots = &tokio::sync::Semaphore::new(HOOKS_IN_FLIGHT);
         let stops = async {
             let mut pending = futures::stream::FuturesUnordered::new();
             let mut out = Vec::new();
@@ -294,6 +303,7 @@ impl Ctx {
                     m = rx.recv() => match m {
                         Some((i, _)) => pending.push(async move {
                             tokio::time::sleep(CRIO_STOP_AFTER).await;
+                            let _slot = slots.acquire().await;
                             let sb = pods[i].sandbox();
                             let t = Instant::now();
                             let r = rt.stop_pod_sandbox(&sb).await.map_err(|e| chain(&e));
@@ -334,12 +344,16 @@ impl Ctx {
         let rt = &self.node.runtime;
         let t0 = dranet::watch::monotonic_ns();
         let _ = t0_tx.send(t0);
+        let slots = &tokio::sync::Semaphore::new(HOOKS_IN_FLIGHT);
         let all = futures::future::join_all(pods.iter().map(|p| async move {
             let sb = p.sandbox();
+            let slot = slots.acquire().await;
             let t = Instant::now();
             let r = rt.stop_pod_sandbox(&sb).await.map_err(|e| chain(&e));
             let stop = ("StopPodSandbox".to_owned(), t.elapsed(), r);
+            drop(slot);
             tokio::time::sleep(CONTAINERD_UNMOUNT_AFTER).await;
+            let _slot = slots.acquire().await;
             let path = p.ns.path.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 let _ = nix::mount::umount2(&path, MntFlags::MNT_DETACH);
@@ -484,7 +498,8 @@ pub fn cpu_ms(pid: u32) -> Result<f64> {
     let rest = stat.rsplit_once(')').map(|(_, r)| r).context("/proc/PID/stat")?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the command: state is field 3, utime 14 and stime 15 (1-based).
-    let ticks: u64 = f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?;
+    let ticks: u64 =
+        f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?;
     // SAFETY: sysconf reads a constant of the C library; no memory is passed.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
     #[allow(clippy::cast_precision_loss)]

@@ -148,7 +148,9 @@ impl Daemon {
         };
         let ready = tokio::task::spawn_blocking(move || {
             let mut lines = BufReader::new(stdout).lines();
-            let found = lines.by_ref().any(|l| l.is_ok_and(|l| l.starts_with("dranet ready")));
+            let found = lines
+                .by_ref()
+                .any(|l| l.is_ok_and(|l| l.starts_with("dranet ready")));
             std::thread::spawn(move || for _ in lines {});
             found
         });
@@ -279,7 +281,8 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
         }
         for _ in 0..50 {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -342,4 +345,3 @@ pub fn rows(f: &Figures) -> Vec<Row> {
     )));
     rows
 }
-

@@ -16,12 +16,12 @@ mod churn;
 mod dra;
 mod drain;
 mod fleet;
-mod inventory1k;
 mod footprint;
 mod inventory;
+mod inventory1k;
 mod latency;
-mod loaded;
 mod listener;
+mod loaded;
 mod overhead;
 mod stats;
 
@@ -320,11 +320,16 @@ async fn drain_rows(args: &Args) -> Result<Vec<Row>> {
         let errs = if f.hook_errors.is_empty() {
             "no hook failed".to_owned()
         } else {
-            format!("{} hooks failed, first: {}", f.hook_errors.len(), f.hook_errors[0])
+            format!(
+                "{} hooks failed, first: {}",
+                f.hook_errors.len(),
+                f.hook_errors[0]
+            )
         };
-        rows.push(h.goal("every hook <= 2 s, none failed", pass).note(format!(
-            "slowest Stop/Remove/Run hook of each round; {errs}"
-        )));
+        rows.push(
+            h.goal("every hook <= 2 s, none failed", pass)
+                .note(format!("slowest Stop/Remove/Run hook of each round; {errs}")),
+        );
         if hol && !f.hol.is_empty() {
             let r = Row::latency(
                 "hol: RunPodSandbox (1 device) during a drain".into(),
@@ -402,7 +407,11 @@ fn churn_rows(pods: usize, f: &churn::Figures) -> Vec<Row> {
     let errs = if f.hook_errors.is_empty() {
         "no hook failed".to_owned()
     } else {
-        format!("{} hooks failed, first: {}", f.hook_errors.len(), f.hook_errors[0])
+        format!(
+            "{} hooks failed, first: {}",
+            f.hook_errors.len(),
+            f.hook_errors[0]
+        )
     };
     let r = r
         .goal("rate p50 >= 0.9 x base", ratio >= 0.9 && f.hook_errors.is_empty())
@@ -416,7 +425,12 @@ fn churn_rows(pods: usize, f: &churn::Figures) -> Vec<Row> {
         .zip(&f.rss_after)
         .map(|(b, a)| (*a as f64 - *b as f64) / 1024.0)
         .collect();
-    let g = Row::latency("churn: daemon RSS growth after all pods gone".into(), "MiB", &growth, None);
+    let g = Row::latency(
+        "churn: daemon RSS growth after all pods gone".into(),
+        "MiB",
+        &growth,
+        None,
+    );
     let pass = g.p99.unwrap_or(f64::MAX) <= 1.0;
     let g = g.goal("<= 1 MiB", pass).note(format!(
         "VmRSS before / after each round (KiB): {:?} / {:?}",
