@@ -168,6 +168,9 @@ pub async fn publish_loop<P, S>(
                 handle.force.store(true, Ordering::SeqCst);
             }
         }
+        // What the scan and the build allocated is free now: hand it back (off the workers).
+        drop(devices);
+        let _ = tokio::task::spawn_blocking(crate::watch::release_freed_heap).await;
     }
 }
 

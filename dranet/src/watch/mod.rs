@@ -65,7 +65,9 @@ fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<
 
 /// Loading the probes parses the kernel's BTF (several MiB of short-lived allocations); glibc
 /// keeps the freed heap mapped, which would double the idle daemon's RSS. Hand it back once.
-fn release_freed_heap() {
+/// Inventory scans call it too (a scan of 1,024 devices allocates tens of MiB, in the arena of
+/// whichever thread ran it).
+pub(crate) fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks and trims the allocator's own free lists; it takes the
     // allocator's locks and is safe to call from any thread at any time.
