@@ -387,3 +387,41 @@ async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Resu
     }
     Ok(())
 }
+
+/// The inventory reports `dra.net/ebpf` from one qdisc dump and one listing of loaded programs
+/// per scan, asking links one by one only where something can be: a device with only a TCX
+/// program, one with only a clsact `bpf` filter, and one with neither, all in the host scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inventory_sees_tcx_programs_and_tc_filters_of_a_link() -> Result<()> {
+    root_or_skip!("inventory_sees_tcx_programs_and_tc_filters_of_a_link");
+    let (with_tcx, with_tc, plain) = (Nic::create()?, Nic::create()?, Nic::create()?);
+    let prog = load_noop_sched_cls("dranet_t_inv")?;
+    let _link = tcx_link(prog.as_fd(), ifindex(&with_tcx)?, false)?;
+    clsact(&with_tc.name, None)?;
+    let host_nl = Netlink::host().await?;
+    tc_bpf_filter(
+        host_nl.handle(),
+        ifindex(&with_tc)?,
+        true,
+        7,
+        prog.as_fd(),
+        "dranet_t_inv",
+    )
+    .await?;
+    let devices =
+        tokio::task::spawn_blocking(|| dranet::inventory::scan(&dranet::inventory::ScanOptions::default()))
+            .await??;
+    let ebpf = |nic: &Nic| -> Result<Option<dranet::inventory::AttrValue>> {
+        let name = dranet::inventory::netdev_device_name(&nic.name);
+        let d = devices
+            .iter()
+            .find(|d| d.name == name)
+            .with_context(|| format!("{name} not in the inventory"))?;
+        Ok(d.attributes.get("dra.net/ebpf").cloned())
+    };
+    use dranet::inventory::AttrValue::Bool;
+    assert_eq!(ebpf(&with_tcx)?, Some(Bool(true)), "TCX program");
+    assert_eq!(ebpf(&with_tc)?, Some(Bool(true)), "clsact bpf filter");
+    assert_eq!(ebpf(&plain)?, Some(Bool(false)), "nothing attached");
+    Ok(())
+}

@@ -25,7 +25,8 @@ pub struct Options {
     /// Rounds per latency figure (overrides the default).
     #[arg(long)]
     pub rounds: Option<usize>,
-    /// Only some parts: rescue, overhead, footprint (comma-separated).
+    /// Only some parts (comma-separated): rescue, overhead, footprint, inventory, dra, drain, hol,
+    /// inventory1k, checkpoint, loaded, churn.
     #[arg(long)]
     pub only: Option<String>,
 }
@@ -41,7 +42,19 @@ pub fn run_bench(opts: &Options) -> Result<()> {
     let mut build = Command::new(env!("CARGO"));
     build
         .current_dir(root())
-        .args(["build", "--locked", "-p", "dranet-sim", "--bin", "dranet-bench"]);
+        // The scale sections run the real daemon next to the bench binary.
+        .args([
+            "build",
+            "--locked",
+            "-p",
+            "dranet-sim",
+            "--bin",
+            "dranet-bench",
+            "-p",
+            "dranet",
+            "--bin",
+            "dranet",
+        ]);
     if !opts.debug {
         build.arg("--release");
     }

@@ -214,8 +214,9 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
             r.neighbors.push(nc);
         }
     }
+    let presence = super::tc::Presence::probe(handle).await;
     for r in records.iter_mut().filter(|r| !r.loopback) {
-        super::tc::ebpf_programs(handle, r).await;
+        super::tc::ebpf_programs(handle, r, &presence).await;
     }
     let uplinks = super::host_state::uplinks(&records, &routes);
     Ok(NetScan {

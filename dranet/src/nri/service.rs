@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message;
@@ -95,6 +95,10 @@ pub(super) struct PluginService<H> {
     pub(super) configured: watch::Sender<Option<(String, String)>>,
 }
 
+/// How long a Stop or Remove hook waits for its work before answering the runtime (which gives a
+/// plugin 2 s).
+pub const TEARDOWN_HOOK_WAIT: Duration = Duration::from_millis(1500);
+
 fn decode<M: Message + Default>(payload: Bytes) -> Result<M, Status> {
     M::decode(payload)
         .map_err(|e| ttrpc::status(code::INVALID_ARGUMENT, format!("cannot decode request: {e}")))
@@ -146,20 +150,36 @@ impl<H: PodHooks> PluginService<H> {
     }
 
     /// Stop and Remove are best effort: errors are logged and counted, the runtime gets OK.
+    ///
+    /// The work runs in a task of its own, and the runtime gets its answer after at most
+    /// [`TEARDOWN_HOOK_WAIT`]: in a node drain a pod's devices may be queued behind a hundred
+    /// other returns (the kernel moves one device at a time under RTNL, ≈ 25 ms each), and a
+    /// hook that outlasts the runtime's 2 s costs the plugin its connection. The return goes on
+    /// (it holds the pod's lock, so the pod's next hook still comes after it).
     async fn stop_or_remove(&self, hook: &'static str, pod: Option<pb::PodSandbox>) {
         let pod = Pod::from(&pod.unwrap_or_default());
         let start = Instant::now();
-        let r = if hook == "StopPodSandbox" {
-            self.hooks.stop_pod_sandbox(pod.clone()).await
-        } else {
-            self.hooks.remove_pod_sandbox(pod.clone()).await
-        };
-        self.metrics.observe(hook, start, status_of(&r));
-        match r {
-            Ok(outcome) => debug!(pod = %pod.uid, hook, ?outcome, "pod hook done"),
-            Err(e) => {
-                warn!(pod = %pod.uid, hook, error = %hook_status(&e).message, "pod hook failed (ignored)")
+        let (hooks, metrics, p) = (self.hooks.clone(), self.metrics.clone(), pod.clone());
+        let work = tokio::spawn(async move {
+            let r = if hook == "StopPodSandbox" {
+                hooks.stop_pod_sandbox(p.clone()).await
+            } else {
+                hooks.remove_pod_sandbox(p.clone()).await
+            };
+            metrics.observe(hook, start, status_of(&r));
+            match r {
+                Ok(outcome) => debug!(pod = %p.uid, hook, ?outcome, "pod hook done"),
+                Err(e) => {
+                    warn!(pod = %p.uid, hook, error = %hook_status(&e).message, "pod hook failed (ignored)")
+                }
             }
+        });
+        if tokio::time::timeout(TEARDOWN_HOOK_WAIT, work).await.is_err() {
+            info!(
+                pod = %pod.uid,
+                hook,
+                "devices still on their way home behind other returns: the runtime gets its answer, the return goes on"
+            );
         }
     }
 

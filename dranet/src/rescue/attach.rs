@@ -31,6 +31,9 @@ impl Engine {
         crate::ids::pod_uid(pod.uid)?;
         crate::ids::sandbox_id(pod.sandbox)?;
         let _owner = self.own(pod.uid).await;
+        // Returns of other pods wait while this runs (taken after the pod's lock: a return of
+        // this pod's older sandbox may hold that lock and wait for the lane).
+        let _first = self.inner.lane.foreground();
         let Some(plan) = self.plan(pod.uid).filter(|p| !p.is_empty()) else {
             return Ok(AttachOutcome::NotOurs);
         };

@@ -104,7 +104,18 @@ impl Engine {
         let mut home = Vec::new();
         let mut busy = Vec::new();
         let mut failed = Vec::new();
+        // Part of an attach (its rollback, its pod's older sandbox): never behind the lane.
+        let foreground = matches!(reason, ReturnReason::Rollback | ReturnReason::Replaced);
         for (i, d) in devices.iter().enumerate() {
+            let out = matches!(
+                d.state,
+                DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
+            );
+            let _slot = if foreground || !(out || d.rdma_in_pod) {
+                None
+            } else {
+                Some(self.inner.lane.background().await)
+            };
             // RDMA first, as the kernel does at netns death: it needs the pod netns alive.
             if d.rdma_in_pod
                 && let Err(e) = self
@@ -434,6 +445,7 @@ impl Engine {
         }) else {
             return Ok(());
         };
+        let _slot = self.inner.lane.background().await;
         let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
         let res = self
             .link_op(

@@ -29,6 +29,7 @@ mod adopt;
 mod attach;
 pub mod decide;
 mod detach;
+mod lane;
 pub mod metrics;
 mod rebuild;
 mod reconcile;
@@ -226,6 +227,8 @@ struct Inner {
     metrics: RescueMetrics,
     activity: tokio::sync::broadcast::Sender<activity::Activity>,
     last_rescue: Mutex<Option<RescueTiming>>,
+    /// Device returns in flight and attaches first ([`lane`]).
+    lane: lane::Lane,
 }
 
 /// Timestamps (CLOCK_MONOTONIC ns, the clock of [`crate::watch::monotonic_ns`] and of the probes)
@@ -353,6 +356,7 @@ impl Engine {
                 metrics: RescueMetrics::default(),
                 activity: tokio::sync::broadcast::channel(1024).0,
                 last_rescue: Mutex::new(None),
+                lane: lane::Lane::new(),
             }),
         })
     }

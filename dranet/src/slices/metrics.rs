@@ -1,5 +1,7 @@
 //! Publishing metrics with upstream's names: `dranet_driver_published_devices_total{feature}`
-//! (`total`, `rdma`) and `dranet_driver_last_published_time_seconds`.
+//! (`total`, `rdma`) and `dranet_driver_last_published_time_seconds`; and dranet's own
+//! `dranet_inventory_scans_total` and `dranet_inventory_scan_seconds` (what the debounced
+//! rescans cost).
 
 use std::sync::atomic::AtomicU64;
 
@@ -7,6 +9,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::inventory::{AttrValue, Device, attr};
@@ -23,11 +26,25 @@ pub struct StatusLabels {
 }
 
 /// Cheap to clone; clones share the values.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SliceMetrics {
     published: Family<FeatureLabels, Gauge>,
     last_published: Gauge<f64, AtomicU64>,
     failures: Family<StatusLabels, Counter>,
+    scans: Counter,
+    scan_seconds: Histogram,
+}
+
+impl Default for SliceMetrics {
+    fn default() -> Self {
+        Self {
+            published: Family::default(),
+            last_published: Gauge::default(),
+            failures: Family::default(),
+            scans: Counter::default(),
+            scan_seconds: Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]),
+        }
+    }
 }
 
 impl SliceMetrics {
@@ -47,6 +64,28 @@ impl SliceMetrics {
             "Failed ResourceSlice publications, by the HTTP status of the failed request (or timeout, unreachable, local)",
             self.failures.clone(),
         );
+        registry.register(
+            "dranet_inventory_scans",
+            "Inventory scans (link events, devices coming home, kubelet registration, the periodic rescan; debounced)",
+            self.scans.clone(),
+        );
+        registry.register(
+            "dranet_inventory_scan_seconds",
+            "Wall time of an inventory scan (kernel dump, sysfs, attributes, filter)",
+            self.scan_seconds.clone(),
+        );
+    }
+
+    /// Records one inventory scan that took `secs`.
+    pub fn scanned(&self, secs: f64) {
+        self.scans.inc();
+        self.scan_seconds.observe(secs);
+    }
+
+    /// Inventory scans so far.
+    #[must_use]
+    pub fn scans(&self) -> u64 {
+        self.scans.get()
     }
 
     /// Records a failed publication (`status`: see [`super::SliceError::status_label`]).

@@ -299,6 +299,12 @@ impl<P: Publisher> SliceController<P> {
         }
     }
 
+    /// The metrics publications are recorded in, if any.
+    #[must_use]
+    pub fn metrics(&self) -> Option<&SliceMetrics> {
+        self.metrics.as_ref()
+    }
+
     /// Records publications in `metrics`.
     #[must_use]
     pub fn with_metrics(mut self, metrics: SliceMetrics) -> Self {

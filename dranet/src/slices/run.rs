@@ -120,7 +120,12 @@ pub async fn publish_loop<P, S>(
         }
         last_scan = Some(Instant::now());
         let s = scan.clone();
-        let devices = match tokio::task::spawn_blocking(move || s()).await {
+        let started = std::time::Instant::now();
+        let scanned = tokio::task::spawn_blocking(move || s()).await;
+        if let Some(m) = controller.metrics() {
+            m.scanned(started.elapsed().as_secs_f64());
+        }
+        let devices = match scanned {
             Ok(Ok(d)) => d,
             Ok(Err(e)) => {
                 tracing::warn!(error = %crate::telemetry::chain(&e), "inventory scan failed");
@@ -163,6 +168,9 @@ pub async fn publish_loop<P, S>(
                 handle.force.store(true, Ordering::SeqCst);
             }
         }
+        // What the scan and the build allocated is free now: hand it back (off the workers).
+        drop(devices);
+        let _ = tokio::task::spawn_blocking(crate::sys::os::release_freed_heap).await;
     }
 }
 

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::store::encode;
+use super::store::Encoder;
 use super::{Checkpoint, StateError, Store};
 
 /// The newest save attempt: its generation and how it went.
@@ -41,6 +41,8 @@ fn lock(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 /// The checkpoint writer of one state dir (the lock holder's).
 pub struct Writer {
     shared: Arc<Shared>,
+    /// Reuses the JSON of unchanged records (taken under the caller's checkpoint lock).
+    encoder: Mutex<Encoder>,
     done: watch::Receiver<Done>,
     thread: Option<JoinHandle<()>>,
 }
@@ -66,6 +68,7 @@ impl Writer {
             .map_err(StateError::Thread)?;
         Ok(Self {
             shared,
+            encoder: Mutex::new(Encoder::default()),
             done,
             thread: Some(thread),
         })
@@ -74,7 +77,11 @@ impl Writer {
     /// Queues `cp` for saving and returns its generation. Call it while holding the checkpoint
     /// the change was made to, so generations follow the changes.
     pub fn stage(&self, cp: &Checkpoint) -> Result<u64, StateError> {
-        let bytes = encode(cp)?;
+        let bytes = self
+            .encoder
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .encode(cp)?;
         let mut q = lock(&self.shared.queue);
         q.staged += 1;
         let generation = q.staged;

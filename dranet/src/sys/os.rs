@@ -81,6 +81,8 @@ pub fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<Asyn
 
 /// Loading the probes parses the kernel's BTF (several MiB of short-lived allocations); glibc
 /// keeps the freed heap mapped, which would double the idle daemon's RSS. Hand it back once.
+/// Inventory scans call it too (a scan of 1,024 devices allocates tens of MiB, in the arena of
+/// whichever thread ran it).
 pub fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks and trims the allocator's own free lists; it takes the

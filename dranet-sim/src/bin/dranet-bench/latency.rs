@@ -28,6 +28,11 @@ pub struct StateDir(pub PathBuf);
 
 impl StateDir {
     pub fn new() -> Result<Self> {
+        Self::new_sized("16m")
+    }
+
+    /// With a tmpfs of `size` (mount's `size=`).
+    pub fn new_sized(size: &str) -> Result<Self> {
         let dir = PathBuf::from("/run").join(unique("dranet-bench-"));
         std::fs::create_dir_all(&dir)?;
         let me = Self(dir);
@@ -36,7 +41,7 @@ impl StateDir {
             &me.0,
             Some("tmpfs"),
             MsFlags::empty(),
-            Some("size=16m,mode=0700"),
+            Some(format!("size={size},mode=0700").as_str()),
         )
         .context("mounting the state tmpfs")?;
         Ok(me)
@@ -104,7 +109,7 @@ impl Devices {
         Ok(())
     }
 
-    fn plan(&self, uid: &str) -> PodPlan {
+    pub fn plan(&self, uid: &str) -> PodPlan {
         let devices = self
             .devs
             .iter()
@@ -139,7 +144,7 @@ impl Devices {
     }
 }
 
-fn pod(uid: &str) -> PodRef<'_> {
+pub fn pod(uid: &str) -> PodRef<'_> {
     PodRef {
         uid,
         sandbox: uid,

@@ -2,6 +2,7 @@
 //! thread, subscribed to RTMGRP_LINK, timestamping every link message as it is received. It
 //! shares no code with dranet's own netlink paths.
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -20,8 +21,10 @@ pub struct LinkSeen {
     pub mtu: u32,
 }
 
+/// Cheap to clone (a wait can run on a blocking thread while the caller drives hooks).
+#[derive(Clone)]
 pub struct Listener {
-    rx: Receiver<LinkSeen>,
+    rx: Arc<Mutex<Receiver<LinkSeen>>>,
 }
 
 fn seen(at: u64, m: &LinkMessage) -> LinkSeen {
@@ -77,23 +80,27 @@ impl Listener {
                 }
             })
             .context("listener thread")?;
-        Ok(Self { rx })
+        Ok(Self {
+            rx: Arc::new(Mutex::new(rx)),
+        })
     }
 
     /// Forgets everything received so far.
     pub fn drain(&self) {
-        while self.rx.try_recv().is_ok() {}
+        let rx = self.rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while rx.try_recv().is_ok() {}
     }
 
     /// Waits until every name in `names` has been seen UP with `mtu` at or after `since`;
     /// returns the receipt time of the last one.
     pub fn wait_home(&self, names: &[String], mtu: u32, since: u64, timeout: Duration) -> Result<u64> {
+        let rx = self.rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut left: Vec<&String> = names.iter().collect();
         let deadline = Instant::now() + timeout;
         let mut last = since;
         while !left.is_empty() {
             let wait = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(wait) {
+            match rx.recv_timeout(wait) {
                 Ok(s) if s.at >= since && s.up && s.mtu == mtu => {
                     if let Some(i) = left.iter().position(|n| **n == s.name) {
                         left.swap_remove(i);

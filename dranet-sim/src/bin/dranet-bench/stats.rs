@@ -30,7 +30,8 @@ pub struct Row {
     /// p99 / baseline p99 (or the figure's own ratio, e.g. throughput off/on).
     pub ratio: Option<f64>,
     pub goal: String,
-    /// `None`: nothing to judge (placeholder).
+    /// Whether the goal is met (`met` in the JSON); `None`: nothing to judge (placeholder).
+    #[serde(rename = "met")]
     pub pass: Option<bool>,
     pub note: String,
 }

@@ -108,3 +108,14 @@ pub fn program_names(ifname: &str) -> Vec<String> {
     names.dedup();
     names
 }
+
+/// Whether any `sched_cls` program is loaded on the machine (a TCX program is one); `true` when
+/// the programs cannot be listed. A scan asks for TCX programs per link only when one may exist.
+#[must_use]
+pub fn sched_cls_loaded() -> bool {
+    use aya::programs::{ProgramType, loaded_programs};
+    loaded_programs().any(|p| match p {
+        Ok(p) => p.program_type() == ProgramType::SchedClassifier.into(),
+        Err(_) => true,
+    })
+}

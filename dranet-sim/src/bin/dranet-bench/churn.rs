@@ -1,0 +1,226 @@
+//! Many pods on one connection: `pods` pods (1 veth device each) started, then stopped, through
+//! the daemon's one NRI connection with 8 hooks in flight (RunPodSandbox; then StopPodSandbox,
+//! the netns removed, RemovePodSandbox: containerd order); claims prepared before and
+//! unprepared after the timed part. Baseline: the same attaches and detaches by direct
+//! rtnetlink, 8 at a time. Also the daemon's RSS after all pods are gone against before (after
+//! a warm-up of 8 pods, so first-use allocations are not counted as growth).
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dranet_sim::kernel::{PodNetns, unique};
+use dranet_sim::kubelet::Claim;
+use dranet_sim::node::{Node, NodeOptions, sandbox};
+use futures::StreamExt;
+use rtnetlink::Handle;
+use serde_json::json;
+
+use crate::baseline::{self, Dev};
+use crate::fleet::{Fleet, check_home};
+use crate::latency::{HOST_MTU, POD_MTU};
+
+const IN_FLIGHT: usize = 8;
+
+#[derive(Default)]
+pub struct Figures {
+    /// Pods started and stopped per second.
+    pub rate: Vec<f64>,
+    pub base_rate: Vec<f64>,
+    /// Daemon VmRSS (KiB) before and after each round.
+    pub rss_before: Vec<u64>,
+    pub rss_after: Vec<u64>,
+    pub slowest_hook_ms: f64,
+    pub hook_errors: Vec<String>,
+}
+
+struct Pod {
+    uid: String,
+    ns: PodNetns,
+    claim: Claim,
+    dev: Dev,
+}
+
+pub struct Ctx {
+    node: Node,
+    host: Handle,
+    host_ns: File,
+    fleet: Fleet,
+}
+
+impl Ctx {
+    pub async fn start(pods: usize) -> Result<Self> {
+        let fleet = Fleet::create(pods)?;
+        let node = Node::start(NodeOptions::default()).await?;
+        Ok(Self {
+            node,
+            host: baseline::host_handle()?,
+            host_ns: File::open("/proc/self/ns/net")?,
+            fleet,
+        })
+    }
+
+    async fn pods(&self, devs: &[Dev]) -> Result<Vec<Pod>> {
+        let mut pods = Vec::new();
+        for d in devs {
+            let uid = unique("churn-");
+            let claim = Claim::new("default", &format!("claim-{uid}"), &format!("cuid-{uid}"));
+            self.node.write_claim(
+                &claim,
+                &uid,
+                &[(
+                    dranet::inventory::netdev_device_name(&d.host),
+                    json!({"interface": {"name": "net0", "mtu": POD_MTU}}),
+                )],
+            )?;
+            pods.push(Pod {
+                ns: PodNetns::create(&unique("drbench-u-"))?,
+                uid,
+                claim,
+                dev: d.clone(),
+            });
+        }
+        let plugin = self.node.plugin.as_ref().context("daemon not registered")?;
+        for chunk in pods.chunks(16) {
+            let claims: Vec<Claim> = chunk.iter().map(|p| p.claim.clone()).collect();
+            let res = plugin.prepare(&claims).await?;
+            for c in &claims {
+                let r = res.get(&c.uid).context("no prepare result")?;
+                if !r.error.is_empty() {
+                    bail!("prepare {}: {}", c.name, r.error);
+                }
+            }
+        }
+        Ok(pods)
+    }
+
+    /// Starts then stops `devs.len()` pods; returns pods per second.
+    async fn dranet_round(&self, devs: &[Dev], f: &mut Figures) -> Result<f64> {
+        let pods = self.pods(devs).await?;
+        let rt = &self.node.runtime;
+        let t = Instant::now();
+        let started: Vec<(Duration, Result<(), String>)> = futures::stream::iter(pods.iter())
+            .map(|p| async move {
+                let t = Instant::now();
+                let r = rt.run_pod_sandbox(&sandbox(&p.uid, &p.ns.path)).await;
+                (t.elapsed(), r.map_err(|e| crate::drain::chain(&e)))
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .collect()
+            .await;
+        let stopped: Vec<Vec<(Duration, Result<(), String>)>> = futures::stream::iter(pods.iter())
+            .map(|p| async move {
+                let sb = sandbox(&p.uid, &p.ns.path);
+                let t = Instant::now();
+                let stop = rt.stop_pod_sandbox(&sb).await;
+                let stop = (t.elapsed(), stop.map_err(|e| crate::drain::chain(&e)));
+                let path = p.ns.path.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
+                    let _ = std::fs::remove_file(&path);
+                })
+                .await;
+                let t = Instant::now();
+                let rm = rt.remove_pod_sandbox(&sb).await;
+                vec![stop, (t.elapsed(), rm.map_err(|e| crate::drain::chain(&e)))]
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .collect()
+            .await;
+        let took = t.elapsed();
+        for (d, r) in started.iter().chain(stopped.iter().flatten()) {
+            f.slowest_hook_ms = f.slowest_hook_ms.max(d.as_secs_f64() * 1e3);
+            if let Err(e) = r {
+                f.hook_errors.push(e.clone());
+            }
+        }
+        let plugin = self.node.plugin.as_ref().context("daemon not registered")?;
+        for chunk in pods.chunks(16) {
+            let claims: Vec<Claim> = chunk.iter().map(|p| p.claim.clone()).collect();
+            plugin.unprepare(&claims).await?;
+        }
+        for p in &pods {
+            check_home(&p.dev)?;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        Ok(pods.len() as f64 / took.as_secs_f64())
+    }
+
+    /// The same attaches and detaches by the baseline, 8 at a time.
+    async fn baseline_round(&self, devs: &[Dev]) -> Result<f64> {
+        let mut netns = Vec::new();
+        for _ in devs {
+            let ns = PodNetns::create(&unique("drbench-v-"))?;
+            let fd = ns.open()?;
+            netns.push((ns, fd));
+        }
+        let t = Instant::now();
+        let host = &self.host;
+        let attached: Vec<Result<()>> =
+            futures::stream::iter(netns.iter().zip(devs))
+                .map(|((_, fd), d)| async move {
+                    baseline::attach(host, fd, std::slice::from_ref(d), POD_MTU).await
+                })
+                .buffer_unordered(IN_FLIGHT)
+                .collect()
+                .await;
+        for r in attached {
+            r?;
+        }
+        let host_ns = &self.host_ns;
+        let detached: Vec<Result<()>> = futures::stream::iter(netns.iter().zip(devs))
+            .map(|((ns, fd), d)| async move {
+                let pod = baseline::handle_in(fd)?;
+                baseline::detach(&pod, host, host_ns, std::slice::from_ref(d), HOST_MTU).await?;
+                let path = ns.path.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
+                    let _ = std::fs::remove_file(&path);
+                })
+                .await;
+                Ok(())
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .collect()
+            .await;
+        let took = t.elapsed();
+        for r in detached {
+            r?;
+        }
+        for d in devs {
+            check_home(d)?;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        Ok(devs.len() as f64 / took.as_secs_f64())
+    }
+
+    /// The daemon's RSS once its fds are settled (nothing in flight), KiB.
+    async fn rss(&self) -> Result<u64> {
+        self.node.daemon_fds_settled().await?;
+        self.node.daemon_rss_kib()
+    }
+}
+
+pub async fn run(cx: &Ctx, rounds: usize) -> Result<Figures> {
+    let mut f = Figures::default();
+    let all = &cx.fleet.devs;
+    // Warm-up: first-use allocations (thread pools, caches, the first pod netlink).
+    cx.dranet_round(&all[..IN_FLIGHT.min(all.len())], &mut Figures::default())
+        .await?;
+    cx.baseline_round(&all[..IN_FLIGHT.min(all.len())]).await?;
+    for r in 0..rounds {
+        eprintln!("churn, {} pods, round {}/{rounds} ...", all.len(), r + 1);
+        let before = cx.rss().await?;
+        let (rate, base) = if r % 2 == 0 {
+            let a = cx.dranet_round(all, &mut f).await?;
+            (a, cx.baseline_round(all).await?)
+        } else {
+            let b = cx.baseline_round(all).await?;
+            (cx.dranet_round(all, &mut f).await?, b)
+        };
+        f.rate.push(rate);
+        f.base_rate.push(base);
+        f.rss_before.push(before);
+        f.rss_after.push(cx.rss().await?);
+    }
+    Ok(f)
+}
