@@ -55,10 +55,17 @@ fn forever() -> u32 {
     crate::sys::link::address::FOREVER
 }
 
-/// An address as the checkpoint stores it.
+/// An address as the checkpoint stores it: an object (format 2; always written), or an
+/// `ip/prefix` string (format 1; still read).
 #[derive(Serialize, Deserialize)]
-#[serde(from = "AddrRepr")]
-struct Addr {
+#[serde(untagged)]
+enum Addr {
+    Cidr(String),
+    Full(AddrFields),
+}
+
+#[derive(Serialize, Deserialize)]
+struct AddrFields {
     cidr: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     peer: Option<IpAddr>,
@@ -78,64 +85,9 @@ struct Addr {
     preferred_lft: u32,
 }
 
-/// Format 1 stored addresses as `ip/prefix` strings; format 2 as objects.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum AddrRepr {
-    Cidr(String),
-    Full {
-        cidr: String,
-        #[serde(default)]
-        peer: Option<IpAddr>,
-        #[serde(default)]
-        broadcast: Option<Ipv4Addr>,
-        #[serde(default)]
-        label: Option<String>,
-        #[serde(default)]
-        flags: u32,
-        #[serde(default)]
-        scope: u8,
-        #[serde(default)]
-        metric: Option<u32>,
-        #[serde(default = "forever")]
-        valid_lft: u32,
-        #[serde(default = "forever")]
-        preferred_lft: u32,
-    },
-}
-
-impl From<AddrRepr> for Addr {
-    fn from(r: AddrRepr) -> Self {
-        match r {
-            AddrRepr::Cidr(cidr) => Addr::from(&AddrSnapshot::plain(cidr)),
-            AddrRepr::Full {
-                cidr,
-                peer,
-                broadcast,
-                label,
-                flags,
-                scope,
-                metric,
-                valid_lft,
-                preferred_lft,
-            } => Addr {
-                cidr,
-                peer,
-                broadcast,
-                label,
-                flags,
-                scope,
-                metric,
-                valid_lft,
-                preferred_lft,
-            },
-        }
-    }
-}
-
 impl From<&AddrSnapshot> for Addr {
     fn from(a: &AddrSnapshot) -> Self {
-        Addr {
+        Addr::Full(AddrFields {
             cidr: a.cidr.clone(),
             peer: a.peer,
             broadcast: a.broadcast,
@@ -145,22 +97,25 @@ impl From<&AddrSnapshot> for Addr {
             metric: a.metric,
             valid_lft: a.valid_lft,
             preferred_lft: a.preferred_lft,
-        }
+        })
     }
 }
 
 impl From<Addr> for AddrSnapshot {
     fn from(a: Addr) -> Self {
-        AddrSnapshot {
-            cidr: a.cidr,
-            peer: a.peer,
-            broadcast: a.broadcast,
-            label: a.label,
-            flags: a.flags,
-            scope: a.scope,
-            metric: a.metric,
-            valid_lft: a.valid_lft,
-            preferred_lft: a.preferred_lft,
+        match a {
+            Addr::Cidr(cidr) => AddrSnapshot::plain(cidr),
+            Addr::Full(f) => AddrSnapshot {
+                cidr: f.cidr,
+                peer: f.peer,
+                broadcast: f.broadcast,
+                label: f.label,
+                flags: f.flags,
+                scope: f.scope,
+                metric: f.metric,
+                valid_lft: f.valid_lft,
+                preferred_lft: f.preferred_lft,
+            },
         }
     }
 }
