@@ -19,7 +19,7 @@ use dranet_sim::root_or_skip;
 use serde_json::Value;
 
 use dranet_sim::fixtures::{
-    StateDir, engine, engine_case, pod_plan as plan, pod_ref as pod, wait_for, watched_engine,
+    StateDir, engine, engine_case, engine_case_n, pod_plan as plan, pod_ref as pod, wait_for, watched_engine,
 };
 
 fn device(nic: &Nic, pod_if: &str, uid: &str) -> DevicePlan {
@@ -117,12 +117,9 @@ async fn crio_order_rescues_before_any_hook() -> Result<()> {
 #[tokio::test]
 async fn rollback_when_the_third_attach_fails() -> Result<()> {
     root_or_skip!("rollback_when_the_third_attach_fails");
-    let state = StateDir::new("rb");
-    let ns = PodNetns::create(&unique("dranet-t-rb-"))?;
-    let (nics, before) = Nic::many_with_views(3)?;
+    let (state, ns, nics, before, uid) = engine_case_n("rb", 3)?;
     // The third pod-side name is already taken inside the pod: its move fails for real.
     ns.ip(&["link", "add", "net3", "type", "veth", "peer", "name", "net3p"])?;
-    let uid = unique("pod-rb-");
     let e = engine(&state, None).await?;
     let devs = nics
         .iter()
@@ -151,10 +148,7 @@ async fn rollback_when_the_third_attach_fails() -> Result<()> {
 #[tokio::test]
 async fn rollback_when_the_kernel_fails_half_way_through_a_move() -> Result<()> {
     root_or_skip!("rollback_when_the_kernel_fails_half_way_through_a_move");
-    let state = StateDir::new("rb2");
-    let ns = PodNetns::create(&unique("dranet-t-rb2-"))?;
-    let (nics, before) = Nic::many_with_views(2)?;
-    let uid = unique("pod-rb2-");
+    let (state, ns, nics, before, uid) = engine_case_n("rb2", 2)?;
     let e = engine(&state, None).await?;
     let mut second = device(&nics[1], "net2", &uid);
     // veth's max MTU is 65535: the kernel moves and renames the device, then fails the MTU.
@@ -356,10 +350,7 @@ async fn sigkill_after_attach_with_the_pod_alive_readopts_it() -> Result<()> {
 #[tokio::test]
 async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<()> {
     root_or_skip!("sigkill_in_the_middle_of_an_attach_of_three_loses_nothing");
-    let state = StateDir::new("kill3");
-    let ns = PodNetns::create(&unique("dranet-t-kill3-"))?;
-    let (nics, before) = Nic::many_with_views(3)?;
-    let uid = unique("pod-kill3-");
+    let (state, ns, nics, before, uid) = engine_case_n("kill3", 3)?;
     let devs = nics
         .iter()
         .zip(["net1", "net2", "net3"])
