@@ -53,6 +53,10 @@ impl Engine {
     /// Brings every device of the sandbox `key` home, the pod's lock held, and records in
     /// `first_move` (CLOCK_MONOTONIC ns) when it sends the move of its first device home (or,
     /// without a pod netns, starts the host-side repair): the rescue's reaction time ends there.
+    ///
+    /// Phases: [`Engine::begin_return`] (the record, the pin, `Returning`), the pod netns's
+    /// netlink, one [`Engine::return_device`] per device, then [`Engine::finish_return`] or, with
+    /// a device still out, [`Engine::incomplete_return`] (the engine retries).
     pub(super) async fn detach_timed(
         &self,
         key: &str,
@@ -60,45 +64,12 @@ impl Engine {
         first_move: &mut Option<u64>,
     ) -> Result<DetachOutcome, RescueError> {
         let started = std::time::Instant::now();
-        let (uid, devices, pin_path) = {
-            let cp = self.cp();
-            let Some(rec) = cp.pods.get(key) else {
-                return Ok(DetachOutcome::NotOurs);
-            };
-            if let PodPhase::Returned(why) = rec.phase
-                && !rec.has_devices_out()
-            {
-                return Ok(DetachOutcome::AlreadyReturned { reason: why });
-            }
-            (rec.pod_uid.clone(), rec.devices.clone(), rec.pin.clone())
+        let (uid, devices, live) = match self.begin_return(key).await? {
+            Begun::Ready { uid, devices, live } => (uid, devices, live),
+            Begun::Done(outcome) => return Ok(outcome),
         };
         let uid = uid.as_str();
-        let live = match self.inner.live_take(key) {
-            Some(l) => Some(l),
-            None => self.repin(key, pin_path.as_deref()).await,
-        };
-        self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(key) {
-                rec.phase = PodPhase::Returning;
-            }
-        })
-        .await?;
-        let pod_nl = match &live {
-            Some(Live {
-                netlink: Some(nl), ..
-            }) => Some(nl.clone()),
-            Some(Live { pin, netlink: None }) => match self
-                .link_op("rtnetlink in the pod netns", Netlink::in_netns(pin.netns()))
-                .await
-            {
-                Ok(nl) => Some(nl),
-                Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
-                    None
-                }
-            },
-            None => None,
-        };
+        let pod_nl = self.pod_netlink(uid, key, live.as_ref()).await;
         // Its own socket: the kernel runs one dump at a time per netlink socket.
         let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
         let mut home = Vec::new();
@@ -107,109 +78,24 @@ impl Engine {
         // Part of an attach (its rollback, its pod's older sandbox): never behind the lane.
         let foreground = matches!(reason, ReturnReason::Rollback | ReturnReason::Replaced);
         for (i, d) in devices.iter().enumerate() {
-            let out = matches!(
-                d.state,
-                DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
-            );
-            let _slot = if foreground || !(out || d.rdma_in_pod) {
-                None
-            } else {
-                Some(self.inner.lane.background().await)
+            let ctx = ReturnCtx {
+                uid,
+                key,
+                live: live.as_ref(),
+                pod_nl: pod_nl.as_ref(),
+                host_nl: &host_nl,
+                foreground,
             };
-            // RDMA first, as the kernel does at netns death: it needs the pod netns alive.
-            if d.rdma_in_pod
-                && let Err(e) = self
-                    .detach_rdma(key, i, d, live.as_ref().map(|l| l.pin.netns()))
-                    .await
-            {
-                warn!(pod = uid, device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
-                failed.push(crate::telemetry::chain(&e).to_string());
+            match self.return_device(&ctx, i, d, first_move).await? {
+                DeviceReturn::AlreadyHome => {}
+                DeviceReturn::Home(name) => home.push(name),
+                DeviceReturn::NameBusy(name) => busy.push(name),
+                DeviceReturn::Failed(why) => failed.extend(why),
             }
-            if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
-                continue;
-            }
-            let res = match &pod_nl {
-                Some(nl) => {
-                    // Only the ifindex recorded in the netns we pinned identifies the device in
-                    // the pod (a pod may have renamed it and made an impostor under its name).
-                    let pod_ifindex =
-                        d.at.filter(|a| live.as_ref().is_some_and(|l| l.pin.netns().id() == a.netns))
-                            .map(|a| a.ifindex);
-                    let req = link::DetachRequest {
-                        pod_nl: nl,
-                        host_nl: &host_nl,
-                        host: &self.inner.host,
-                        snap: &d.snapshot,
-                        pod_ifindex,
-                        pod_ifname: &d.pod_ifname,
-                    };
-                    self.link_op("bringing the device home", link::detach(&req, first_move))
-                        .await
-                }
-                None => {
-                    first_move.get_or_insert_with(crate::watch::monotonic_ns);
-                    self.link_op(
-                        "repairing the device in the host",
-                        link::find_and_repair(&host_nl, &d.snapshot),
-                    )
-                    .await
-                }
-            };
-            let res = match res {
-                Err(LinkError::Lost { .. }) if self.inner.opts.pci_rebind && d.pci_address.is_some() => {
-                    self.last_resort(&host_nl, uid, d).await
-                }
-                other => other.map_err(|source| RescueError::Link {
-                    pod: uid.to_owned(),
-                    device: d.device.clone(),
-                    source,
-                }),
-            };
-            let state = match res {
-                Ok(Returned::Restored) => {
-                    home.push(d.snapshot.name.clone());
-                    DeviceState::Home
-                }
-                Ok(Returned::NameBusy { temp_name }) => {
-                    busy.push(temp_name.clone());
-                    self.set_temp_name(key, i, Some(temp_name)).await?;
-                    DeviceState::HomeNameBusy
-                }
-                Err(e) => {
-                    warn!(pod = uid, sandbox = key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
-                    failed.push(crate::telemetry::chain(&e).to_string());
-                    continue;
-                }
-            };
-            self.update(|cp| {
-                if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                    dev.state = state;
-                    dev.at = None;
-                }
-            })
-            .await?;
         }
         drop(pod_nl);
         if let Some(first) = failed.first() {
-            if let Some(l) = live {
-                self.inner.live_put(key, l);
-            }
-            self.count(|c| c.return_failures += 1);
-            self.record(
-                uid,
-                ActivityKind::Failed {
-                    action: "return".into(),
-                    error: first.clone(),
-                    device: None,
-                },
-            );
-            self.inner.metrics.failures.inc();
-            return Err(RescueError::Incomplete {
-                pod: uid.to_owned(),
-                failed: failed.len(),
-                total: devices.len(),
-                first: first.clone(),
-            });
+            return Err(self.incomplete_return(uid, key, live, failed.len(), devices.len(), first));
         }
         self.finish_return(key, live, reason).await?;
         self.say_what_was_not_restored(key, &devices);
@@ -226,6 +112,184 @@ impl Engine {
             devices: home,
             name_busy: busy,
         })
+    }
+
+    /// Phase 1: the sandbox's record (none: not ours; nothing out: already home), its pin (taken
+    /// from the live set, or re-opened), and the record marked `Returning`.
+    async fn begin_return(&self, key: &str) -> Result<Begun, RescueError> {
+        let (uid, devices, pin_path) = {
+            let cp = self.cp();
+            let Some(rec) = cp.pods.get(key) else {
+                return Ok(Begun::Done(DetachOutcome::NotOurs));
+            };
+            if let PodPhase::Returned(why) = rec.phase
+                && !rec.has_devices_out()
+            {
+                return Ok(Begun::Done(DetachOutcome::AlreadyReturned { reason: why }));
+            }
+            (rec.pod_uid.clone(), rec.devices.clone(), rec.pin.clone())
+        };
+        let live = match self.inner.live_take(key) {
+            Some(l) => Some(l),
+            None => self.repin(key, pin_path.as_deref()).await,
+        };
+        self.update(|cp| {
+            if let Some(rec) = cp.pods.get_mut(key) {
+                rec.phase = PodPhase::Returning;
+            }
+        })
+        .await?;
+        Ok(Begun::Ready { uid, devices, live })
+    }
+
+    /// Phase 2: rtnetlink inside the pod netns (the live one, or a new socket through the pin);
+    /// `None` without a netns: the devices are repaired in the host instead.
+    async fn pod_netlink(&self, uid: &str, key: &str, live: Option<&Live>) -> Option<Netlink> {
+        match live {
+            Some(Live {
+                netlink: Some(nl), ..
+            }) => Some(nl.clone()),
+            Some(Live { pin, netlink: None }) => match self
+                .link_op("rtnetlink in the pod netns", Netlink::in_netns(pin.netns()))
+                .await
+            {
+                Ok(nl) => Some(nl),
+                Err(e) => {
+                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
+                    None
+                }
+            },
+            None => None,
+        }
+    }
+
+    /// Phase 3, one device: its RDMA link first (it needs the pod netns alive), then the netdev
+    /// home by the ifindex recorded in the pinned netns (or repaired in the host), its state
+    /// recorded. A device that does not come home is `Failed` (logged here, once).
+    async fn return_device(
+        &self,
+        ctx: &ReturnCtx<'_>,
+        i: usize,
+        d: &DeviceRecord,
+        first_move: &mut Option<u64>,
+    ) -> Result<DeviceReturn, RescueError> {
+        let (uid, key) = (ctx.uid, ctx.key);
+        let out = matches!(
+            d.state,
+            DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
+        );
+        let _slot = if ctx.foreground || !(out || d.rdma_in_pod) {
+            None
+        } else {
+            Some(self.inner.lane.background().await)
+        };
+        let mut failed = Vec::new();
+        if d.rdma_in_pod
+            && let Err(e) = self.detach_rdma(key, i, d, ctx.live.map(|l| l.pin.netns())).await
+        {
+            warn!(pod = uid, device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
+            failed.push(crate::telemetry::chain(&e).to_string());
+        }
+        if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
+            return Ok(if failed.is_empty() {
+                DeviceReturn::AlreadyHome
+            } else {
+                DeviceReturn::Failed(failed)
+            });
+        }
+        let res = match ctx.pod_nl {
+            Some(nl) => {
+                // Only the ifindex recorded in the netns we pinned identifies the device in
+                // the pod (a pod may have renamed it and made an impostor under its name).
+                let pod_ifindex =
+                    d.at.filter(|a| ctx.live.is_some_and(|l| l.pin.netns().id() == a.netns))
+                        .map(|a| a.ifindex);
+                let req = link::DetachRequest {
+                    pod_nl: nl,
+                    host_nl: ctx.host_nl,
+                    host: &self.inner.host,
+                    snap: &d.snapshot,
+                    pod_ifindex,
+                    pod_ifname: &d.pod_ifname,
+                };
+                self.link_op("bringing the device home", link::detach(&req, first_move))
+                    .await
+            }
+            None => {
+                first_move.get_or_insert_with(crate::watch::monotonic_ns);
+                self.link_op(
+                    "repairing the device in the host",
+                    link::find_and_repair(ctx.host_nl, &d.snapshot),
+                )
+                .await
+            }
+        };
+        let res = match res {
+            Err(LinkError::Lost { .. }) if self.inner.opts.pci_rebind && d.pci_address.is_some() => {
+                self.last_resort(ctx.host_nl, uid, d).await
+            }
+            other => other.map_err(|source| RescueError::Link {
+                pod: uid.to_owned(),
+                device: d.device.clone(),
+                source,
+            }),
+        };
+        let (state, ret) = match res {
+            Ok(Returned::Restored) => (DeviceState::Home, DeviceReturn::Home(d.snapshot.name.clone())),
+            Ok(Returned::NameBusy { temp_name }) => {
+                self.set_temp_name(key, i, Some(temp_name.clone())).await?;
+                (DeviceState::HomeNameBusy, DeviceReturn::NameBusy(temp_name))
+            }
+            Err(e) => {
+                warn!(pod = uid, sandbox = key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
+                failed.push(crate::telemetry::chain(&e).to_string());
+                return Ok(DeviceReturn::Failed(failed));
+            }
+        };
+        self.update(|cp| {
+            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
+                dev.state = state;
+                dev.at = None;
+            }
+        })
+        .await?;
+        Ok(if failed.is_empty() {
+            ret
+        } else {
+            DeviceReturn::Failed(failed)
+        })
+    }
+
+    /// Phase 4, when a device is still out: the pin stays live (the engine retries), the failure
+    /// is counted and recorded, and the error names the first cause.
+    fn incomplete_return(
+        &self,
+        uid: &str,
+        key: &str,
+        live: Option<Live>,
+        failed: usize,
+        total: usize,
+        first: &str,
+    ) -> RescueError {
+        if let Some(l) = live {
+            self.inner.live_put(key, l);
+        }
+        self.count(|c| c.return_failures += 1);
+        self.record(
+            uid,
+            ActivityKind::Failed {
+                action: "return".into(),
+                error: first.to_owned(),
+                device: None,
+            },
+        );
+        self.inner.metrics.failures.inc();
+        RescueError::Incomplete {
+            pod: uid.to_owned(),
+            failed,
+            total,
+            first: first.to_owned(),
+        }
     }
 
     /// Re-opens the pod's pin; if it is gone, finds the netns by identity (the runtime's path,
@@ -532,4 +596,36 @@ fn merge(a: DetachOutcome, b: DetachOutcome) -> DetachOutcome {
         | (DetachOutcome::AlreadyReturned { .. }, r @ DetachOutcome::Returned { .. }) => r,
         (a @ DetachOutcome::AlreadyReturned { .. }, DetachOutcome::AlreadyReturned { .. }) => a,
     }
+}
+
+/// What [`Engine::begin_return`] found.
+enum Begun {
+    /// Nothing to do: the outcome as it stands.
+    Done(DetachOutcome),
+    /// Devices to bring home.
+    Ready {
+        uid: String,
+        devices: Vec<DeviceRecord>,
+        live: Option<Live>,
+    },
+}
+
+/// What every device of one return shares.
+struct ReturnCtx<'a> {
+    uid: &'a str,
+    key: &'a str,
+    live: Option<&'a Live>,
+    pod_nl: Option<&'a Netlink>,
+    host_nl: &'a Netlink,
+    /// Part of an attach: never queued behind other returns.
+    foreground: bool,
+}
+
+/// How one device's return ended.
+enum DeviceReturn {
+    AlreadyHome,
+    Home(String),
+    NameBusy(String),
+    /// Why it (or its RDMA link) is not home, each cause once.
+    Failed(Vec<String>),
 }
