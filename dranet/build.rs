@@ -1,5 +1,5 @@
 //! Build script: locates the eBPF object built by `cargo xtask build-ebpf` (embedded into the
-//! binary) and compiles the protobuf APIs with protox (no `protoc` needed).
+//! binary with the default feature `ebpf`) and compiles the protobuf APIs with protox (no `protoc` needed).
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -37,6 +37,10 @@ fn main() -> Result<()> {
 
 fn ebpf_object() -> Result<()> {
     println!("cargo:rerun-if-env-changed=DRANET_EBPF_OBJECT");
+    if std::env::var_os("CARGO_FEATURE_EBPF").is_none() {
+        // A user-space-only build: nothing to embed (`sys::probes::object()` is `None`).
+        return Ok(());
+    }
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let root = manifest.parent().context("workspace root")?;
     let obj = match std::env::var_os("DRANET_EBPF_OBJECT") {
@@ -49,7 +53,7 @@ fn ebpf_object() -> Result<()> {
             "\n\n  dranet embeds its eBPF object, and {} does not exist.\n  \
              Build it first with:\n\n      cargo xtask build-ebpf\n\n  \
              (the toolchain it needs: `cargo xtask install-toolchain`; or point DRANET_EBPF_OBJECT \
-             at a built object)\n",
+             at a built object; or build without it: --no-default-features --features bundled-pci-ids)\n",
             obj.display()
         );
     }

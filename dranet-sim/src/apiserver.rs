@@ -1,6 +1,6 @@
-//! An in-memory Kubernetes API server for end-to-end tests: plain HTTP/1.1 on 127.0.0.1, parsed
-//! by hand on tokio (request line, headers, `Content-Length` or chunked bodies, keep-alive,
-//! pipelining), objects kept as JSON keyed by their resource path. It serves what `dranet run`
+//! An in-memory Kubernetes API server for end-to-end tests: plain HTTP/1.1 on 127.0.0.1, served
+//! by hyper (keep-alive, pipelining, chunked bodies), objects kept as JSON keyed by their
+//! resource path. It serves what `dranet run`
 //! uses in kube mode (Node GET; ResourceSlice apply / list by field selector / delete;
 //! ResourceClaim GET, list (in a namespace or cluster-wide: adoption) and server-side apply of its
 //! `status`; Event create and patch), answers anything else with a `NotFound` Status, and
@@ -18,63 +18,48 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
 use serde_json::{Map, Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// Largest request head (request line + headers) accepted.
+/// Largest request head (request line + headers) accepted (hyper's read buffer).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 // ---------------------------------------------------------------------------------------------
-// HTTP/1.1 request parsing
+// Requests as the handlers see them
 // ---------------------------------------------------------------------------------------------
 
-/// One parsed HTTP request.
+/// One request, its body read whole.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpRequest {
     pub method: String,
     /// The request target as sent (origin form: path and query).
     pub target: String,
-    /// `1` for HTTP/1.1, `0` for HTTP/1.0.
-    pub minor_version: u8,
-    /// Header names lower-cased, values trimmed, in order.
+    /// Header names lower-cased, in order.
     pub headers: Vec<(String, String)>,
     /// The body, de-chunked.
     pub body: Vec<u8>,
+}
+
+/// The first header of that (case-insensitive) name in `headers` (names stored lower-case).
+fn header_in<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    let name = name.to_ascii_lowercase();
+    headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
 }
 
 impl HttpRequest {
     /// The first header of that (case-insensitive) name.
     #[must_use]
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Whether the connection stays open after the response (HTTP/1.1 default unless
-    /// `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`).
-    #[must_use]
-    pub fn keep_alive(&self) -> bool {
-        let tokens: Vec<String> = self
-            .headers
-            .iter()
-            .filter(|(n, _)| n == "connection")
-            .flat_map(|(_, v)| v.split(',').map(|t| t.trim().to_ascii_lowercase()))
-            .collect();
-        if self.minor_version == 0 {
-            tokens.iter().any(|t| t == "keep-alive")
-        } else {
-            !tokens.iter().any(|t| t == "close")
-        }
+        header_in(&self.headers, name)
     }
 
     /// Path (percent-encoded, as sent) and raw query.
@@ -82,200 +67,27 @@ impl HttpRequest {
     pub fn path_and_query(&self) -> (&str, &str) {
         self.target.split_once('?').unwrap_or((&self.target, ""))
     }
-}
 
-/// What [`parse_request`] made of a buffer.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Parsed {
-    /// Not a whole request yet: read more.
-    Incomplete,
-    /// A request and the number of buffer bytes it used (pipelined requests follow).
-    Complete(HttpRequest, usize),
-}
-
-/// Malformed requests (answered with 400 and the connection closed).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ParseError {
-    #[error("request head larger than {MAX_HEAD_BYTES} bytes")]
-    HeadTooLarge,
-    #[error("request body larger than {MAX_BODY_BYTES} bytes")]
-    BodyTooLarge,
-    #[error("request head is not UTF-8")]
-    NotUtf8,
-    #[error("bad request line {0:?}")]
-    RequestLine(String),
-    #[error("unsupported HTTP version {0:?}")]
-    Version(String),
-    #[error("bad header line {0:?}")]
-    Header(String),
-    #[error("bad Content-Length {0:?}")]
-    ContentLength(String),
-    #[error("both Transfer-Encoding and Content-Length")]
-    Ambiguous,
-    #[error("unsupported Transfer-Encoding {0:?}")]
-    TransferEncoding(String),
-    #[error("bad chunk: {0}")]
-    Chunk(String),
-}
-
-fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    if from > hay.len() {
-        return None;
-    }
-    hay[from..]
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
-}
-
-/// Parses one request from the start of `buf` (leading empty lines are skipped, RFC 9112 §2.2).
-pub fn parse_request(buf: &[u8]) -> Result<Parsed, ParseError> {
-    let mut start = 0;
-    while buf[start..].starts_with(b"\r\n") {
-        start += 2;
-    }
-    let Some(head_end) = find(buf, b"\r\n\r\n", start) else {
-        if buf.len() - start > MAX_HEAD_BYTES {
-            return Err(ParseError::HeadTooLarge);
+    /// The head of a hyper request, with `body`.
+    fn from_parts(parts: &hyper::http::request::Parts, body: Vec<u8>) -> Self {
+        Self {
+            method: parts.method.as_str().to_owned(),
+            target: parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
+                    )
+                })
+                .collect(),
+            body,
         }
-        return Ok(Parsed::Incomplete);
-    };
-    if head_end - start > MAX_HEAD_BYTES {
-        return Err(ParseError::HeadTooLarge);
-    }
-    let head = std::str::from_utf8(&buf[start..head_end]).map_err(|_| ParseError::NotUtf8)?;
-    let mut lines = head.split("\r\n");
-    let line = lines.next().unwrap_or_default();
-    let parts: Vec<&str> = line.split(' ').collect();
-    let [method, target, version] = parts[..] else {
-        return Err(ParseError::RequestLine(line.to_owned()));
-    };
-    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) || !target.starts_with('/') {
-        return Err(ParseError::RequestLine(line.to_owned()));
-    }
-    let minor_version = match version {
-        "HTTP/1.1" => 1,
-        "HTTP/1.0" => 0,
-        v => return Err(ParseError::Version(v.to_owned())),
-    };
-    let mut headers = Vec::new();
-    for l in lines {
-        // obs-fold (a continuation line) is rejected, as RFC 9112 §5.2 allows.
-        let Some((name, value)) = l.split_once(':') else {
-            return Err(ParseError::Header(l.to_owned()));
-        };
-        if name.is_empty()
-            || name
-                .bytes()
-                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
-        {
-            return Err(ParseError::Header(l.to_owned()));
-        }
-        headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
-    }
-    let mut req = HttpRequest {
-        method: method.to_owned(),
-        target: target.to_owned(),
-        minor_version,
-        headers,
-        body: Vec::new(),
-    };
-    let body_start = head_end + 4;
-    let te: Vec<&str> = req
-        .headers
-        .iter()
-        .filter(|(n, _)| n == "transfer-encoding")
-        .map(|(_, v)| v.as_str())
-        .collect();
-    let cl: Vec<&str> = req
-        .headers
-        .iter()
-        .filter(|(n, _)| n == "content-length")
-        .map(|(_, v)| v.as_str())
-        .collect();
-    if !te.is_empty() {
-        if !cl.is_empty() {
-            return Err(ParseError::Ambiguous);
-        }
-        let codings = te.join(",");
-        if !codings.trim().eq_ignore_ascii_case("chunked") {
-            return Err(ParseError::TransferEncoding(codings));
-        }
-        return match dechunk(buf, body_start)? {
-            None => Ok(Parsed::Incomplete),
-            Some((body, end)) => {
-                req.body = body;
-                Ok(Parsed::Complete(req, end))
-            }
-        };
-    }
-    let len = match cl.as_slice() {
-        [] => 0,
-        [first, rest @ ..] => {
-            if rest.iter().any(|v| v != first) {
-                return Err(ParseError::ContentLength(cl.join(", ")));
-            }
-            if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(ParseError::ContentLength((*first).to_owned()));
-            }
-            first
-                .parse::<usize>()
-                .map_err(|_| ParseError::ContentLength((*first).to_owned()))?
-        }
-    };
-    if len > MAX_BODY_BYTES {
-        return Err(ParseError::BodyTooLarge);
-    }
-    if buf.len() < body_start + len {
-        return Ok(Parsed::Incomplete);
-    }
-    req.body = buf[body_start..body_start + len].to_vec();
-    Ok(Parsed::Complete(req, body_start + len))
-}
-
-/// Decodes a chunked body starting at `pos`: `None` while incomplete, else the body and the end.
-fn dechunk(buf: &[u8], mut pos: usize) -> Result<Option<(Vec<u8>, usize)>, ParseError> {
-    let mut body = Vec::new();
-    loop {
-        let Some(eol) = find(buf, b"\r\n", pos) else {
-            if buf.len() - pos > 1024 {
-                return Err(ParseError::Chunk("chunk size line too long".into()));
-            }
-            return Ok(None);
-        };
-        let line = std::str::from_utf8(&buf[pos..eol]).map_err(|_| ParseError::NotUtf8)?;
-        // Chunk extensions (`;name=value`) are ignored.
-        let size_str = line.split(';').next().unwrap_or_default().trim();
-        if size_str.is_empty() || size_str.len() > 15 || !size_str.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ParseError::Chunk(format!("bad size line {line:?}")));
-        }
-        let size = usize::from_str_radix(size_str, 16)
-            .map_err(|_| ParseError::Chunk(format!("bad size line {line:?}")))?;
-        pos = eol + 2;
-        if size == 0 {
-            // Trailer fields until an empty line.
-            loop {
-                let Some(eol) = find(buf, b"\r\n", pos) else {
-                    return Ok(None);
-                };
-                let empty = eol == pos;
-                pos = eol + 2;
-                if empty {
-                    return Ok(Some((body, pos)));
-                }
-            }
-        }
-        if body.len() + size > MAX_BODY_BYTES {
-            return Err(ParseError::BodyTooLarge);
-        }
-        if buf.len() < pos + size + 2 {
-            return Ok(None);
-        }
-        body.extend_from_slice(&buf[pos..pos + size]);
-        if &buf[pos + size..pos + size + 2] != b"\r\n" {
-            return Err(ParseError::Chunk("chunk data not followed by CRLF".into()));
-        }
-        pos += size + 2;
     }
 }
 
@@ -316,39 +128,6 @@ pub fn parse_query(q: &str) -> Vec<(String, String)> {
             (percent_decode(k, true), percent_decode(v, true))
         })
         .collect()
-}
-
-fn reason_phrase(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        201 => "Created",
-        400 => "Bad Request",
-        404 => "Not Found",
-        409 => "Conflict",
-        415 => "Unsupported Media Type",
-        422 => "Unprocessable Entity",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Unknown",
-    }
-}
-
-/// A JSON response, byte for byte.
-#[must_use]
-pub fn response_bytes(code: u16, body: &Value, close: bool) -> Vec<u8> {
-    let body = serde_json::to_vec(body).unwrap_or_default();
-    let mut out = format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        reason_phrase(code),
-        body.len()
-    );
-    if close {
-        out.push_str("Connection: close\r\n");
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
-    out.extend_from_slice(&body);
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -399,11 +178,7 @@ impl Recorded {
 
     #[must_use]
     pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
+        header_in(&self.headers, name)
     }
 }
 
@@ -648,80 +423,84 @@ impl ApiServer {
         self.inner.faults_changed.send_modify(|v| *v += 1);
     }
 
-    /// Polls `check` (every 10 ms) until it returns `Some`, for at most `timeout`.
+    /// Polls `check` every 10 ms until it returns `Some`, for at most `timeout`.
     pub async fn wait_for<T>(
         &self,
         what: &str,
         timeout: Duration,
         mut check: impl FnMut(&Self) -> Option<T>,
     ) -> Result<T> {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = check(self) {
-                return Ok(v);
-            }
-            if start.elapsed() > timeout {
-                bail!("timed out after {timeout:?} waiting for {what}");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        crate::fixtures::wait_for_some_every(what, timeout, Duration::from_millis(10), || check(self)).await
+    }
+}
+
+/// The error that makes hyper close a connection without an answer (a hung request, healed or
+/// shut down).
+#[derive(Debug, thiserror::Error)]
+#[error("closed without an answer")]
+struct NoAnswer;
+
+async fn serve_conn(inner: Arc<Inner>, sock: TcpStream, conn: u64) {
+    let mut shutdown = inner.shutdown.subscribe();
+    let svc = {
+        let inner = inner.clone();
+        hyper::service::service_fn(move |req| respond(inner.clone(), conn, req))
+    };
+    let served = hyper::server::conn::http1::Builder::new()
+        // `Content-Length`, as a real API server (Go's net/http) spells it.
+        .title_case_headers(true)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .serve_connection(TokioIo::new(sock), svc);
+    tokio::select! {
+        _ = served => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// Reads the body (at most [`MAX_BODY_BYTES`]), serves the request, or leaves it hanging.
+async fn respond(
+    inner: Arc<Inner>,
+    conn: u64,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<Full<Bytes>>, NoAnswer> {
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(b) => b.to_bytes().to_vec(),
+        Err(e) => {
+            let req = HttpRequest::from_parts(&parts, Vec::new());
+            record(&inner, conn, &req, Some(400), false);
+            let body = status_body(400, "BadRequest", &format!("reading the request body: {e}"));
+            let mut resp = json_response(400, &body);
+            resp.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
+            );
+            return Ok(resp);
+        }
+    };
+    let req = HttpRequest::from_parts(&parts, body);
+    match handle(&inner, conn, &req) {
+        Some((code, body)) => Ok(json_response(code, &body)),
+        None => {
+            let mut shutdown = inner.shutdown.subscribe();
+            hang_until_healed(&inner, &req, &mut shutdown).await;
+            Err(NoAnswer)
         }
     }
 }
 
-async fn serve_conn(inner: Arc<Inner>, mut sock: TcpStream, conn: u64) {
-    let mut shutdown = inner.shutdown.subscribe();
-    let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; 16 * 1024];
-    loop {
-        match parse_request(&buf) {
-            Ok(Parsed::Complete(req, used)) => {
-                buf.drain(..used);
-                let keep = req.keep_alive();
-                match handle(&inner, conn, &req) {
-                    Some((code, body)) => {
-                        if sock.write_all(&response_bytes(code, &body, !keep)).await.is_err() || !keep {
-                            return;
-                        }
-                    }
-                    None => {
-                        hang_until_healed(&inner, &req, &mut shutdown).await;
-                        return;
-                    }
-                }
-                continue;
-            }
-            Ok(Parsed::Incomplete) => {}
-            Err(e) => {
-                record(
-                    &inner,
-                    conn,
-                    &HttpRequest {
-                        method: String::new(),
-                        target: String::new(),
-                        minor_version: 1,
-                        headers: Vec::new(),
-                        body: std::mem::take(&mut buf),
-                    },
-                    Some(400),
-                    false,
-                );
-                let body = status_body(400, "BadRequest", &e.to_string());
-                let _ = sock.write_all(&response_bytes(400, &body, true)).await;
-                return;
-            }
-        }
-        let n = tokio::select! {
-            r = sock.read(&mut chunk) => match r {
-                Ok(n) => n,
-                Err(_) => return,
-            },
-            _ = shutdown.changed() => return,
-        };
-        if n == 0 {
-            return;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
+/// A JSON response with `code`.
+fn json_response(code: u16, body: &Value) -> hyper::Response<Full<Bytes>> {
+    let mut resp = hyper::Response::new(Full::new(Bytes::from(
+        serde_json::to_vec(body).unwrap_or_default(),
+    )));
+    *resp.status_mut() =
+        hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 async fn hang_until_healed(inner: &Inner, req: &HttpRequest, shutdown: &mut watch::Receiver<bool>) {
@@ -1055,27 +834,7 @@ fn not_found(t: &Target) -> Value {
 
 /// RFC 3339 UTC, seconds.
 fn now_rfc3339() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
+    dranet::report::rfc3339(SystemTime::now())
 }
 
 /// Fills in server-set metadata of a new object.
@@ -1262,16 +1021,12 @@ fn route(
     content_type: &str,
     body: &[u8],
 ) -> (u16, Value, bool) {
+    let no_route = || {
+        let msg = format!("the server could not find the requested resource ({method} {path})");
+        (404, status_body(404, "NotFound", &msg), false)
+    };
     let Some(t) = parse_target(path) else {
-        return (
-            404,
-            status_body(
-                404,
-                "NotFound",
-                &format!("the server could not find the requested resource ({method} {path})"),
-            ),
-            false,
-        );
+        return no_route();
     };
     let result = match (method, &t.name, t.subresource.as_deref()) {
         ("GET", Some(_), None) => Ok(get(inner, &t)),
@@ -1283,17 +1038,7 @@ fn route(
         ("DELETE", Some(_), None) => Ok(delete(inner, &t)),
         _ => Err(()),
     };
-    result.unwrap_or_else(|()| {
-        (
-            404,
-            status_body(
-                404,
-                "NotFound",
-                &format!("the server could not find the requested resource ({method} {path})"),
-            ),
-            false,
-        )
-    })
+    result.unwrap_or_else(|()| no_route())
 }
 
 fn get(inner: &Inner, t: &Target) -> (u16, Value, bool) {
@@ -1552,123 +1297,9 @@ fn delete(inner: &Inner, t: &Target) -> (u16, Value, bool) {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
-
-    fn complete(buf: &[u8]) -> (HttpRequest, usize) {
-        match parse_request(buf).unwrap() {
-            Parsed::Complete(r, n) => (r, n),
-            Parsed::Incomplete => panic!("incomplete: {:?}", String::from_utf8_lossy(buf)),
-        }
-    }
-
-    const PATCH: &[u8] = b"PATCH /apis/resource.k8s.io/v1/resourceslices/n-dra.net-0?&force=true&fieldManager=dra.net HTTP/1.1\r\n\
-        content-type: application/apply-patch+yaml\r\n\
-        authorization: Bearer t\r\n\
-        content-length: 13\r\n\
-        host: 127.0.0.1:1\r\n\r\n\
-        {\"kind\":\"x\"}\n";
-
-    #[test]
-    fn parses_a_request_with_a_content_length_body() {
-        let (r, n) = complete(PATCH);
-        assert_eq!(n, PATCH.len());
-        assert_eq!(r.method, "PATCH");
-        assert_eq!(r.header("Content-Type"), Some("application/apply-patch+yaml"));
-        assert_eq!(r.body, b"{\"kind\":\"x\"}\n");
-        assert!(r.keep_alive());
-        let (p, q) = r.path_and_query();
-        assert_eq!(p, "/apis/resource.k8s.io/v1/resourceslices/n-dra.net-0");
-        assert_eq!(
-            parse_query(q),
-            vec![
-                ("force".into(), "true".into()),
-                ("fieldManager".into(), "dra.net".into())
-            ]
-        );
-    }
-
-    #[test]
-    fn every_split_point_is_incomplete_until_the_last_byte() {
-        for cut in 0..PATCH.len() {
-            assert_eq!(
-                parse_request(&PATCH[..cut]).unwrap(),
-                Parsed::Incomplete,
-                "cut at {cut}"
-            );
-        }
-        complete(PATCH);
-    }
-
-    #[test]
-    fn pipelined_requests_come_out_one_by_one() {
-        let mut buf = b"GET /api/v1/nodes/a HTTP/1.1\r\nhost: x\r\n\r\n".to_vec();
-        buf.extend_from_slice(PATCH);
-        buf.extend_from_slice(b"DELETE /x HTTP/1.1\r\nconnection: close\r\n\r\n");
-        let (a, n) = complete(&buf);
-        assert_eq!((a.method.as_str(), a.target.as_str()), ("GET", "/api/v1/nodes/a"));
-        assert!(a.body.is_empty());
-        buf.drain(..n);
-        let (b, n) = complete(&buf);
-        assert_eq!(b.method, "PATCH");
-        buf.drain(..n);
-        let (c, n) = complete(&buf);
-        assert_eq!(c.method, "DELETE");
-        assert!(!c.keep_alive());
-        assert_eq!(n, buf.len());
-    }
-
-    #[test]
-    fn chunked_body_with_extensions_and_trailers() {
-        let req = b"POST /api/v1/namespaces/d/events HTTP/1.1\r\n\
-            Transfer-Encoding: chunked\r\n\r\n\
-            5;ext=1\r\n{\"a\":\r\n\
-            A\r\n\"0123456\"}\r\n\
-            0\r\nx-trailer: y\r\n\r\n";
-        for cut in 0..req.len() {
-            assert_eq!(
-                parse_request(&req[..cut]).unwrap(),
-                Parsed::Incomplete,
-                "cut at {cut}"
-            );
-        }
-        let (r, n) = complete(req);
-        assert_eq!(n, req.len());
-        assert_eq!(r.body, b"{\"a\":\"0123456\"}");
-        let mut two = req.to_vec();
-        two.extend_from_slice(req);
-        let (_, n) = complete(&two);
-        assert_eq!(n, req.len());
-    }
-
-    #[test]
-    fn malformed_requests_are_errors() {
-        let bad: &[&[u8]] = &[
-            b"GET /x HTTP/2.0\r\n\r\n",
-            b"GET  /x HTTP/1.1\r\n\r\n",
-            b"GET /x HTTP/1.1\r\nno colon\r\n\r\n",
-            b"GET /x HTTP/1.1\r\n folded: x\r\n\r\n",
-            b"POST /x HTTP/1.1\r\ncontent-length: -1\r\n\r\n",
-            b"POST /x HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
-            b"POST /x HTTP/1.1\r\ncontent-length: 1\r\ntransfer-encoding: chunked\r\n\r\n",
-            b"POST /x HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n",
-            b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
-            b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n1\r\nab\r\n",
-        ];
-        for b in bad {
-            assert!(parse_request(b).is_err(), "{:?}", String::from_utf8_lossy(b));
-        }
-        let mut huge = b"GET /x HTTP/1.1\r\n".to_vec();
-        huge.resize(MAX_HEAD_BYTES + 10, b'a');
-        assert_eq!(parse_request(&huge), Err(ParseError::HeadTooLarge));
-    }
-
-    #[test]
-    fn http10_closes_unless_keep_alive() {
-        let (r, _) = complete(b"GET /x HTTP/1.0\r\n\r\n");
-        assert!(!r.keep_alive());
-        let (r, _) = complete(b"\r\nGET /x HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n");
-        assert!(r.keep_alive());
-    }
 
     #[test]
     fn query_decoding() {
@@ -1699,6 +1330,13 @@ mod tests {
         let s = now_rfc3339();
         assert_eq!(s.len(), 20, "{s}");
         assert!(s.starts_with("20") && s.ends_with('Z'), "{s}");
+    }
+
+    fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+        hay.get(from..)?
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .map(|p| p + from)
     }
 
     async fn roundtrip(addr: SocketAddr, raw: &[u8], responses: usize) -> Vec<(u16, Value)> {

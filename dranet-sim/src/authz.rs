@@ -238,16 +238,9 @@ pub fn forbidden(user: &str, a: &Attributes, extra: &str) -> Value {
         message.push_str(": ");
         message.push_str(extra);
     }
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "Forbidden",
-        "details": {"name": a.name, "group": a.group, "kind": a.resource},
-        "code": 403,
-    })
+    let mut status = crate::apiserver::status_body(403, "Forbidden", &message);
+    status["details"] = json!({"name": a.name, "group": a.group, "kind": a.resource});
+    status
 }
 
 /// The entries of `status.devices` of `driver` in a claim (or an apply body).

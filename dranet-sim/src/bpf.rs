@@ -2,13 +2,13 @@
 //! attachments (link or plain), clsact `bpf` filters, a unique directory on the host bpffs,
 //! a private bpffs mount, and a seccomp filter that makes the kernel refuse detaches on one
 //! thread. Everything goes through dranet's single `bpf(2)` entry point
-//! ([`dranet::bpf::sys::bpf`]). Test support only.
+//! ([`dranet::sys::bpf::sys::bpf`]). Test support only.
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use dranet::bpf::sys::{self, AttachAttr};
+use dranet::sys::bpf::sys::{self, AttachAttr};
 
 use crate::kernel::{sh, unique};
 
@@ -190,7 +190,7 @@ pub struct BpffsDir {
 
 impl BpffsDir {
     pub fn create(tag: &str) -> Result<Self> {
-        let root = Path::new(dranet::bpf::BPFFS_ROOT);
+        let root = Path::new(dranet::sys::bpf::BPFFS_ROOT);
         if !is_bpffs(root) {
             std::fs::create_dir_all(root)?;
             // Another test may have mounted it meanwhile: then this one fails with EBUSY.
@@ -249,8 +249,8 @@ impl Drop for PrivateBpffs {
 }
 
 /// TCX programs on host device `ifindex` (calling thread's netns), through dranet's query.
-pub fn tcx_programs(ifindex: u32) -> Result<Vec<dranet::bpf::TcxProgram>> {
-    Ok(dranet::bpf::tcx::programs(ifindex)?)
+pub fn tcx_programs(ifindex: u32) -> Result<Vec<dranet::sys::bpf::TcxProgram>> {
+    Ok(dranet::sys::bpf::tcx::programs(ifindex)?)
 }
 
 /// The target ifindex the kernel reports for link `fd` (0 once the link is detached).

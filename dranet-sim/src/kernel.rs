@@ -135,6 +135,12 @@ impl PodNetns {
         Ok(t)
     }
 
+    /// Whether link `name` is in this netns.
+    #[must_use]
+    pub fn has(&self, name: &str) -> bool {
+        self.ip(&["link", "show", "dev", name]).is_ok()
+    }
+
     /// Runs `ip -n <name> ...` inside the netns.
     pub fn ip(&self, args: &[&str]) -> Result<String> {
         let mut full = vec!["ip", "-n", self.name.as_str()];
@@ -203,7 +209,7 @@ pub fn host_has(name: &str) -> bool {
 }
 
 /// Identity (cookie, inode) of an open netns file, via dranet's own helper.
-pub fn identity(f: &File) -> Result<dranet::netns::NetnsId> {
+pub fn identity(f: &File) -> Result<dranet::sys::netns::NetnsId> {
     Ok(dranet::watch::identify_fd(f.as_fd())?)
 }
 

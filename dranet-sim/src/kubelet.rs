@@ -97,6 +97,13 @@ impl KubeletSim {
         self.root.join("plugins_registry")
     }
 
+    /// Waits up to `timeout` for a live registration socket, then registers the plugin behind
+    /// it, as kubelet does.
+    pub async fn register_when_ready(&self, timeout: Duration) -> Result<RegisteredPlugin> {
+        let sock = self.wait_for_registration_socket(timeout).await?;
+        self.register(&sock).await
+    }
+
     /// Waits until a registration socket appears and returns its path.
     pub async fn wait_for_registration_socket(&self, timeout: Duration) -> Result<PathBuf> {
         let start = Instant::now();
@@ -210,85 +217,47 @@ impl RegisteredPlugin {
         version: DraVersion,
         claims: &[Claim],
     ) -> Result<BTreeMap<String, PrepareResult>> {
-        let out = match version {
+        let req = v1::NodePrepareResourcesRequest {
+            claims: v1_claims(claims),
+        };
+        let resp = match version {
             DraVersion::V1 => {
                 let mut c = v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let req = v1::NodePrepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| v1::Claim {
-                            namespace: c.namespace.clone(),
-                            uid: c.uid.clone(),
-                            name: c.name.clone(),
-                        })
-                        .collect(),
-                };
-                c.node_prepare_resources(req)
-                    .await?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| {
-                        let devices = r
-                            .devices
-                            .into_iter()
-                            .map(|d| PreparedDevice {
-                                request_names: d.request_names,
-                                pool: d.pool_name,
-                                device: d.device_name,
-                                share_id: d.share_id,
-                            })
-                            .collect();
-                        (
-                            uid,
-                            PrepareResult {
-                                devices,
-                                error: r.error,
-                            },
-                        )
-                    })
-                    .collect()
+                c.node_prepare_resources(req).await?.into_inner()
             }
+            // The v1beta1 messages are v1's on the wire, less `Device.share_id`.
             DraVersion::V1beta1 => {
                 let mut c = v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let req = v1beta1::NodePrepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| v1beta1::Claim {
-                            namespace: c.namespace.clone(),
-                            uid: c.uid.clone(),
-                            name: c.name.clone(),
-                        })
-                        .collect(),
-                };
-                c.node_prepare_resources(req)
+                let resp = c
+                    .node_prepare_resources(recode::<_, v1beta1::NodePrepareResourcesRequest>(&req)?)
                     .await?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| {
-                        let devices = r
-                            .devices
-                            .into_iter()
-                            .map(|d| PreparedDevice {
-                                request_names: d.request_names,
-                                pool: d.pool_name,
-                                device: d.device_name,
-                                share_id: None,
-                            })
-                            .collect();
-                        (
-                            uid,
-                            PrepareResult {
-                                devices,
-                                error: r.error,
-                            },
-                        )
-                    })
-                    .collect()
+                    .into_inner();
+                recode(&resp)?
             }
         };
-        Ok(out)
+        Ok(resp
+            .claims
+            .into_iter()
+            .map(|(uid, r)| {
+                let devices = r
+                    .devices
+                    .into_iter()
+                    .map(|d| PreparedDevice {
+                        request_names: d.request_names,
+                        pool: d.pool_name,
+                        device: d.device_name,
+                        share_id: d.share_id,
+                    })
+                    .collect();
+                (
+                    uid,
+                    PrepareResult {
+                        devices,
+                        error: r.error,
+                    },
+                )
+            })
+            .collect())
     }
 
     /// NodeUnprepareResources with an explicit version; claim UID → error ("" = ok).
@@ -297,48 +266,39 @@ impl RegisteredPlugin {
         version: DraVersion,
         claims: &[Claim],
     ) -> Result<BTreeMap<String, String>> {
-        let out = match version {
+        let req = v1::NodeUnprepareResourcesRequest {
+            claims: v1_claims(claims),
+        };
+        let resp = match version {
             DraVersion::V1 => {
                 let mut c = v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let req = v1::NodeUnprepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| v1::Claim {
-                            namespace: c.namespace.clone(),
-                            uid: c.uid.clone(),
-                            name: c.name.clone(),
-                        })
-                        .collect(),
-                };
-                c.node_unprepare_resources(req)
-                    .await?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| (uid, r.error))
-                    .collect()
+                c.node_unprepare_resources(req).await?.into_inner()
             }
             DraVersion::V1beta1 => {
                 let mut c = v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let req = v1beta1::NodeUnprepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| v1beta1::Claim {
-                            namespace: c.namespace.clone(),
-                            uid: c.uid.clone(),
-                            name: c.name.clone(),
-                        })
-                        .collect(),
-                };
-                c.node_unprepare_resources(req)
+                let resp = c
+                    .node_unprepare_resources(recode::<_, v1beta1::NodeUnprepareResourcesRequest>(&req)?)
                     .await?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| (uid, r.error))
-                    .collect()
+                    .into_inner();
+                recode(&resp)?
             }
         };
-        Ok(out)
+        Ok(resp.claims.into_iter().map(|(uid, r)| (uid, r.error)).collect())
     }
+}
+
+fn v1_claims(claims: &[Claim]) -> Vec<v1::Claim> {
+    claims
+        .iter()
+        .map(|c| v1::Claim {
+            namespace: c.namespace.clone(),
+            uid: c.uid.clone(),
+            name: c.name.clone(),
+        })
+        .collect()
+}
+
+/// A message as another version's message with the same fields and numbers.
+fn recode<A: prost::Message, B: prost::Message + Default>(m: &A) -> Result<B> {
+    Ok(B::decode(m.encode_to_vec().as_slice())?)
 }

@@ -9,3 +9,30 @@ pub mod nic;
 pub mod node;
 pub mod nri_runtime;
 pub mod soak;
+
+/// The first line of a root test returning `anyhow::Result<()>`: [`kernel::require_root`] under
+/// the test's name, returning `Ok(())` (skipped, and said so) when not root outside CI; under
+/// `CI=true` the test fails instead.
+#[macro_export]
+macro_rules! root_or_skip {
+    ($test:expr) => {
+        if !$crate::kernel::require_root($test)? {
+            return Ok(());
+        }
+    };
+}
+
+/// Root tests that each run one case on a multi-threaded runtime (two workers), named
+/// `name => case;` (the case a future of `anyhow::Result<()>`), each after [`root_or_skip!`]
+/// under its own name.
+#[macro_export]
+macro_rules! root_tests {
+    ($($(#[$meta:meta])* $name:ident => $case:expr;)*) => {$(
+        $(#[$meta])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() -> ::anyhow::Result<()> {
+            $crate::root_or_skip!(stringify!($name));
+            ::anyhow::Context::context($case.await, stringify!($name))
+        }
+    )*};
+}

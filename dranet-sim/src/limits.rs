@@ -296,21 +296,14 @@ pub fn invalid(kind: &str, group: &str, name: &str, causes: &[Cause]) -> Value {
     } else {
         format!("{gk} \"{name}\" is invalid: [{}]", details.join(", "))
     };
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "Invalid",
-        "details": {
-            "name": name,
-            "group": group,
-            "kind": kind,
-            "causes": causes.iter().map(|(f, r, m)| json!({"reason": r, "message": m, "field": f})).collect::<Vec<_>>(),
-        },
-        "code": 422,
-    })
+    let mut status = crate::apiserver::status_body(422, "Invalid", &message);
+    status["details"] = json!({
+        "name": name,
+        "group": group,
+        "kind": kind,
+        "causes": causes.iter().map(|(f, r, m)| json!({"reason": r, "message": m, "field": f})).collect::<Vec<_>>(),
+    });
+    status
 }
 
 /// Problems of a node's pool as the scheduler sees it (not a write check of the real server:

@@ -81,6 +81,22 @@ impl Nic {
     }
 }
 
+impl Nic {
+    /// A stand-in NIC and its host [`view`] before any test step touched it.
+    pub fn with_view() -> Result<(Self, Value)> {
+        let nic = Self::create()?;
+        let before = view(&nic.name, None)?;
+        Ok((nic, before))
+    }
+
+    /// `n` stand-in NICs and their host views.
+    pub fn many_with_views(n: usize) -> Result<(Vec<Self>, Vec<Value>)> {
+        let nics: Vec<Self> = (0..n).map(|_| Self::create()).collect::<Result<_>>()?;
+        let before = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+        Ok((nics, before))
+    }
+}
+
 /// The fields of a device dranet promises to restore, read independently with `ip -j`.
 pub fn view(name: &str, netns: Option<&str>) -> Result<Value> {
     let ns: Vec<&str> = netns.map(|n| vec!["-n", n]).unwrap_or_default();
@@ -140,4 +156,24 @@ pub fn assert_same(before: &Value, after: &Value) -> Result<()> {
         bail!("device state not restored:\n before: {before}\n after:  {after}");
     }
     Ok(())
+}
+
+/// Waits up to `timeout` until link `name` is in the host again and its [`view`] is the same as
+/// `before` (restores finish right after the move home); the last difference otherwise.
+pub async fn wait_restored(name: &str, before: &Value, timeout: std::time::Duration) -> Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let last = if crate::kernel::host_has(name) {
+            view(name, None).and_then(|v| assert_same(before, &v))
+        } else {
+            Err(anyhow::anyhow!("{name} not in the host"))
+        };
+        match last {
+            Ok(()) => return Ok(()),
+            Err(e) if start.elapsed() > timeout => {
+                return Err(e.context(format!("{name} not home and restored after {timeout:?}")));
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
 }

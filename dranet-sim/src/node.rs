@@ -199,8 +199,7 @@ impl Node {
             found
         });
         self.child = Some(child);
-        let reg = self.kubelet.wait_for_registration_socket(START_TIMEOUT).await?;
-        self.plugin = Some(self.kubelet.register(&reg).await?);
+        self.plugin = Some(self.kubelet.register_when_ready(START_TIMEOUT).await?);
         // One more handshake than the runtime has seen so far (a runtime restart in between
         // counts too).
         self.sessions = self.sessions.max(sessions_before) + 1;
@@ -408,7 +407,7 @@ impl Node {
 
     /// Pins currently held in the state dir.
     pub fn pins(&self) -> Vec<PathBuf> {
-        dranet::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
+        dranet::sys::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
     }
 
     /// Loses the daemon's state as a wiped or corrupt `--state-dir` would: every pin is

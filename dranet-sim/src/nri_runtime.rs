@@ -338,14 +338,7 @@ impl NriRuntime {
                 other => return other.map(drop),
             }
         }
-        let ev = pb::StateChangeEvent {
-            event: event as i32,
-            pod: Some(pod.clone()),
-            container: None,
-        };
-        self.call(&s, PLUGIN_SERVICE, "StateChange", ev.encode_to_vec().into())
-            .await
-            .map(drop)
+        self.send_state_change(&s, event, pod).await
     }
 
     /// NRI RunPodSandbox (containerd: after CNI setup; an error fails the sandbox).
@@ -392,12 +385,21 @@ impl NriRuntime {
     /// As [`NriRuntime::run_pod_sandbox`].
     pub async fn state_change(&self, event: pb::Event, pod: &pb::PodSandbox) -> Result<(), RuntimeError> {
         let s = self.session()?;
+        self.send_state_change(&s, event, pod).await
+    }
+
+    async fn send_state_change(
+        &self,
+        s: &Session,
+        event: pb::Event,
+        pod: &pb::PodSandbox,
+    ) -> Result<(), RuntimeError> {
         let ev = pb::StateChangeEvent {
             event: event as i32,
             pod: Some(pod.clone()),
             container: None,
         };
-        self.call(&s, PLUGIN_SERVICE, "StateChange", ev.encode_to_vec().into())
+        self.call(s, PLUGIN_SERVICE, "StateChange", ev.encode_to_vec().into())
             .await
             .map(drop)
     }

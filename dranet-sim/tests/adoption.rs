@@ -18,19 +18,19 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use dranet::adoption::{Adopter, AllocationsCell, NodeAllocations, SandboxAdoption, Source};
 use dranet::config::NetworkConfig;
 use dranet::dra::{ClaimError, ClaimSource, MemoryClaimSource, ResourceClaim};
-use dranet::driver::Driver;
 use dranet::nri::hooks::{Pod, PodHooks};
+use dranet::pod::Driver;
 use dranet::rescue::{AdoptOutcome, Engine};
 use dranet::slices::PublishedDevices;
-use dranet_sim::fixtures::{StateDir, device_plan, engine, pod_plan};
-use dranet_sim::kernel::{PodNetns, require_root, unique};
-use dranet_sim::kubelet::Claim;
+use dranet_sim::fixtures::{StateDir, TestPod, device_plan, engine, nic_device, pod_plan, wait_for};
+use dranet_sim::kernel::{PodNetns, unique};
 use dranet_sim::nic::Nic;
-use dranet_sim::node::{Node, NodeOptions, free_port, http_get, sandbox};
+use dranet_sim::node::{Node, NodeOptions, free_port, http_get};
+use dranet_sim::root_or_skip;
 use futures::future::BoxFuture;
 use serde_json::json;
 
@@ -138,18 +138,15 @@ fn assert_not_adopted(e: &Engine, state: &StateDir, ns: &PodNetns, uid: &str) ->
         "a record for an unadopted pod: {:?}",
         e.checkpoint().pods
     );
-    let pins = dranet::netns::Pin::list(&state.0.join("pins"))?;
+    let pins = dranet::sys::netns::Pin::list(&state.0.join("pins"))?;
     assert!(pins.is_empty(), "pinned: {pins:?}");
-    ns.ip(&["link", "show", "dev", "net1"])
-        .context("the veth left its pod netns")?;
+    ensure!(ns.has("net1"), "the veth left its pod netns");
     Ok(())
 }
 
 #[tokio::test]
 async fn a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted() -> Result<()> {
-    if !require_root("a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted")? {
-        return Ok(());
-    }
+    root_or_skip!("a_veth_moved_into_a_pod_netns_by_hand_is_not_adopted");
     let log = log();
     let state = StateDir::new("adopt-veth");
     let e = engine(&state, None).await?;
@@ -231,9 +228,7 @@ impl ClaimSource for Hung {
 
 #[tokio::test]
 async fn synchronize_answers_within_the_nri_budget_while_the_claims_hang() -> Result<()> {
-    if !require_root("synchronize_answers_within_the_nri_budget_while_the_claims_hang")? {
-        return Ok(());
-    }
+    root_or_skip!("synchronize_answers_within_the_nri_budget_while_the_claims_hang");
     let state = StateDir::new("adopt-hang");
     let e = engine(&state, None).await?;
     let nic = Nic::create()?;
@@ -287,9 +282,7 @@ async fn synchronize_answers_within_the_nri_budget_while_the_claims_hang() -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth() -> Result<()> {
-    if !require_root("the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth")? {
-        return Ok(());
-    }
+    root_or_skip!("the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth");
     let nic = Nic::create()?;
     let http = format!("127.0.0.1:{}", free_port()?);
     let mut node = Node::start(NodeOptions {
@@ -297,20 +290,11 @@ async fn the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth() -> Result<()>
         ..NodeOptions::default()
     })
     .await?;
-    let ns = PodNetns::create(&unique("dnadd"))?;
-    let uid = unique("pod-add-");
-    let device = dranet::inventory::netdev_device_name(&nic.name);
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        &uid,
-        &[(device.clone(), json!({"interface": {"name": "net1"}}))],
-    )?;
-    node.prepare(&claim).await?;
-    let sb = sandbox(&uid, &ns.path);
-    node.runtime.run_pod_sandbox(&sb).await?;
-    node.runtime.set_state(vec![sb.clone()], vec![]);
-    ns.ip(&["link", "show", "dev", "net1"])?;
+    let pod = TestPod::new("pod-add-")?;
+    let (device, config) = nic_device(&nic, json!({"interface": {"name": "net1"}}));
+    pod.prepare(&node, &[(device.clone(), config)]).await?;
+    pod.run(&node).await?;
+    ensure!(pod.has("net1"), "the veth did not move into its pod");
     // What the daemon published (the veth, with no PCI address) stays in the slices dir.
     let slices = node.dir.join("slices");
     let published = || {
@@ -320,7 +304,7 @@ async fn the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth() -> Result<()>
             .flatten()
             .any(|f| std::fs::read_to_string(f.path()).is_ok_and(|t| t.contains(&format!("\"{device}\""))))
     };
-    dranet_sim::fixtures::wait_for(
+    wait_for(
         "the veth in the published slices",
         Duration::from_secs(10),
         published,
@@ -344,7 +328,6 @@ async fn the_daemon_with_a_wiped_state_dir_does_not_adopt_a_veth() -> Result<()>
     }
     assert!(node.records()?.is_empty(), "{:?}", node.records()?);
     assert!(node.pins().is_empty(), "{:?}", node.pins());
-    ns.ip(&["link", "show", "dev", "net1"])
-        .context("the veth left its pod netns")?;
+    ensure!(pod.has("net1"), "the veth left its pod netns");
     Ok(())
 }

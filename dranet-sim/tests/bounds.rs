@@ -8,13 +8,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dranet::netns::Netns;
-use dranet::rdma::{NetnsMode, RdmaError, RdmaOps};
 use dranet::rescue::{AttachOutcome, DetachOutcome, EngineOptions, RescueError, SandboxRef};
 use dranet::state::ReturnReason;
-use dranet_sim::fixtures::{StateDir, device_plan, pod_plan, pod_ref, wait_for};
-use dranet_sim::kernel::{PodNetns, require_root, unique};
-use dranet_sim::nic::{Nic, assert_same, view};
+use dranet::sys::netns::Netns;
+use dranet::sys::rdma::{NetnsMode, RdmaError, RdmaOps};
+use dranet_sim::fixtures::{device_plan, engine_case, pod_plan, pod_ref, wait_for};
+use dranet_sim::nic::{assert_same, view};
+use dranet_sim::root_or_skip;
 
 /// An RDMA subsystem in exclusive mode whose first move hangs (until the test lets it go, at
 /// most a minute); later moves succeed at once.
@@ -56,20 +56,10 @@ impl RdmaOps for HangingRdma {
     }
 }
 
-fn in_pod(ns: &PodNetns, name: &str) -> bool {
-    ns.ip(&["link", "show", "dev", name]).is_ok()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served() -> Result<()> {
-    if !require_root("a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served")? {
-        return Ok(());
-    }
-    let state = StateDir::new("rdma-hang");
-    let ns = PodNetns::create(&unique("dranet-rdmah-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-rdmah-");
+    root_or_skip!("a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served");
+    let (state, ns, nic, before, uid) = engine_case("rdma-hang")?;
     let rdma = Arc::new(HangingRdma::default());
     let bound = Duration::from_secs(1);
     let opts = EngineOptions {
@@ -122,7 +112,7 @@ async fn a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served() -> Res
         "{stopped:?}"
     );
     // Rolled back: the netdev and its RDMA link came home.
-    assert!(!in_pod(&ns, "net1"));
+    assert!(!ns.has("net1"));
     assert_same(&before, &view(&nic.name, None)?)?;
     assert_eq!(
         rdma.moves.load(Ordering::SeqCst),
@@ -135,7 +125,7 @@ async fn a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served() -> Res
         .await
         .context("a later RunPodSandbox of the pod was not served")??;
     assert!(matches!(out, AttachOutcome::Attached { .. }), "{out:?}");
-    assert!(in_pod(&ns, "net1"));
+    assert!(ns.has("net1"));
     e.detach_pod(&uid, ReturnReason::Hook).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     assert_eq!(rdma.moves.load(Ordering::SeqCst), 4);

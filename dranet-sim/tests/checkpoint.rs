@@ -19,12 +19,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dranet::nri::pb::nri as pb;
-use dranet_sim::kernel::{PodNetns, Veth, dranet_bin, require_root, sh, unique};
-use dranet_sim::kubelet::Claim;
-use dranet_sim::nic::{Nic, assert_same, view};
-use dranet_sim::node::{Node, NodeOptions, sandbox};
+use dranet_sim::fixtures::{TestPod, nic_device};
+use dranet_sim::kernel::{PodNetns, Veth, dranet_bin, sh};
+use dranet_sim::nic::{Nic, view, wait_restored};
+use dranet_sim::node::{Node, NodeOptions};
 use dranet_sim::nri_runtime::Flavor;
+use dranet_sim::root_or_skip;
 use serde_json::{Value, json};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,35 +67,20 @@ fn corrupt(path: &Path, bad: Bad) -> Result<()> {
     Ok(())
 }
 
-fn in_pod(ns: &PodNetns, name: &str) -> bool {
-    ns.ip(&["link", "show", "dev", name]).is_ok()
-}
-
 /// A pod holding one NIC as `net0`, its sandbox reported by the runtime's Synchronize.
-struct Pod {
-    claim: Claim,
-    ns: PodNetns,
-    sb: pb::PodSandbox,
-}
-
-async fn start_pod(node: &Node, nic: &Nic) -> Result<Pod> {
-    let uid = unique("ck-");
-    let ns = PodNetns::create(&unique("dranet-ck-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        &uid,
-        &[(
-            dranet::inventory::netdev_device_name(&nic.name),
+async fn start_pod(node: &Node, nic: &Nic) -> Result<TestPod> {
+    let pod = TestPod::new("ck-")?;
+    pod.prepare(
+        node,
+        &[nic_device(
+            nic,
             json!({"interface": {"name": "net0", "addresses": ["192.168.77.2/24"]}}),
         )],
-    )?;
-    node.prepare(&claim).await?;
-    let sb = sandbox(&uid, &ns.path);
-    node.runtime.run_pod_sandbox(&sb).await.context("RunPodSandbox")?;
-    node.runtime.set_state(vec![sb.clone()], vec![]);
-    assert!(in_pod(&ns, "net0"), "the NIC did not move into the pod");
-    Ok(Pod { claim, ns, sb })
+    )
+    .await?;
+    pod.run(node).await?;
+    assert!(pod.has("net0"), "the NIC did not move into the pod");
+    Ok(pod)
 }
 
 /// The NIC's ifindex inside the pod.
@@ -134,20 +119,14 @@ async fn wait_home(nic: &Nic, what: &str) -> Result<Value> {
 }
 
 /// The pod's teardown in `order`; returns the NIC as it came home.
-async fn teardown(node: &Node, pod: &mut Pod, nic: &Nic, order: Order) -> Result<Value> {
+async fn teardown(node: &Node, pod: &mut TestPod, nic: &Nic, order: Order) -> Result<Value> {
     let home = match order {
         Order::Containerd => {
             node.runtime.set_flavor(Flavor::Containerd);
-            node.runtime
-                .stop_pod_sandbox(&pod.sb)
-                .await
-                .context("StopPodSandbox")?;
+            pod.stop(node).await?;
             let home = nic_at_home(nic)?.context("not home after StopPodSandbox")?;
             pod.ns.remove_crio_style()?;
-            node.runtime
-                .remove_pod_sandbox(&pod.sb)
-                .await
-                .context("RemovePodSandbox")?;
+            pod.remove(node).await?;
             home
         }
         Order::Crio => {
@@ -155,31 +134,13 @@ async fn teardown(node: &Node, pod: &mut Pod, nic: &Nic, order: Order) -> Result
             pod.ns.remove_crio_style()?;
             // Before any hook: the rescue brings it home.
             let home = wait_home(nic, "CRI-O order").await?;
-            node.runtime
-                .stop_pod_sandbox(&pod.sb)
-                .await
-                .context("StopPodSandbox")?;
-            node.runtime
-                .remove_pod_sandbox(&pod.sb)
-                .await
-                .context("RemovePodSandbox")?;
+            pod.stop_and_remove(node).await?;
             home
         }
     };
     node.runtime.set_state(vec![], vec![]);
     node.unprepare(&pod.claim).await?;
     Ok(home)
-}
-
-async fn restored(nic: &Nic, before: &Value) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        match view(&nic.name, None).and_then(|v| assert_same(before, &v)) {
-            Ok(()) => return Ok(()),
-            Err(e) if start.elapsed() > Duration::from_secs(5) => return Err(e),
-            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
 }
 
 /// Waits until the NIC is home as a device of a record rebuilt from its pin comes home:
@@ -259,9 +220,9 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     wait_log(node, "the checkpoint does not load: using state.json.prev").await?;
     let aside = state_files(node, "state.json.corrupt-")?;
     assert_eq!(aside.len(), 1, "the bad file is kept aside: {aside:?}");
-    assert!(in_pod(&pod.ns, "net0"), "the running pod lost its NIC");
+    assert!(pod.ns.has("net0"), "the running pod lost its NIC");
     teardown(node, &mut pod, nic, prev_order).await?;
-    restored(nic, &before)
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
         .await
         .context("after the fallback to .prev")?;
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
@@ -277,7 +238,7 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
         .context("restart with neither checkpoint loading")?;
     wait_log(node, "neither the checkpoint nor state.json.prev loads").await?;
     wait_log(node, "record rebuilt from the pin").await?;
-    assert!(in_pod(&pod.ns, "net0"), "the running pod lost its NIC");
+    assert!(pod.ns.has("net0"), "the running pod lost its NIC");
     teardown(node, &mut pod, nic, pins_order).await?;
     let home = rebuilt_home(nic, idx).await?;
     wait_log(node, "are home under these names").await?;
@@ -287,7 +248,7 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     sh(&["ip", "link", "set", &renamed, "name", &nic.name])?;
     sh(&["ip", "link", "set", &nic.name, "up"])?;
     sh(&["ip", "addr", "add", &nic.addr, "dev", &nic.name])?;
-    restored(nic, &before)
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
         .await
         .context("putting the NIC back by hand")?;
 
@@ -302,7 +263,7 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "release-all failed: {stdout}\n{stderr}");
     assert!(stdout.contains("rebuilt from pins 1"), "{stdout}\n{stderr}");
-    assert!(!in_pod(&pod.ns, "net0"), "release-all left the NIC in the pod");
+    assert!(!pod.ns.has("net0"), "release-all left the NIC in the pod");
     let home = rebuilt_home(nic, idx).await.context("after release-all")?;
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
     let renamed = home["ifname"].as_str().unwrap_or_default().to_owned();
@@ -311,25 +272,11 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     Ok(())
 }
 
-macro_rules! corrupt_cases {
-    ($($name:ident: $bad:ident, $prev:ident, $pins:ident;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() -> Result<()> {
-            if !require_root(stringify!($name))? {
-                return Ok(());
-            }
-            corrupt_checkpoint(Bad::$bad, Order::$prev, Order::$pins)
-                .await
-                .context(stringify!($name))
-        }
-    )*};
-}
-
-corrupt_cases! {
-    truncated_checkpoint: Truncated, Containerd, Crio;
-    garbage_checkpoint: Garbage, Crio, Containerd;
-    empty_object_checkpoint: EmptyObject, Containerd, Crio;
-    version_99_checkpoint: Version99, Crio, Containerd;
+dranet_sim::root_tests! {
+    truncated_checkpoint => corrupt_checkpoint(Bad::Truncated, Order::Containerd, Order::Crio);
+    garbage_checkpoint => corrupt_checkpoint(Bad::Garbage, Order::Crio, Order::Containerd);
+    empty_object_checkpoint => corrupt_checkpoint(Bad::EmptyObject, Order::Containerd, Order::Crio);
+    version_99_checkpoint => corrupt_checkpoint(Bad::Version99, Order::Crio, Order::Containerd);
 }
 
 /// Runs `dranet <args>` with `env`, waiting at most `timeout` for it to exit (killed after).
@@ -368,11 +315,8 @@ fn run_bounded(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Result
 /// the daemon stops and finds every record the daemon wrote meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()> {
-    if !require_root("release_all_and_a_second_daemon_beside_a_running_daemon")? {
-        return Ok(());
-    }
-    let nics = [Nic::create()?, Nic::create()?];
-    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    root_or_skip!("release_all_and_a_second_daemon_beside_a_running_daemon");
+    let (nics, before) = Nic::many_with_views(2)?;
     let mut node = Node::start(opts()).await?;
     let pid = node.daemon_pid().context("daemon pid")?.to_string();
     let a = start_pod(&node, &nics[0]).await?;
@@ -390,10 +334,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
         text.contains("in use by another dranet") && text.contains(&format!("pid {pid}")),
         "release-all must say which process holds the state dir:\n{text}"
     );
-    assert!(
-        in_pod(&a.ns, "net0"),
-        "release-all took the NIC from a running pod"
-    );
+    assert!(a.ns.has("net0"), "release-all took the NIC from a running pod");
 
     let (ok, text) = run_bounded(
         &[
@@ -416,7 +357,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
         text.contains("in use by another dranet") && text.contains(&format!("pid {pid}")),
         "the second daemon must say which process holds the state dir:\n{text}"
     );
-    assert!(in_pod(&a.ns, "net0"));
+    assert!(a.ns.has("net0"));
     assert_eq!(
         node.records()?,
         records,
@@ -425,7 +366,8 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
 
     // The daemon still serves hooks; a release-all that waits gets the state dir once it stops.
     let b = start_pod(&node, &nics[1]).await?;
-    node.runtime.set_state(vec![a.sb.clone(), b.sb.clone()], vec![]);
+    node.runtime
+        .set_state(vec![a.sandbox.clone(), b.sandbox.clone()], vec![]);
     let waiting = Command::new(dranet_bin()?)
         .args(["release-all", "--json", "--state-dir", &state])
         .env("DRANET_LOCK_WAIT_SECONDS", "30")
@@ -434,7 +376,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
         .spawn()?;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(
-        in_pod(&a.ns, "net0") && in_pod(&b.ns, "net0"),
+        a.ns.has("net0") && b.ns.has("net0"),
         "release-all did not wait for the daemon"
     );
     node.stop()?;
@@ -452,7 +394,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
         "release-all must see both pods' records: {report}"
     );
     for (n, b) in nics.iter().zip(&before) {
-        restored(n, b).await?;
+        wait_restored(&n.name, b, Duration::from_secs(5)).await?;
     }
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
     Ok(())

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dranet_sim::kernel::{Veth, require_root, unique};
+use dranet_sim::kernel::{Veth, unique};
 use dranet_sim::node::{Node, NodeOptions};
+use dranet_sim::root_or_skip;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A GCE metadata server that answers every read after `delay`; counts its answers.
@@ -81,9 +82,7 @@ fn published(dir: &std::path::Path, ifname: &str) -> Option<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gce_attributes_join_the_slice_after_a_start_that_did_not_wait() -> Result<()> {
-    if !require_root("gce_attributes_join_the_slice_after_a_start_that_did_not_wait")? {
-        return Ok(());
-    }
+    root_or_skip!("gce_attributes_join_the_slice_after_a_start_that_did_not_wait");
     let delay = Duration::from_millis(1500);
     let (url, answered, server) = slow_gce(delay).await?;
     let name = unique("cl");

@@ -9,22 +9,23 @@
     reason = "test helpers panic on setup failure, like the tests"
 )]
 
-use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dranet::dhcp::message::{Message, MessageType, opt};
 use dranet::dhcp::{ClasslessRoute, Client, DhcpError};
-use dranet::dra::{MemoryClaimSource, PlanSink, Preparer, ResourceClaim};
+use dranet::dra::{MemoryClaimSource, Preparer, ResourceClaim};
 use dranet::inventory::{Device, SharedInventory};
-use dranet::netns::Netns;
-use dranet::plan::{ClaimRef, PodPlan};
+use dranet::plan::ClaimRef;
+use dranet::sys::netns::Netns;
+use dranet_sim::fixtures::RecordingSink;
 use dranet_sim::kernel::{PodNetns, require_root, sh, unique};
+use dranet_sim::root_or_skip;
 use serde_json::json;
 
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -287,9 +288,7 @@ async fn dnsmasq_lease_gives_address_prefix_and_classless_routes() -> Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_server_is_a_timeout_and_the_device_goes_back_down() -> Result<()> {
-    if !require_root("no_server_is_a_timeout_and_the_device_goes_back_down")? {
-        return Ok(());
-    }
+    root_or_skip!("no_server_is_a_timeout_and_the_device_goes_back_down");
     let lab = Lab::new()?;
     let t0 = Instant::now();
     let err = lab
@@ -355,7 +354,7 @@ impl Scripted {
     fn start(lab: &Lab, answer: Answer) -> Result<Self> {
         let ns = Netns::open_path(&lab.srv.path)?;
         let ifname = lab.srv_if.clone();
-        let sock = dranet::netns::in_netns(&ns, move || -> std::io::Result<UdpSocket> {
+        let sock = dranet::sys::netns::in_netns(&ns, move || -> std::io::Result<UdpSocket> {
             let s = UdpSocket::bind("0.0.0.0:67")?;
             nix::sys::socket::setsockopt(
                 &s,
@@ -474,9 +473,7 @@ fn serve(sock: &UdpSocket, answer: Answer, stop: &AtomicBool) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nak_and_unusable_acks_are_clear_errors_and_restore_the_device() -> Result<()> {
-    if !require_root("nak_and_unusable_acks_are_clear_errors_and_restore_the_device")? {
-        return Ok(());
-    }
+    root_or_skip!("nak_and_unusable_acks_are_clear_errors_and_restore_the_device");
     for (answer, want) in [
         (
             Answer::Nak,
@@ -514,21 +511,6 @@ async fn nak_and_unusable_acks_are_clear_errors_and_restore_the_device() -> Resu
         server.finish()?;
     }
     Ok(())
-}
-
-#[derive(Default)]
-struct Recorder {
-    plans: Mutex<BTreeMap<String, PodPlan>>,
-}
-
-impl PlanSink for Recorder {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        self.plans.lock().unwrap().insert(plan.pod_uid.clone(), plan);
-        Ok(())
-    }
-    fn remove_claim(&self, _claim_uid: &str) -> Result<(), String> {
-        Ok(())
-    }
 }
 
 fn dhcp_claim(name: &str, uid: &str, device: &str) -> ResourceClaim {
@@ -573,7 +555,7 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
             ..Device::default()
         },
     ]);
-    let sink = Arc::new(Recorder::default());
+    let sink = Arc::new(RecordingSink::default());
     let p = Preparer::new(
         "dra.net",
         "node-a",
@@ -590,7 +572,7 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
     p.prepare(&cref("c", "uid-c"))
         .await
         .with_context(|| format!("dnsmasq log:\n{}", dns.log()))?;
-    let plans = sink.plans.lock().unwrap().clone();
+    let plans = sink.plans().clone();
     let cfg = &plans["pod-dhcp"].devices[0].config;
     assert_eq!(cfg.interface.name.as_deref(), Some("net1"));
     assert_eq!(cfg.interface.addresses.len(), 1, "{:?}", cfg.interface.addresses);
@@ -606,12 +588,12 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
 
     // The plan works in a pod: moved with the leased address and routes, the server answers.
     let pod = PodNetns::create(&unique("dhp"))?;
-    let host_nl = dranet::link::Netlink::in_netns(&Netns::open_path(&lab.cli.path)?).await?;
+    let host_nl = dranet::sys::link::Netlink::in_netns(&Netns::open_path(&lab.cli.path)?).await?;
     let pod_ns = Netns::open_path(&pod.path)?;
-    let pod_nl = dranet::link::Netlink::in_netns(&pod_ns).await?;
-    let snap = dranet::link::snapshot(&host_nl, &lab.cli_if).await?;
-    let spec = dranet::link::AttachSpec::from_plan(&plans["pod-dhcp"].devices[0], "net1")?;
-    dranet::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec, snap.ifindex).await?;
+    let pod_nl = dranet::sys::link::Netlink::in_netns(&pod_ns).await?;
+    let snap = dranet::sys::link::snapshot(&host_nl, &lab.cli_if).await?;
+    let spec = dranet::sys::link::AttachSpec::from_plan(&plans["pod-dhcp"].devices[0], "net1")?;
+    dranet::sys::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec, snap.ifindex).await?;
     let routes = pod.ip(&["-4", "route", "show", "dev", "net1"])?;
     let route = |dest: &str| routes.lines().find(|l| l.starts_with(dest)).unwrap_or("");
     assert!(route("192.168.60.0/24 ").contains("via 10.77.0.1"), "{routes}");
@@ -650,17 +632,14 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
     }
 
     // A DHCP failure is a per-claim prepare error; nothing is stored for it.
-    let err = p
-        .prepare(&cref("missing", "uid-m"))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = p.prepare(&cref("missing", "uid-m")).await.unwrap_err();
+    let err = dranet::telemetry::chain(&err).to_string();
     assert!(
         err.contains("device nic1: failed to get configuration via DHCP for nosuchif1")
             && err.contains("not found"),
         "{err}"
     );
-    assert_eq!(sink.plans.lock().unwrap()["pod-dhcp"].devices.len(), 1);
+    assert_eq!(sink.plans()["pod-dhcp"].devices.len(), 1);
     drop(dns);
     assert!(Path::new(&lab.cli.path).exists());
     Ok(())

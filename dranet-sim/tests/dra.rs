@@ -8,61 +8,18 @@
     reason = "test helpers panic on setup failure, like the tests"
 )]
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dranet::dra::{
-    DraMetrics, KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer, ResourceClaim,
-};
+use dranet::dra::{DraMetrics, KubeletPlugin, MemoryClaimSource, PluginConfig, Preparer, ResourceClaim};
 use dranet::inventory::{self, AttrValue, Device, NetnsTarget, ScanOptions, SharedInventory, Sysfs};
-use dranet::plan::PodPlan;
 use dranet::slices::{DirPublisher, SliceController};
+use dranet_sim::fixtures::{RecordingSink, StateDir, wait_for_blocking};
 use dranet_sim::kernel::{PodNetns, require_root, sh, unique};
-use dranet_sim::kubelet::{Claim, DraVersion, KubeletSim};
+use dranet_sim::kubelet::{Claim, DraVersion, KubeletSim, RegisteredPlugin};
 use serde_json::json;
-
-/// Records what Prepare hands to the rescue engine.
-#[derive(Default)]
-struct Recorder {
-    plans: Mutex<BTreeMap<String, PodPlan>>,
-    removed: Mutex<Vec<String>>,
-}
-
-impl PlanSink for Recorder {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        self.plans.lock().unwrap().insert(plan.pod_uid.clone(), plan);
-        Ok(())
-    }
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
-        self.removed.lock().unwrap().push(claim_uid.to_owned());
-        let mut plans = self.plans.lock().unwrap();
-        for p in plans.values_mut() {
-            p.devices.retain(|d| d.claim.uid != claim_uid);
-        }
-        plans.retain(|_, p| !p.devices.is_empty());
-        Ok(())
-    }
-}
-
-/// A temp dir removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(unique(&format!("dranet-{tag}-")));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn claim_json(
     name: &str,
@@ -86,18 +43,18 @@ fn result(request: &str, pool: &str, device: &str) -> serde_json::Value {
 }
 
 struct Harness {
-    _dir: TempDir,
+    _dir: StateDir,
     cfg: PluginConfig,
     plugin: Option<KubeletPlugin>,
     claims: MemoryClaimSource,
-    sink: Arc<Recorder>,
+    sink: Arc<RecordingSink>,
     kubelet: KubeletSim,
     metrics: DraMetrics,
     plugin_dir_mode: u32,
 }
 
 async fn harness() -> Harness {
-    let dir = TempDir::new("kubelet");
+    let dir = StateDir::create("kubelet").unwrap();
     let cfg = PluginConfig {
         kubelet_root: dir.0.clone(),
         driver: "dra.net".into(),
@@ -107,7 +64,7 @@ async fn harness() -> Harness {
     std::fs::write(cfg.dra_socket(), b"stale").unwrap();
     let plugin_dir_mode = std::fs::metadata(cfg.plugin_dir()).unwrap().permissions().mode() & 0o777;
     let claims = MemoryClaimSource::new();
-    let sink = Arc::new(Recorder::default());
+    let sink = Arc::new(RecordingSink::default());
     let inv = SharedInventory::new(vec![
         Device {
             name: "eth1".into(),
@@ -143,6 +100,17 @@ async fn harness() -> Harness {
         metrics,
         plugin_dir_mode,
     }
+}
+
+/// [`harness`], registered with the kubelet simulator.
+async fn registered() -> (Harness, RegisteredPlugin) {
+    let h = harness().await;
+    let reg = h
+        .kubelet
+        .register_when_ready(Duration::from_secs(5))
+        .await
+        .unwrap();
+    (h, reg)
 }
 
 #[tokio::test]
@@ -210,13 +178,7 @@ async fn registration_like_kubelet() {
 
 #[tokio::test]
 async fn prepare_with_config_errors_and_unprepare_v1() {
-    let h = harness().await;
-    let sock = h
-        .kubelet
-        .wait_for_registration_socket(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let reg = h.kubelet.register(&sock).await.unwrap();
+    let (h, reg) = registered().await;
 
     h.claims.insert(claim_json(
         "good",
@@ -279,7 +241,7 @@ async fn prepare_with_config_errors_and_unprepare_v1() {
     assert_eq!(h.metrics.requests("PrepareResourceClaims", "success"), 0);
 
     {
-        let plans = h.sink.plans.lock().unwrap();
+        let plans = h.sink.plans();
         let plan = &plans["pod-1"];
         assert_eq!(plan.pod_name, "pod-1-name");
         assert_eq!(plan.devices.len(), 1);
@@ -302,8 +264,8 @@ async fn prepare_with_config_errors_and_unprepare_v1() {
         .await
         .unwrap();
     assert_eq!(un["uid-good"], "");
-    assert_eq!(*h.sink.removed.lock().unwrap(), ["uid-good"]);
-    assert!(h.sink.plans.lock().unwrap().is_empty());
+    assert_eq!(h.sink.removed(), ["uid-good"]);
+    assert!(h.sink.plans().is_empty());
     // Unknown claim: still fine.
     let un = reg
         .unprepare(&[Claim::new("default", "x", "uid-x")])
@@ -314,13 +276,7 @@ async fn prepare_with_config_errors_and_unprepare_v1() {
 
 #[tokio::test]
 async fn v1beta1_and_two_claims_of_one_pod() {
-    let h = harness().await;
-    let sock = h
-        .kubelet
-        .wait_for_registration_socket(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let reg = h.kubelet.register(&sock).await.unwrap();
+    let (h, reg) = registered().await;
     h.claims.insert(claim_json(
         "a",
         "uid-a",
@@ -348,7 +304,7 @@ async fn v1beta1_and_two_claims_of_one_pod() {
     assert_eq!(res["uid-a"].error, "");
     assert_eq!(res["uid-b"].devices[0].device, "eth2");
     {
-        let plans = h.sink.plans.lock().unwrap();
+        let plans = h.sink.plans();
         let names: Vec<&str> = plans["pod-2"].devices.iter().map(|d| d.device.as_str()).collect();
         assert_eq!(names, ["eth1", "eth2"], "devices of both claims merged");
     }
@@ -357,7 +313,7 @@ async fn v1beta1_and_two_claims_of_one_pod() {
         .await
         .unwrap();
     assert_eq!(un["uid-a"], "");
-    let plans = h.sink.plans.lock().unwrap();
+    let plans = h.sink.plans();
     assert_eq!(plans["pod-2"].devices.len(), 1);
 }
 
@@ -585,7 +541,7 @@ async fn scan_netns(ns: &PodNetns) -> Vec<inventory::Device> {
 }
 
 /// Runs `ip -batch` with `lines` in the test netns.
-fn ip_batch(ns: &PodNetns, dir: &TempDir, lines: impl Iterator<Item = String>) {
+fn ip_batch(ns: &PodNetns, dir: &StateDir, lines: impl Iterator<Item = String>) {
     let path = dir.0.join("batch");
     std::fs::write(&path, lines.collect::<String>()).unwrap();
     ns.ip(&["-batch", path.to_str().unwrap()]).unwrap();
@@ -597,7 +553,7 @@ async fn slices_of_256_real_links_split_at_128() {
         return;
     }
     let ns = PodNetns::create(&unique("dsl")).unwrap();
-    let file = TempDir::new("batch");
+    let file = StateDir::create("batch").unwrap();
     ip_batch(
         &ns,
         &file,
@@ -611,7 +567,7 @@ async fn slices_of_256_real_links_split_at_128() {
         devs.iter().map(|d| &d.name).collect::<Vec<_>>()
     );
 
-    let out = TempDir::new("slices");
+    let out = StateDir::create("slices").unwrap();
     let publisher = DirPublisher::new(&out.0, "dra.net", "node-a");
     let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
     let check = |want: &[usize], generation: i64| {
@@ -733,7 +689,7 @@ async fn prepare_copies_real_host_addresses_routes_rules_and_neighbours() {
         json!([result("nic", "node-a", &a)]),
         json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "eth9"}}}}]),
     ));
-    let sink = Arc::new(Recorder::default());
+    let sink = Arc::new(RecordingSink::default());
     let p = Preparer::new(
         "dra.net",
         "node-a",
@@ -748,7 +704,7 @@ async fn prepare_copies_real_host_addresses_routes_rules_and_neighbours() {
     })
     .await
     .unwrap();
-    let plans = sink.plans.lock().unwrap();
+    let plans = sink.plans();
     let cfg = &plans["pod-hs"].devices[0].config;
     assert_eq!(cfg.interface.name.as_deref(), Some("eth9"));
     assert_eq!(cfg.interface.addresses, ["198.51.100.2/24"]);
@@ -765,7 +721,7 @@ async fn prepare_copies_real_host_addresses_routes_rules_and_neighbours() {
 
 #[tokio::test]
 async fn restart_over_stale_sockets_of_a_crashed_driver() {
-    let dir = TempDir::new("stale");
+    let dir = StateDir::create("stale").unwrap();
     let cfg = PluginConfig {
         kubelet_root: dir.0.clone(),
         driver: "dra.net".into(),
@@ -794,15 +750,11 @@ async fn restart_over_stale_sockets_of_a_crashed_driver() {
             ifname: Some("eth1".into()),
             ..Device::default()
         }])),
-        Arc::new(Recorder::default()),
+        Arc::new(RecordingSink::default()),
     ));
     let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
     let kubelet = KubeletSim::new(&dir.0);
-    let sock = kubelet
-        .wait_for_registration_socket(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let reg = kubelet.register(&sock).await.unwrap();
+    let reg = kubelet.register_when_ready(Duration::from_secs(5)).await.unwrap();
     let res = reg.prepare(&[Claim::new("default", "c", "uid-c")]).await.unwrap();
     assert_eq!(res["uid-c"].error, "");
     assert_eq!(res["uid-c"].devices[0].device, "eth1");
@@ -811,7 +763,7 @@ async fn restart_over_stale_sockets_of_a_crashed_driver() {
 
 #[tokio::test]
 async fn failed_start_leaves_no_dra_socket() {
-    let dir = TempDir::new("fail");
+    let dir = StateDir::create("fail").unwrap();
     let cfg = PluginConfig {
         kubelet_root: dir.0.clone(),
         driver: "dra.net".into(),
@@ -823,7 +775,7 @@ async fn failed_start_leaves_no_dra_socket() {
         "node-a",
         Arc::new(MemoryClaimSource::new()),
         Arc::new(SharedInventory::default()),
-        Arc::new(Recorder::default()),
+        Arc::new(RecordingSink::default()),
     ));
     let err = KubeletPlugin::start(&cfg, preparer).await.err().unwrap();
     assert!(err.to_string().contains("removing stale socket"), "{err}");
@@ -856,7 +808,7 @@ fn validate_config_binary_prints_ok_or_every_error_with_its_path() {
     let good = r#"{"interface": {"name": "net1", "mtu": 9000, "addresses": ["10.9.0.2/24"]},
                    "routes": [{"destination": "10.8.0.0/16", "gateway": "10.9.0.1"}]}"#;
     assert_eq!(run(&["-"], good), (Some(0), "ok\n".to_owned(), String::new()));
-    let dir = TempDir::new("vc");
+    let dir = StateDir::create("vc").unwrap();
     let file = dir.0.join("good.json");
     std::fs::write(&file, good).unwrap();
     assert_eq!(run(&[file.to_str().unwrap()], "").0, Some(0));
@@ -937,7 +889,7 @@ async fn link_events_drive_debounced_rescans() {
             })
             .collect())
     };
-    let out = TempDir::new("evslices");
+    let out = StateDir::create("evslices").unwrap();
     let publisher = DirPublisher::new(&out.0, "dra.net", "node-a");
     let ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
     let handle = RescanHandle::new();
@@ -960,14 +912,8 @@ async fn link_events_drive_debounced_rescans() {
     let ev = tokio::spawn(link_events(handle, stop_rx));
     let count = || scans.lock().unwrap().len();
     let wait_for = |pred: &dyn Fn() -> bool, what: &str| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !pred() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what}: {:?}",
-                scans.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        if let Err(e) = wait_for_blocking(what, Duration::from_secs(10), pred) {
+            panic!("{e}: {:?}", scans.lock().unwrap());
         }
     };
     wait_for(&|| count() >= 1, "first scan");
@@ -1006,7 +952,7 @@ async fn link_events_drive_debounced_rescans() {
     // A burst: 20 pairs in one batch.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let before = count();
-    let batch = TempDir::new("evbatch");
+    let batch = StateDir::create("evbatch").unwrap();
     let path = batch.0.join("b");
     let lines: String = (0..20)
         .map(|i| format!("link add {tag}a{i} type veth peer name {tag}b{i}\n"))

@@ -3,14 +3,15 @@
 //! devices × {driver alive; driver SIGKILLed and restarted while the pod runs; driver down while
 //! the pod is deleted}, plus a soak.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
-use dranet_sim::kubelet::Claim;
-use dranet_sim::nic::{Nic, assert_same, view};
-use dranet_sim::node::{Node, NodeOptions, sandbox};
+use anyhow::{Context, Result};
+use dranet_sim::fixtures::{TestPod, nic_device, wait_for};
+use dranet_sim::kernel::host_has;
+use dranet_sim::nic::{Nic, view, wait_restored};
+use dranet_sim::node::{Node, NodeOptions};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+use dranet_sim::root_or_skip;
 use serde_json::{Value, json};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,60 +46,36 @@ fn opts(order: Order) -> NodeOptions {
     }
 }
 
-async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(start.elapsed())
-}
-
-fn in_pod(ns: &PodNetns, name: &str) -> bool {
-    ns.ip(&["link", "show", "dev", name]).is_ok()
-}
-
 /// One pod with `nics`, through its whole life, in `order`, with the driver doing `driver`.
 async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver) -> Result<()> {
     let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
-    let uid = unique("e2e-pod-");
-    let mut ns = PodNetns::create(&unique("dranet-e2e-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    let mut p = TestPod::new("e2e-pod-")?;
     let devices: Vec<(String, Value)> = nics
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            (
-                dranet::inventory::netdev_device_name(&n.name),
+            nic_device(
+                n,
                 json!({"interface": {"name": format!("net{i}"), "addresses": [format!("192.168.{}.2/24", 60 + i)]}}),
             )
         })
         .collect();
-    node.write_claim(&claim, &uid, &devices)?;
-    node.prepare(&claim).await?;
-    let pod = sandbox(&uid, &ns.path);
-    node.runtime
-        .run_pod_sandbox(&pod)
-        .await
-        .context("RunPodSandbox")?;
-    // What the runtime reports in Synchronize after a plugin (re)connects.
-    node.runtime.set_state(vec![pod.clone()], vec![]);
+    p.prepare(node, &devices).await?;
+    p.run(node).await?;
     for (i, n) in nics.iter().enumerate() {
         assert!(
             !host_has(&n.name),
             "{} still in the host after RunPodSandbox",
             n.name
         );
-        let v = ns.ip(&["-j", "addr", "show", "dev", &format!("net{i}")])?;
+        let v = p.ns.ip(&["-j", "addr", "show", "dev", &format!("net{i}")])?;
         assert!(
             v.contains(&format!("192.168.{}.2", 60 + i)),
             "net{i} has no address in the pod: {v}"
         );
     }
     // Embedded mode: the claim's device status lands next to the claim files.
-    let st = node.claim_status(&claim, Duration::from_secs(3)).await?;
+    let st = node.claim_status(&p.claim, Duration::from_secs(3)).await?;
     let devs = st["status"]["devices"].as_array().context("status.devices")?;
     assert_eq!(devs.len(), nics.len(), "{st}");
     for (i, n) in nics.iter().enumerate() {
@@ -119,7 +96,7 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
         node.restart().await?;
         for i in 0..nics.len() {
             assert!(
-                in_pod(&ns, &format!("net{i}")),
+                p.has(&format!("net{i}")),
                 "restart must not disturb a running pod"
             );
         }
@@ -130,26 +107,20 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
     match order {
         Order::Containerd => {
             if driver != Driver::DownDuringTeardown {
-                node.runtime
-                    .stop_pod_sandbox(&pod)
-                    .await
-                    .context("StopPodSandbox")?;
+                p.stop(node).await?;
                 for n in nics {
                     assert!(host_has(&n.name), "{} not home after StopPodSandbox", n.name);
                 }
             }
-            ns.remove_crio_style()?;
+            p.ns.remove_crio_style()?;
             if driver == Driver::DownDuringTeardown {
                 node.restart().await?;
             }
-            node.runtime
-                .remove_pod_sandbox(&pod)
-                .await
-                .context("RemovePodSandbox")?;
+            p.remove(node).await?;
             node.runtime.set_state(vec![], vec![]);
         }
         Order::Crio => {
-            ns.remove_crio_style()?;
+            p.ns.remove_crio_style()?;
             if driver == Driver::DownDuringTeardown {
                 node.restart().await?;
             }
@@ -162,39 +133,20 @@ async fn life_cycle(node: &mut Node, nics: &[Nic], order: Order, driver: Driver)
                 )
                 .await?;
             }
-            node.runtime
-                .stop_pod_sandbox(&pod)
-                .await
-                .context("StopPodSandbox")?;
-            node.runtime
-                .remove_pod_sandbox(&pod)
-                .await
-                .context("RemovePodSandbox")?;
+            p.stop_and_remove(node).await?;
             node.runtime.set_state(vec![], vec![]);
         }
     }
     for (n, b) in nics.iter().zip(&before) {
-        // Restores finish right after the move home.
-        let mut last = Ok(());
-        for _ in 0..100 {
-            last = assert_same(b, &view(&n.name, None)?);
-            if last.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        last.with_context(|| format!("{} not restored", n.name))?;
+        wait_restored(&n.name, b, Duration::from_secs(1)).await?;
     }
-    node.unprepare(&claim).await?;
+    node.unprepare(&p.claim).await?;
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
     Ok(())
 }
 
 async fn case(order: Order, n: usize, driver: Driver) -> Result<()> {
     let test = format!("e2e {order:?} {n} {driver:?}");
-    if !require_root(&test)? {
-        return Ok(());
-    }
     let nics: Vec<Nic> = (0..n).map(|_| Nic::create()).collect::<Result<_>>()?;
     let mut node = Node::start(opts(order)).await?;
     life_cycle(&mut node, &nics, order, driver)
@@ -204,64 +156,37 @@ async fn case(order: Order, n: usize, driver: Driver) -> Result<()> {
     Ok(())
 }
 
-macro_rules! cases {
-    ($($name:ident: $order:ident, $n:expr, $driver:ident;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() -> Result<()> {
-            case(Order::$order, $n, Driver::$driver).await
-        }
-    )*};
-}
-
-cases! {
-    containerd_1_alive: Containerd, 1, Alive;
-    containerd_4_alive: Containerd, 4, Alive;
-    containerd_1_restarted_while_running: Containerd, 1, RestartedWhileRunning;
-    containerd_4_restarted_while_running: Containerd, 4, RestartedWhileRunning;
-    containerd_1_down_during_teardown: Containerd, 1, DownDuringTeardown;
-    containerd_4_down_during_teardown: Containerd, 4, DownDuringTeardown;
-    crio_1_alive: Crio, 1, Alive;
-    crio_4_alive: Crio, 4, Alive;
-    crio_1_restarted_while_running: Crio, 1, RestartedWhileRunning;
-    crio_4_restarted_while_running: Crio, 4, RestartedWhileRunning;
-    crio_1_down_during_teardown: Crio, 1, DownDuringTeardown;
-    crio_4_down_during_teardown: Crio, 4, DownDuringTeardown;
+dranet_sim::root_tests! {
+    containerd_1_alive => case(Order::Containerd, 1, Driver::Alive);
+    containerd_4_alive => case(Order::Containerd, 4, Driver::Alive);
+    containerd_1_restarted_while_running => case(Order::Containerd, 1, Driver::RestartedWhileRunning);
+    containerd_4_restarted_while_running => case(Order::Containerd, 4, Driver::RestartedWhileRunning);
+    containerd_1_down_during_teardown => case(Order::Containerd, 1, Driver::DownDuringTeardown);
+    containerd_4_down_during_teardown => case(Order::Containerd, 4, Driver::DownDuringTeardown);
+    crio_1_alive => case(Order::Crio, 1, Driver::Alive);
+    crio_4_alive => case(Order::Crio, 4, Driver::Alive);
+    crio_1_restarted_while_running => case(Order::Crio, 1, Driver::RestartedWhileRunning);
+    crio_4_restarted_while_running => case(Order::Crio, 4, Driver::RestartedWhileRunning);
+    crio_1_down_during_teardown => case(Order::Crio, 1, Driver::DownDuringTeardown);
+    crio_4_down_during_teardown => case(Order::Crio, 4, Driver::DownDuringTeardown);
 }
 
 /// A pod whose StopPodSandbox never comes: the rescue alone brings the devices home.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_hook_missing_entirely() -> Result<()> {
-    if !require_root("stop_hook_missing_entirely")? {
-        return Ok(());
-    }
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    root_or_skip!("stop_hook_missing_entirely");
+    let (nic, before) = Nic::with_view()?;
     let node = Node::start(opts(Order::Crio)).await?;
-    let uid = unique("e2e-nostop-");
-    let mut ns = PodNetns::create(&unique("dranet-e2e-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        &uid,
-        &[(dranet::inventory::netdev_device_name(&nic.name), json!({}))],
-    )?;
-    node.prepare(&claim).await?;
-    node.runtime.run_pod_sandbox(&sandbox(&uid, &ns.path)).await?;
+    let mut p = TestPod::new("e2e-nostop-")?;
+    p.prepare(&node, &[nic_device(&nic, json!({}))]).await?;
+    node.runtime.run_pod_sandbox(&p.sandbox).await?;
     assert!(!host_has(&nic.name));
-    ns.remove_crio_style()?;
+    p.ns.remove_crio_style()?;
     wait_for("device home without any hook", Duration::from_secs(5), || {
         host_has(&nic.name)
     })
     .await?;
-    let mut last = Ok(());
-    for _ in 0..100 {
-        last = assert_same(&before, &view(&nic.name, None)?);
-        if last.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    last?;
+    wait_restored(&nic.name, &before, Duration::from_secs(1)).await?;
     wait_for("pin released", Duration::from_secs(2), || node.pins().is_empty()).await?;
     Ok(())
 }
@@ -269,9 +194,7 @@ async fn stop_hook_missing_entirely() -> Result<()> {
 /// The runtime drops the connection mid-run: the plugin reconnects and later pods still work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_disconnect_then_later_pods_work() -> Result<()> {
-    if !require_root("runtime_disconnect_then_later_pods_work")? {
-        return Ok(());
-    }
+    root_or_skip!("runtime_disconnect_then_later_pods_work");
     let nic = Nic::create()?;
     let mut node = Node::start(opts(Order::Containerd)).await?;
     node.runtime.disconnect();
@@ -289,9 +212,7 @@ async fn runtime_disconnect_then_later_pods_work() -> Result<()> {
 /// 200 pod life cycles, random order, random driver restarts: nothing leaks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_200_life_cycles() -> Result<()> {
-    if !require_root("soak_200_life_cycles")? {
-        return Ok(());
-    }
+    root_or_skip!("soak_200_life_cycles");
     let rounds: usize = std::env::var("DRANET_SOAK_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

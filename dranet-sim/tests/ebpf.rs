@@ -15,37 +15,24 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use dranet::config::NetworkConfig;
-use dranet::dra::plan_claim;
-use dranet::inventory::{Device, SharedInventory};
-use dranet::link::Netlink;
-use dranet::netns::Netns;
-use dranet::plan::{ClaimRef, DevicePlan};
+use dranet::plan::DevicePlan;
 use dranet::rescue::{AttachOutcome, RescueError};
 use dranet::state::{PodPhase, ReturnReason};
+use dranet::sys::link::Netlink;
+use dranet::sys::netns::Netns;
 use dranet_sim::bpf::{
     BpffsDir, PrivateBpffs, bpftool_net, bpftool_tc_count, clsact, link_ifindex, load_noop_sched_cls,
     refuse_bpf_detach_on_this_thread, tc_bpf_filter, tcx_attach, tcx_link, tcx_programs,
 };
-use dranet_sim::fixtures::{StateDir, device_plan, engine, pod_plan, pod_ref};
-use dranet_sim::kernel::{PodNetns, Veth, require_root, unique};
+use dranet_sim::fixtures::{device_plan, engine, engine_case, plan_for, pod_plan, pod_ref};
+use dranet_sim::kernel::{PodNetns, Veth, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::root_or_skip;
 use serde_json::json;
 
 /// Prepare (the real `plan_claim`, host netns, default bpffs walk) of one claim for `nic`.
 async fn prepare(nic: &Nic, interface: serde_json::Value) -> Result<Vec<DevicePlan>> {
-    let inv = SharedInventory::new(vec![Device {
-        name: nic.name.clone(),
-        ifname: Some(nic.name.clone()),
-        ..Device::default()
-    }]);
-    let cref = ClaimRef {
-        namespace: "ns".into(),
-        name: "c".into(),
-        uid: "u".into(),
-    };
-    let leases = dranet::dhcp::Client::host();
-    let rc = dranet_sim::fixtures::claim_for(&nic.name, json!({"interface": interface}))?;
-    let planned = plan_claim("dra.net", "node-a", &cref, &rc, &inv, &leases, &[])
+    let planned = plan_for(nic, json!({"interface": interface}))
         .await?
         .context("a plan")?;
     Ok(planned.plans)
@@ -64,15 +51,14 @@ fn pin(fd: std::os::fd::OwnedFd, path: &Path) -> Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
     }
-    dranet::bpf::sys::obj_pin(fd.as_fd(), path).with_context(|| format!("pinning {}", path.display()))?;
+    dranet::sys::bpf::sys::obj_pin(fd.as_fd(), path)
+        .with_context(|| format!("pinning {}", path.display()))?;
     Ok(())
 }
 
 #[tokio::test]
 async fn prepare_unpins_the_links_of_the_device_and_nothing_else() -> Result<()> {
-    if !require_root("prepare_unpins_the_links_of_the_device_and_nothing_else")? {
-        return Ok(());
-    }
+    root_or_skip!("prepare_unpins_the_links_of_the_device_and_nothing_else");
     let dir = BpffsDir::create("unpin")?;
     let private = PrivateBpffs::mount("unpin")?;
     let nic = Nic::create()?;
@@ -91,7 +77,7 @@ async fn prepare_unpins_the_links_of_the_device_and_nothing_else() -> Result<()>
     let other_pin = dir.path.join("other-ingress");
     pin(tcx_link(prog.as_fd(), other_idx, false)?, &other_pin)?;
     let prog_pin = dir.path.join("prog");
-    dranet::bpf::sys::obj_pin(prog.as_fd(), &prog_pin)?;
+    dranet::sys::bpf::sys::obj_pin(prog.as_fd(), &prog_pin)?;
     let outside = private.path.join("nic-ingress-2");
     pin(tcx_link(prog2.as_fd(), idx, false)?, &outside)?;
     let sym = dir.path.join("sym");
@@ -118,10 +104,10 @@ async fn prepare_unpins_the_links_of_the_device_and_nothing_else() -> Result<()>
     }
     let left = tcx_programs(idx)?;
     assert_eq!(left.len(), 1, "{left:?}");
-    let outside_link = dranet::bpf::sys::obj_get(&outside)?;
+    let outside_link = dranet::sys::bpf::sys::obj_get(&outside)?;
     assert_eq!(
         left[0].link_id,
-        dranet::bpf::sys::link_info(outside_link.as_fd())?.id
+        dranet::sys::bpf::sys::link_info(outside_link.as_fd())?.id
     );
     assert_eq!(
         tcx_programs(other_idx)?.len(),
@@ -137,13 +123,9 @@ async fn prepare_unpins_the_links_of_the_device_and_nothing_else() -> Result<()>
 
 #[tokio::test]
 async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod() -> Result<()> {
-    if !require_root("attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod")? {
-        return Ok(());
-    }
+    root_or_skip!("attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod");
     let dir = BpffsDir::create("attach")?;
-    let state = StateDir::new("ebpf-at");
-    let ns = PodNetns::create(&unique("dranet-t-ebpf-"))?;
-    let nic = Nic::create()?;
+    let (state, ns, nic, _, _) = engine_case("ebpf-at")?;
     let idx = ifindex(&nic)?;
     let before = view(&nic.name, None)?;
     let prog = load_noop_sched_cls("dranet_t2")?;
@@ -152,7 +134,7 @@ async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod(
     // release it), (b) a plain TCX attachment, (c) clsact bpf filters on both sides.
     let link = tcx_link(prog.as_fd(), idx, false)?;
     let link_pin = dir.path.join("link");
-    dranet::bpf::sys::obj_pin(link.as_fd(), &link_pin)?;
+    dranet::sys::bpf::sys::obj_pin(link.as_fd(), &link_pin)?;
     tcx_attach(prog2.as_fd(), idx, true)?;
     clsact(&nic.name, None)?;
     let host_nl = Netlink::host().await?;
@@ -192,7 +174,7 @@ async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod(
         .context("net1 in the pod")?
         .header
         .index;
-    let left = dranet::bpf::attached_in(pod_nl.handle(), &netns, pod_idx).await?;
+    let left = dranet::sys::bpf::attached_in(pod_nl.handle(), &netns, pod_idx).await?;
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(
         link_ifindex(link.as_fd())?,
@@ -211,9 +193,7 @@ async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod(
 
 #[tokio::test]
 async fn detach_in_pod_deletes_tc_filters_made_in_the_pod() -> Result<()> {
-    if !require_root("detach_in_pod_deletes_tc_filters_made_in_the_pod")? {
-        return Ok(());
-    }
+    root_or_skip!("detach_in_pod_deletes_tc_filters_made_in_the_pod");
     let ns = PodNetns::create(&unique("dranet-t-ebpftc-"))?;
     let name = unique("drp");
     ns.ip(&[
@@ -258,11 +238,11 @@ async fn detach_in_pod_deletes_tc_filters_made_in_the_pod() -> Result<()> {
     )?;
     // A program attached by TCX inside the pod, on a thread in the pod netns.
     let fd = prog.try_clone()?;
-    dranet::netns::in_netns(&netns, move || tcx_attach(fd.as_fd(), idx, false))??;
+    dranet::sys::netns::in_netns(&netns, move || tcx_attach(fd.as_fd(), idx, false))??;
     assert_eq!(bpftool_tc_count(&bpftool_net(&name, Some(&ns.name))?), 4);
     assert_eq!(aya_tcx(&name, Some(&netns))?, vec!["dranet_t3".to_owned()]);
 
-    let done = dranet::bpf::detach_in_pod(pod_nl.handle(), &netns, idx).await?;
+    let done = dranet::sys::bpf::detach_in_pod(pod_nl.handle(), &netns, idx).await?;
     let said = done.describe();
     assert_eq!(done.tc_filters.len(), 4, "{said:?}");
     assert_eq!(done.tcx.len(), 1, "{said:?}");
@@ -274,7 +254,7 @@ async fn detach_in_pod_deletes_tc_filters_made_in_the_pod() -> Result<()> {
     let q = sh_in(&ns, &["tc", "qdisc", "show", "dev", &name])?;
     assert!(q.contains("clsact"), "{q}");
     assert!(
-        dranet::bpf::detach_in_pod(pod_nl.handle(), &netns, idx)
+        dranet::sys::bpf::detach_in_pod(pod_nl.handle(), &netns, idx)
             .await?
             .is_empty()
     );
@@ -295,7 +275,7 @@ fn aya_tcx(ifname: &str, netns: Option<&Netns>) -> Result<Vec<String>> {
         Ok(names)
     };
     match netns {
-        Some(n) => dranet::netns::in_netns(n, query)?,
+        Some(n) => dranet::sys::netns::in_netns(n, query)?,
         None => query(),
     }
 }
@@ -311,12 +291,8 @@ fn sh_in(ns: &PodNetns, args: &[&str]) -> Result<String> {
 /// and the device is rolled back home, restored, its programs still attached.
 #[test]
 fn a_refused_detach_fails_the_attach_and_rolls_the_device_back() -> Result<()> {
-    if !require_root("a_refused_detach_fails_the_attach_and_rolls_the_device_back")? {
-        return Ok(());
-    }
-    let state = StateDir::new("ebpf-rb");
-    let ns = PodNetns::create(&unique("dranet-t-ebpfrb-"))?;
-    let nic = Nic::create()?;
+    root_or_skip!("a_refused_detach_fails_the_attach_and_rolls_the_device_back");
+    let (state, ns, nic, _, _) = engine_case("ebpf-rb")?;
     let idx = ifindex(&nic)?;
     let before = view(&nic.name, None)?;
     let prog = load_noop_sched_cls("dranet_t4")?;
@@ -370,13 +346,9 @@ fn a_refused_detach_fails_the_attach_and_rolls_the_device_back() -> Result<()> {
 
 #[tokio::test]
 async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Result<()> {
-    if !require_root("without_disable_ebpf_programs_nothing_is_unpinned_or_detached")? {
-        return Ok(());
-    }
+    root_or_skip!("without_disable_ebpf_programs_nothing_is_unpinned_or_detached");
     let dir = BpffsDir::create("keep")?;
-    let state = StateDir::new("ebpf-keep");
-    let ns = PodNetns::create(&unique("dranet-t-ebpfk-"))?;
-    let nic = Nic::create()?;
+    let (state, ns, nic, _, _) = engine_case("ebpf-keep")?;
     let idx = ifindex(&nic)?;
     let prog = load_noop_sched_cls("dranet_t5")?;
     let link_pin = dir.path.join("link");
@@ -421,9 +393,7 @@ async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Resu
 /// program, one with only a clsact `bpf` filter, and one with neither, all in the host scan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inventory_sees_tcx_programs_and_tc_filters_of_a_link() -> Result<()> {
-    if !require_root("inventory_sees_tcx_programs_and_tc_filters_of_a_link")? {
-        return Ok(());
-    }
+    root_or_skip!("inventory_sees_tcx_programs_and_tc_filters_of_a_link");
     let (with_tcx, with_tc, plain) = (Nic::create()?, Nic::create()?, Nic::create()?);
     let prog = load_noop_sched_cls("dranet_t_inv")?;
     let _link = tcx_link(prog.as_fd(), ifindex(&with_tcx)?, false)?;

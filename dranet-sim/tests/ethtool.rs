@@ -7,19 +7,20 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dranet::config::{EthtoolConfig, NetworkConfig};
-use dranet::dra::plan_claim;
-use dranet::ethtool::{Dev, Ethtool, Features};
-use dranet::inventory::{Device, SharedInventory};
-use dranet::netns::Netns;
-use dranet::plan::{ClaimRef, DevicePlan};
+use dranet::plan::DevicePlan;
 use dranet::rescue::{AttachOutcome, DetachOutcome, RescueError};
 use dranet::state::ReturnReason;
+use dranet::sys::ethtool::{Dev, Ethtool, Features};
+use dranet::sys::netns::Netns;
 use dranet::watch::{Watcher, WatcherOptions};
-use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::kernel::{PodNetns, host_has, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::root_or_skip;
 use serde_json::json;
 
-use dranet_sim::fixtures::{StateDir, engine, pod_plan as plan, pod_ref as pod, wait_for};
+use dranet_sim::fixtures::{
+    engine, engine_case, plan_for, pod_plan as plan, pod_ref as pod, wait_for, watched_engine,
+};
 
 fn device(nic: &Nic, pod_if: &str, uid: &str, features: &[(&str, bool)]) -> DevicePlan {
     let mut config = NetworkConfig::default();
@@ -63,9 +64,7 @@ fn offload_view(f: &Features) -> (BTreeMap<String, bool>, BTreeMap<String, bool>
 
 #[tokio::test]
 async fn genetlink_reads_and_sets_features_of_a_veth() -> Result<()> {
-    if !require_root("genetlink_reads_and_sets_features_of_a_veth")? {
-        return Ok(());
-    }
+    root_or_skip!("genetlink_reads_and_sets_features_of_a_veth");
     let nic = Nic::create()?;
     let dev = Dev::Name(nic.name.clone());
     let mut e = Ethtool::open()?;
@@ -116,28 +115,10 @@ async fn genetlink_reads_and_sets_features_of_a_veth() -> Result<()> {
 
 #[tokio::test]
 async fn prepare_checks_ethtool_names_against_the_host_nic() -> Result<()> {
-    if !require_root("prepare_checks_ethtool_names_against_the_host_nic")? {
-        return Ok(());
-    }
+    root_or_skip!("prepare_checks_ethtool_names_against_the_host_nic");
     let nic = Nic::create()?;
-    let inv = SharedInventory::new(vec![Device {
-        name: nic.name.clone(),
-        ifname: Some(nic.name.clone()),
-        ..Device::default()
-    }]);
-    let cref = ClaimRef {
-        namespace: "ns".into(),
-        name: "c".into(),
-        uid: "u".into(),
-    };
     // No `interface.dhcp` here, so the lease source is never asked.
-    let leases = dranet::dhcp::Client::host();
-    let run = |ethtool| {
-        #[allow(clippy::expect_used)] // a fixed JSON shape
-        let rc = dranet_sim::fixtures::claim_for(&nic.name, json!({"ethtool": ethtool})).expect("claim JSON");
-        let (cref, inv, leases) = (&cref, &inv, &leases);
-        async move { plan_claim("dra.net", "node-a", cref, &rc, inv, leases, &[]).await }
-    };
+    let run = |ethtool| plan_for(&nic, json!({"ethtool": ethtool}));
 
     // Aliases become the kernel names they stand for; a kernel name given too wins.
     let ok = run(json!({"features": {"gro": true, "tso": false, "tx-tcp6-segmentation": true}}))
@@ -213,15 +194,9 @@ async fn prepare_checks_ethtool_names_against_the_host_nic() -> Result<()> {
 
 #[tokio::test]
 async fn attach_applies_features_in_the_pod_and_detach_restores_them() -> Result<()> {
-    if !require_root("attach_applies_features_in_the_pod_and_detach_restores_them")? {
-        return Ok(());
-    }
-    let state = StateDir::new("apply");
-    let ns = PodNetns::create(&unique("dranet-t-eth-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    root_or_skip!("attach_applies_features_in_the_pod_and_detach_restores_them");
+    let (state, ns, nic, before, uid) = engine_case("apply")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-eth-");
     let e = engine(&state, None).await?;
     e.set_plan(plan(
         &uid,
@@ -266,14 +241,9 @@ async fn attach_applies_features_in_the_pod_and_detach_restores_them() -> Result
 
 #[tokio::test]
 async fn features_the_pod_flipped_are_restored_on_detach() -> Result<()> {
-    if !require_root("features_the_pod_flipped_are_restored_on_detach")? {
-        return Ok(());
-    }
-    let state = StateDir::new("flip");
-    let ns = PodNetns::create(&unique("dranet-t-ethf-"))?;
-    let nic = Nic::create()?;
+    root_or_skip!("features_the_pod_flipped_are_restored_on_detach");
+    let (state, ns, nic, _, uid) = engine_case("flip")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-ethf-");
     let e = engine(&state, None).await?;
     // No ethtool block at all: the pod changes offloads by itself.
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[])]))?;
@@ -300,15 +270,9 @@ async fn features_the_pod_flipped_are_restored_on_detach() -> Result<()> {
 
 #[tokio::test]
 async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result<()> {
-    if !require_root("a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back")? {
-        return Ok(());
-    }
-    let state = StateDir::new("rb");
-    let ns = PodNetns::create(&unique("dranet-t-ethr-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    root_or_skip!("a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back");
+    let (state, ns, nic, before, uid) = engine_case("rb")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-ethr-");
     let e = engine(&state, None).await?;
     // TSO needs scatter-gather: with SG off the kernel keeps TSO off, so the request cannot be
     // met (found only after the move, by reading back).
@@ -322,7 +286,8 @@ async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result
         .err()
         .context("attach must fail")?;
     assert!(matches!(err, RescueError::Link { .. }), "{err}");
-    assert!(err.to_string().contains("after setting it"), "{err}");
+    let err = dranet::telemetry::chain(&err).to_string();
+    assert!(err.contains("after setting it"), "{err}");
     assert!(host_has(&nic.name), "rolled back home");
     assert_same(&before, &view(&nic.name, None)?)?;
     assert_eq!(
@@ -343,30 +308,19 @@ async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result
         .await
         .err()
         .context("attach must fail")?;
-    assert!(
-        err.to_string().contains("ethtool.features.bogus-offload"),
-        "{err}"
-    );
+    let err = dranet::telemetry::chain(&err).to_string();
+    assert!(err.contains("ethtool.features.bogus-offload"), "{err}");
     assert_same(&before, &view(&nic.name, None)?)?;
     Ok(())
 }
 
 #[tokio::test]
 async fn rescue_on_netns_teardown_restores_offloads() -> Result<()> {
-    if !require_root("rescue_on_netns_teardown_restores_offloads")? {
-        return Ok(());
-    }
-    let state = StateDir::new("crio");
-    let mut ns = PodNetns::create(&unique("dranet-t-ethc-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    root_or_skip!("rescue_on_netns_teardown_restores_offloads");
+    let (state, mut ns, nic, before, uid) = engine_case("crio")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-ethc-");
     let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let e = engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[("gro", true)])]))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
     assert!(pod_features(&ns, "net1")?.active.contains("rx-gro"));
@@ -385,30 +339,21 @@ async fn rescue_on_netns_teardown_restores_offloads() -> Result<()> {
         before_off,
         "offloads restored"
     );
-    events.abort();
+    drop(events);
     Ok(())
 }
 
 #[tokio::test]
 async fn kernel_returned_device_gets_its_offloads_back() -> Result<()> {
-    if !require_root("kernel_returned_device_gets_its_offloads_back")? {
-        return Ok(());
-    }
-    let state = StateDir::new("repair");
-    let ns = PodNetns::create(&unique("dranet-t-ethp-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    root_or_skip!("kernel_returned_device_gets_its_offloads_back");
+    let (state, ns, nic, before, uid) = engine_case("repair")?;
     let before_off = offload_view(&host_features(&nic.name)?);
-    let uid = unique("pod-ethp-");
     let watcher = Watcher::start(WatcherOptions {
         ebpf: false,
         ..WatcherOptions::default()
     })
     .await?;
-    let sub = watcher.subscribe();
-    let e = engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid, &[("gro", true)])]))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
     set_in_pod(&ns, "net1", &[("rx-udp-gro-forwarding", true)])?;
@@ -428,6 +373,6 @@ async fn kernel_returned_device_gets_its_offloads_back() -> Result<()> {
         before_off,
         "offloads restored"
     );
-    events.abort();
+    drop(events);
     Ok(())
 }

@@ -16,26 +16,16 @@ use bytes::Bytes;
 use dranet::nri::pb::nri as pb;
 use dranet::nri::plugin::PLUGIN_SERVICE;
 use dranet::nri::ttrpc::code;
-use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
-use dranet_sim::kubelet::Claim;
+use dranet_sim::fixtures::{TestPod, nic_device, wait_for};
+use dranet_sim::kernel::host_has;
 use dranet_sim::nic::Nic;
 use dranet_sim::node::{Node, NodeOptions, sandbox};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+use dranet_sim::root_or_skip;
 use prost::Message;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, UnixStream};
-
-async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(start.elapsed())
-}
 
 /// The TCP port the process listens on (the daemon binds `127.0.0.1:0`): its listening
 /// sockets in `/proc/<pid>/net/tcp`, matched by inode against its fds.
@@ -176,9 +166,7 @@ async fn slowloris(port: u16, stop: tokio::sync::watch::Receiver<bool>) -> Optio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fd_flood_leaves_hooks_rescue_health_and_events_working() -> Result<()> {
-    if !require_root("fd flood")? {
-        return Ok(());
-    }
+    root_or_skip!("fd flood");
     raise_own_fd_limit(4096)?;
     let nic = Nic::create()?;
     let node = Node::start(NodeOptions {
@@ -228,38 +216,27 @@ async fn fd_flood_leaves_hooks_rescue_health_and_events_working() -> Result<()> 
     let mut trace = BufReader::new(trace).lines();
 
     // A pod with the device: Prepare over the kubelet socket, RunPodSandbox over NRI.
-    let uid = unique("flood-pod-");
-    let mut ns = PodNetns::create(&unique("dranet-flood-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        &uid,
-        &[(
-            dranet::inventory::netdev_device_name(&nic.name),
-            json!({"interface": {"name": "net0"}}),
-        )],
-    )?;
-    node.prepare(&claim).await.context("Prepare during the flood")?;
-    let pod = sandbox(&uid, &ns.path);
+    let mut p = TestPod::new("flood-pod-")?;
+    p.write_claim(&node, &[nic_device(&nic, json!({"interface": {"name": "net0"}}))])?;
+    node.prepare(&p.claim).await.context("Prepare during the flood")?;
     node.runtime
-        .run_pod_sandbox(&pod)
+        .run_pod_sandbox(&p.sandbox)
         .await
         .context("RunPodSandbox during the flood")?;
     ensure!(!host_has(&nic.name), "{} still in the host", nic.name);
-    ns.ip(&["link", "show", "dev", "net0"])
-        .context("net0 not in the pod")?;
+    ensure!(p.has("net0"), "net0 not in the pod");
     let fed = tokio::time::timeout(Duration::from_secs(5), trace.next_line())
         .await
         .context("events.sock fed nothing within 5 s of RunPodSandbox")??
         .context("events.sock closed")?;
-    ensure!(fed.contains(&uid), "unexpected activity line: {fed}");
+    ensure!(fed.contains(&p.uid), "unexpected activity line: {fed}");
 
     // /healthz answers, through the flood.
     let took = healthz_ok(port, Duration::from_secs(15)).await?;
     eprintln!("/healthz 200 after {took:?}");
 
     // CRI-O order: the netns is unmounted and unlinked first; the device comes home at once.
-    ns.remove_crio_style()?;
+    p.ns.remove_crio_style()?;
     let took = wait_for(
         &format!("{} home after the netns teardown", nic.name),
         Duration::from_secs(5),
@@ -267,14 +244,7 @@ async fn fd_flood_leaves_hooks_rescue_health_and_events_working() -> Result<()> 
     )
     .await?;
     eprintln!("rescue during the flood: home after {took:?}");
-    node.runtime
-        .stop_pod_sandbox(&pod)
-        .await
-        .context("StopPodSandbox")?;
-    node.runtime
-        .remove_pod_sandbox(&pod)
-        .await
-        .context("RemovePodSandbox")?;
+    p.stop_and_remove(&node).await?;
 
     // CPU over the flood: an accept loop spinning on EMFILE burns a whole core.
     let window = Duration::from_secs(5);
@@ -305,7 +275,7 @@ async fn fd_flood_leaves_hooks_rescue_health_and_events_working() -> Result<()> 
         "slowloris client still connected: {held:?}"
     );
     drop(idle);
-    node.unprepare(&claim).await?;
+    node.unprepare(&p.claim).await?;
     ensure!(node.pins().is_empty(), "pins left: {:?}", node.pins());
     Ok(())
 }
@@ -329,9 +299,7 @@ fn sync_part(tag: usize, more: bool) -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synchronize_flood_is_refused_past_the_cap_with_bounded_memory() -> Result<()> {
-    if !require_root("Synchronize flood")? {
-        return Ok(());
-    }
+    root_or_skip!("Synchronize flood");
     let node = Node::start(NodeOptions::default()).await?;
     let rss0 = node.daemon_rss_kib()?;
     let part = sync_part(0, true);
@@ -394,29 +362,22 @@ async fn interface_names_with_percent_are_refused() -> Result<()> {
     // The kernel's rule, enforced where every name reaches the kernel (attach, sysctls).
     for bad in ["eth%d", "%", "net%1"] {
         ensure!(
-            dranet::link::validate_ifname(bad).is_err(),
+            dranet::sys::link::validate_ifname(bad).is_err(),
             "validate_ifname accepts {bad:?}"
         );
     }
-    dranet::link::validate_ifname("net0")?;
-    if !require_root("hostile names")? {
-        return Ok(());
-    }
+    dranet::sys::link::validate_ifname("net0")?;
+    root_or_skip!("hostile names");
     // A claim asking for `eth%d` fails Prepare, saying why, and nothing moves.
     let nic = Nic::create()?;
     let node = Node::start(NodeOptions::default()).await?;
-    let uid = unique("pct-pod-");
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        &uid,
-        &[(
-            dranet::inventory::netdev_device_name(&nic.name),
-            json!({"interface": {"name": "eth%d"}}),
-        )],
+    let p = TestPod::new("pct-pod-")?;
+    p.write_claim(
+        &node,
+        &[nic_device(&nic, json!({"interface": {"name": "eth%d"}}))],
     )?;
     let err = node
-        .prepare(&claim)
+        .prepare(&p.claim)
         .await
         .err()
         .context("Prepare accepted interface name eth%d")?;

@@ -10,7 +10,6 @@
     reason = "test helpers panic on setup failure, like the tests"
 )]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,60 +21,20 @@ use dranet::dra::proto::health_v1alpha1::dra_resource_health_client::DraResource
 use dranet::dra::proto::health_v1alpha1::{
     HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
 };
-use dranet::dra::{HealthHub, KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer};
+use dranet::dra::{HealthHub, KubeletPlugin, MemoryClaimSource, PluginConfig, Preparer};
 use dranet::inventory::{self, NetnsTarget, ScanOptions, SharedInventory};
-use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
-use dranet::rescue::{Engine, EngineOptions, PodRef};
 use dranet::state::Checkpoint;
 use dranet::watch::{Watcher, WatcherOptions};
-use dranet_sim::kernel::{PodNetns, require_root, unique};
+use dranet_sim::fixtures::{
+    AbortOnDrop, NoSink, StateDir, device_plan, pod_plan, pod_ref, wait_for, watched_engine,
+};
+use dranet_sim::kernel::{PodNetns, unique};
 use dranet_sim::kubelet::uds_channel;
 use dranet_sim::nic::Nic;
+use dranet_sim::root_or_skip;
 use tonic::Streaming;
 
-struct NoSink;
-
-impl PlanSink for NoSink {
-    fn set_plan(&self, _: PodPlan) -> Result<(), String> {
-        Ok(())
-    }
-    fn remove_claim(&self, _: &str) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// A temp dir removed on drop (pins under it unmounted first).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(unique(&format!("dranet-{tag}-")));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Ok(rd) = std::fs::read_dir(self.0.join("state/pins")) {
-            for e in rd.flatten() {
-                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Aborts a background task on drop (also when the test fails).
-struct Task(tokio::task::JoinHandle<()>);
-
-impl Drop for Task {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-async fn plugin(dir: &TempDir, hub: HealthHub) -> (PluginConfig, KubeletPlugin) {
+async fn plugin(dir: &StateDir, hub: HealthHub) -> (PluginConfig, KubeletPlugin) {
     let cfg = PluginConfig {
         kubelet_root: dir.0.join("kubelet"),
         driver: "dra.net".into(),
@@ -117,24 +76,13 @@ async fn watch_v1(cfg: &PluginConfig) -> Streaming<health_v1::NodeWatchResources
 async fn until_v1(
     what: &str,
     s: &mut Streaming<health_v1::NodeWatchResourcesResponse>,
-    mut ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
+    ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
 ) -> Result<NodeWatchResourcesResponse> {
     use prost::Message;
-    let deadline = Duration::from_secs(10);
-    let res = tokio::time::timeout(deadline, async {
-        while let Some(r) = s.message().await? {
-            let r = NodeWatchResourcesResponse::decode(r.encode_to_vec().as_slice())?;
-            if ok(&r) {
-                return Ok(r);
-            }
-        }
-        bail!("v1 stream ended waiting for {what}")
-    })
-    .await;
-    match res {
-        Ok(r) => r,
-        Err(_) => bail!("timed out after {deadline:?} waiting for {what} (v1)"),
-    }
+    let as_v1alpha1 = |r: health_v1::NodeWatchResourcesResponse| {
+        Ok(NodeWatchResourcesResponse::decode(r.encode_to_vec().as_slice())?)
+    };
+    until_as(&format!("{what} (v1)"), s, as_v1alpha1, ok).await
 }
 
 /// `device` → (health, message) in one response.
@@ -156,11 +104,23 @@ fn of(r: &NodeWatchResourcesResponse, device: &str) -> Option<(HealthStatus, Str
 async fn until(
     what: &str,
     s: &mut Streaming<NodeWatchResourcesResponse>,
+    ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
+) -> Result<NodeWatchResourcesResponse> {
+    until_as(what, s, Ok, ok).await
+}
+
+/// Reads a stream of `M` until `ok` holds for a response (as `conv` makes it v1alpha1), for at
+/// most 10 s.
+async fn until_as<M>(
+    what: &str,
+    s: &mut Streaming<M>,
+    conv: impl Fn(M) -> Result<NodeWatchResourcesResponse>,
     mut ok: impl FnMut(&NodeWatchResourcesResponse) -> bool,
 ) -> Result<NodeWatchResourcesResponse> {
     let deadline = Duration::from_secs(10);
     let res = tokio::time::timeout(deadline, async {
         while let Some(r) = s.message().await? {
+            let r = conv(r)?;
             if ok(&r) {
                 return Ok(r);
             }
@@ -174,24 +134,13 @@ async fn until(
     }
 }
 
-async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) -> Result<()> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > Duration::from_secs(5) {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
-}
-
 /// Scans `target` every 100 ms into the hub, as the publish loop does after link events.
 fn scan_loop(
     hub: HealthHub,
     target: NetnsTarget,
     checkpoint: impl Fn() -> Checkpoint + Send + 'static,
-) -> Task {
-    Task(tokio::spawn(async move {
+) -> AbortOnDrop {
+    AbortOnDrop::spawn(async move {
         loop {
             let t = target.clone();
             let devs = tokio::task::spawn_blocking(move || {
@@ -206,15 +155,13 @@ fn scan_loop(
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-    }))
+    })
 }
 
 #[tokio::test]
 async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
-    if !require_root("health_stream_follows_a_veth_deleted_and_recreated")? {
-        return Ok(());
-    }
-    let dir = TempDir::new("health");
+    root_or_skip!("health_stream_follows_a_veth_deleted_and_recreated");
+    let dir = StateDir::create("health")?;
     let ns = PodNetns::create(&unique("dhealth"))?;
     let (va, vb) = (unique("hva"), unique("hvb"));
     ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
@@ -254,13 +201,19 @@ async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
 
     // A kubelet stream that goes away leaves nothing behind.
     drop(s2);
-    wait_for("the dropped stream released", || hub.watchers() == 2).await?;
+    wait_for("the dropped stream released", Duration::from_secs(5), || {
+        hub.watchers() == 2
+    })
+    .await?;
 
     ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
     until("both ends healthy again", &mut s1, healthy).await?;
     until_v1("both ends healthy again on the v1 stream", &mut s3, healthy).await?;
     drop(s3);
-    wait_for("the v1 stream released", || hub.watchers() == 1).await?;
+    wait_for("the v1 stream released", Duration::from_secs(5), || {
+        hub.watchers() == 1
+    })
+    .await?;
 
     // Stopping the plugin ends the open stream instead of waiting for kubelet to hang up.
     tokio::time::timeout(Duration::from_secs(5), plugin.stop())
@@ -271,16 +224,17 @@ async fn health_stream_follows_a_veth_deleted_and_recreated() -> Result<()> {
     })
     .await;
     assert!(end.is_ok(), "the stream did not end with the plugin");
-    wait_for("no stream left after stop", || hub.watchers() == 0).await?;
+    wait_for("no stream left after stop", Duration::from_secs(5), || {
+        hub.watchers() == 0
+    })
+    .await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn health_stream_drops_a_veth_gone_for_good_after_the_grace() -> Result<()> {
-    if !require_root("health_stream_drops_a_veth_gone_for_good_after_the_grace")? {
-        return Ok(());
-    }
-    let dir = TempDir::new("health-grace");
+    root_or_skip!("health_stream_drops_a_veth_gone_for_good_after_the_grace");
+    let dir = StateDir::create("health-grace")?;
     let ns = PodNetns::create(&unique("dhgrace"))?;
     let (va, vb) = (unique("hga"), unique("hgb"));
     ns.ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
@@ -339,26 +293,14 @@ async fn health_stream_drops_a_veth_gone_for_good_after_the_grace() -> Result<()
 
 #[tokio::test]
 async fn health_stream_follows_a_rescue() -> Result<()> {
-    if !require_root("health_stream_follows_a_rescue")? {
-        return Ok(());
-    }
-    let dir = TempDir::new("health-rescue");
+    root_or_skip!("health_stream_follows_a_rescue");
+    let dir = StateDir::create("health-rescue")?;
     let mut ns = PodNetns::create(&unique("dhresc"))?;
     let nic = Nic::create()?;
-    let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let engine = Engine::new(
-        EngineOptions {
-            state_dir: dir.0.join("state"),
-            ..EngineOptions::default()
-        },
-        Some(watcher),
-    )
-    .await?;
-    let runner = engine.clone();
-    let _events = Task(tokio::spawn(async move { runner.run_events(sub).await }));
+    let state = StateDir::new("health-rescue");
+    let (engine, _events) = watched_engine(&state, Watcher::start(WatcherOptions::default()).await?).await?;
     let hub = HealthHub::new("node-a");
-    let _feed = Task(tokio::spawn(follow_engine(hub.clone(), engine.clone(), || {})));
+    let _feed = AbortOnDrop::spawn(follow_engine(hub.clone(), engine.clone(), || {}));
     let eng = engine.clone();
     let _scan = scan_loop(hub.clone(), NetnsTarget::Current, move || eng.checkpoint());
     let (cfg, plugin) = plugin(&dir, hub.clone()).await;
@@ -370,40 +312,11 @@ async fn health_stream_follows_a_rescue() -> Result<()> {
     .await?;
 
     let uid = unique("pod-health-");
-    let mut config = NetworkConfig::default();
-    config.interface.name = Some("net1".into());
-    engine.set_plan(PodPlan {
-        pod_uid: uid.clone(),
-        pod_namespace: "default".into(),
-        pod_name: "p".into(),
-        devices: vec![DevicePlan {
-            device: nic.name.clone(),
-            pool: "node-a".into(),
-            request: "nic".into(),
-            claim: ClaimRef {
-                namespace: "default".into(),
-                name: "c".into(),
-                uid: format!("claim-{uid}"),
-            },
-            host_ifname: Some(nic.name.clone()),
-            pci_address: None,
-            permanent_mac: None,
-            rdma_device: None,
-            config,
-            char_devices: vec![],
-        }],
-    })?;
-    engine
-        .attach_pod(
-            PodRef {
-                uid: &uid,
-                sandbox: &uid,
-                namespace: "default",
-                name: "p",
-            },
-            &ns.path,
-        )
-        .await?;
+    engine.set_plan(pod_plan(
+        &uid,
+        vec![device_plan(&nic, "net1", &uid, NetworkConfig::default())],
+    ))?;
+    engine.attach_pod(pod_ref(&uid), &ns.path).await?;
     until("the NIC healthy in its pod", &mut s, |r| {
         of(r, &nic.name).is_some_and(|(h, m)| h == HealthStatus::Healthy && m == "attached to pod default/p")
     })

@@ -17,18 +17,22 @@
 //! `DRANET_BIN=<old build>/dranet cargo test -p dranet-sim --test identities` runs the daemon
 //! tests against another build of the daemon.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use dranet::rescue::EngineOptions;
 use dranet::state::ReturnReason;
 use dranet::watch::{EventKind, Source, Watcher, WatcherOptions};
-use dranet_sim::fixtures::{StateDir, device_plan, pod_plan, pod_ref, wait_for};
-use dranet_sim::kernel::{PodNetns, Veth, host_has, require_root, sh, unique};
+use dranet_sim::fixtures::{
+    StateDir, device_plan, engine_case, nic_device, pod_plan, pod_ref, prepare_claim, wait_for,
+    watched_engine,
+};
+use dranet_sim::kernel::{PodNetns, Veth, host_has, sh, unique};
 use dranet_sim::kubelet::Claim;
-use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::nic::{Nic, assert_same, view, wait_restored};
 use dranet_sim::node::{Node, NodeOptions, sandbox_with_id};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+use dranet_sim::root_or_skip;
 use serde_json::{Value, json};
 
 fn node_opts(flavor: Flavor) -> NodeOptions {
@@ -41,8 +45,18 @@ fn node_opts(flavor: Flavor) -> NodeOptions {
     }
 }
 
-fn in_pod(ns: &PodNetns, name: &str) -> bool {
-    ns.ip(&["link", "show", "dev", name]).is_ok()
+/// A stand-in NIC and its host view, a node whose runtime is `flavor`, and pod `<tag>…`'s claim
+/// on the NIC with `config`, prepared.
+async fn node_with_claim(
+    flavor: Flavor,
+    tag: &str,
+    config: Value,
+) -> Result<(Nic, Value, Node, String, Claim)> {
+    let (nic, before) = Nic::with_view()?;
+    let node = Node::start(node_opts(flavor)).await?;
+    let uid = unique(tag);
+    let claim = prepare_claim(&node, &uid, &[nic_device(&nic, config)]).await?;
+    Ok((nic, before, node, uid, claim))
 }
 
 /// A runtime-style sandbox id (64 hex digits), unique on this machine.
@@ -52,30 +66,6 @@ fn sandbox_id() -> String {
     format!("{:032x}{n:032x}", std::process::id())
 }
 
-/// Waits until the device's host view equals `before` (restores finish right after the move).
-async fn restored(nic: &Nic, before: &Value) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        match view(&nic.name, None).and_then(|v| assert_same(before, &v)) {
-            Ok(()) => return Ok(()),
-            Err(e) if start.elapsed() > Duration::from_secs(5) => return Err(e),
-            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
-}
-
-/// Prepares one claim of pod `uid` for `nic` with `config`.
-async fn prepare(node: &Node, uid: &str, nic: &Nic, config: Value) -> Result<Claim> {
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        uid,
-        &[(dranet::inventory::netdev_device_name(&nic.name), config)],
-    )?;
-    node.prepare(&claim).await?;
-    Ok(claim)
-}
-
 // ---------------------------------------------------------------------------------------------
 // 1. Sandbox re-creation
 // ---------------------------------------------------------------------------------------------
@@ -83,15 +73,12 @@ async fn prepare(node: &Node, uid: &str, nic: &Nic, config: Value) -> Result<Cla
 /// kubelet's order when it re-creates a sandbox: StopPodSandbox(A), RunPodSandbox(B) under the
 /// same pod UID (no new Prepare), and later its GC sends RemovePodSandbox(A) while B runs.
 async fn recreation(flavor: Flavor) -> Result<()> {
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let mut node = Node::start(node_opts(flavor)).await?;
-    let uid = unique("recreate-");
-    let claim = prepare(&node, &uid, &nic, json!({"interface": {"name": "net0"}})).await?;
+    let (nic, before, mut node, uid, claim) =
+        node_with_claim(flavor, "recreate-", json!({"interface": {"name": "net0"}})).await?;
     let mut ns_a = PodNetns::create(&unique("dranet-idA-"))?;
     let a = sandbox_with_id(&uid, &sandbox_id(), &ns_a.path);
     node.runtime.run_pod_sandbox(&a).await.context("Run(A)")?;
-    assert!(in_pod(&ns_a, "net0"));
+    assert!(ns_a.has("net0"));
     match flavor {
         Flavor::Containerd => {
             node.runtime.stop_pod_sandbox(&a).await.context("Stop(A)")?;
@@ -104,18 +91,18 @@ async fn recreation(flavor: Flavor) -> Result<()> {
             node.runtime.stop_pod_sandbox(&a).await.context("Stop(A)")?;
         }
     }
-    restored(&nic, &before).await?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
     let ns_b = PodNetns::create(&unique("dranet-idB-"))?;
     let b = sandbox_with_id(&uid, &sandbox_id(), &ns_b.path);
     node.runtime.run_pod_sandbox(&b).await.context("Run(B)")?;
     node.runtime.set_state(vec![a.clone(), b.clone()], vec![]);
-    assert!(in_pod(&ns_b, "net0"), "the new sandbox did not get the device");
+    assert!(ns_b.has("net0"), "the new sandbox did not get the device");
     // The container GC, while B runs.
     tokio::time::sleep(Duration::from_millis(100)).await;
     node.runtime.remove_pod_sandbox(&a).await.context("Remove(A)")?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
-        in_pod(&ns_b, "net0"),
+        ns_b.has("net0"),
         "RemovePodSandbox of the old sandbox pulled the device out of the new one"
     );
     assert!(!host_has(&nic.name));
@@ -124,10 +111,10 @@ async fn recreation(flavor: Flavor) -> Result<()> {
     node.runtime.disconnect();
     node.runtime.wait_ready(2, Duration::from_secs(10)).await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(in_pod(&ns_b, "net0"), "Synchronize pulled the device out of B");
+    assert!(ns_b.has("net0"), "Synchronize pulled the device out of B");
     assert_eq!(node.records()?.len(), 1, "{:?}", node.records()?);
     node.runtime.stop_pod_sandbox(&b).await?;
-    restored(&nic, &before).await?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
     node.runtime.remove_pod_sandbox(&b).await?;
     node.unprepare(&claim).await?;
     assert!(node.records()?.is_empty(), "{:?}", node.records()?);
@@ -135,20 +122,9 @@ async fn recreation(flavor: Flavor) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sandbox_recreation_containerd_gc_of_the_old_sandbox_leaves_the_new_one_alone() -> Result<()> {
-    if !require_root("sandbox_recreation_containerd")? {
-        return Ok(());
-    }
-    recreation(Flavor::Containerd).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sandbox_recreation_crio_gc_of_the_old_sandbox_leaves_the_new_one_alone() -> Result<()> {
-    if !require_root("sandbox_recreation_crio")? {
-        return Ok(());
-    }
-    recreation(Flavor::Crio).await
+dranet_sim::root_tests! {
+    sandbox_recreation_containerd_gc_of_the_old_sandbox_leaves_the_new_one_alone => recreation(Flavor::Containerd);
+    sandbox_recreation_crio_gc_of_the_old_sandbox_leaves_the_new_one_alone => recreation(Flavor::Crio);
 }
 
 /// The old sandbox's StopPodSandbox never came before the new sandbox started (it comes late):
@@ -156,14 +132,13 @@ async fn sandbox_recreation_crio_gc_of_the_old_sandbox_leaves_the_new_one_alone(
 /// touches nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them() -> Result<()> {
-    if !require_root("a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them")? {
-        return Ok(());
-    }
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let node = Node::start(node_opts(Flavor::Containerd)).await?;
-    let uid = unique("late-stop-");
-    let claim = prepare(&node, &uid, &nic, json!({"interface": {"name": "net0"}})).await?;
+    root_or_skip!("a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them");
+    let (nic, before, node, uid, claim) = node_with_claim(
+        Flavor::Containerd,
+        "late-stop-",
+        json!({"interface": {"name": "net0"}}),
+    )
+    .await?;
     let mut ns_a = PodNetns::create(&unique("dranet-idA-"))?;
     let a = sandbox_with_id(&uid, &sandbox_id(), &ns_a.path);
     node.runtime.run_pod_sandbox(&a).await?;
@@ -173,17 +148,17 @@ async fn a_new_sandbox_takes_the_devices_from_an_old_one_still_holding_them() ->
         .run_pod_sandbox(&b)
         .await
         .context("Run(B) while A holds the device")?;
-    assert!(in_pod(&ns_b, "net0") && !in_pod(&ns_a, "net0"));
+    assert!(ns_b.has("net0") && !ns_a.has("net0"));
     node.runtime.stop_pod_sandbox(&a).await?;
     ns_a.remove_crio_style()?;
     node.runtime.remove_pod_sandbox(&a).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
-        in_pod(&ns_b, "net0"),
+        ns_b.has("net0"),
         "the late Stop/Remove of A took the device from B"
     );
     node.runtime.stop_pod_sandbox(&b).await?;
-    restored(&nic, &before).await?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
     node.runtime.remove_pod_sandbox(&b).await?;
     node.unprepare(&claim).await?;
     Ok(())
@@ -209,18 +184,11 @@ fn decoy(mac: &str) -> Result<(Veth, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_links_with_the_claims_mac_or_the_original_mac_are_never_touched() -> Result<()> {
-    if !require_root("host_links_with_the_claims_mac_or_the_original_mac_are_never_touched")? {
-        return Ok(());
-    }
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let node = Node::start(node_opts(Flavor::Containerd)).await?;
-    let uid = unique("tenant-mac-");
+    root_or_skip!("host_links_with_the_claims_mac_or_the_original_mac_are_never_touched");
     let tenant_mac = "02:dd:00:00:00:42";
-    let claim = prepare(
-        &node,
-        &uid,
-        &nic,
+    let (nic, before, node, uid, claim) = node_with_claim(
+        Flavor::Containerd,
+        "tenant-mac-",
         json!({"interface": {"name": "net0", "hardwareAddr": tenant_mac}}),
     )
     .await?;
@@ -237,9 +205,9 @@ async fn host_links_with_the_claims_mac_or_the_original_mac_are_never_touched() 
         )
         .with_context(|| format!("host link {} was reconfigured", v.a))?;
     }
-    assert!(in_pod(&ns, "net0"));
+    assert!(ns.has("net0"));
     node.runtime.stop_pod_sandbox(&sb).await?;
-    restored(&nic, &before).await?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
     for (v, seen) in &decoys {
         assert_same(seen, &view(&v.a, None)?)
             .with_context(|| format!("host link {} after the return", v.a))?;
@@ -264,15 +232,10 @@ fn impostor(ns: &PodNetns, mac: &str) -> Result<()> {
 }
 
 async fn impostor_case(flavor: Flavor) -> Result<()> {
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let node = Node::start(node_opts(flavor)).await?;
-    let uid = unique("impostor-");
     let pod_mac = "02:dd:00:00:00:43";
-    let claim = prepare(
-        &node,
-        &uid,
-        &nic,
+    let (nic, before, node, uid, claim) = node_with_claim(
+        flavor,
+        "impostor-",
         json!({"interface": {"name": "net0", "hardwareAddr": pod_mac}}),
     )
     .await?;
@@ -288,15 +251,15 @@ async fn impostor_case(flavor: Flavor) -> Result<()> {
     match flavor {
         Flavor::Containerd => {
             node.runtime.stop_pod_sandbox(&sb).await?;
-            restored(&nic, &before)
+            wait_restored(&nic.name, &before, Duration::from_secs(5))
                 .await
                 .context("the device did not come home")?;
-            assert!(in_pod(&ns, "net0"), "the impostor left the pod");
+            assert!(ns.has("net0"), "the impostor left the pod");
             ns.remove_crio_style()?;
         }
         Flavor::Crio => {
             ns.remove_crio_style()?;
-            restored(&nic, &before)
+            wait_restored(&nic.name, &before, Duration::from_secs(5))
                 .await
                 .context("the device did not come home")?;
             node.runtime.stop_pod_sandbox(&sb).await?;
@@ -326,20 +289,9 @@ async fn impostor_case(flavor: Flavor) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_side_impostor_stays_in_the_pod_containerd_order() -> Result<()> {
-    if !require_root("a_pod_side_impostor_stays_in_the_pod_containerd_order")? {
-        return Ok(());
-    }
-    impostor_case(Flavor::Containerd).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_side_impostor_stays_in_the_pod_crio_order() -> Result<()> {
-    if !require_root("a_pod_side_impostor_stays_in_the_pod_crio_order")? {
-        return Ok(());
-    }
-    impostor_case(Flavor::Crio).await
+dranet_sim::root_tests! {
+    a_pod_side_impostor_stays_in_the_pod_containerd_order => impostor_case(Flavor::Containerd);
+    a_pod_side_impostor_stays_in_the_pod_crio_order => impostor_case(Flavor::Crio);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,15 +303,17 @@ async fn a_pod_side_impostor_stays_in_the_pod_crio_order() -> Result<()> {
 /// `dranet status` lists no pod, and `release-all` leaves no record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_sandboxes_removed_while_dranet_was_down_are_dropped() -> Result<()> {
-    if !require_root("records_of_sandboxes_removed_while_dranet_was_down_are_dropped")? {
-        return Ok(());
-    }
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    root_or_skip!("records_of_sandboxes_removed_while_dranet_was_down_are_dropped");
+    let (nic, before) = Nic::with_view()?;
     let mut node = Node::start(node_opts(Flavor::Crio)).await?;
     for round in 0..3 {
         let uid = unique("down-");
-        let claim = prepare(&node, &uid, &nic, json!({"interface": {"name": "net0"}})).await?;
+        let claim = prepare_claim(
+            &node,
+            &uid,
+            &[nic_device(&nic, json!({"interface": {"name": "net0"}}))],
+        )
+        .await?;
         let mut ns = PodNetns::create(&unique("dranet-idD-"))?;
         let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
         node.runtime.run_pod_sandbox(&sb).await?;
@@ -371,7 +325,7 @@ async fn records_of_sandboxes_removed_while_dranet_was_down_are_dropped() -> Res
         let _ = node.runtime.remove_pod_sandbox(&sb).await;
         node.runtime.set_state(vec![], vec![]);
         node.restart().await?;
-        restored(&nic, &before)
+        wait_restored(&nic.name, &before, Duration::from_secs(5))
             .await
             .with_context(|| format!("round {round}"))?;
         wait_for("no record left", Duration::from_secs(5), || {
@@ -395,14 +349,13 @@ async fn records_of_sandboxes_removed_while_dranet_was_down_are_dropped() -> Res
 /// restart. The unmount probe rescues the devices; the record goes with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record() -> Result<()> {
-    if !require_root("a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record")? {
-        return Ok(());
-    }
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let node = Node::start(node_opts(Flavor::Containerd)).await?;
-    let uid = unique("silent-");
-    let claim = prepare(&node, &uid, &nic, json!({"interface": {"name": "net0"}})).await?;
+    root_or_skip!("a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record");
+    let (nic, before, node, uid, claim) = node_with_claim(
+        Flavor::Containerd,
+        "silent-",
+        json!({"interface": {"name": "net0"}}),
+    )
+    .await?;
     let mut ns = PodNetns::create(&unique("dranet-idS-"))?;
     let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
     node.runtime.run_pod_sandbox(&sb).await?;
@@ -410,11 +363,11 @@ async fn a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record() 
     node.runtime.set_state(vec![sb.clone()], vec![]);
     node.runtime.disconnect();
     node.runtime.wait_ready(2, Duration::from_secs(10)).await?;
-    assert!(in_pod(&ns, "net0"));
+    assert!(ns.has("net0"));
     // Later the pod goes; the runtime tells NRI nothing.
     ns.remove_crio_style()?;
     node.runtime.set_state(vec![], vec![]);
-    restored(&nic, &before).await?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
     wait_for("the record dropped", Duration::from_secs(5), || {
         node.records().is_ok_and(|r| r.is_empty())
     })
@@ -434,9 +387,7 @@ async fn a_restarted_runtime_that_never_sends_stop_or_remove_leaves_no_record() 
 /// roll back the pod that just attached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconcile_during_an_attach_does_not_roll_it_back() -> Result<()> {
-    if !require_root("a_reconcile_during_an_attach_does_not_roll_it_back")? {
-        return Ok(());
-    }
+    root_or_skip!("a_reconcile_during_an_attach_does_not_roll_it_back");
     let state = StateDir::new("stale");
     let ns = PodNetns::create(&unique("dranet-idR-"))?;
     let nics = [Nic::create()?, Nic::create()?];
@@ -457,16 +408,13 @@ async fn a_reconcile_during_an_attach_does_not_roll_it_back() -> Result<()> {
     ))?;
     let (e1, u1, path) = (e.clone(), uid.clone(), ns.path.clone());
     let attach = tokio::spawn(async move { e1.attach_pod(pod_ref(&u1), &path).await });
-    wait_for("the attach under way", Duration::from_secs(5), || {
-        in_pod(&ns, "net1")
-    })
-    .await?;
+    wait_for("the attach under way", Duration::from_secs(5), || ns.has("net1")).await?;
     let e2 = e.clone();
     let reconcile = tokio::spawn(async move { e2.reconcile().await });
     attach.await??;
     let report = reconcile.await??;
     assert!(
-        in_pod(&ns, "net1") && in_pod(&ns, "net2"),
+        ns.has("net1") && ns.has("net2"),
         "the reconcile rolled back a pod that had just attached: {report:?}"
     );
     e.detach_pod(&uid, ReturnReason::Hook).await?;
@@ -492,14 +440,8 @@ async fn a_reconcile_during_an_attach_does_not_roll_it_back() -> Result<()> {
 /// the device comes home all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home() -> Result<()> {
-    if !require_root("a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home")? {
-        return Ok(());
-    }
-    let state = StateDir::new("lost");
-    let mut ns = PodNetns::create(&unique("dranet-idL-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-lost-");
+    root_or_skip!("a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home");
+    let (state, mut ns, nic, before, uid) = engine_case("lost")?;
     let watcher = Watcher::start(WatcherOptions {
         // The reader starts late: until then the ring buffer only fills.
         ring_reader_delay: Some(Duration::from_secs(2)),
@@ -514,10 +456,7 @@ async fn a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home() -> R
         bail!("the umount probe is not active: {:?}", watcher.status());
     }
     let mut probe = watcher.subscribe();
-    let sub = watcher.subscribe();
-    let e = dranet_sim::fixtures::engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(pod_plan(
         &uid,
         vec![device_plan(&nic, "net1", &uid, Default::default())],
@@ -551,8 +490,8 @@ async fn a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home() -> R
         || host_has(&nic.name),
     )
     .await?;
-    restored(&nic, &before).await?;
-    events.abort();
+    wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
+    drop(events);
     Ok(())
 }
 
@@ -560,9 +499,7 @@ async fn a_full_ring_buffer_becomes_a_reconcile_and_the_device_comes_home() -> R
 /// `Lost` event comes out instead of silence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rtnetlink_overflow_is_a_lost_event() -> Result<()> {
-    if !require_root("an_rtnetlink_overflow_is_a_lost_event")? {
-        return Ok(());
-    }
+    root_or_skip!("an_rtnetlink_overflow_is_a_lost_event");
     let watcher = Watcher::start(WatcherOptions {
         ebpf: false,
         rtnl_rcvbuf: 4096,

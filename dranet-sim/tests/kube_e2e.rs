@@ -9,15 +9,16 @@
 //! of slices and claim status (`ApiServer::enforcing`). The daemon never depends on it: a start
 //! with the API server down, or with a role lacking `patch`, still protects every device.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dranet_sim::apiserver::{ApiServer, Recorded, TOKEN};
-use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::fixtures::{StateDir, TestPod, nic_device, wait_for};
+use dranet_sim::kernel::{host_has, unique};
 use dranet_sim::kubelet::Claim;
-use dranet_sim::nic::{Nic, assert_same, view};
-use dranet_sim::node::{Node, NodeOptions, claim_object, free_port, http_get, sandbox};
+use dranet_sim::nic::{Nic, view, wait_restored};
+use dranet_sim::node::{Node, NodeOptions, claim_object, free_port, http_get};
+use dranet_sim::root_or_skip;
 use serde_json::{Value, json};
 
 /// The node name the harness runs the daemon under (`--node-name`): also the pool name.
@@ -25,22 +26,13 @@ const NODE: &str = "sim-node";
 const DRIVER: &str = "dra.net";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
-/// A file removed on drop (the kubeconfig).
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// The API server, with the Node seeded, and the daemon in kube mode talking to it. Fields drop
 /// in order: the daemon goes before its API server.
 struct KubeNode {
     node: Node,
     api: ApiServer,
     node_uid: String,
-    _kubeconfig: TempFile,
+    _kubeconfig: StateDir,
 }
 
 async fn kube_node() -> Result<KubeNode> {
@@ -56,20 +48,32 @@ async fn kube_node_with(seed: impl FnOnce(&ApiServer)) -> Result<KubeNode> {
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": node_uid}}),
     );
     seed(&api);
-    let kubeconfig = TempFile(std::env::temp_dir().join(unique("dranet-kubeconfig-")));
-    api.write_kubeconfig(&kubeconfig.0)?;
-    let node = Node::start(NodeOptions {
-        kubeconfig: Some(kubeconfig.0.clone()),
-        ..NodeOptions::default()
-    })
-    .await
-    .context("starting the daemon in kube mode")?;
+    let (node, kubeconfig) = start_daemon(&api, None)
+        .await
+        .context("starting the daemon in kube mode")?;
     Ok(KubeNode {
         node,
         api,
         node_uid,
         _kubeconfig: kubeconfig,
     })
+}
+
+/// The daemon in kube mode (its HTTP endpoints on `bind_address`, if given), its kubeconfig
+/// (in the returned dir) naming `api`.
+async fn start_daemon(api: &ApiServer, bind_address: Option<&str>) -> Result<(Node, StateDir)> {
+    let dir = StateDir::create("kubeconfig")?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)?;
+    let mut opts = NodeOptions {
+        kubeconfig: Some(kubeconfig),
+        ..NodeOptions::default()
+    };
+    if let Some(addr) = bind_address {
+        opts.bind_address = addr.to_owned();
+    }
+    let node = Node::start(opts).await?;
+    Ok((node, dir))
 }
 
 fn claim_path(namespace: &str, name: &str) -> String {
@@ -140,17 +144,6 @@ fn summary(reqs: &[Recorded]) -> Vec<String> {
         .collect()
 }
 
-async fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
-}
-
 /// Slices published for the node, with the device named `device` in one of them.
 fn slices_with(api: &ApiServer, device: &str) -> Option<Vec<Value>> {
     let slices: Vec<Value> = api
@@ -169,12 +162,9 @@ fn slices_with(api: &ApiServer, device: &str) -> Option<Vec<Value>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -> Result<()> {
-    if !require_root("kube_mode_publishes_slices_prepares_from_the_api_and_reports_status")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_publishes_slices_prepares_from_the_api_and_reports_status");
     let t0 = Instant::now();
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let device = dranet::inventory::netdev_device_name(&nic.name);
     // Left over from an earlier run of the driver on this node (generation 5, a slice index
     // the new pool does not use), and a slice of another node that is none of its business.
@@ -196,12 +186,14 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
     let (api, node) = (&kn.api, &kn.node);
 
     // ResourceSlices: applied server-side, owned by the Node, the NIC in the pool; the stale
-    // slice deleted, the other node's kept, the generation continued above the stale one.
+    // slice deleted, the other node's kept, the generation continued above the stale one. The
+    // stale slice goes right after the apply: the pool is looked at once it has (else a poll
+    // between the two requests sees one slice too many).
     let slices = api
         .wait_for(
-            "a ResourceSlice with the test NIC",
+            "a ResourceSlice with the test NIC, the stale slice deleted",
             Duration::from_secs(20),
-            |a| slices_with(a, &device),
+            |a| slices_with(a, &device).filter(|_| a.get(&stale).is_none()),
         )
         .await
         .with_context(|| format!("requests: {:#?}", summary(&api.requests())))?;
@@ -261,13 +253,11 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
     );
 
     // Prepare reads the claim from the API server.
-    let uid = unique("kube-pod-");
-    let mut ns = PodNetns::create(&unique("dranet-kube-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+    let mut p = TestPod::new("kube-pod-")?;
     let config = json!({"interface": {"name": "net0", "addresses": ["192.168.70.2/24"]}});
-    seed_claim(api, &claim, &uid, &[(device.clone(), config)]);
-    node.prepare(&claim).await.context("NodePrepareResources")?;
-    let path = claim_path(&claim.namespace, &claim.name);
+    seed_claim(api, &p.claim, &p.uid, &[(device.clone(), config)]);
+    node.prepare(&p.claim).await.context("NodePrepareResources")?;
+    let path = claim_path(&p.claim.namespace, &p.claim.name);
     let gets = api.requests_to("GET", &path);
     assert!(
         gets.iter().any(|r| r.path == path && r.status == Some(200)),
@@ -276,14 +266,9 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
     );
 
     // The pod runs: the NIC is in its netns under the configured name.
-    let pod = sandbox(&uid, &ns.path);
-    node.runtime
-        .run_pod_sandbox(&pod)
-        .await
-        .context("RunPodSandbox")?;
-    node.runtime.set_state(vec![pod.clone()], vec![]);
+    p.run(node).await?;
     assert!(!host_has(&nic.name), "{} still in the host", nic.name);
-    let v = ns.ip(&["-j", "addr", "show", "dev", "net0"])?;
+    let v = p.ns.ip(&["-j", "addr", "show", "dev", "net0"])?;
     assert!(v.contains("192.168.70.2"), "net0 has no address in the pod: {v}");
     assert!(
         v.contains(&nic.mac),
@@ -315,7 +300,7 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
         device.as_str(),
         "{st}"
     );
-    assert_eq!(st["status"]["reservedFor"][0]["uid"], uid.as_str(), "{st}");
+    assert_eq!(st["status"]["reservedFor"][0]["uid"], p.uid.as_str(), "{st}");
     let status_applies = api.requests_to("PATCH", &format!("{path}/status"));
     assert!(!status_applies.is_empty());
     for r in &status_applies {
@@ -325,7 +310,7 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
         assert_eq!(r.status, Some(200), "{r:?}");
         let b = r.json();
         assert_eq!(b["kind"], "ResourceClaim", "{b}");
-        assert_eq!(b["metadata"]["name"], claim.name.as_str(), "{b}");
+        assert_eq!(b["metadata"]["name"], p.claim.name.as_str(), "{b}");
         assert!(
             b["status"]["allocation"].is_null(),
             "the apply claims the allocation: {b}"
@@ -333,27 +318,15 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
     }
 
     // Teardown: the NIC comes home as it was; unprepare.
-    node.runtime
-        .stop_pod_sandbox(&pod)
-        .await
-        .context("StopPodSandbox")?;
+    p.stop(node).await?;
     assert!(host_has(&nic.name), "{} not home after StopPodSandbox", nic.name);
-    ns.remove_crio_style()?;
-    node.runtime
-        .remove_pod_sandbox(&pod)
-        .await
-        .context("RemovePodSandbox")?;
+    p.ns.remove_crio_style()?;
+    p.remove(node).await?;
     node.runtime.set_state(vec![], vec![]);
-    let mut last = Ok(());
-    for _ in 0..100 {
-        last = assert_same(&before, &view(&nic.name, None)?);
-        if last.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    last.context("the NIC was not restored")?;
-    node.unprepare(&claim).await?;
+    wait_restored(&nic.name, &before, Duration::from_secs(1))
+        .await
+        .context("the NIC was not restored")?;
+    node.unprepare(&p.claim).await?;
     assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
 
     // The client is the real one: bearer token on every request, and keep-alive in use.
@@ -381,9 +354,7 @@ async fn kube_mode_publishes_slices_prepares_from_the_api_and_reports_status() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_prepare_of_a_vanished_claim_fails_with_an_event() -> Result<()> {
-    if !require_root("kube_mode_prepare_of_a_vanished_claim_fails_with_an_event")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_prepare_of_a_vanished_claim_fails_with_an_event");
     let mut kn = kube_node().await?;
     let (api, node) = (&kn.api, &kn.node);
     let namespace = unique("ns-");
@@ -453,9 +424,7 @@ async fn kube_mode_prepare_of_a_vanished_claim_fails_with_an_event() -> Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_hung_api_server_fails_prepare_in_bounded_time() -> Result<()> {
-    if !require_root("kube_mode_hung_api_server_fails_prepare_in_bounded_time")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_hung_api_server_fails_prepare_in_bounded_time");
     let nic = Nic::create()?;
     let device = dranet::inventory::netdev_device_name(&nic.name);
     let mut kn = kube_node().await?;
@@ -542,7 +511,7 @@ async fn kube_mode_hung_api_server_fails_prepare_in_bounded_time() -> Result<()>
     );
     node.unprepare(&claim).await?;
     // The failures were reported on the claim meanwhile (the events path never hung).
-    wait_until("ClaimPrepareFailed events", Duration::from_secs(5), || {
+    wait_for("ClaimPrepareFailed events", Duration::from_secs(5), || {
         api.objects_under("/api/v1/namespaces/default/events/")
             .iter()
             .any(|(_, e)| {
@@ -573,50 +542,22 @@ async fn wait_http(addr: &str, path: &str, what: &str, ok: impl Fn(u16, &str) ->
     }
 }
 
-/// One pod's claim on `nic`, prepared, and its netns.
-struct PodOn {
-    uid: String,
-    claim: Claim,
-    ns: PodNetns,
-}
-
-async fn prepare_pod(api: &ApiServer, node: &Node, nic: &Nic, tag: &str) -> Result<PodOn> {
-    let device = dranet::inventory::netdev_device_name(&nic.name);
-    let uid = unique(tag);
-    let ns = PodNetns::create(&unique("dranet-kube-"))?;
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
+/// A pod with one claim on `nic` as `net0`, seeded on the API server and prepared.
+async fn prepare_pod(api: &ApiServer, node: &Node, nic: &Nic, tag: &str) -> Result<TestPod> {
+    let p = TestPod::new(tag)?;
     seed_claim(
         api,
-        &claim,
-        &uid,
-        &[(device, json!({"interface": {"name": "net0"}}))],
+        &p.claim,
+        &p.uid,
+        &[nic_device(nic, json!({"interface": {"name": "net0"}}))],
     );
-    node.prepare(&claim).await.context("NodePrepareResources")?;
-    Ok(PodOn { uid, claim, ns })
-}
-
-/// The NIC comes home as it was before, within 5 s.
-async fn assert_home(nic: &Nic, before: &Value) -> Result<()> {
-    let mut last = Ok(());
-    for _ in 0..500 {
-        last = if host_has(&nic.name) {
-            assert_same(before, &view(&nic.name, None)?)
-        } else {
-            Err(anyhow::anyhow!("{} not in the host", nic.name))
-        };
-        if last.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    last.with_context(|| format!("{} not home and restored", nic.name))
+    node.prepare(&p.claim).await.context("NodePrepareResources")?;
+    Ok(p)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
-    if !require_root("kube_mode_api_server_down_at_start_then_up")? {
-        return Ok(());
-    }
+    root_or_skip!("kube_mode_api_server_down_at_start_then_up");
     let (nic1, nic2) = (Nic::create()?, Nic::create()?);
     let (before1, before2) = (view(&nic1.name, None)?, view(&nic2.name, None)?);
     let port = free_port()?;
@@ -631,14 +572,7 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
     // Two pods' claims prepared while the API server is up; then the daemon dies.
     let api = ApiServer::enforcing_at(addr).await?;
     seed_node(&api);
-    let kubeconfig = TempFile(std::env::temp_dir().join(unique("dranet-kubeconfig-")));
-    api.write_kubeconfig(&kubeconfig.0)?;
-    let mut node = Node::start(NodeOptions {
-        kubeconfig: Some(kubeconfig.0.clone()),
-        bind_address: http.clone(),
-        ..NodeOptions::default()
-    })
-    .await?;
+    let (mut node, _kubeconfig) = start_daemon(&api, Some(&http)).await?;
     let mut p1 = prepare_pod(&api, &node, &nic1, "down-1-").await?;
     let p2 = prepare_pod(&api, &node, &nic2, "down-2-").await?;
     node.kill()?;
@@ -661,24 +595,19 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
     eprintln!("/readyz during the outage:\n{why}");
 
     // NRI hooks and a CRI-O-order rescue during the outage.
-    let pod1 = sandbox(&p1.uid, &p1.ns.path);
     node.runtime
-        .run_pod_sandbox(&pod1)
+        .run_pod_sandbox(&p1.sandbox)
         .await
         .context("RunPodSandbox during the outage")?;
     assert!(!host_has(&nic1.name), "{} not moved into the pod", nic1.name);
     p1.ns.remove_crio_style()?;
-    assert_home(&nic1, &before1)
+    wait_restored(&nic1.name, &before1, Duration::from_secs(5))
         .await
         .context("CRI-O-order rescue during the outage")?;
+    p1.stop(&node).await?;
+    node.runtime.remove_pod_sandbox(&p1.sandbox).await?;
     node.runtime
-        .stop_pod_sandbox(&pod1)
-        .await
-        .context("StopPodSandbox")?;
-    node.runtime.remove_pod_sandbox(&pod1).await?;
-    let pod2 = sandbox(&p2.uid, &p2.ns.path);
-    node.runtime
-        .run_pod_sandbox(&pod2)
+        .run_pod_sandbox(&p2.sandbox)
         .await
         .context("RunPodSandbox during the outage")?;
     assert!(!host_has(&nic2.name), "{} not moved into the pod", nic2.name);
@@ -699,9 +628,9 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
     wait_http(&http, "/readyz", "ready once the slices are out", |c, _| c == 200).await?;
     assert_clean_traffic(&api);
 
-    node.runtime.stop_pod_sandbox(&pod2).await?;
-    assert_home(&nic2, &before2).await?;
-    node.runtime.remove_pod_sandbox(&pod2).await?;
+    node.runtime.stop_pod_sandbox(&p2.sandbox).await?;
+    wait_restored(&nic2.name, &before2, Duration::from_secs(5)).await?;
+    node.runtime.remove_pod_sandbox(&p2.sandbox).await?;
     node.unprepare(&p1.claim).await?;
     node.unprepare(&p2.claim).await?;
     node.stop()?;
@@ -711,11 +640,8 @@ async fn kube_mode_api_server_down_at_start_then_up() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -> Result<()> {
-    if !require_root("kube_mode_role_without_patch_keeps_running_and_names_the_permission")? {
-        return Ok(());
-    }
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    root_or_skip!("kube_mode_role_without_patch_keeps_running_and_names_the_permission");
+    let (nic, before) = Nic::with_view()?;
     let http = format!("127.0.0.1:{}", free_port()?);
     let api = ApiServer::enforcing().await?;
     let role = dranet_sim::authz::Authorizer::shipped()?;
@@ -731,14 +657,7 @@ async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -
         &format!("/api/v1/nodes/{NODE}"),
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-2"}}),
     );
-    let kubeconfig = TempFile(std::env::temp_dir().join(unique("dranet-kubeconfig-")));
-    api.write_kubeconfig(&kubeconfig.0)?;
-    let mut node = Node::start(NodeOptions {
-        kubeconfig: Some(kubeconfig.0.clone()),
-        bind_address: http.clone(),
-        ..NodeOptions::default()
-    })
-    .await?;
+    let (mut node, _kubeconfig) = start_daemon(&api, Some(&http)).await?;
     api.wait_for("a refused slice apply", Duration::from_secs(20), |a| {
         a.forbidden()
             .into_iter()
@@ -768,15 +687,13 @@ async fn kube_mode_role_without_patch_keeps_running_and_names_the_permission() -
 
     // Devices are still protected: a pod gets its NIC and a CRI-O-order teardown brings it home.
     let mut p = prepare_pod(&api, &node, &nic, "noperm-").await?;
-    let pod = sandbox(&p.uid, &p.ns.path);
-    node.runtime.run_pod_sandbox(&pod).await?;
+    node.runtime.run_pod_sandbox(&p.sandbox).await?;
     assert!(!host_has(&nic.name));
     p.ns.remove_crio_style()?;
-    assert_home(&nic, &before)
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
         .await
         .context("rescue with a role lacking patch")?;
-    node.runtime.stop_pod_sandbox(&pod).await?;
-    node.runtime.remove_pod_sandbox(&pod).await?;
+    p.stop_and_remove(&node).await?;
     node.unprepare(&p.claim).await?;
     assert!(node.daemon_running(), "the daemon exited");
 

@@ -2,14 +2,12 @@
 //! `DRANET_SOAK_SEED`, `DRANET_SOAK_LIFECYCLES`). `cargo xtask soak` runs the full one.
 
 use anyhow::{Result, bail};
-use dranet_sim::kernel::require_root;
+use dranet_sim::root_or_skip;
 use dranet_sim::soak::{SoakOptions, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_soak() -> Result<()> {
-    if !require_root("lifecycle_soak")? {
-        return Ok(());
-    }
+    root_or_skip!("lifecycle_soak");
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
     let opts = SoakOptions {
         lifecycles: env("DRANET_SOAK_LIFECYCLES").map_or(150, |v: u64| v as usize),

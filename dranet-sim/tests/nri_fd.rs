@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use dranet::nri::hooks::{ContainerInfo, HookError, LinuxDevice, Outcome, Pod, PodHooks};
 use dranet::nri::{NriMetrics, PluginConfig};
+use dranet_sim::fixtures::StateDir;
 use dranet_sim::nri_runtime::{NriRuntime, RuntimeConfig};
 use tokio::sync::watch;
 
@@ -40,8 +41,7 @@ async fn wait_registrations(m: &NriMetrics, n: u64) {
 
 #[test]
 fn inherited_socket_then_dial_after_loss() {
-    let dir = std::env::temp_dir().join(format!("dranet-nri-fd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = StateDir::create("nri-fd").unwrap();
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
     let fd = theirs.into_raw_fd();
     // SAFETY: set before any other thread of this test binary exists (a plain #[test], no
@@ -52,7 +52,7 @@ fn inherited_socket_then_dial_after_loss() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let socket = dir.join("nri.sock");
+        let socket = dir.path().join("nri.sock");
         let sim = NriRuntime::start(&socket, RuntimeConfig::default()).unwrap();
         ours.set_nonblocking(true).unwrap();
         sim.attach(tokio::net::UnixStream::from_std(ours).unwrap());
@@ -80,5 +80,4 @@ fn inherited_socket_then_dial_after_loss() {
         stop.send(true).unwrap();
         assert!(plugin.await.unwrap().is_ok());
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use dranet::nri::pb::nri as pb;
 use dranet::nri::plugin::PLUGIN_SERVICE;
 use dranet::nri::ttrpc::code;
 use dranet::nri::{NriMetrics, PluginConfig};
+use dranet_sim::fixtures::StateDir;
 use dranet_sim::nri_runtime::{Dialect, Flavor, NriRuntime, RuntimeConfig, SyncMode, SyncRecord};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -99,8 +99,6 @@ impl PodHooks for Recorder {
     }
 }
 
-static N: AtomicU32 = AtomicU32::new(0);
-
 /// A runtime socket in a fresh temporary directory (removed on drop) and the plugin task.
 struct Harness {
     rt: NriRuntime,
@@ -108,7 +106,7 @@ struct Harness {
     metrics: NriMetrics,
     stop: watch::Sender<bool>,
     plugin: Option<JoinHandle<Result<(), dranet::nri::NriError>>>,
-    dir: PathBuf,
+    _dir: StateDir,
 }
 
 impl Drop for Harness {
@@ -117,20 +115,14 @@ impl Drop for Harness {
         if let Some(p) = self.plugin.take() {
             p.abort();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 const WAIT: Duration = Duration::from_secs(5);
 
 async fn harness(rcfg: RuntimeConfig, index: &str) -> Harness {
-    let dir = std::env::temp_dir().join(format!(
-        "dranet-nri-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("nri.sock");
+    let dir = StateDir::create("nri").unwrap();
+    let socket = dir.path().join("nri.sock");
     let rt = NriRuntime::start(&socket, rcfg).unwrap();
     let hooks = Arc::new(Recorder::default());
     let metrics = NriMetrics::default();
@@ -158,7 +150,7 @@ async fn harness(rcfg: RuntimeConfig, index: &str) -> Harness {
         metrics,
         stop,
         plugin,
-        dir,
+        _dir: dir,
     }
 }
 
@@ -265,9 +257,10 @@ fn pod(uid: &str, netns: Option<&str>) -> Pod {
     Pod::from(&sandbox(uid, netns.unwrap_or("")))
 }
 
-#[tokio::test]
-async fn dedicated_dialect() {
-    let (calls, methods) = pod_lifecycle(Dialect::Dedicated).await;
+/// One pod's life in `dialect`: the hooks see the same calls; the wire carries `methods`
+/// after the two set-up calls.
+async fn assert_pod_lifecycle(dialect: Dialect, methods: [&str; 4]) {
+    let (calls, seen) = pod_lifecycle(dialect).await;
     let p = pod("u1", Some("/var/run/netns/cni-1"));
     assert_eq!(p.netns, Some(PathBuf::from("/var/run/netns/cni-1")));
     assert_eq!(
@@ -280,30 +273,25 @@ async fn dedicated_dialect() {
             Call::Shutdown
         ]
     );
-    assert_eq!(
-        methods[2..],
-        ["RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "Shutdown"]
-    );
+    assert_eq!(seen[2..], methods);
+}
+
+#[tokio::test]
+async fn dedicated_dialect() {
+    assert_pod_lifecycle(
+        Dialect::Dedicated,
+        ["RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "Shutdown"],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn state_change_dialect() {
-    let (calls, methods) = pod_lifecycle(Dialect::StateChange).await;
-    let p = pod("u1", Some("/var/run/netns/cni-1"));
-    assert_eq!(
-        calls,
-        vec![
-            Call::Sync(vec![], vec![]),
-            Call::Run(p.clone()),
-            Call::Stop(p),
-            Call::Remove(pod("u1", None)),
-            Call::Shutdown
-        ]
-    );
-    assert_eq!(
-        methods[2..],
-        ["StateChange", "StateChange", "StateChange", "Shutdown"]
-    );
+    assert_pod_lifecycle(
+        Dialect::StateChange,
+        ["StateChange", "StateChange", "StateChange", "Shutdown"],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -316,6 +304,18 @@ async fn state_change_ignores_other_events() {
         .await
         .unwrap();
     assert_eq!(h.hooks.calls()[1..], [Call::Run(pod("u9", Some("/x")))]);
+}
+
+/// [`harness`] whose runtime reports `pods`, plugin index `00`.
+async fn harness_with_pods(pods: Vec<pb::PodSandbox>) -> Harness {
+    harness(
+        RuntimeConfig {
+            pods,
+            ..Default::default()
+        },
+        "00",
+    )
+    .await
 }
 
 fn many_pods(n: usize, annotation_bytes: usize) -> (Vec<pb::PodSandbox>, Vec<pb::Container>) {
@@ -374,14 +374,7 @@ async fn oversized_synchronize_is_refused_then_chunked() {
     // ~5 MiB: over ttrpc's 4 MiB limit, so the plugin answers ResourceExhausted and the runtime
     // resends in chunks (Go framing: one 4096-byte frame, then the rest).
     let (pods, _) = many_pods(500, 10_000);
-    let h = harness(
-        RuntimeConfig {
-            pods,
-            ..Default::default()
-        },
-        "00",
-    )
-    .await;
+    let h = harness_with_pods(pods).await;
     let syncs = h.rt.syncs();
     assert_eq!(
         syncs[0],
@@ -476,14 +469,7 @@ async fn unknown_method_is_unimplemented() {
 #[tokio::test]
 async fn reconnects_after_disconnect() {
     let (pods, _) = many_pods(3, 10);
-    let h = harness(
-        RuntimeConfig {
-            pods,
-            ..Default::default()
-        },
-        "00",
-    )
-    .await;
+    let h = harness_with_pods(pods).await;
     h.rt.set_state(vec![sandbox("after", "/n2")], vec![]);
     let t0 = std::time::Instant::now();
     h.rt.disconnect();
@@ -621,10 +607,8 @@ async fn slow_hook_times_out_but_is_not_cancelled() {
 
 #[tokio::test]
 async fn plugin_waits_for_a_late_runtime() {
-    let dir = std::env::temp_dir().join(format!("dranet-nri-late-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("nri.sock");
-    let _ = std::fs::remove_file(&socket);
+    let dir = StateDir::create("nri-late").unwrap();
+    let socket = dir.path().join("nri.sock");
     let hooks = Arc::new(Recorder::default());
     let metrics = NriMetrics::default();
     let cfg = PluginConfig {
@@ -643,7 +627,6 @@ async fn plugin_waits_for_a_late_runtime() {
     stop.send(true).unwrap();
     assert!(tokio::time::timeout(WAIT, plugin).await.unwrap().unwrap().is_ok());
     drop(rt);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -292,7 +292,7 @@ async fn claim_status_of_a_claim_on_another_node_needs_arbitrary_node() -> Resul
     let mut apply = status_apply()?;
     apply.status.devices[0].pool = "other-node".into();
     let e = sink.apply_claim_status(&apply).await.err().context("applied")?;
-    let msg = format!("{e:#}");
+    let msg = dranet::telemetry::chain(&e).to_string();
     assert!(
         msg.contains("cannot arbitrary-node:patch resource \"resourceclaims/driver\""),
         "{msg}"
@@ -304,7 +304,7 @@ async fn claim_status_of_a_claim_on_another_node_needs_arbitrary_node() -> Resul
     let mut apply = status_apply()?;
     apply.status.devices[0].device = "eth9".into();
     let e = sink.apply_claim_status(&apply).await.err().context("applied")?;
-    let msg = format!("{e:#}");
+    let msg = dranet::telemetry::chain(&e).to_string();
     assert!(msg.contains("must be an allocated device in the claim"), "{msg}");
     Ok(())
 }

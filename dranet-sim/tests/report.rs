@@ -8,23 +8,26 @@
     reason = "test helpers panic on setup failure, like the tests"
 )]
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use dranet::config::NetworkConfig;
-use dranet::dra::{KubeletPlugin, MemoryClaimSource, PlanSink, PluginConfig, Preparer};
-use dranet::driver::Driver;
+use dranet::dra::{KubeletPlugin, MemoryClaimSource, PluginConfig, Preparer};
 use dranet::inventory::SharedInventory;
 use dranet::nri::hooks::{Outcome, Pod, PodHooks};
-use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
+use dranet::plan::DevicePlan;
+use dranet::pod::Driver;
 use dranet::report::{ClaimStatusApply, Event, ReportError, Reporter, Sink};
-use dranet::rescue::{Engine, EngineOptions};
+use dranet::rescue::Engine;
 use dranet::watch::{Watcher, WatcherOptions};
-use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::fixtures::{
+    AbortOnDrop, NoSink, StateDir, engine, host_device_plan, pod_plan, wait_for, watched_engine,
+};
+use dranet_sim::kernel::{PodNetns, host_has, unique};
 use dranet_sim::kubelet::{Claim, KubeletSim};
 use dranet_sim::nic::Nic;
+use dranet_sim::root_or_skip;
 use futures::future::BoxFuture;
 
 /// Records what it is given, then hangs or fails.
@@ -63,48 +66,11 @@ impl Sink for Recording {
     }
 }
 
-/// A state dir removed (pins unmounted first) at drop.
-struct StateDir(PathBuf);
-
-impl Drop for StateDir {
-    fn drop(&mut self) {
-        if let Ok(rd) = std::fs::read_dir(self.0.join("pins")) {
-            for e in rd.flatten() {
-                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Task(tokio::task::JoinHandle<()>);
-
-impl Drop for Task {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
+/// The stand-in NIC `host_if` as `net1` with one address, in pod `uid`.
 fn device(host_if: &str, uid: &str) -> DevicePlan {
     let mut config = NetworkConfig::default();
-    config.interface.name = Some("net1".into());
     config.interface.addresses = vec!["192.168.79.2/24".into()];
-    DevicePlan {
-        device: host_if.to_owned(),
-        pool: "node-a".into(),
-        request: "nic".into(),
-        claim: ClaimRef {
-            namespace: "default".into(),
-            name: format!("claim-{uid}"),
-            uid: format!("claim-uid-{uid}"),
-        },
-        host_ifname: Some(host_if.to_owned()),
-        pci_address: None,
-        permanent_mac: None,
-        rdma_device: None,
-        config,
-        char_devices: vec![],
-    }
+    host_device_plan(host_if, "net1", uid, config)
 }
 
 fn pod(uid: &str, ns: &PodNetns) -> Pod {
@@ -118,46 +84,21 @@ fn pod(uid: &str, ns: &PodNetns) -> Pod {
     }
 }
 
-async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) -> Result<()> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > Duration::from_secs(5) {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(())
-}
-
 async fn setup(tag: &str, watcher: Option<Watcher>) -> Result<(StateDir, Engine)> {
-    let state = StateDir(std::env::temp_dir().join(unique(&format!("dranet-report-{tag}-"))));
-    let engine = Engine::new(
-        EngineOptions {
-            state_dir: state.0.clone(),
-            ..EngineOptions::default()
-        },
-        watcher,
-    )
-    .await?;
+    let state = StateDir::new(&format!("report-{tag}"));
+    let engine = engine(&state, watcher).await?;
     Ok((state, engine))
 }
 
 #[tokio::test]
 async fn run_pod_sandbox_applies_status_without_waiting_for_the_api() -> Result<()> {
-    if !require_root("run_pod_sandbox_applies_status_without_waiting_for_the_api")? {
-        return Ok(());
-    }
+    root_or_skip!("run_pod_sandbox_applies_status_without_waiting_for_the_api");
     for hang in [true, false] {
         let (_state, engine) = setup("status", None).await?;
         let ns = PodNetns::create(&unique("dnrep"))?;
         let nic = Nic::create()?;
         let uid = unique("pod-rep-");
-        engine.set_plan(PodPlan {
-            pod_uid: uid.clone(),
-            pod_namespace: "default".into(),
-            pod_name: "p".into(),
-            devices: vec![device(&nic.name, &uid)],
-        })?;
+        engine.set_plan(pod_plan(&uid, vec![device(&nic.name, &uid)]))?;
         let sink = Arc::new(Recording {
             hang,
             ..Recording::default()
@@ -173,7 +114,10 @@ async fn run_pod_sandbox_applies_status_without_waiting_for_the_api() -> Result<
             took < Duration::from_millis(1500),
             "hang={hang}: the hook took {took:?}"
         );
-        wait_for("the status apply", || !sink.applies.lock().unwrap().is_empty()).await?;
+        wait_for("the status apply", Duration::from_secs(5), || {
+            !sink.applies.lock().unwrap().is_empty()
+        })
+        .await?;
         let applies = sink.applies.lock().unwrap().clone();
         assert_eq!(applies.len(), 1, "{applies:?}");
         let a = &applies[0];
@@ -206,7 +150,10 @@ async fn run_pod_sandbox_applies_status_without_waiting_for_the_api() -> Result<
             ]
         );
         // A slow or failing API is given up on; nothing is left running.
-        wait_for("the report given up", || reporter.in_flight() == 0).await?;
+        wait_for("the report given up", Duration::from_secs(5), || {
+            reporter.in_flight() == 0
+        })
+        .await?;
         engine.detach_pod(&uid, dranet::state::ReturnReason::Hook).await?;
         assert!(host_has(&nic.name));
     }
@@ -215,19 +162,12 @@ async fn run_pod_sandbox_applies_status_without_waiting_for_the_api() -> Result<
 
 #[tokio::test]
 async fn a_failed_attach_is_a_warning_on_the_pod() -> Result<()> {
-    if !require_root("a_failed_attach_is_a_warning_on_the_pod")? {
-        return Ok(());
-    }
+    root_or_skip!("a_failed_attach_is_a_warning_on_the_pod");
     let (_state, engine) = setup("fail", None).await?;
     let ns = PodNetns::create(&unique("dnrepf"))?;
     let uid = unique("pod-repf-");
     let missing = unique("nonic");
-    engine.set_plan(PodPlan {
-        pod_uid: uid.clone(),
-        pod_namespace: "default".into(),
-        pod_name: "p".into(),
-        devices: vec![device(&missing, &uid)],
-    })?;
+    engine.set_plan(pod_plan(&uid, vec![device(&missing, &uid)]))?;
     let sink = Arc::new(Recording {
         hang: true,
         ..Recording::default()
@@ -235,7 +175,10 @@ async fn a_failed_attach_is_a_warning_on_the_pod() -> Result<()> {
     let driver = Driver::new(engine.clone()).with_reporter(Reporter::new(sink.clone(), "dra.net", "node-a"));
     let out = driver.run_pod_sandbox(pod(&uid, &ns)).await;
     assert!(out.is_err(), "{out:?}");
-    wait_for("the event", || !sink.events.lock().unwrap().is_empty()).await?;
+    wait_for("the event", Duration::from_secs(5), || {
+        !sink.events.lock().unwrap().is_empty()
+    })
+    .await?;
     let ev = sink.events.lock().unwrap()[0].clone();
     assert_eq!(ev.reason, "NetworkDeviceAttachFailed");
     assert_eq!(ev.type_, "Warning");
@@ -258,36 +201,23 @@ async fn a_failed_attach_is_a_warning_on_the_pod() -> Result<()> {
 
 #[tokio::test]
 async fn a_rescue_is_a_normal_event_on_the_pod() -> Result<()> {
-    if !require_root("a_rescue_is_a_normal_event_on_the_pod")? {
-        return Ok(());
-    }
-    let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let (_state, engine) = setup("rescue", Some(watcher)).await?;
-    let runner = engine.clone();
-    let _events = Task(tokio::spawn(async move { runner.run_events(sub).await }));
+    root_or_skip!("a_rescue_is_a_normal_event_on_the_pod");
+    let state = StateDir::new("report-rescue");
+    let (engine, _events) = watched_engine(&state, Watcher::start(WatcherOptions::default()).await?).await?;
     let sink = Arc::new(Recording {
         hang: false,
         ..Recording::default()
     });
     let reporter = Reporter::new(sink.clone(), "dra.net", "node-a");
-    let _rescues = Task(tokio::spawn(dranet::report::rescue_events(
-        reporter.clone(),
-        engine.activity(),
-    )));
+    let _rescues = AbortOnDrop::spawn(dranet::report::rescue_events(reporter.clone(), engine.activity()));
     let mut ns = PodNetns::create(&unique("dnrepr"))?;
     let nic = Nic::create()?;
     let uid = unique("pod-repr-");
-    engine.set_plan(PodPlan {
-        pod_uid: uid.clone(),
-        pod_namespace: "default".into(),
-        pod_name: "p".into(),
-        devices: vec![device(&nic.name, &uid)],
-    })?;
+    engine.set_plan(pod_plan(&uid, vec![device(&nic.name, &uid)]))?;
     let driver = Driver::new(engine.clone()).with_reporter(reporter);
     driver.run_pod_sandbox(pod(&uid, &ns)).await?;
     ns.remove_crio_style()?;
-    wait_for("the rescue event", || {
+    wait_for("the rescue event", Duration::from_secs(5), || {
         sink.events
             .lock()
             .unwrap()
@@ -328,21 +258,10 @@ async fn a_rescue_is_a_normal_event_on_the_pod() -> Result<()> {
     Ok(())
 }
 
-struct NoSink;
-
-impl PlanSink for NoSink {
-    fn set_plan(&self, _: PodPlan) -> Result<(), String> {
-        Ok(())
-    }
-    fn remove_claim(&self, _: &str) -> Result<(), String> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_failed_prepare_is_a_warning_on_the_claim_and_the_rpc_does_not_wait() {
-    let dir = std::env::temp_dir().join(unique("dranet-report-prep-"));
-    let _guard = StateDir(dir.clone());
+    let guard = StateDir::create("report-prep").unwrap();
+    let dir = guard.path();
     let cfg = PluginConfig {
         kubelet_root: dir.join("kubelet"),
         driver: "dra.net".into(),
@@ -364,19 +283,17 @@ async fn a_failed_prepare_is_a_warning_on_the_claim_and_the_rpc_does_not_wait() 
     );
     let plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
     let kubelet = KubeletSim::new(&cfg.kubelet_root);
-    let sock = kubelet
-        .wait_for_registration_socket(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let reg = kubelet.register(&sock).await.unwrap();
+    let reg = kubelet.register_when_ready(Duration::from_secs(5)).await.unwrap();
     let claim = Claim::new("ns", "missing", "uid-missing");
     let start = Instant::now();
     let res = reg.prepare(std::slice::from_ref(&claim)).await.unwrap();
     assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
     assert!(res["uid-missing"].error.contains("not found"), "{res:?}");
-    wait_for("the event", || !sink.events.lock().unwrap().is_empty())
-        .await
-        .unwrap();
+    wait_for("the event", Duration::from_secs(5), || {
+        !sink.events.lock().unwrap().is_empty()
+    })
+    .await
+    .unwrap();
     let ev = sink.events.lock().unwrap()[0].clone();
     assert_eq!(ev.reason, "ClaimPrepareFailed");
     assert_eq!(ev.type_, "Warning");

@@ -7,24 +7,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use dranet::config::NetworkConfig;
 use dranet::plan::{DevicePlan, PodPlan};
 use dranet::rescue::{AttachOutcome, DetachOutcome, RescueError};
 use dranet::state::{PodPhase, ReturnReason};
 use dranet::watch::{Watcher, WatcherOptions};
-use dranet_sim::kernel::{PodNetns, host_has, require_root, sh, unique};
+use dranet_sim::kernel::{PodNetns, host_has, sh, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::root_or_skip;
 use serde_json::Value;
 
-use dranet_sim::fixtures::{StateDir, engine, pod_plan as plan, pod_ref as pod, wait_for};
+use dranet_sim::fixtures::{
+    StateDir, engine, engine_case, pod_plan as plan, pod_ref as pod, wait_for, watched_engine,
+};
 
 fn device(nic: &Nic, pod_if: &str, uid: &str) -> DevicePlan {
     dranet_sim::fixtures::device_plan(nic, pod_if, uid, NetworkConfig::default())
-}
-
-fn in_pod(ns: &PodNetns, name: &str) -> bool {
-    ns.ip(&["link", "show", "dev", name]).is_ok()
 }
 
 /// The checkpoint key of the sandbox the fixtures attach (its id is the pod UID).
@@ -34,14 +33,8 @@ fn key(uid: &str) -> String {
 
 #[tokio::test]
 async fn containerd_order_restores_every_field() -> Result<()> {
-    if !require_root("containerd_order_restores_every_field")? {
-        return Ok(());
-    }
-    let state = StateDir::new("ctrd");
-    let ns = PodNetns::create(&unique("dranet-t-ctrd-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-ctrd-");
+    root_or_skip!("containerd_order_restores_every_field");
+    let (state, ns, nic, before, uid) = engine_case("ctrd")?;
     let mut d = device(&nic, "net1", &uid);
     d.config.interface.mtu = Some(9000);
     d.config.interface.addresses = vec!["192.168.77.2/24".into()];
@@ -73,7 +66,7 @@ async fn containerd_order_restores_every_field() -> Result<()> {
     let out = e.detach_pod(&uid, ReturnReason::Hook).await?;
     assert!(matches!(out, DetachOutcome::Returned { .. }), "{out:?}");
     assert_same(&before, &view(&nic.name, None)?)?;
-    assert!(!in_pod(&ns, "net1"));
+    assert!(!ns.has("net1"));
     let again = e.detach_pod(&uid, ReturnReason::Hook).await?;
     assert_eq!(
         again,
@@ -90,22 +83,13 @@ async fn containerd_order_restores_every_field() -> Result<()> {
 
 #[tokio::test]
 async fn crio_order_rescues_before_any_hook() -> Result<()> {
-    if !require_root("crio_order_rescues_before_any_hook")? {
-        return Ok(());
-    }
-    let state = StateDir::new("crio");
-    let mut ns = PodNetns::create(&unique("dranet-t-crio-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-crio-");
+    root_or_skip!("crio_order_rescues_before_any_hook");
+    let (state, mut ns, nic, before, uid) = engine_case("crio")?;
     let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let e = engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
-    assert!(in_pod(&ns, "net1"));
+    assert!(ns.has("net1"));
 
     // CRI-O: umount2(MNT_DETACH) + unlink of the netns bind mount; no StopPodSandbox yet.
     ns.remove_crio_style()?;
@@ -126,19 +110,16 @@ async fn crio_order_rescues_before_any_hook() -> Result<()> {
     let late = e.detach_pod(&uid, ReturnReason::Hook).await?;
     assert_eq!(late, DetachOutcome::NotOurs);
     assert_eq!(e.counters().rescued_by_teardown, 1);
-    events.abort();
+    drop(events);
     Ok(())
 }
 
 #[tokio::test]
 async fn rollback_when_the_third_attach_fails() -> Result<()> {
-    if !require_root("rollback_when_the_third_attach_fails")? {
-        return Ok(());
-    }
+    root_or_skip!("rollback_when_the_third_attach_fails");
     let state = StateDir::new("rb");
     let ns = PodNetns::create(&unique("dranet-t-rb-"))?;
-    let nics = [Nic::create()?, Nic::create()?, Nic::create()?];
-    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let (nics, before) = Nic::many_with_views(3)?;
     // The third pod-side name is already taken inside the pod: its move fails for real.
     ns.ip(&["link", "add", "net3", "type", "veth", "peer", "name", "net3p"])?;
     let uid = unique("pod-rb-");
@@ -154,9 +135,9 @@ async fn rollback_when_the_third_attach_fails() -> Result<()> {
     for (n, b) in nics.iter().zip(&before) {
         assert_same(b, &view(&n.name, None)?)?;
     }
-    assert!(!in_pod(&ns, "net1") && !in_pod(&ns, "net2"));
+    assert!(!ns.has("net1") && !ns.has("net2"));
     // The pod's own net3 was never touched.
-    assert!(in_pod(&ns, "net3"), "the pod's own device must stay in the pod");
+    assert!(ns.has("net3"), "the pod's own device must stay in the pod");
     assert!(!host_has("net3"));
     let cp = e.checkpoint();
     assert_eq!(
@@ -169,13 +150,10 @@ async fn rollback_when_the_third_attach_fails() -> Result<()> {
 
 #[tokio::test]
 async fn rollback_when_the_kernel_fails_half_way_through_a_move() -> Result<()> {
-    if !require_root("rollback_when_the_kernel_fails_half_way_through_a_move")? {
-        return Ok(());
-    }
+    root_or_skip!("rollback_when_the_kernel_fails_half_way_through_a_move");
     let state = StateDir::new("rb2");
     let ns = PodNetns::create(&unique("dranet-t-rb2-"))?;
-    let nics = [Nic::create()?, Nic::create()?];
-    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let (nics, before) = Nic::many_with_views(2)?;
     let uid = unique("pod-rb2-");
     let e = engine(&state, None).await?;
     let mut second = device(&nics[1], "net2", &uid);
@@ -187,19 +165,16 @@ async fn rollback_when_the_kernel_fails_half_way_through_a_move() -> Result<()> 
     for (n, b) in nics.iter().zip(&before) {
         assert_same(b, &view(&n.name, None)?)?;
     }
-    assert!(!in_pod(&ns, "net1") && !in_pod(&ns, "net2"));
+    assert!(!ns.has("net1") && !ns.has("net2"));
     assert!(!e.checkpoint().pods[&key(&uid)].has_devices_out());
     Ok(())
 }
 
 #[tokio::test]
 async fn hostile_netns_paths_are_refused_and_nothing_moves() -> Result<()> {
-    if !require_root("hostile_netns_paths_are_refused_and_nothing_moves")? {
-        return Ok(());
-    }
+    root_or_skip!("hostile_netns_paths_are_refused_and_nothing_moves");
     let state = StateDir::new("hostile");
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let uid = unique("pod-hostile-");
     let e = engine(&state, None).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
@@ -233,12 +208,8 @@ async fn hostile_netns_paths_are_refused_and_nothing_moves() -> Result<()> {
 
 #[tokio::test]
 async fn invalid_pod_side_names_are_refused_before_any_move() -> Result<()> {
-    if !require_root("invalid_pod_side_names_are_refused_before_any_move")? {
-        return Ok(());
-    }
-    let state = StateDir::new("names");
-    let ns = PodNetns::create(&unique("dranet-t-names-"))?;
-    let nic = Nic::create()?;
+    root_or_skip!("invalid_pod_side_names_are_refused_before_any_move");
+    let (state, ns, nic, _, _) = engine_case("names")?;
     let e = engine(&state, None).await?;
     for bad in ["this-name-is-too-long", "a/b", ""] {
         let uid = unique("pod-names-");
@@ -257,23 +228,14 @@ async fn invalid_pod_side_names_are_refused_before_any_move() -> Result<()> {
 
 #[tokio::test]
 async fn kernel_returned_device_is_repaired() -> Result<()> {
-    if !require_root("kernel_returned_device_is_repaired")? {
-        return Ok(());
-    }
-    let state = StateDir::new("repair");
-    let ns = PodNetns::create(&unique("dranet-t-repair-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-repair-");
+    root_or_skip!("kernel_returned_device_is_repaired");
+    let (state, ns, nic, before, uid) = engine_case("repair")?;
     let watcher = Watcher::start(WatcherOptions {
         ebpf: false,
         ..WatcherOptions::default()
     })
     .await?;
-    let sub = watcher.subscribe();
-    let e = engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
     // What the kernel does to a physical NIC whose netns dies: back to the host, DOWN, under the
@@ -289,19 +251,14 @@ async fn kernel_returned_device_is_repaired() -> Result<()> {
     .await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     assert_eq!(e.counters().repaired_devices, 1);
-    events.abort();
+    drop(events);
     Ok(())
 }
 
 #[tokio::test]
 async fn busy_host_name_keeps_the_device_under_a_temporary_name() -> Result<()> {
-    if !require_root("busy_host_name_keeps_the_device_under_a_temporary_name")? {
-        return Ok(());
-    }
-    let state = StateDir::new("busy");
-    let ns = PodNetns::create(&unique("dranet-t-busy-"))?;
-    let nic = Nic::create()?;
-    let uid = unique("pod-busy-");
+    root_or_skip!("busy_host_name_keeps_the_device_under_a_temporary_name");
+    let (state, ns, nic, _, uid) = engine_case("busy")?;
     let e = engine(&state, None).await?;
     e.set_plan(plan(&uid, vec![device(&nic, "net1", &uid)]))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
@@ -315,7 +272,7 @@ async fn busy_host_name_keeps_the_device_under_a_temporary_name() -> Result<()> 
     let v = view(temp, None)?;
     assert_eq!(v["mtu"], 1400, "{v}");
     assert_eq!(v["address"], nic.mac.as_str(), "{v}");
-    assert!(!in_pod(&ns, "net1"));
+    assert!(!ns.has("net1"));
     drop(squatter);
     // The device is safe in the host; clean it up under its temporary name.
     let _ = sh(&["ip", "link", "del", temp]);
@@ -352,25 +309,24 @@ fn kill(mut c: Child) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn sigkill_after_attach_then_netns_removed_then_restart_returns_devices() -> Result<()> {
-    if !require_root("sigkill_after_attach_then_netns_removed_then_restart_returns_devices")? {
-        return Ok(());
-    }
-    let state = StateDir::new("kill1");
-    let mut ns = PodNetns::create(&unique("dranet-t-kill1-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-kill1-");
+/// A driver (the `engine-child` binary) attaches `nic` to pod `uid` as `net1` and is SIGKILLed.
+fn attach_in_a_child_then_kill(state: &StateDir, ns: &PodNetns, nic: &Nic, uid: &str) -> Result<()> {
     let (c, line) = child(
         &state.0,
-        &ns,
-        &uid,
+        ns,
+        uid,
         None,
-        &plan(&uid, vec![device(&nic, "net1", &uid)]),
+        &plan(uid, vec![device(nic, "net1", uid)]),
     )?;
-    assert!(line.starts_with("attached"), "{line}");
-    kill(c)?;
+    ensure!(line.starts_with("attached"), "{line}");
+    kill(c)
+}
+
+#[tokio::test]
+async fn sigkill_after_attach_then_netns_removed_then_restart_returns_devices() -> Result<()> {
+    root_or_skip!("sigkill_after_attach_then_netns_removed_then_restart_returns_devices");
+    let (state, mut ns, nic, before, uid) = engine_case("kill1")?;
+    attach_in_a_child_then_kill(&state, &ns, &nic, &uid)?;
     // The runtime tears the pod down while dranet is down; the pin keeps the netns alive.
     ns.remove_crio_style()?;
     assert!(!host_has(&nic.name));
@@ -385,26 +341,13 @@ async fn sigkill_after_attach_then_netns_removed_then_restart_returns_devices() 
 
 #[tokio::test]
 async fn sigkill_after_attach_with_the_pod_alive_readopts_it() -> Result<()> {
-    if !require_root("sigkill_after_attach_with_the_pod_alive_readopts_it")? {
-        return Ok(());
-    }
-    let state = StateDir::new("kill2");
-    let ns = PodNetns::create(&unique("dranet-t-kill2-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-kill2-");
-    let (c, _) = child(
-        &state.0,
-        &ns,
-        &uid,
-        None,
-        &plan(&uid, vec![device(&nic, "net1", &uid)]),
-    )?;
-    kill(c)?;
+    root_or_skip!("sigkill_after_attach_with_the_pod_alive_readopts_it");
+    let (state, ns, nic, before, uid) = engine_case("kill2")?;
+    attach_in_a_child_then_kill(&state, &ns, &nic, &uid)?;
     let e = engine(&state, None).await?;
     let report = e.reconcile().await?;
     assert_eq!(report.adopted, vec![key(&uid)], "{report:?}");
-    assert!(in_pod(&ns, "net1"));
+    assert!(ns.has("net1"));
     e.detach_pod(&uid, ReturnReason::Hook).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     Ok(())
@@ -412,13 +355,10 @@ async fn sigkill_after_attach_with_the_pod_alive_readopts_it() -> Result<()> {
 
 #[tokio::test]
 async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<()> {
-    if !require_root("sigkill_in_the_middle_of_an_attach_of_three_loses_nothing")? {
-        return Ok(());
-    }
+    root_or_skip!("sigkill_in_the_middle_of_an_attach_of_three_loses_nothing");
     let state = StateDir::new("kill3");
     let ns = PodNetns::create(&unique("dranet-t-kill3-"))?;
-    let nics = [Nic::create()?, Nic::create()?, Nic::create()?];
-    let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let (nics, before) = Nic::many_with_views(3)?;
     let uid = unique("pod-kill3-");
     let devs = nics
         .iter()
@@ -429,18 +369,18 @@ async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<(
     let (c, line) = child(&state.0, &ns, &uid, Some(1), &plan(&uid, devs))?;
     assert!(line.starts_with("attaching"), "{line}");
     wait_for("two devices in the pod", Duration::from_secs(5), || {
-        in_pod(&ns, "net2")
+        ns.has("net2")
     })
     .await?;
     kill(c)?;
-    assert!(in_pod(&ns, "net1") && in_pod(&ns, "net2") && host_has(&nics[2].name));
+    assert!(ns.has("net1") && ns.has("net2") && host_has(&nics[2].name));
     let e = engine(&state, None).await?;
     let report = e.reconcile().await?;
     assert_eq!(report.returned, vec![key(&uid)], "{report:?}");
     for (n, b) in nics.iter().zip(&before) {
         assert_same(b, &view(&n.name, None)?)?;
     }
-    assert!(!in_pod(&ns, "net1") && !in_pod(&ns, "net2"));
+    assert!(!ns.has("net1") && !ns.has("net2"));
     assert_eq!(
         e.checkpoint().pods[&key(&uid)].phase,
         PodPhase::Returned(ReturnReason::Rollback)
@@ -450,26 +390,12 @@ async fn sigkill_in_the_middle_of_an_attach_of_three_loses_nothing() -> Result<(
 
 #[tokio::test]
 async fn release_all_brings_devices_home_and_removes_pins() -> Result<()> {
-    if !require_root("release_all_brings_devices_home_and_removes_pins")? {
-        return Ok(());
-    }
-    let state = StateDir::new("relall");
-    let ns = PodNetns::create(&unique("dranet-t-relall-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-relall-");
-    let (c, line) = child(
-        &state.0,
-        &ns,
-        &uid,
-        None,
-        &plan(&uid, vec![device(&nic, "net1", &uid)]),
-    )?;
-    assert!(line.starts_with("attached"), "{line}");
-    kill(c)?;
+    root_or_skip!("release_all_brings_devices_home_and_removes_pins");
+    let (state, ns, nic, before, uid) = engine_case("relall")?;
+    attach_in_a_child_then_kill(&state, &ns, &nic, &uid)?;
     let pin = state.0.join("pins").join(&uid);
     assert!(
-        dranet::netns::is_pinned(&pin),
+        dranet::sys::netns::is_pinned(&pin),
         "the pin must outlive the killed driver"
     );
     let out = Command::new(dranet_sim::kernel::dranet_bin()?)
@@ -481,38 +407,27 @@ async fn release_all_brings_devices_home_and_removes_pins() -> Result<()> {
     assert_eq!(report["returned"][0], key(&uid).as_str(), "{report}");
     assert_same(&before, &view(&nic.name, None)?)?;
     assert!(!pin.exists(), "release-all must remove the pin");
-    assert!(!in_pod(&ns, "net1"));
+    assert!(!ns.has("net1"));
     Ok(())
 }
 
 #[tokio::test]
 async fn a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted() -> Result<()> {
-    if !require_root("a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted")? {
-        return Ok(());
-    }
-    let state = StateDir::new("repin");
-    let ns = PodNetns::create(&unique("dranet-t-repin-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-repin-");
-    let (c, line) = child(
-        &state.0,
-        &ns,
-        &uid,
-        None,
-        &plan(&uid, vec![device(&nic, "net1", &uid)]),
-    )?;
-    assert!(line.starts_with("attached"), "{line}");
-    kill(c)?;
+    root_or_skip!("a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted");
+    let (state, ns, nic, before, uid) = engine_case("repin")?;
+    attach_in_a_child_then_kill(&state, &ns, &nic, &uid)?;
     // Someone removes the pin while dranet is down; the runtime's netns still lives.
     let pin = state.0.join("pins").join(&uid);
-    dranet::netns::release_path(&pin)?;
+    dranet::sys::netns::release_path(&pin)?;
     assert!(!pin.exists());
     let e = engine(&state, None).await?;
     let report = e.reconcile().await?;
     assert_eq!(report.adopted, vec![key(&uid)], "{report:?}");
-    assert!(dranet::netns::is_pinned(&pin), "the netns must be pinned again");
-    assert!(in_pod(&ns, "net1"));
+    assert!(
+        dranet::sys::netns::is_pinned(&pin),
+        "the netns must be pinned again"
+    );
+    assert!(ns.has("net1"));
     e.detach_pod(&uid, ReturnReason::Hook).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     assert!(!pin.exists());
@@ -521,14 +436,8 @@ async fn a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted() -> Result<(
 
 #[tokio::test]
 async fn addresses_routes_rules_and_neighbors_are_applied_in_the_pod() -> Result<()> {
-    if !require_root("addresses_routes_rules_and_neighbors_are_applied_in_the_pod")? {
-        return Ok(());
-    }
-    let state = StateDir::new("cfg");
-    let ns = PodNetns::create(&unique("dranet-t-cfg-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-cfg-");
+    root_or_skip!("addresses_routes_rules_and_neighbors_are_applied_in_the_pod");
+    let (state, ns, nic, before, uid) = engine_case("cfg")?;
     let mut d = device(&nic, "net1", &uid);
     d.config = serde_json::from_value(serde_json::json!({
         "interface": {"name": "net1", "addresses": ["192.168.77.2/24"], "mtu": 1300, "hardwareAddr": "02:aa:bb:cc:dd:ee"},
@@ -589,12 +498,8 @@ fn set_host_sysctl(family: &str, dev: &str, name: &str, value: i32) -> Result<()
 
 #[tokio::test]
 async fn arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back() -> Result<()> {
-    if !require_root("arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back")? {
-        return Ok(());
-    }
-    let state = StateDir::new("sysctl");
-    let ns = PodNetns::create(&unique("dranet-t-sysctl-"))?;
-    let nic = Nic::create()?;
+    root_or_skip!("arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back");
+    let (state, ns, nic, _, _) = engine_case("sysctl")?;
     // Host tuning a netns move would lose (the device gets the destination's defaults).
     let host_tuning = [
         ("ipv4", "rp_filter", 2),
@@ -640,21 +545,13 @@ async fn arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back() -
 
 #[tokio::test]
 async fn crio_order_rescue_brings_host_ip_sysctls_back_too() -> Result<()> {
-    if !require_root("crio_order_rescue_brings_host_ip_sysctls_back_too")? {
-        return Ok(());
-    }
-    let state = StateDir::new("sysctl-crio");
-    let mut ns = PodNetns::create(&unique("dranet-t-sysctl-crio-"))?;
-    let nic = Nic::create()?;
+    root_or_skip!("crio_order_rescue_brings_host_ip_sysctls_back_too");
+    let (state, mut ns, nic, _, uid) = engine_case("sysctl-crio")?;
     set_host_sysctl("ipv4", &nic.name, "rp_filter", 2)?;
     set_host_sysctl("ipv6", &nic.name, "accept_ra", 0)?;
-    let uid = unique("pod-sysctl-crio-");
     let d = device(&nic, "net1", &uid);
     let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let e = engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&uid, vec![d]))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
     ns.remove_crio_style()?;
@@ -664,7 +561,7 @@ async fn crio_order_rescue_brings_host_ip_sysctls_back_too() -> Result<()> {
     })
     .await?;
     assert_eq!(sysctl_of(None, "ipv6", &nic.name, "accept_ra")?, 0);
-    events.abort();
+    drop(events);
     Ok(())
 }
 
@@ -683,18 +580,12 @@ fn kernel_has_vrf() -> Result<bool> {
 /// DRANET_EXPECT_VRF=1 there so a missing VRF fails instead of taking the second.
 #[tokio::test]
 async fn vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly() -> Result<()> {
-    if !require_root("vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly")? {
-        return Ok(());
-    }
+    root_or_skip!("vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly");
     let has_vrf = kernel_has_vrf()?;
     if std::env::var("DRANET_EXPECT_VRF").is_ok_and(|v| v == "1") {
         assert!(has_vrf, "DRANET_EXPECT_VRF=1 but this kernel cannot create a VRF");
     }
-    let state = StateDir::new("vrf");
-    let ns = PodNetns::create(&unique("dranet-t-vrf-"))?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
-    let uid = unique("pod-vrf-");
+    let (state, ns, nic, before, uid) = engine_case("vrf")?;
     let mut d = device(&nic, "net1", &uid);
     d.config = serde_json::from_value(serde_json::json!({
         "interface": {"name": "net1", "addresses": ["192.168.78.2/24"], "vrf": {"name": "blue"}},
@@ -715,9 +606,9 @@ async fn vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly() -> Resu
         let err = res
             .err()
             .context("the attach should fail on a kernel without VRF")?;
-        let msg = format!("{err:#}");
+        let msg = dranet::telemetry::chain(&err).to_string();
         assert!(msg.contains("blue") && msg.contains("CONFIG_NET_VRF"), "{msg}");
-        assert!(!in_pod(&ns, "net1"), "the device must not stay in the pod");
+        assert!(!ns.has("net1"), "the device must not stay in the pod");
         assert_same(&before, &view(&nic.name, None)?)?;
         return Ok(());
     }
@@ -754,15 +645,12 @@ async fn vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly() -> Resu
 
 #[tokio::test]
 async fn a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back() -> Result<()> {
-    if !require_root("a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back")? {
-        return Ok(());
-    }
+    root_or_skip!("a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_back");
     let state = StateDir::new("vrf-taken");
     let ns = PodNetns::create(&unique("dranet-t-vrftaken-"))?;
     // A veth end of that name already in the pod: not a VRF.
     ns.ip(&["link", "add", "red", "type", "veth", "peer", "name", "red-peer"])?;
-    let nic = Nic::create()?;
-    let before = view(&nic.name, None)?;
+    let (nic, before) = Nic::with_view()?;
     let uid = unique("pod-vrftaken-");
     let mut d = device(&nic, "net1", &uid);
     d.config = serde_json::from_value(
@@ -775,13 +663,13 @@ async fn a_vrf_name_taken_by_another_device_in_the_pod_is_refused_and_rolled_bac
         .await
         .err()
         .context("must fail")?;
-    let msg = format!("{err:#}");
+    let msg = dranet::telemetry::chain(&err).to_string();
     assert!(msg.contains("\"red\""), "{msg}");
     assert!(
         msg.contains("not a VRF") || msg.contains("CONFIG_NET_VRF"),
         "{msg}"
     );
-    assert!(!in_pod(&ns, "net1"));
+    assert!(!ns.has("net1"));
     assert_same(&before, &view(&nic.name, None)?)?;
     Ok(())
 }

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dranet::watch::{Watcher, WatcherOptions};
-use dranet_sim::fixtures::{StateDir, device_plan, engine, pod_plan, pod_ref, wait_for};
-use dranet_sim::kernel::{PodNetns, host_has, require_root, unique};
+use dranet_sim::fixtures::{StateDir, device_plan, pod_plan, pod_ref, wait_for, watched_engine};
+use dranet_sim::kernel::{PodNetns, host_has, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
+use dranet_sim::root_or_skip;
 use nix::mount::MntFlags;
 
 /// Eight pods torn down at the same instant, CRI-O style, each teardown triggering its rescue
@@ -16,18 +17,13 @@ use nix::mount::MntFlags;
 /// trigger, its device stayed in the dying pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_pods_rescued_at_once_each_triggered_once() -> Result<()> {
-    if !require_root("eight_pods_rescued_at_once_each_triggered_once")? {
-        return Ok(());
-    }
+    root_or_skip!("eight_pods_rescued_at_once_each_triggered_once");
     const PODS: usize = 8;
     let state = StateDir::new("drain8");
     let nics: Vec<Nic> = (0..PODS).map(|_| Nic::create()).collect::<Result<_>>()?;
     let before: Vec<_> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
     let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let e = engine(&state, Some(watcher)).await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     let mut pods = Vec::new();
     for nic in &nics {
         let uid = unique("pod-drain-");
@@ -84,7 +80,7 @@ async fn eight_pods_rescued_at_once_each_triggered_once() -> Result<()> {
     for (_, ns) in &pods {
         let _ = std::fs::remove_file(&ns.path);
     }
-    events.abort();
+    drop(events);
     Ok(())
 }
 
@@ -93,9 +89,7 @@ async fn eight_pods_rescued_at_once_each_triggered_once() -> Result<()> {
 /// comes out under its new name (the old one gone) after one debounced rescan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inventory_of_1024_devices_in_eight_slices() -> Result<()> {
-    if !require_root("inventory_of_1024_devices_in_eight_slices")? {
-        return Ok(());
-    }
+    root_or_skip!("inventory_of_1024_devices_in_eight_slices");
     let ns = PodNetns::create(&unique("dranet-inv1k-"))?;
     let mut batch = String::new();
     for i in 0..512 {
@@ -217,9 +211,7 @@ impl Drop for NetnsDaemon {
 /// offload sizes, address and up state; no hook fails; no record or pin is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_drain_every_device_home() -> Result<()> {
-    if !require_root("node_drain_every_device_home")? {
-        return Ok(());
-    }
+    root_or_skip!("node_drain_every_device_home");
     const PODS: usize = 16;
     let nics: Vec<Nic> = (0..2 * PODS).map(|_| Nic::create()).collect::<Result<_>>()?;
     let before: Vec<_> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;

@@ -7,14 +7,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dranet_sim::kernel::require_root;
 use dranet_sim::node::{Node, NodeOptions, free_port, http_get};
+use dranet_sim::root_or_skip;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dranet_run_starts_with_upstreams_daemonset_and_chart_args() -> Result<()> {
-    if !require_root("dranet_run_starts_with_upstreams_daemonset_and_chart_args")? {
-        return Ok(());
-    }
+    root_or_skip!("dranet_run_starts_with_upstreams_daemonset_and_chart_args");
     let port = free_port()?;
     // install.yaml's args (`/dranet` is the image's binary there) and every flag of
     // upstream's chart (deployments/helm/dranet/templates/daemonset.yaml), as it renders them.

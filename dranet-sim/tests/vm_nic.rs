@@ -4,15 +4,17 @@
 //! `DRANET_VM_NIC=<nic>` and `dranet-vm` on the kernel command line; everywhere else (CI
 //! included) they skip.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use dranet::config::NetworkConfig;
-use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
-use dranet::rescue::{AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef};
+use dranet::plan::PodPlan;
+use dranet::rescue::{AttachOutcome, DetachOutcome, PodRef};
 use dranet::state::ReturnReason;
 use dranet::watch::{Watcher, WatcherOptions};
+use dranet_sim::fixtures::{
+    StateDir, TestPod, host_device_plan, pod_plan, pod_ref, wait_for, wait_for_blocking, watched_engine,
+};
 use dranet_sim::kernel::{PodNetns, host_has, sh, unique};
 use dranet_sim::nic::{assert_same, view};
 
@@ -55,55 +57,39 @@ fn configure(nic: &str) -> Result<()> {
     Ok(())
 }
 
-fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<Duration> {
-    let start = Instant::now();
-    while !ok() {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(start.elapsed())
+/// The NIC under test (`None` outside the VM), configured as the tests start from, the guard
+/// that puts it back (also from `net1`, its name in a pod), and its host view.
+fn configured_vm_nic(test: &str) -> Result<Option<(String, Restore, serde_json::Value)>> {
+    let Some(nic) = vm_nic(test) else {
+        return Ok(None);
+    };
+    let restore = Restore {
+        nic: nic.clone(),
+        aliases: vec!["net1".into()],
+    };
+    configure(&nic)?;
+    let before = view(&nic, None)?;
+    Ok(Some((nic, restore, before)))
 }
 
+/// `nic` as `net1` with one address, in pod `default/vm` (pool `vm`).
 fn plan(nic: &str, uid: &str) -> PodPlan {
     let mut config = NetworkConfig::default();
-    config.interface.name = Some("net1".to_owned());
     config.interface.addresses = vec!["198.51.100.2/24".into()];
+    let mut device = host_device_plan(nic, "net1", uid, config);
+    device.pool = "vm".into();
     PodPlan {
-        pod_uid: uid.into(),
-        pod_namespace: "default".into(),
         pod_name: "vm".into(),
-        devices: vec![DevicePlan {
-            device: nic.to_owned(),
-            pool: "vm".into(),
-            request: "nic".into(),
-            claim: ClaimRef {
-                namespace: "default".into(),
-                name: format!("claim-{uid}"),
-                uid: format!("claim-{uid}"),
-            },
-            host_ifname: Some(nic.to_owned()),
-            pci_address: None,
-            permanent_mac: None,
-            rdma_device: None,
-            config,
-            char_devices: vec![],
-        }],
+        ..pod_plan(uid, vec![device])
     }
 }
 
+/// The runtime's name of [`plan`]'s pod.
 fn pod(uid: &str) -> PodRef<'_> {
     PodRef {
-        uid,
-        sandbox: uid,
-        namespace: "default",
         name: "vm",
+        ..pod_ref(uid)
     }
-}
-
-fn state_dir(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(unique(&format!("dranet-vm-{tag}-")))
 }
 
 #[test]
@@ -126,7 +112,7 @@ fn kernel_returns_a_real_nic_down_when_its_netns_dies() -> Result<()> {
     assert!(!host_has(&nic));
     // No dranet: the runtime removes the netns and nothing else holds it.
     ns.remove_crio_style()?;
-    let took = wait_for("the kernel to return the NIC", Duration::from_secs(20), || {
+    let took = wait_for_blocking("the kernel to return the NIC", Duration::from_secs(20), || {
         host_has(&renamed)
     })?;
     eprintln!("kernel returned {renamed} {took:?} after the netns was removed");
@@ -166,7 +152,7 @@ fn kernel_names_a_returned_nic_devn_when_its_name_is_taken() -> Result<()> {
     }
     let dummy = Dummy;
     ns.remove_crio_style()?;
-    let took = wait_for("the kernel to return the NIC", Duration::from_secs(20), || {
+    let took = wait_for_blocking("the kernel to return the NIC", Duration::from_secs(20), || {
         host_has(&fallback)
     })?;
     eprintln!("kernel returned the NIC as {fallback} {took:?} after the netns was removed");
@@ -179,16 +165,11 @@ fn kernel_names_a_returned_nic_devn_when_its_name_is_taken() -> Result<()> {
 
 #[tokio::test]
 async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
-    let Some(nic) = vm_nic("dranet_repairs_a_nic_the_kernel_handed_back") else {
+    let Some((nic, _restore, before)) = configured_vm_nic("dranet_repairs_a_nic_the_kernel_handed_back")?
+    else {
         return Ok(());
     };
-    let _restore = Restore {
-        nic: nic.clone(),
-        aliases: vec!["net1".into()],
-    };
-    configure(&nic)?;
-    let before = view(&nic, None)?;
-    let state = state_dir("repair");
+    let state = StateDir::new("repair");
     let ns = PodNetns::create(&unique("vmt-rep-"))?;
     let uid = unique("pod-vm-rep-");
     let watcher = Watcher::start(WatcherOptions {
@@ -196,17 +177,7 @@ async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
         ..WatcherOptions::default()
     })
     .await?;
-    let sub = watcher.subscribe();
-    let e = Engine::new(
-        EngineOptions {
-            state_dir: state.clone(),
-            ..EngineOptions::default()
-        },
-        Some(watcher),
-    )
-    .await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&nic, &uid))?;
     let out = e.attach_pod(pod(&uid), &ns.path).await?;
     assert_eq!(
@@ -221,13 +192,10 @@ async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
     // init_net under the pod-side name, DOWN, addresses gone.
     ns.ip(&["link", "set", "net1", "down"])?;
     ns.ip(&["link", "set", "net1", "netns", "1"])?;
-    let n = nic.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_for("the NIC in the host", Duration::from_secs(5), || {
-            host_has("net1") || host_has(&n)
-        })
+    wait_for("the NIC in the host", Duration::from_secs(5), || {
+        host_has("net1") || host_has(&nic)
     })
-    .await??;
+    .await?;
     let start = Instant::now();
     let key = dranet_sim::fixtures::sandbox_key(&uid);
     let repaired = || {
@@ -247,38 +215,22 @@ async fn dranet_repairs_a_nic_the_kernel_handed_back() -> Result<()> {
     }
     assert_same(&before, &view(&nic, None)?)?;
     assert_eq!(e.counters().repaired_devices, 1);
-    events.abort();
+    drop(events);
     drop(ns);
-    let _ = std::fs::remove_dir_all(&state);
     Ok(())
 }
 
 #[tokio::test]
 async fn pinned_nic_comes_home_before_the_netns_dies() -> Result<()> {
-    let Some(nic) = vm_nic("pinned_nic_comes_home_before_the_netns_dies") else {
+    let Some((nic, _restore, before)) = configured_vm_nic("pinned_nic_comes_home_before_the_netns_dies")?
+    else {
         return Ok(());
     };
-    let _restore = Restore {
-        nic: nic.clone(),
-        aliases: vec!["net1".into()],
-    };
-    configure(&nic)?;
-    let before = view(&nic, None)?;
-    let state = state_dir("pin");
+    let state = StateDir::new("pin");
     let mut ns = PodNetns::create(&unique("vmt-pin-"))?;
     let uid = unique("pod-vm-pin-");
     let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let e = Engine::new(
-        EngineOptions {
-            state_dir: state.clone(),
-            ..EngineOptions::default()
-        },
-        Some(watcher),
-    )
-    .await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     e.set_plan(plan(&nic, &uid))?;
     e.attach_pod(pod(&uid), &ns.path).await?;
     assert!(!host_has(&nic));
@@ -307,8 +259,7 @@ async fn pinned_nic_comes_home_before_the_netns_dies() -> Result<()> {
         e.detach_pod(&uid, ReturnReason::Hook).await?,
         DetachOutcome::NotOurs
     );
-    events.abort();
-    let _ = std::fs::remove_dir_all(&state);
+    drop(events);
     Ok(())
 }
 
@@ -335,8 +286,8 @@ fn rdma_visible(netns: Option<&str>, dev: &str) -> bool {
 /// must fail with EOPNOTSUPP instead.
 #[test]
 fn dranet_moves_an_rdma_device_in_exclusive_mode() -> Result<()> {
-    use dranet::netns::Netns;
-    use dranet::rdma::{self, NetnsMode, RdmaError};
+    use dranet::sys::netns::Netns;
+    use dranet::sys::rdma::{self, NetnsMode, RdmaError};
     let Ok(netdev) = std::env::var("DRANET_VM_RDMA") else {
         return Ok(());
     };
@@ -373,7 +324,7 @@ fn dranet_moves_an_rdma_device_in_exclusive_mode() -> Result<()> {
     rdma::move_device(&host, &dev, &pod_ns)?;
     drop(pod_ns);
     ns.remove_crio_style()?;
-    let took = wait_for(
+    let took = wait_for_blocking(
         "the kernel to return the RDMA device",
         Duration::from_secs(20),
         || rdma_visible(None, &dev),
@@ -429,34 +380,19 @@ async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio
     use dranet::adoption::{Adopter, AllocationsCell, Source};
     use dranet::nri::hooks::{Outcome, Pod, PodHooks};
     use dranet::rescue::AdoptOutcome;
-    let Some(nic) = vm_nic("a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio_order")
+    let Some((nic, _restore, before)) =
+        configured_vm_nic("a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio_order")?
     else {
         return Ok(());
     };
-    let _restore = Restore {
-        nic: nic.clone(),
-        aliases: vec!["net1".into()],
-    };
-    configure(&nic)?;
-    let before = view(&nic, None)?;
     let pci = pci_of(&nic)?;
-    let state = state_dir("adopt");
+    let state = StateDir::new("adopt");
     let mut ns = PodNetns::create(&unique("vmt-adopt-"))?;
     move_by_hand(&nic, &ns)?;
     assert!(!host_has(&nic));
     let uid = unique("pod-vm-adopt-");
     let watcher = Watcher::start(WatcherOptions::default()).await?;
-    let sub = watcher.subscribe();
-    let e = Engine::new(
-        EngineOptions {
-            state_dir: state.clone(),
-            ..EngineOptions::default()
-        },
-        Some(watcher),
-    )
-    .await?;
-    let runner = e.clone();
-    let events = tokio::spawn(async move { runner.run_events(sub).await });
+    let (e, events) = watched_engine(&state, watcher).await?;
     let mut p = plan(&nic, &uid);
     p.devices[0].pci_address = Some(pci.clone());
     e.set_plan(p)?;
@@ -464,7 +400,7 @@ async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio
     // record of it. The claims never come (no kubelet side here): the plan is enough.
     let adopter = Adopter::new(e.clone(), AllocationsCell::default());
     let mut runs = adopter.runs();
-    let driver = dranet::driver::Driver::new(e.clone()).with_adoption(adopter.clone());
+    let driver = dranet::pod::Driver::new(e.clone()).with_adoption(adopter.clone());
     let sandbox = Pod {
         uid: uid.clone(),
         namespace: "default".into(),
@@ -512,8 +448,7 @@ async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio
     assert_home_adopted(&nic, &before)?;
     // The late StopPodSandbox: nothing left to do.
     assert_eq!(driver.stop_pod_sandbox(sandbox).await?, Outcome::Noop);
-    events.abort();
-    let _ = std::fs::remove_dir_all(&state);
+    drop(events);
     Ok(())
 }
 
@@ -526,19 +461,13 @@ async fn a_nic_moved_in_by_hand_is_adopted_at_synchronize_and_comes_home_in_crio
 /// netdev name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order() -> Result<()> {
-    use dranet_sim::kubelet::Claim;
-    use dranet_sim::node::{Node, NodeOptions, sandbox};
+    use dranet_sim::node::{Node, NodeOptions};
     use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
-    let Some(nic) = vm_nic("a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order")
+    let Some((nic, _restore, before)) =
+        configured_vm_nic("a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_crio_order")?
     else {
         return Ok(());
     };
-    let _restore = Restore {
-        nic: nic.clone(),
-        aliases: vec!["net1".into()],
-    };
-    configure(&nic)?;
-    let before = view(&nic, None)?;
     let pci = pci_of(&nic)?;
     let mut node = Node::start(NodeOptions {
         runtime: RuntimeConfig {
@@ -548,26 +477,21 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
         ..NodeOptions::default()
     })
     .await?;
-    let mut ns = PodNetns::create(&unique("vmt-wipe-"))?;
-    let uid = unique("pod-vm-wipe-");
+    let mut pod = TestPod::new("pod-vm-wipe-")?;
     // A PCI-backed NIC is published under its PCI function's name (as upstream), `pci-…`; its
     // host name is the `dra.net/ifName` attribute.
     let device = dranet::inventory::pci_device_name(&pci);
-    let claim = Claim::new("default", &format!("claim-{uid}"), &format!("claim-uid-{uid}"));
-    node.write_claim(
-        &claim,
-        &uid,
+    pod.prepare(
+        &node,
         &[(
             device.clone(),
             serde_json::json!({"interface": {"name": "net1", "addresses": ["198.51.100.2/24"]}}),
         )],
-    )?;
-    node.prepare(&claim).await?;
-    let pod = sandbox(&uid, &ns.path);
-    node.runtime.run_pod_sandbox(&pod).await?;
-    node.runtime.set_state(vec![pod.clone()], vec![]);
+    )
+    .await?;
+    pod.run(&node).await?;
     assert!(!host_has(&nic), "{nic} still in the host after RunPodSandbox");
-    ns.ip(&["link", "show", "dev", "net1"])?;
+    pod.ns.ip(&["link", "show", "dev", "net1"])?;
     // The slices the daemon published keep the NIC (in a pod) with its PCI address and name.
     let slices = node.dir.join("slices");
     let (d, p) = (format!("\"{device}\""), pci.clone());
@@ -578,14 +502,12 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
             .flatten()
             .any(|f| std::fs::read_to_string(f.path()).is_ok_and(|t| t.contains(&d) && t.contains(&p)))
     };
-    tokio::task::spawn_blocking(move || {
-        wait_for(
-            "the NIC and its PCI address in the published slices",
-            Duration::from_secs(30),
-            published,
-        )
-    })
-    .await??;
+    wait_for(
+        "the NIC and its PCI address in the published slices",
+        Duration::from_secs(30),
+        published,
+    )
+    .await?;
     // The host name adoption can know: `dra.net/ifName` if the slices kept it while the NIC was in
     // the pod, else the name it has there (a PCI function's slice name is no netdev name).
     let home = published_ifname(&node.dir.join("slices"), &device).unwrap_or_else(|| "net1".to_owned());
@@ -595,7 +517,7 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
     assert!(node.records()?.is_empty());
     node.restart().await?;
     let start = Instant::now();
-    let key = (uid.clone(), format!("sb-{uid}"));
+    let key = (pod.uid.clone(), pod.sandbox.id.clone());
     while !node.records()?.contains(&key) || node.pins().is_empty() {
         if start.elapsed() > Duration::from_secs(60) {
             bail!("not adopted within 60 s: records {:?}", node.records()?);
@@ -606,7 +528,7 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
     let cp = node.checkpoint()?;
     let rec = cp["pods"]
         .as_object()
-        .and_then(|m| m.values().find(|r| r["pod_uid"] == uid.as_str()))
+        .and_then(|m| m.values().find(|r| r["pod_uid"] == pod.uid.as_str()))
         .cloned()
         .unwrap_or_default();
     assert_eq!(rec["phase"], "attached", "{rec}");
@@ -614,22 +536,17 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
     assert_eq!(rec["devices"][0]["pci_address"], pci.as_str(), "{rec}");
     assert_eq!(rec["devices"][0]["snapshot"]["name"], home.as_str(), "{rec}");
     // CRI-O order: netns gone first, then a late StopPodSandbox with the dead path.
-    ns.remove_crio_style()?;
+    pod.ns.remove_crio_style()?;
     let start = Instant::now();
-    tokio::task::spawn_blocking({
-        let home = home.clone();
-        move || {
-            wait_for("the adopted NIC home", Duration::from_secs(30), || {
-                host_has(&home)
-            })
-        }
+    wait_for("the adopted NIC home", Duration::from_secs(30), || {
+        host_has(&home)
     })
-    .await??;
+    .await?;
     eprintln!(
         "adopted {nic} returned as {home} {:?} after the netns bind mount was removed",
         start.elapsed()
     );
-    node.runtime.stop_pod_sandbox(&pod).await?;
+    node.runtime.stop_pod_sandbox(&pod.sandbox).await?;
     assert_home_adopted(&home, &before)?;
     let start = Instant::now();
     while node.records()?.contains(&key) {

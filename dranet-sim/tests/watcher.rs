@@ -5,9 +5,10 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dranet::netns::NetnsId;
+use dranet::sys::netns::NetnsId;
 use dranet::watch::{EventKind, LifecycleEvent, ProbeState, Subscription, Tier, Watcher, WatcherOptions};
-use dranet_sim::kernel::{PodNetns, Veth, identity, require_root, sh, unique};
+use dranet_sim::kernel::{PodNetns, Veth, identity, sh, unique};
+use dranet_sim::root_or_skip;
 
 /// Collects events until `done` returns true for one of them, or the timeout passes.
 async fn collect(
@@ -75,9 +76,7 @@ fn probe_active(w: &Watcher, name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crio_style_teardown_is_seen_in_order() -> Result<()> {
-    if !require_root("crio_style_teardown_is_seen_in_order")? {
-        return Ok(());
-    }
+    root_or_skip!("crio_style_teardown_is_seen_in_order");
     let w = start().await?;
     assert!(
         probe_active(&w, "umount") && probe_active(&w, "unlink"),
@@ -154,9 +153,7 @@ async fn crio_style_teardown_is_seen_in_order() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_fd_keeps_the_netns_alive_until_closed() -> Result<()> {
-    if !require_root("an_open_fd_keeps_the_netns_alive_until_closed")? {
-        return Ok(());
-    }
+    root_or_skip!("an_open_fd_keeps_the_netns_alive_until_closed");
     let w = start().await?;
     let (mut ns, veth, _ifindex, id) = pod_with_veth("pinned")?;
     let holder = ns.open()?;
@@ -195,9 +192,7 @@ async fn an_open_fd_keeps_the_netns_alive_until_closed() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unrelated_unlinks_produce_no_event() -> Result<()> {
-    if !require_root("unrelated_unlinks_produce_no_event")? {
-        return Ok(());
-    }
+    root_or_skip!("unrelated_unlinks_produce_no_event");
     let w = start().await?;
     let mut sub = w.subscribe();
     let dir = std::env::temp_dir().join(unique("dranet-unrelated-"));
@@ -219,9 +214,7 @@ async fn unrelated_unlinks_produce_no_event() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tier_b_programs_are_in_the_object_and_reported() -> Result<()> {
-    if !require_root("tier_b_programs_are_in_the_object_and_reported")? {
-        return Ok(());
-    }
+    root_or_skip!("tier_b_programs_are_in_the_object_and_reported");
     let obj = aya_obj_programs();
     for name in [
         "dranet_dev_netns",
@@ -260,7 +253,10 @@ async fn tier_b_programs_are_in_the_object_and_reported() -> Result<()> {
 
 /// Program names in the embedded object.
 fn aya_obj_programs() -> Vec<String> {
-    match aya::Ebpf::load(dranet::watch::EBPF_OBJECT) {
+    let Some(object) = dranet::sys::probes::object() else {
+        panic!("this build has no eBPF object (feature `ebpf` off)");
+    };
+    match aya::Ebpf::load(object) {
         Ok(e) => e.programs().map(|(n, _)| n.to_owned()).collect(),
         Err(e) => panic!("object does not load: {e}"),
     }
@@ -268,9 +264,7 @@ fn aya_obj_programs() -> Vec<String> {
 
 #[test]
 fn trace_json_subprocess_prints_parseable_teardown() -> Result<()> {
-    if !require_root("trace_json_subprocess_prints_parseable_teardown")? {
-        return Ok(());
-    }
+    root_or_skip!("trace_json_subprocess_prints_parseable_teardown");
     let (mut ns, veth, _ifindex, id) = pod_with_veth("trace")?;
     let mut child = std::process::Command::new(dranet_sim::kernel::dranet_bin()?)
         .args(["trace", "--json", "--duration", "3"])

@@ -333,7 +333,7 @@ impl Adopter {
                 Ok(Ok(m)) => return Some(m),
                 Ok(Err(e)) => {
                     let wait = backoff.next_delay();
-                    warn!(error = %crate::slices::error_chain(&e), retry_in = ?wait, "adoption: cannot list the node's claims");
+                    warn!(error = %crate::telemetry::chain(&e), retry_in = ?wait, "adoption: cannot list the node's claims");
                     if matches!(e, ClaimError::ListUnsupported)
                         || tokio::time::Instant::now() + wait >= deadline
                     {
@@ -384,14 +384,14 @@ impl Adopter {
             }
             Err(e) => {
                 self.metrics.count("failed");
-                warn!(pod = sb.uid, sandbox = sb.sandbox, ?from, error = %e, "adoption failed");
+                warn!(pod = sb.uid, sandbox = sb.sandbox, ?from, error = %crate::telemetry::chain(&e), "adoption failed");
             }
         }
         SandboxAdoption {
             pod_uid: sb.uid.clone(),
             sandbox: sb.sandbox.clone(),
             from,
-            outcome: outcome.map_err(|e| e.to_string()),
+            outcome: outcome.map_err(|e| crate::telemetry::chain(&e).to_string()),
             unidentified,
         }
     }

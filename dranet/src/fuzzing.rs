@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::http::{Endpoints, ServerOptions};
-use crate::netns::NetnsId;
 use crate::nri::SyncLimits;
+use crate::sys::netns::NetnsId;
 
 thread_local! {
     /// One current-thread runtime per fuzzing thread: the targets run millions of inputs.
@@ -96,12 +96,12 @@ pub fn http_request(data: &[u8]) -> Result<(), String> {
 /// # Errors
 /// A decoded message claims more bytes than the datagram had.
 pub fn ethtool_reply(data: &[u8]) -> Result<(), String> {
-    use crate::ethtool::{Features, Reply, decode, decode_bitset, decode_privflags, family_of};
+    use crate::sys::ethtool::{Features, Reply, decode, decode_bitset, decode_privflags, family_of};
     let poke = |attrs: &[u8]| {
         if let Ok(f) = Features::decode(attrs) {
             let _ = f.changeable_wanted();
             for name in ["rx-gro", "tso", "gro", "tx-checksum-*"] {
-                let _ = crate::ethtool::resolve_feature(&f, name, true);
+                let _ = crate::sys::ethtool::resolve_feature(&f, name, true);
             }
         }
         let _ = decode_privflags(attrs);
@@ -133,7 +133,7 @@ pub fn ethtool_reply(data: &[u8]) -> Result<(), String> {
 /// # Errors
 /// A message that does not survive its own encoder.
 pub fn rdma_reply(data: &[u8]) -> Result<(), String> {
-    use crate::rdma::{Reply, decode, devices_of, encode, mode_of};
+    use crate::sys::rdma::{Reply, decode, devices_of, encode, mode_of};
     let Ok(replies) = decode(data) else {
         return Ok(());
     };

@@ -34,7 +34,7 @@ use crate::listen::{Accepted, Incoming};
 /// Errors of the HTTP endpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    #[error("binding {addr}: {source}")]
+    #[error("binding {addr}")]
     Bind {
         addr: String,
         #[source]
@@ -186,7 +186,7 @@ where
     tokio::select! {
         r = conn => {
             if let Err(e) = r {
-                debug!(error = %e, "http connection closed");
+                debug!(error = %crate::telemetry::chain(&e), "http connection closed");
             }
         }
         () = activity.idle_for(opts.idle_timeout) => debug!("http connection idle; closed"),

@@ -40,48 +40,7 @@ pub const BACKOFF_START: Duration = Duration::from_millis(10);
 /// Longest pause between accept attempts while errors last.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-/// Errors of the listener helpers.
-#[derive(Debug, thiserror::Error)]
-pub enum ListenError {
-    /// `getrlimit`/`setrlimit` failed.
-    #[error("{call}(RLIMIT_NOFILE) failed")]
-    Rlimit {
-        call: &'static str,
-        #[source]
-        source: nix::Error,
-    },
-}
-
-/// The soft `RLIMIT_NOFILE` before and after [`raise_nofile_limit`], and the hard limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NofileLimit {
-    pub old_soft: u64,
-    pub new_soft: u64,
-    pub hard: u64,
-}
-
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit (a no-op when they are equal).
-///
-/// # Errors
-/// [`ListenError::Rlimit`] when the limit cannot be read or set.
-pub fn raise_nofile_limit() -> Result<NofileLimit, ListenError> {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|source| ListenError::Rlimit {
-        call: "getrlimit",
-        source,
-    })?;
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|source| ListenError::Rlimit {
-            call: "setrlimit",
-            source,
-        })?;
-    }
-    Ok(NofileLimit {
-        old_soft: soft,
-        new_soft: soft.max(hard),
-        hard,
-    })
-}
+pub use crate::sys::os::{NofileLimit, OsError, raise_nofile_limit};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ListenerLabel {
@@ -161,7 +120,7 @@ fn is_per_connection(e: &io::Error) -> bool {
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::Interrupted
             | io::ErrorKind::WouldBlock
-    ) || e.raw_os_error() == Some(libc::EPROTO)
+    ) || crate::sys::os::is_eproto(e)
 }
 
 /// Doubling delay between accept attempts while they fail.
@@ -311,16 +270,16 @@ impl<L: Listen> Incoming<L> {
                     return Poll::Ready(self.admit(conn));
                 }
                 Err(e) if is_per_connection(&e) => {
-                    debug!(listener = self.name, error = %e, "accept: connection gone before it was accepted");
+                    debug!(listener = self.name, error = %crate::telemetry::chain(&e), "accept: connection gone before it was accepted");
                 }
                 Err(e) => {
                     metrics().errors.get_or_create(&self.label).inc();
                     let delay = self.backoff.next_delay();
                     if self.backoff.streak == 1 {
-                        warn!(listener = self.name, error = %e, retry_in = ?delay,
+                        warn!(listener = self.name, error = %crate::telemetry::chain(&e), retry_in = ?delay,
                               "accept failed; backing off (still listening)");
                     } else {
-                        debug!(listener = self.name, error = %e, retry_in = ?delay, "accept failed again");
+                        debug!(listener = self.name, error = %crate::telemetry::chain(&e), retry_in = ?delay, "accept failed again");
                     }
                     self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
                 }

@@ -11,10 +11,10 @@
 
 use std::path::{Path, PathBuf};
 
-use dranet::ethtool as et;
 use dranet::nri::pb::nri as api;
 use dranet::nri::replay::request_frame;
-use dranet::rdma;
+use dranet::sys::ethtool as et;
+use dranet::sys::rdma;
 use prost::Message;
 
 type Seeds = Vec<(&'static str, Vec<u8>)>;

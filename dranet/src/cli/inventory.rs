@@ -52,7 +52,7 @@ pub fn main(args: &InventoryArgs) -> ExitCode {
     let filter = match Filter::compile(&args.filter) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("{}", crate::telemetry::chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -61,7 +61,7 @@ pub fn main(args: &InventoryArgs) -> ExitCode {
         .as_deref()
         .map(super::upstream::parse_feature_gates)
     {
-        eprintln!("{e}");
+        eprintln!("{}", crate::telemetry::chain(&e));
         return ExitCode::from(2);
     }
     if args.pci {
@@ -80,7 +80,7 @@ pub fn main(args: &InventoryArgs) -> ExitCode {
     let devices = match inventory::scan(&opts) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("inventory scan failed: {e}");
+            eprintln!("inventory scan failed: {}", crate::telemetry::chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -112,7 +112,7 @@ pub fn main(args: &InventoryArgs) -> ExitCode {
     match out {
         Ok(v) => print(&v),
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("{}", crate::telemetry::chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -156,7 +156,7 @@ fn print(v: &serde_json::Value) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("{}", crate::telemetry::chain(&e));
             ExitCode::FAILURE
         }
     }

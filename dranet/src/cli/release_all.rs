@@ -46,7 +46,7 @@ pub fn main(args: &ReleaseAllArgs) -> ExitCode {
         let engine = match Engine::new(opts, None).await {
             Ok(e) => e,
             Err(e) => {
-                eprintln!("dranet release-all: {e}");
+                eprintln!("dranet release-all: {}", crate::telemetry::chain(&e));
                 return ExitCode::FAILURE;
             }
         };
@@ -73,7 +73,7 @@ pub fn main(args: &ReleaseAllArgs) -> ExitCode {
                 }
             }
             Err(e) => {
-                eprintln!("dranet release-all: {e}");
+                eprintln!("dranet release-all: {}", crate::telemetry::chain(&e));
                 ExitCode::FAILURE
             }
         }

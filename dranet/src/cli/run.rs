@@ -127,7 +127,7 @@ impl Endpoints for Status {
     fn metrics(&self) -> String {
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
-            warn!(error = %e, "encoding metrics");
+            warn!(error = %crate::telemetry::chain(&e), "encoding metrics");
         }
         out
     }
@@ -140,7 +140,7 @@ pub fn main(args: &RunArgs) -> ExitCode {
         None => super::init_logging(args.log_format == LogFormat::Json, "info"),
     }
     if let Err(e) = args.upstream.check() {
-        error!(error = %e, "bad flag");
+        error!(error = %crate::telemetry::chain(&e), "bad flag");
         return ExitCode::FAILURE;
     }
     for note in args.upstream.notes() {
@@ -162,7 +162,7 @@ pub fn main(args: &RunArgs) -> ExitCode {
             hard = l.hard,
             "RLIMIT_NOFILE already at the hard limit"
         ),
-        Err(e) => warn!(error = %e, "cannot raise RLIMIT_NOFILE"),
+        Err(e) => warn!(error = %crate::telemetry::chain(&e), "cannot raise RLIMIT_NOFILE"),
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -171,14 +171,14 @@ pub fn main(args: &RunArgs) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            error!(error = %e, "cannot start the async runtime");
+            error!(error = %crate::telemetry::chain(&e), "cannot start the async runtime");
             return ExitCode::FAILURE;
         }
     };
     match rt.block_on(run(args.clone())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!(error = %e, "dranet run failed");
+            error!(error = %crate::telemetry::chain(e.as_ref()), "dranet run failed");
             ExitCode::FAILURE
         }
     }
@@ -201,7 +201,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             Some(w)
         }
         Err(e) => {
-            warn!(error = %e, "lifecycle watcher unavailable: devices are still pinned and returned by the hooks");
+            warn!(error = %crate::telemetry::chain(&e), "lifecycle watcher unavailable: devices are still pinned and returned by the hooks");
             None
         }
     };
@@ -264,7 +264,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let sock = args.state_dir.join(ACTIVITY_SOCKET);
     match serve_activity(&sock, engine.clone()) {
         Ok(()) => info!(socket = %sock.display(), "activity feed for `dranet trace`"),
-        Err(e) => warn!(socket = %sock.display(), error = %e, "no activity feed for `dranet trace`"),
+        Err(e) => {
+            warn!(socket = %sock.display(), error = %crate::telemetry::chain(&e), "no activity feed for `dranet trace`")
+        }
     }
     let runtime = super::run_sides::start_runtime(&args, &engine, &mut registry, &readiness).await?;
     let status = Arc::new(Status {

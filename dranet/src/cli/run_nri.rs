@@ -9,8 +9,8 @@ use tracing::{error, info};
 use super::run::RunArgs;
 use super::run_sides::Sides;
 use crate::adoption::Adopter;
-use crate::driver::Driver;
 use crate::nri::{NriMetrics, PluginConfig};
+use crate::pod::Driver;
 use crate::rescue::Engine;
 
 pub async fn start(
@@ -27,12 +27,11 @@ pub async fn start(
             .with_reporter(sides.reporter.clone())
             .with_adoption(adopter),
     );
-    driver.metrics().register(registry);
+    let metrics = NriMetrics::default();
+    metrics.register(registry);
     if args.no_nri {
         return Ok(());
     }
-    let metrics = NriMetrics::default();
-    metrics.register(registry);
     let cfg = PluginConfig {
         socket: args.nri_socket.clone(),
         name: args.nri_plugin_name.clone(),
@@ -44,7 +43,7 @@ pub async fn start(
     info!(socket = %cfg.socket.display(), name = cfg.name, index = cfg.index, "NRI plugin starting");
     sides.nri_task = Some(tokio::spawn(async move {
         if let Err(e) = crate::nri::run(cfg, driver, rx).await {
-            error!(error = %e, "NRI plugin stopped");
+            error!(error = %crate::telemetry::chain(&e), "NRI plugin stopped");
         }
     }));
     sides.nri_stop = Some(tx);

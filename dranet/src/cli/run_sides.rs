@@ -130,8 +130,8 @@ impl crate::dra::DeviceLookup for RescanOnMiss {
                     all.sort_by(|a, b| a.name.cmp(&b.name));
                     self.inventory.replace(all);
                 }
-                Ok(Err(e)) => warn!(error = %e, "inventory rescan"),
-                Err(e) => warn!(error = %e, "inventory rescan task"),
+                Ok(Err(e)) => warn!(error = %crate::telemetry::chain(&e), "inventory rescan"),
+                Err(e) => warn!(error = %crate::telemetry::chain(&e), "inventory rescan task"),
             }
         })
     }
@@ -250,7 +250,7 @@ async fn start_kubelet_side(
     let devices = match scan(&scan_opts, engine, &held, &health).await {
         Ok(d) => d,
         Err(e) => {
-            warn!(error = %e, "first inventory scan failed; the publish loop scans again");
+            warn!(error = %crate::telemetry::chain(e.as_ref()), "first inventory scan failed; the publish loop scans again");
             Vec::new()
         }
     };
@@ -319,7 +319,7 @@ async fn start_kubelet_side(
     let (r, stop) = (rescan.clone(), stop_rx.clone());
     sides.tasks.push(tokio::spawn(async move {
         if let Err(e) = link_events(r, stop).await {
-            warn!(error = %e, "no link events: inventory relies on periodic rescans");
+            warn!(error = %crate::telemetry::chain(&e), "no link events: inventory relies on periodic rescans");
         }
     }));
     let r = rescan.clone();

@@ -23,14 +23,14 @@ pub fn main(args: &StatusArgs) -> ExitCode {
     let store = match Store::open(&args.state_dir) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("dranet status: {e}");
+            eprintln!("dranet status: {}", crate::telemetry::chain(&e));
             return ExitCode::FAILURE;
         }
     };
     let cp = match store.load() {
         Ok(cp) => cp,
         Err(e) => {
-            eprintln!("dranet status: {e}");
+            eprintln!("dranet status: {}", crate::telemetry::chain(&e));
             match store.load_prev() {
                 Ok(Some(cp)) => {
                     eprintln!(
@@ -41,12 +41,12 @@ pub fn main(args: &StatusArgs) -> ExitCode {
                 }
                 other => {
                     if let Err(e) = other {
-                        eprintln!("dranet status: {e}");
+                        eprintln!("dranet status: {}", crate::telemetry::chain(&e));
                     }
                     eprintln!(
                         "dranet status: no checkpoint loads; the daemon rebuilds records from these pins:"
                     );
-                    for p in crate::netns::Pin::list(&store.pins_dir()).unwrap_or_default() {
+                    for p in crate::sys::netns::Pin::list(&store.pins_dir()).unwrap_or_default() {
                         eprintln!("  {}", p.display());
                     }
                     return ExitCode::FAILURE;
@@ -60,7 +60,7 @@ pub fn main(args: &StatusArgs) -> ExitCode {
     }
     println!("planned pods: {}", cp.plans.len());
     for p in cp.pods.values() {
-        let pinned = p.pin.as_deref().is_some_and(crate::netns::is_pinned);
+        let pinned = p.pin.as_deref().is_some_and(crate::sys::netns::is_pinned);
         println!(
             "pod {}/{} ({}) sandbox {} {:?} netns {} pin {}",
             p.namespace,

@@ -1,3 +1,4 @@
+// Over 500 lines: the trace subcommand: human and JSON renderings of every event kind.
 //! `dranet trace`: a live teardown timeline for operators.
 //!
 //! Prints the probe status first, then one line per lifecycle event: relative time in µs, event
@@ -12,8 +13,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::netns::NetnsId;
 use crate::rescue::activity::{Activity, ActivityKind};
+use crate::sys::netns::NetnsId;
 use crate::watch::{self, EventKind, LifecycleEvent, ProbeStatus, Watcher, WatcherOptions};
 
 /// Arguments of `dranet trace`.
@@ -57,7 +58,7 @@ pub fn main(args: &TraceArgs) -> ExitCode {
     match rt.block_on(run(args, &mut std::io::stdout())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dranet trace: {e}");
+            eprintln!("dranet trace: {}", crate::telemetry::chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -1,3 +1,4 @@
+// Over 500 lines: every upstream flag with how it maps (a table with its parser).
 //! Upstream dranet's flags (kubernetes-sigs/dranet `cmd/dranet/app.go` and klog's), accepted by
 //! `dranet run` so that an upstream DaemonSet's arguments start it. Each is honoured where it
 //! means something here, or accepted with a one-line warning that says why it is not needed.

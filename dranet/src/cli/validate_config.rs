@@ -81,7 +81,7 @@ pub fn check(raw: &[u8], rdma_only: bool) -> Result<String, Vec<String>> {
         ConfigError::Decode { errors } | ConfigError::Invalid { errors } => {
             errors.iter().map(ToString::to_string).collect()
         }
-        ConfigError::Json { .. } => vec![e.to_string()],
+        ConfigError::Json { .. } => vec![crate::telemetry::chain(&e).to_string()],
     };
     let cfg = config::parse_and_validate(raw).map_err(lines)?;
     if rdma_only {

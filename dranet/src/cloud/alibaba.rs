@@ -54,7 +54,7 @@ pub(super) async fn instance(ep: &Endpoint, opts: &CloudOptions) -> Alibaba {
     {
         Ok(v) => v,
         Err(e) => {
-            tracing::warn!(error = %e, "Alibaba Cloud instance type unavailable: no alibaba.dra.net/instanceType");
+            tracing::warn!(error = %crate::telemetry::chain(&e), "Alibaba Cloud instance type unavailable: no alibaba.dra.net/instanceType");
             String::new()
         }
     };

@@ -99,7 +99,9 @@ pub(super) async fn instance(ep: &Endpoint, opts: &CloudOptions) -> Result<Azure
     .await
     {
         Ok(n) => a.interfaces = n.interface,
-        Err(e) => tracing::warn!(error = %e, "Azure network metadata unavailable: no per-NIC policy routing"),
+        Err(e) => {
+            tracing::warn!(error = %crate::telemetry::chain(&e), "Azure network metadata unavailable: no per-NIC policy routing")
+        }
     }
     Ok(a)
 }

@@ -88,7 +88,7 @@ pub(super) async fn instance(ep: &Endpoint, opts: &CloudOptions) -> Result<Gce, 
     // Not every VM has a physical host; its absence is not an error.
     match get(ep, "instance/attributes/physical_host", t).await {
         Ok(topo) => g.topology = Some(topo),
-        Err(e) => tracing::info!(vm = %g.name, error = %e,
+        Err(e) => tracing::info!(vm = %g.name, error = %crate::telemetry::chain(&e),
             "GCE VM without physical_host: no block/subBlock/host attributes (normal for many machine types)"),
     }
     Ok(g)

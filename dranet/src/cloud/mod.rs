@@ -1,3 +1,4 @@
+// Over 500 lines: five providers' metadata readers, each short, behind one trait; they share the HTTP client and retry.
 //! Cloud provider attributes, as upstream publishes them (`pkg/cloudprovider/*`): the instance
 //! metadata of GCE, AWS, Azure, OCI (OKE) and Alibaba Cloud, or a BYODP webhook, add
 //! attributes to the devices (`gce.dra.net/*`, `resource.aws.com/devicegroup*_id`,
@@ -280,7 +281,7 @@ pub async fn discover(opts: &CloudOptions) -> Option<CloudInstance> {
             Some(i)
         }
         Err(e) => {
-            tracing::warn!(provider = %provider, error = %crate::slices::error_chain(&e),
+            tracing::warn!(provider = %provider, error = %crate::telemetry::chain(&e),
                 "cloud instance metadata unavailable: no cloud attributes");
             None
         }
@@ -299,7 +300,7 @@ async fn detect(opts: &CloudOptions) -> Result<Provider, String> {
     for (p, r) in candidates.iter().zip(results) {
         match r {
             Ok(()) => return Ok(*p),
-            Err(e) => why.push(format!("{p}: {e}")),
+            Err(e) => why.push(format!("{p}: {}", crate::telemetry::chain(&e))),
         }
     }
     Err(why.join("; "))
@@ -557,7 +558,7 @@ impl crate::dra::Providers for NodeProviders {
                 CloudInstance::Webhook(w) => match w.device_config(ids).await {
                     Ok(c) => c,
                     Err(e) => {
-                        tracing::warn!(device = %ids.name, error = %e, "webhook GetDeviceConfig failed");
+                        tracing::warn!(device = %ids.name, error = %crate::telemetry::chain(&e), "webhook GetDeviceConfig failed");
                         None
                     }
                 },
@@ -579,7 +580,7 @@ impl crate::dra::Providers for NodeProviders {
                 ProfileState::Ready(w) => w
                     .profile_config(ids, claim_uid, config)
                     .await
-                    .map_err(|e| ProfileError::Failed(crate::slices::error_chain(&e))),
+                    .map_err(|e| ProfileError::Failed(crate::telemetry::chain(&e).to_string())),
                 ProfileState::Pending(why) => Err(ProfileError::Failed(format!(
                     "the profile provider is not available yet: {why}"
                 ))),
@@ -600,7 +601,7 @@ impl crate::dra::Providers for NodeProviders {
                 ProfileState::Ready(w) => w
                     .release_profile_config(ids, claim_uid, config)
                     .await
-                    .map_err(|e| ProfileError::Failed(crate::slices::error_chain(&e))),
+                    .map_err(|e| ProfileError::Failed(crate::telemetry::chain(&e).to_string())),
                 ProfileState::Pending(why) | ProfileState::Unavailable(why) => Err(ProfileError::Failed(
                     format!("no profile provider to release it: {why}"),
                 )),
@@ -624,12 +625,16 @@ pub async fn run_providers(
         let ep = match opts.webhook_url.as_deref().map(Endpoint::parse) {
             Some(Ok(ep)) => ep,
             Some(Err(e)) => {
-                slots.profiles.set(ProfileState::Unavailable(e.to_string()));
+                slots
+                    .profiles
+                    .set(ProfileState::Unavailable(crate::telemetry::chain(&e).to_string()));
                 return;
             }
             None => {
                 let e = CloudError::NoWebhookUrl("profile");
-                slots.profiles.set(ProfileState::Unavailable(e.to_string()));
+                slots
+                    .profiles
+                    .set(ProfileState::Unavailable(crate::telemetry::chain(&e).to_string()));
                 return;
             }
         };
@@ -688,7 +693,7 @@ async fn connect_profiles(ep: &Endpoint, timing: CloudTiming, slot: &ProfileSlot
             }
             Err(e) => {
                 let wait = backoff.next_delay();
-                let why = crate::slices::error_chain(&e);
+                let why = crate::telemetry::chain(&e).to_string();
                 tracing::warn!(webhook = %ep, error = %why, retry_in = ?wait, "profile webhook not reachable");
                 slot.set(ProfileState::Pending(format!("webhook at {ep}: {why}")));
                 tokio::time::sleep(wait).await;

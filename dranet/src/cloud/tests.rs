@@ -1,13 +1,14 @@
+// Over 500 lines: one local metadata server per cloud and its failure cases.
 //! Each cloud against a local server on 127.0.0.1 that answers like its metadata service (the
 //! paths, headers and JSON layouts upstream reads, from recorded answers), and the failure
 //! cases: no server, slow, 404, malformed. A failure is no cloud attributes, never an error.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::fake::{Req, Resp, Server, closed_port_url};
 use super::*;
+use crate::test_support::TempDir;
 
 fn timing() -> CloudTiming {
     CloudTiming {
@@ -37,30 +38,6 @@ fn ids(mac: &str, pci: &str, name: &str) -> DeviceIds {
         mac: mac.into(),
         pci_address: pci.into(),
         name: name.into(),
-    }
-}
-
-/// A temp dir removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "dranet-cloud-{tag}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -194,12 +171,12 @@ fn aws(document: &'static str) -> impl Fn(&Req) -> Resp {
 }
 
 fn efa_sysfs(tmp: &TempDir, product: &str, efa: &str, other: &str) {
-    let dmi = tmp.0.join("devices/virtual/dmi/id");
+    let dmi = tmp.path().join("devices/virtual/dmi/id");
     std::fs::create_dir_all(&dmi).unwrap();
     std::fs::write(dmi.join("product_name"), format!("{product}\n")).unwrap();
     for (addr, driver) in [(efa, "efa"), (other, "ena")] {
-        std::fs::create_dir_all(tmp.0.join("bus/pci/drivers").join(driver)).unwrap();
-        let dev = tmp.0.join("bus/pci/devices").join(addr);
+        std::fs::create_dir_all(tmp.path().join("bus/pci/drivers").join(driver)).unwrap();
+        let dev = tmp.path().join("bus/pci/devices").join(addr);
         std::fs::create_dir_all(&dev).unwrap();
         std::os::unix::fs::symlink(format!("../../drivers/{driver}"), dev.join("driver")).unwrap();
     }
@@ -207,11 +184,11 @@ fn efa_sysfs(tmp: &TempDir, product: &str, efa: &str, other: &str) {
 
 #[tokio::test]
 async fn aws_neuron_efa_devices_get_their_device_groups() {
-    let tmp = TempDir::new("aws");
+    let tmp = TempDir::new("cloud-aws");
     efa_sysfs(&tmp, "trn1.32xlarge", "0000:10:1a.0", "0000:00:05.0");
     let srv = Server::http(aws(AWS_DOCUMENT)).await;
     let mut o = opts(&srv.url, Hint::Detect);
-    o.sysfs = tmp.0.clone();
+    o.sysfs = tmp.path().to_path_buf();
     let i = discover(&o).await.expect("AWS");
     assert_eq!(i.provider(), Provider::Aws);
     let a = i.device_attributes(&ids("", "0000:10:1a.0", "")).await;
@@ -236,7 +213,7 @@ async fn aws_neuron_efa_devices_get_their_device_groups() {
 
 #[tokio::test]
 async fn aws_other_instances_publish_nothing_and_imdsv1_works() {
-    let tmp = TempDir::new("aws-p5");
+    let tmp = TempDir::new("cloud-aws-p5");
     efa_sysfs(&tmp, "p5.48xlarge", "0000:10:1a.0", "0000:00:05.0");
     let doc = r#"{"instanceType":"p5.48xlarge","region":"us-east-1"}"#;
     // IMDSv1: the token request is refused, the document answers without one.
@@ -247,7 +224,7 @@ async fn aws_other_instances_publish_nothing_and_imdsv1_works() {
     })
     .await;
     let mut o = opts(&srv.url, Hint::Provider(Provider::Aws));
-    o.sysfs = tmp.0.clone();
+    o.sysfs = tmp.path().to_path_buf();
     let i = discover(&o).await.expect("AWS");
     assert!(i.device_attributes(&ids("", "0000:10:1a.0", "")).await.is_empty());
 }
@@ -384,13 +361,13 @@ fn alibaba(r: &Req) -> Resp {
 
 #[tokio::test]
 async fn alibaba_instance_type_everywhere_and_erdma_on_erdma_devices() {
-    let tmp = TempDir::new("alibaba");
-    let ib = tmp.0.join("class/infiniband/erdma_0");
+    let tmp = TempDir::new("cloud-alibaba");
+    let ib = tmp.path().join("class/infiniband/erdma_0");
     std::fs::create_dir_all(&ib).unwrap();
     std::os::unix::fs::symlink("../../../0000:00:06.0", ib.join("device")).unwrap();
     let srv = Server::http(alibaba).await;
     let mut o = opts(&srv.url, Hint::Detect);
-    o.sysfs = tmp.0.clone();
+    o.sysfs = tmp.path().to_path_buf();
     let i = discover(&o).await.expect("Alibaba");
     assert_eq!(i.provider(), Provider::Alibaba);
     assert_eq!(
@@ -467,9 +444,9 @@ async fn no_metadata_server_is_no_cloud() {
     }
     // As upstream, Alibaba without its instance type is still Alibaba (the eRDMA attribute
     // comes from sysfs): here with no eRDMA device, no attributes.
-    let tmp = TempDir::new("alibaba-none");
+    let tmp = TempDir::new("cloud-alibaba-none");
     let mut o = opts(&url, Hint::Provider(Provider::Alibaba));
-    o.sysfs = tmp.0.clone();
+    o.sysfs = tmp.path().to_path_buf();
     let i = discover(&o).await.expect("Alibaba by hint");
     assert!(
         i.device_attributes(&ids("", "0000:00:06.0", "eth0"))

@@ -131,7 +131,7 @@ impl Webhook {
                 })
                 .collect(),
             Err(e) => {
-                tracing::warn!(device = %ids.name, error = %e, "webhook GetDeviceAttributes failed");
+                tracing::warn!(device = %ids.name, error = %crate::telemetry::chain(&e), "webhook GetDeviceAttributes failed");
                 BTreeMap::new()
             }
         }

@@ -1,3 +1,4 @@
+// Over 500 lines: upstream's validation rules, one function per config block, reported together.
 //! Validation of [`NetworkConfig`], with upstream's rules and messages (`pkg/apis/validation.go`):
 //! strict JSON (unknown fields are errors), then every rule is checked and all failures are
 //! reported together, each prefixed with its field path (`interface.mtu`, `routes[1].gateway`).
@@ -45,7 +46,7 @@ fn join(errors: &[FieldError]) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// Not JSON at all (the position is in the message).
-    #[error("failed to unmarshal JSON data: {source}")]
+    #[error("failed to unmarshal JSON data")]
     Json {
         #[source]
         source: serde_json::Error,

@@ -16,7 +16,7 @@
 //!
 //! Layout: [`message`] (RFC 2131/2132/3442 codec, pure), [`packet`] (IPv4/UDP framing, pure),
 //! [`client`] (the packet socket and the exchange, blocking), and [`acquire`] here: link state,
-//! socket opened inside the wanted netns on a throw-away thread ([`crate::netns::in_netns`]),
+//! socket opened inside the wanted netns on a throw-away thread ([`crate::sys::netns::in_netns`]),
 //! exchange on the blocking pool — no tokio worker ever `setns`es.
 
 pub mod client;
@@ -29,8 +29,8 @@ use std::time::Duration;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 
 use crate::config::RouteConfig;
-use crate::link::{LinkError, Netlink};
-use crate::netns::{Netns, NetnsError};
+use crate::sys::link::{LinkError, Netlink};
+use crate::sys::netns::{Netns, NetnsError};
 
 pub use message::ClasslessRoute;
 
@@ -59,13 +59,9 @@ pub enum DhcpError {
     NoSuchInterface(String),
     #[error("interface {name:?} has a {len}-byte hardware address; DHCP here needs Ethernet (6)")]
     NotEthernet { name: String, len: usize },
-    #[error("{what}: {source}")]
-    Socket {
-        what: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("interface {name:?}: {source}")]
+    #[error(transparent)]
+    Packet(#[from] crate::sys::packet::PacketError),
+    #[error("interface {name:?}")]
     Link {
         name: String,
         #[source]
@@ -75,7 +71,7 @@ pub enum DhcpError {
     Netns(#[from] NetnsError),
     #[error("the DHCP task failed: {0}")]
     Task(String),
-    #[error("{outcome}; then setting {name:?} back down failed: {source}")]
+    #[error("{outcome}; then setting {name:?} back down failed")]
     Restore {
         name: String,
         outcome: String,
@@ -231,24 +227,26 @@ pub async fn acquire(netns: &Netns, ifname: &str, timeout: Duration) -> Result<L
         index,
     };
     if !was_up {
-        crate::link::set_admin_state(&nl, index, true)
+        crate::sys::link::set_admin_state(&nl, index, true)
             .await
             .map_err(link_err)?;
     }
     let result = tokio::task::spawn_blocking(move || -> Result<Lease, DhcpError> {
-        let sock = crate::netns::in_netns(&ns, move || client::PacketSocket::open(index))??;
+        let sock = crate::sys::netns::in_netns(&ns, move || {
+            crate::sys::packet::PacketSocket::open(index, packet::CLIENT_PORT)
+        })??;
         client::exchange(&sock, mac, timeout)
     })
     .await
-    .map_err(|e| DhcpError::Task(e.to_string()))
+    .map_err(|e| DhcpError::Task(crate::telemetry::chain(&e).to_string()))
     .and_then(|r| r);
     guard.disarm();
-    if !was_up && let Err(source) = crate::link::set_admin_state(&nl, index, false).await {
+    if !was_up && let Err(source) = crate::sys::link::set_admin_state(&nl, index, false).await {
         return Err(DhcpError::Restore {
             name: ifname.to_owned(),
             outcome: match &result {
                 Ok(l) => format!("leased {}", l.cidr()),
-                Err(e) => e.to_string(),
+                Err(e) => crate::telemetry::chain(&e).to_string(),
             },
             source,
         });
@@ -287,8 +285,8 @@ impl Drop for DownOnDrop {
         let index = self.index;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = crate::link::set_admin_state(&nl, index, false).await {
-                    tracing::warn!(index, error = %e, "DHCP cancelled: setting the link down again failed");
+                if let Err(e) = crate::sys::link::set_admin_state(&nl, index, false).await {
+                    tracing::warn!(index, error = %crate::telemetry::chain(&e), "DHCP cancelled: setting the link down again failed");
                 }
             });
         }

@@ -218,7 +218,7 @@ impl KubeClaimSource {
             }
             Err(e @ ClaimError::Kube { source, .. }) => {
                 let why = crate::rbac::note_forbidden(source, ("get", "resource.k8s.io", "resourceclaims"))
-                    .unwrap_or_else(|| crate::slices::error_chain(e));
+                    .unwrap_or_else(|| crate::telemetry::chain(e).to_string());
                 r.set_unmet(
                     crate::ready::CLAIMS,
                     format!("ResourceClaims not readable: {why}"),
@@ -273,7 +273,7 @@ impl KubeClaimSource {
                             source,
                         });
                     }
-                    tracing::debug!(%namespace, %name, error = %source, retry_in = ?wait, "claim read failed, retrying");
+                    tracing::debug!(%namespace, %name, error = %crate::telemetry::chain(&source), retry_in = ?wait, "claim read failed, retrying");
                     tokio::time::sleep(wait).await;
                 }
             }

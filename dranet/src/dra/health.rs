@@ -1,3 +1,4 @@
+// Over 500 lines: two versions of one health service served from one hub.
 //! Device health for kubelet (KEP-4680): the `v1.DRAResourceHealth` and
 //! `v1alpha1.DRAResourceHealth` services on the DRA socket (the same messages under two package
 //! names, served from one hub: [`HealthResponse`] is the only per-version code). [`HealthHub`]

@@ -1,3 +1,5 @@
+// Over 500 lines: one test per health transition and per service version.
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -5,26 +7,9 @@ use prost::Message;
 
 use super::*;
 use crate::dra::proto::health_v1alpha1 as pb;
-use crate::link::LinkSnapshot;
-use crate::netns::NetnsId;
-use crate::state::{DeviceRecord, PodPhase, PodRecord};
-
-fn record(device: &str, state: DeviceState) -> DeviceRecord {
-    DeviceRecord {
-        device: device.into(),
-        pod_ifname: "net1".into(),
-        pci_address: None,
-        permanent_mac: None,
-        rdma_device: None,
-        rdma_in_pod: false,
-        pod_mac: None,
-        snapshot: LinkSnapshot::default(),
-        state,
-        temp_name: None,
-        at: None,
-        rebuilt: false,
-    }
-}
+use crate::state::{PodPhase, PodRecord};
+use crate::sys::netns::NetnsId;
+use crate::test_support::{NoSink, TempDir, device_record};
 
 fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
     let mut cp = Checkpoint::default();
@@ -39,7 +24,7 @@ fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
             netns: NetnsId { cookie: 1, inode: 2 },
             pin: None,
             phase: PodPhase::Attached,
-            devices: devices.iter().map(|(d, s)| record(d, *s)).collect(),
+            devices: devices.iter().map(|(d, s)| device_record(d, *s)).collect(),
             recovered: None,
         },
     );
@@ -475,26 +460,6 @@ fn both_versions_carry_the_same_list_on_the_wire() {
     );
 }
 
-struct NoPlans;
-
-impl crate::dra::PlanSink for NoPlans {
-    fn set_plan(&self, _: crate::plan::PodPlan) -> Result<(), String> {
-        Ok(())
-    }
-    fn remove_claim(&self, _: &str) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// A kubelet root under the temp dir, removed on drop.
-struct KubeletRoot(PathBuf);
-
-impl Drop for KubeletRoot {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 async fn uds_channel(path: &std::path::Path) -> tonic::transport::Channel {
     let path = path.to_path_buf();
     tonic::transport::Endpoint::try_from("http://[::]:0")
@@ -517,14 +482,9 @@ async fn both_versions_are_served_over_the_dra_socket_from_one_hub() {
     use crate::dra::proto::pluginregistration::registration_client::RegistrationClient;
     use crate::dra::{KubeletPlugin, MemoryClaimSource, PluginConfig, Preparer};
 
-    static N: AtomicI64 = AtomicI64::new(0);
-    let root = KubeletRoot(std::env::temp_dir().join(format!(
-        "dranet-health-uds-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    )));
+    let root = TempDir::new("health-uds");
     let cfg = PluginConfig {
-        kubelet_root: root.0.clone(),
+        kubelet_root: root.path().to_path_buf(),
         driver: "dra.net".into(),
     };
     let preparer = Arc::new(Preparer::new(
@@ -532,7 +492,7 @@ async fn both_versions_are_served_over_the_dra_socket_from_one_hub() {
         "node-a",
         Arc::new(MemoryClaimSource::new()),
         Arc::new(crate::inventory::SharedInventory::new(Vec::new())),
-        Arc::new(NoPlans),
+        Arc::new(NoSink),
     ));
     let hub = HealthHub::new("node-a");
     hub.observe_scan(["eth1", "eth2"], &Checkpoint::default());

@@ -1,3 +1,4 @@
+// Over 500 lines: the Prepare pipeline (claim → results → config → plan) reads top to bottom; its phases are functions here, one file keeps the order visible.
 //! NodePrepareResources / NodeUnprepareResources logic, independent of the gRPC version:
 //! fetch the claim, take this driver's results in this node's pool, pick and validate the opaque
 //! config per request, look the devices up in the inventory, and hand the pod's merged
@@ -7,10 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
-use crate::bpf::{BpfError, Unpinned};
 use crate::config::{self, ConfigError, NetworkConfig};
 use crate::dhcp::{DhcpError, Lease};
-use crate::ethtool::{Dev, EthtoolError, Features};
+use crate::sys::bpf::{BpfError, Unpinned};
+use crate::sys::ethtool::{Dev, EthtoolError, Features};
 use futures::future::BoxFuture;
 
 use super::profiles::{NoProviders, Providers};
@@ -30,26 +31,6 @@ pub trait PlanSink: Send + Sync + 'static {
     }
 }
 
-/// The rescue engine is the daemon's plan store: the plans it checkpoints are what the NRI hooks
-/// attach.
-impl PlanSink for crate::rescue::Engine {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        crate::rescue::Engine::set_plan(self, plan).map_err(|e| e.to_string())
-    }
-
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
-        crate::rescue::Engine::remove_claim(self, claim_uid).map_err(|e| e.to_string())
-    }
-
-    fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            crate::rescue::Engine::durable(self)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    }
-}
-
 /// Finds inventory devices by slice device name.
 pub trait DeviceLookup: Send + Sync + 'static {
     fn device(&self, name: &str) -> Option<Device>;
@@ -65,7 +46,7 @@ pub trait DeviceLookup: Send + Sync + 'static {
     /// `ethtool` block is checked against. The default asks the kernel (ethtool netlink in the
     /// driver's netns, the host's).
     fn offloads(&self, ifname: &str) -> Result<Offloads, EthtoolError> {
-        crate::link::host_offloads(&Dev::Name(ifname.to_owned()))
+        crate::sys::link::host_offloads(&Dev::Name(ifname.to_owned()))
     }
 
     /// `interface.disableEbpfPrograms: true` (upstream Prepare step 11): removes the bpffs pins
@@ -74,12 +55,14 @@ pub trait DeviceLookup: Send + Sync + 'static {
     fn unpin_ebpf<'a>(&'a self, ifname: &'a str) -> BoxFuture<'a, Result<Vec<Unpinned>, BpfError>> {
         let ifname = ifname.to_owned();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || crate::bpf::unpin_links(crate::bpf::bpffs_root(), &ifname))
-                .await
-                .map_err(|e| BpfError::Syscall {
-                    what: "unpin task",
-                    source: std::io::Error::other(e.to_string()),
-                })?
+            tokio::task::spawn_blocking(move || {
+                crate::sys::bpf::unpin_links(crate::sys::bpf::bpffs_root(), &ifname)
+            })
+            .await
+            .map_err(|e| BpfError::Syscall {
+                what: "unpin task",
+                source: std::io::Error::other(e.to_string()),
+            })?
         })
     }
 }
@@ -119,8 +102,10 @@ impl DeviceLookup for RescanOnMiss {
                 Ok(Ok(devices)) => {
                     self.inventory.replace(devices);
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "rescan for a missing device failed"),
-                Err(e) => tracing::warn!(error = %e, "rescan task failed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %crate::telemetry::chain(&e), "rescan for a missing device failed")
+                }
+                Err(e) => tracing::warn!(error = %crate::telemetry::chain(&e), "rescan task failed"),
             }
         })
     }
@@ -173,7 +158,7 @@ pub enum PrepareError {
     UnknownDevice { device: String },
     #[error("device {device} has no network interface and no RDMA device on the host")]
     NoInterface { device: String },
-    #[error("invalid configuration for device {device} (request {request}): {source}")]
+    #[error("invalid configuration for device {device} (request {request})")]
     Config {
         device: String,
         request: String,
@@ -182,7 +167,7 @@ pub enum PrepareError {
     },
     #[error("device {device}: VF MTU {mtu} exceeds the PF MTU {pf_mtu}")]
     VfMtu { device: String, mtu: i32, pf_mtu: u32 },
-    #[error("device {device}: failed to get configuration via DHCP for {ifname}: {source}")]
+    #[error("device {device}: failed to get configuration via DHCP for {ifname}")]
     Dhcp {
         device: String,
         ifname: String,
@@ -196,7 +181,7 @@ pub enum PrepareError {
         /// `ethtool.features.<name>: why` / `ethtool.privateFlags.<name>: why`.
         problems: Vec<String>,
     },
-    #[error("device {device}: reading the ethtool features of {ifname}: {source}")]
+    #[error("device {device}: reading the ethtool features of {ifname}")]
     EthtoolQuery {
         device: String,
         ifname: String,
@@ -501,7 +486,7 @@ impl Preparer {
             for (ids, cfg) in todo.drain(..) {
                 match providers.release(&ids, &claim, &cfg).await {
                     Ok(()) => tracing::info!(claim = %claim, device = %ids.name, "profile released"),
-                    Err(e) => tracing::warn!(claim = %claim, device = %ids.name, error = %e, "releasing the profile failed"),
+                    Err(e) => tracing::warn!(claim = %claim, device = %ids.name, error = %crate::telemetry::chain(&e), "releasing the profile failed"),
                 }
             }
         });
@@ -561,21 +546,25 @@ pub async fn plan_claim_in(
     if res.is_err() {
         for (ids, cfg) in &taken {
             if let Err(e) = ctx.providers.release(ids, &claim.uid, cfg).await {
-                tracing::warn!(claim = %claim.uid, device = %ids.name, error = %e, "releasing the profile of a failed Prepare");
+                tracing::warn!(claim = %claim.uid, device = %ids.name, error = %crate::telemetry::chain(&e), "releasing the profile of a failed Prepare");
             }
         }
     }
     res
 }
 
-async fn plan_devices(
-    ctx: &PlanContext<'_>,
+/// Phase 1: the claim is the one asked for, allocated, and reserved for exactly one pod (`None`:
+/// reserved for nobody yet, nothing to plan).
+fn allocation_for_a_pod<'r>(
     claim: &ClaimRef,
-    rc: &ResourceClaim,
-    previous: &[DevicePlan],
-    taken: &mut Vec<(DeviceIds, NetworkConfig)>,
-) -> Result<Option<PlannedClaim>, PrepareError> {
-    let (driver, node, devices, leases) = (ctx.driver, ctx.node, ctx.devices, ctx.leases);
+    rc: &'r ResourceClaim,
+) -> Result<
+    Option<(
+        &'r super::claim::AllocationResult,
+        &'r super::claim::ConsumerReference,
+    )>,
+    PrepareError,
+> {
     if rc.metadata.uid != claim.uid {
         return Err(PrepareError::UidMismatch {
             namespace: claim.namespace.clone(),
@@ -601,103 +590,25 @@ async fn plan_devices(
             resource: consumer.resource.clone(),
         });
     }
+    Ok(Some((alloc, consumer)))
+}
+
+/// Phases 2 and 3: every result of this driver planned ([`plan_result`]), with its share id.
+async fn plan_devices(
+    ctx: &PlanContext<'_>,
+    claim: &ClaimRef,
+    rc: &ResourceClaim,
+    previous: &[DevicePlan],
+    taken: &mut Vec<(DeviceIds, NetworkConfig)>,
+) -> Result<Option<PlannedClaim>, PrepareError> {
+    let Some((alloc, consumer)) = allocation_for_a_pod(claim, rc)? else {
+        return Ok(None);
+    };
     let mut plans = Vec::new();
     let mut share_ids = HashMap::new();
-    for r in alloc.devices.results.iter().filter(|r| r.driver == driver) {
-        if r.pool != node {
-            return Err(PrepareError::WrongPool {
-                device: r.device.clone(),
-                request: r.request.clone(),
-                pool: r.pool.clone(),
-                node: node.to_owned(),
-            });
-        }
-        let config_err = |source| PrepareError::Config {
-            device: r.device.clone(),
-            request: r.request.clone(),
-            source,
-        };
-        let cfg = device_config(driver, &r.request, &alloc.devices.config).map_err(config_err)?;
-        let dev = devices
-            .device(&r.device)
-            .ok_or_else(|| PrepareError::UnknownDevice {
-                device: r.device.clone(),
-            })?;
-        // A repeated Prepare keeps what the profile gave (it is not taken twice).
-        let profiled_before = previous.iter().find(|p| {
-            p.device == r.device
-                && p.request == r.request
-                && cfg.profile.as_deref().is_some_and(|s| !s.is_empty())
-                && p.config.profile == cfg.profile
-        });
-        if let Some(p) = profiled_before {
-            share_ids.insert(r.device.clone(), r.share_id.clone());
-            plans.push(p.clone());
-            continue;
-        }
-        let (cfg, profiled) = super::profiles::resolve(ctx.providers, &dev, &claim.uid, cfg)
-            .await
-            .map_err(|e| match e {
-                super::profiles::ResolveError::Config(source) => config_err(source),
-                super::profiles::ResolveError::Profile(why) => PrepareError::Profile {
-                    device: r.device.clone(),
-                    request: r.request.clone(),
-                    why,
-                },
-            })?;
-        if profiled {
-            taken.push((super::profiles::prepare_ids(&dev), cfg.clone()));
-        }
-        let cfg = if dev.ifname.is_none() {
-            if dev.rdma_device.is_none() {
-                return Err(PrepareError::NoInterface {
-                    device: r.device.clone(),
-                });
-            }
-            config::validate_rdma_only(&cfg).map_err(config_err)?;
-            cfg
-        } else {
-            check_vf_mtu(&r.device, &cfg, &dev)?;
-            let leased_before = previous.iter().find(|p| {
-                cfg.interface.dhcp == Some(true)
-                    && p.device == r.device
-                    && p.request == r.request
-                    && p.host_ifname == dev.ifname
-                    && p.config.interface.dhcp == Some(true)
-            });
-            if let Some(p) = leased_before {
-                share_ids.insert(r.device.clone(), r.share_id.clone());
-                plans.push(p.clone());
-                continue;
-            }
-            let lease = match (cfg.interface.dhcp, &dev.ifname) {
-                (Some(true), Some(ifname)) => {
-                    Some(leases.lease(ifname).await.map_err(|source| PrepareError::Dhcp {
-                        device: r.device.clone(),
-                        ifname: ifname.clone(),
-                        source: Box::new(source),
-                    })?)
-                }
-                _ => None,
-            };
-            let cfg = with_host_state(cfg, &dev, lease.as_ref());
-            let cfg = with_offloads(&r.device, &r.request, cfg, dev.ifname.as_deref(), devices)?;
-            unpin_ebpf(&r.device, &cfg, dev.ifname.as_deref(), devices).await?;
-            cfg
-        };
+    for r in alloc.devices.results.iter().filter(|r| r.driver == ctx.driver) {
+        plans.push(plan_result(ctx, claim, r, &alloc.devices.config, previous, taken).await?);
         share_ids.insert(r.device.clone(), r.share_id.clone());
-        plans.push(DevicePlan {
-            device: r.device.clone(),
-            pool: r.pool.clone(),
-            request: r.request.clone(),
-            claim: claim.clone(),
-            host_ifname: dev.ifname.clone(),
-            pci_address: dev.pci_address.clone(),
-            permanent_mac: dev.mac.clone(),
-            rdma_device: dev.rdma_device.clone(),
-            config: cfg,
-            char_devices: dev.char_devices.clone(),
-        });
     }
     Ok(Some(PlannedClaim {
         pod_uid: consumer.uid.clone(),
@@ -705,6 +616,109 @@ async fn plan_devices(
         plans,
         share_ids,
     }))
+}
+
+/// Phase 3: one allocated device: its pool, its config (profile resolved, validated), the
+/// device, and for a netdev the VF MTU check, the DHCP lease, the host state, offloads and eBPF
+/// unpinning. A repeated Prepare keeps what a profile or a lease gave the first time.
+async fn plan_result(
+    ctx: &PlanContext<'_>,
+    claim: &ClaimRef,
+    r: &super::claim::DeviceRequestAllocationResult,
+    configs: &[DeviceAllocationConfiguration],
+    previous: &[DevicePlan],
+    taken: &mut Vec<(DeviceIds, NetworkConfig)>,
+) -> Result<DevicePlan, PrepareError> {
+    let (driver, node, devices, leases) = (ctx.driver, ctx.node, ctx.devices, ctx.leases);
+    if r.pool != node {
+        return Err(PrepareError::WrongPool {
+            device: r.device.clone(),
+            request: r.request.clone(),
+            pool: r.pool.clone(),
+            node: node.to_owned(),
+        });
+    }
+    let config_err = |source| PrepareError::Config {
+        device: r.device.clone(),
+        request: r.request.clone(),
+        source,
+    };
+    let cfg = device_config(driver, &r.request, configs).map_err(config_err)?;
+    let dev = devices
+        .device(&r.device)
+        .ok_or_else(|| PrepareError::UnknownDevice {
+            device: r.device.clone(),
+        })?;
+    // A repeated Prepare keeps what the profile gave (it is not taken twice).
+    let profiled_before = previous.iter().find(|p| {
+        p.device == r.device
+            && p.request == r.request
+            && cfg.profile.as_deref().is_some_and(|s| !s.is_empty())
+            && p.config.profile == cfg.profile
+    });
+    if let Some(p) = profiled_before {
+        return Ok(p.clone());
+    }
+    let (cfg, profiled) = super::profiles::resolve(ctx.providers, &dev, &claim.uid, cfg)
+        .await
+        .map_err(|e| match e {
+            super::profiles::ResolveError::Config(source) => config_err(source),
+            super::profiles::ResolveError::Profile(why) => PrepareError::Profile {
+                device: r.device.clone(),
+                request: r.request.clone(),
+                why,
+            },
+        })?;
+    if profiled {
+        taken.push((super::profiles::prepare_ids(&dev), cfg.clone()));
+    }
+    let cfg = if dev.ifname.is_none() {
+        if dev.rdma_device.is_none() {
+            return Err(PrepareError::NoInterface {
+                device: r.device.clone(),
+            });
+        }
+        config::validate_rdma_only(&cfg).map_err(config_err)?;
+        cfg
+    } else {
+        check_vf_mtu(&r.device, &cfg, &dev)?;
+        let leased_before = previous.iter().find(|p| {
+            cfg.interface.dhcp == Some(true)
+                && p.device == r.device
+                && p.request == r.request
+                && p.host_ifname == dev.ifname
+                && p.config.interface.dhcp == Some(true)
+        });
+        if let Some(p) = leased_before {
+            return Ok(p.clone());
+        }
+        let lease = match (cfg.interface.dhcp, &dev.ifname) {
+            (Some(true), Some(ifname)) => {
+                Some(leases.lease(ifname).await.map_err(|source| PrepareError::Dhcp {
+                    device: r.device.clone(),
+                    ifname: ifname.clone(),
+                    source: Box::new(source),
+                })?)
+            }
+            _ => None,
+        };
+        let cfg = with_host_state(cfg, &dev, lease.as_ref());
+        let cfg = with_offloads(&r.device, &r.request, cfg, dev.ifname.as_deref(), devices)?;
+        unpin_ebpf(&r.device, &cfg, dev.ifname.as_deref(), devices).await?;
+        cfg
+    };
+    Ok(DevicePlan {
+        device: r.device.clone(),
+        pool: r.pool.clone(),
+        request: r.request.clone(),
+        claim: claim.clone(),
+        host_ifname: dev.ifname.clone(),
+        pci_address: dev.pci_address.clone(),
+        permanent_mac: dev.mac.clone(),
+        rdma_device: dev.rdma_device.clone(),
+        config: cfg,
+        char_devices: dev.char_devices.clone(),
+    })
 }
 
 /// Upstream step 6: an SR-IOV VF's MTU may not exceed its PF's.
@@ -802,7 +816,7 @@ fn with_offloads(
             ifname: ifname.to_owned(),
             source,
         })?;
-    match crate::link::resolve_offloads(&features, &flags, &eth.features, &eth.private_flags) {
+    match crate::sys::link::resolve_offloads(&features, &flags, &eth.features, &eth.private_flags) {
         Ok((f, _)) => {
             eth.features = f;
             Ok(cfg)
@@ -820,7 +834,7 @@ fn with_offloads(
 
 /// Upstream step 11, last (nothing else can fail the device after it): with
 /// `disableEbpfPrograms: true`, the bpffs pins of the host device's links go now, the
-/// programs themselves are detached inside the pod at attach time ([`crate::bpf`]).
+/// programs themselves are detached inside the pod at attach time ([`crate::sys::bpf`]).
 async fn unpin_ebpf(
     device: &str,
     cfg: &NetworkConfig,

@@ -3,7 +3,7 @@
 //! `/GetProfileConfig`, `/ReleaseProfileConfig`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -12,22 +12,8 @@ use super::*;
 use crate::cloud::fake::{Req, Resp, Server};
 use crate::cloud::{CloudOptions, CloudTiming, Hint, NodeProviders, ProfileChoice, Provider};
 use crate::inventory::{AttrValue, Device, SharedInventory};
-use crate::plan::{ClaimRef, PodPlan};
-
-#[derive(Default)]
-struct Recorder {
-    plans: Mutex<BTreeMap<String, PodPlan>>,
-}
-
-impl PlanSink for Recorder {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        self.plans.lock().unwrap().insert(plan.pod_uid.clone(), plan);
-        Ok(())
-    }
-    fn remove_claim(&self, _claim_uid: &str) -> Result<(), String> {
-        Ok(())
-    }
-}
+use crate::plan::ClaimRef;
+use crate::test_support::RecordingSink;
 
 fn inventory() -> SharedInventory {
     let attrs = |mac: &str, pci: &str| {
@@ -108,8 +94,8 @@ async fn providers(url: &str, cloud: bool) -> NodeProviders {
     slots
 }
 
-fn preparer(claims: &MemoryClaimSource, p: Option<NodeProviders>) -> (Preparer, Arc<Recorder>) {
-    let rec = Arc::new(Recorder::default());
+fn preparer(claims: &MemoryClaimSource, p: Option<NodeProviders>) -> (Preparer, Arc<RecordingSink>) {
+    let rec = Arc::new(RecordingSink::default());
     let mut prep = Preparer::new(
         "dra.net",
         "node-a",
@@ -161,8 +147,9 @@ async fn without_a_profile_provider_a_profile_fails_with_its_path() {
         panic!("{e}")
     };
     assert_eq!(source.field_errors()[0].path, "profile", "{e}");
-    assert!(e.to_string().contains("no profile provider"), "{e}");
-    assert!(rec.plans.lock().unwrap().is_empty(), "never silently ignored");
+    let e = crate::telemetry::chain(&e).to_string();
+    assert!(e.contains("no profile provider"), "{e}");
+    assert!(rec.plans().is_empty(), "never silently ignored");
 }
 
 #[tokio::test]
@@ -177,7 +164,7 @@ async fn a_profile_is_resolved_by_the_webhook_merged_under_the_claim_and_release
     ));
     let (p, rec) = preparer(&claims, Some(providers(&srv.url, false).await));
     p.prepare(&cref("u1")).await.unwrap();
-    let cfg = rec.plans.lock().unwrap()["pod-1"].devices[0].config.clone();
+    let cfg = rec.plans()["pod-1"].devices[0].config.clone();
     assert_eq!(cfg.interface.name.as_deref(), Some("net1"), "the claim wins");
     assert_eq!(cfg.interface.addresses, ["10.9.10.5/24"], "the profile's address");
     assert_eq!(cfg.routes[0].gateway, "10.9.10.1");
@@ -246,7 +233,7 @@ async fn a_failure_after_the_profile_gives_it_back() {
     assert!(matches!(e, PrepareError::UnknownDevice { .. }), "{e}");
     let released = wait_for(&srv, "/ReleaseProfileConfig", 1).await;
     assert_eq!(released[0].json()["device"]["name"], "pci-0000-17-00-0");
-    assert!(rec.plans.lock().unwrap().is_empty());
+    assert!(rec.plans().is_empty());
 }
 
 #[tokio::test]
@@ -295,7 +282,7 @@ async fn claim_over_profile_over_cloud_config() {
     );
     let (p, rec) = preparer(&claims, Some(prov));
     p.prepare(&cref("u1")).await.unwrap();
-    let cfg = rec.plans.lock().unwrap()["pod-1"].devices[0].config.clone();
+    let cfg = rec.plans()["pod-1"].devices[0].config.clone();
     assert_eq!(cfg.interface.name.as_deref(), Some("user0"));
     assert_eq!(cfg.interface.mtu, Some(8896), "from the cloud");
     assert_eq!(cfg.interface.arp_ignore, Some(1), "from the profile");

@@ -219,8 +219,12 @@ impl KubeletPlugin {
         let _ = self.stop.send(true);
         for t in self.tasks.drain(..) {
             match t.await {
-                Ok(Err(e)) => tracing::warn!(error = %e, "kubelet plugin server ended with an error"),
-                Err(e) => tracing::warn!(error = %e, "kubelet plugin server task failed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %crate::telemetry::chain(&e), "kubelet plugin server ended with an error")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %crate::telemetry::chain(&e), "kubelet plugin server task failed")
+                }
                 Ok(Ok(())) => {}
             }
         }
@@ -316,16 +320,21 @@ pub(super) async fn prepare_all(
     let out: Vec<(String, Result<Vec<PreparedDevice>, String>)> = futures::stream::iter(claims)
         .map(|c| async move {
             let res = p.prepare(&c).await.map_err(|e| {
-                tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "prepare failed");
+                tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %crate::telemetry::chain(&e), "prepare failed");
                 // As upstream: a Warning on the claim (in the background, never failing the RPC).
                 let r = p.reporter();
                 r.event(r.make_event(
                     crate::report::ObjectRef::claim(&c.namespace, &c.name, &c.uid),
                     true,
                     "ClaimPrepareFailed",
-                    format!("failed to prepare claim {}/{}: {e}", c.namespace, c.name),
+                    format!(
+                        "failed to prepare claim {}/{}: {}",
+                        c.namespace,
+                        c.name,
+                        crate::telemetry::chain(&e)
+                    ),
                 ));
-                e.to_string()
+                crate::telemetry::chain(&e).to_string()
             });
             (c.uid, res)
         })
@@ -344,7 +353,11 @@ fn unprepare_all(p: &Preparer, uids: Vec<String>) -> Vec<(String, String)> {
     let out: Vec<(String, String)> = uids
         .into_iter()
         .map(|uid| {
-            let err = p.unprepare(&uid).err().map(|e| e.to_string()).unwrap_or_default();
+            let err = p
+                .unprepare(&uid)
+                .err()
+                .map(|e| crate::telemetry::chain(&e).to_string())
+                .unwrap_or_default();
             (uid, err)
         })
         .collect();

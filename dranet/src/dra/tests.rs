@@ -1,4 +1,5 @@
-use std::collections::BTreeMap;
+// Over 500 lines: Prepare/Unprepare scenarios against one fake claim source; each test is short, they share its fixtures.
+
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
@@ -7,23 +8,7 @@ use super::*;
 use crate::config::NetworkConfig;
 use crate::inventory::{Device, SharedInventory};
 use crate::plan::{ClaimRef, PodPlan};
-
-#[derive(Default)]
-struct Recorder {
-    plans: Mutex<BTreeMap<String, PodPlan>>,
-    removed: Mutex<Vec<String>>,
-}
-
-impl PlanSink for Recorder {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        self.plans.lock().unwrap().insert(plan.pod_uid.clone(), plan);
-        Ok(())
-    }
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
-        self.removed.lock().unwrap().push(claim_uid.to_owned());
-        Ok(())
-    }
-}
+use crate::test_support::RecordingSink;
 
 fn inventory() -> SharedInventory {
     SharedInventory::new(vec![
@@ -91,14 +76,19 @@ fn cref(name: &str, uid: &str) -> ClaimRef {
     }
 }
 
-fn setup() -> (Preparer, MemoryClaimSource, Arc<Recorder>) {
+fn setup() -> (Preparer, MemoryClaimSource, Arc<RecordingSink>) {
+    setup_with(Arc::new(inventory()))
+}
+
+/// A preparer on `devices`, an in-memory claim source and a recording sink.
+fn setup_with(devices: Arc<dyn DeviceLookup>) -> (Preparer, MemoryClaimSource, Arc<RecordingSink>) {
     let claims = MemoryClaimSource::new();
-    let rec = Arc::new(Recorder::default());
+    let rec = Arc::new(RecordingSink::default());
     let p = Preparer::new(
         "dra.net",
         "node-a",
         Arc::new(claims.clone()),
-        Arc::new(inventory()),
+        devices,
         rec.clone(),
     );
     (p, claims, rec)
@@ -137,7 +127,7 @@ async fn prepare_applies_config_and_merges_claims_of_a_pod() {
     // Idempotent.
     p.prepare(&cref("c2", "u2")).await.unwrap();
 
-    let plans = rec.plans.lock().unwrap();
+    let plans = rec.plans();
     let plan = &plans["pod-1"];
     assert_eq!(plan.pod_name, "pod-a");
     assert_eq!(plan.pod_namespace, "ns");
@@ -165,7 +155,7 @@ async fn prepare_applies_config_and_merges_claims_of_a_pod() {
 
     p.unprepare("u1").unwrap();
     p.unprepare("u1").unwrap();
-    assert_eq!(*rec.removed.lock().unwrap(), ["u1", "u1"]);
+    assert_eq!(rec.removed(), ["u1", "u1"]);
 }
 
 #[tokio::test]
@@ -184,7 +174,7 @@ async fn per_claim_errors() {
         json!([{"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "eth1"}]),
         json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 10}}}}]),
     ));
-    let err = p.prepare(&cref("bad", "u3")).await.unwrap_err().to_string();
+    let err = crate::telemetry::chain(&p.prepare(&cref("bad", "u3")).await.unwrap_err()).to_string();
     assert!(err.contains("interface.mtu: must be at least 68"), "{err}");
 
     let err = p.prepare(&cref("bad", "other-uid")).await.unwrap_err();
@@ -217,7 +207,7 @@ async fn per_claim_errors() {
         json!([{"request": "ib", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-30-00-0"}]),
         json!([{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"name": "ib0"}}}}]),
     ));
-    let err = p.prepare(&cref("rdma", "u6")).await.unwrap_err().to_string();
+    let err = crate::telemetry::chain(&p.prepare(&cref("rdma", "u6")).await.unwrap_err()).to_string();
     assert!(err.contains("not supported for RDMA-only devices"), "{err}");
 
     let mut unalloc = claim("un", "u7", "pod-2", json!([]), json!([]));
@@ -391,7 +381,7 @@ async fn host_state_merge_vf_mtu_and_dhcp() {
         .err()
         .unwrap();
     assert!(matches!(err, PrepareError::Dhcp { .. }), "{err}");
-    let err = err.to_string();
+    let err = crate::telemetry::chain(&err).to_string();
     assert!(
         err.contains("device eth1: failed to get configuration via DHCP for eth1: DHCPNAK from server 10.5.0.1: wrong network"),
         "{err}"
@@ -407,16 +397,14 @@ async fn host_state_merge_vf_mtu_and_dhcp() {
     )
     .await
     .err()
-    .unwrap()
-    .to_string();
+    .unwrap();
+    let err = crate::telemetry::chain(&err).to_string();
     assert!(err.contains("dhcp and addresses are mutually exclusive"), "{err}");
     assert_eq!(nak.asked.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn a_repeated_prepare_keeps_the_dhcp_lease() {
-    let claims = MemoryClaimSource::new();
-    let rec = Arc::new(Recorder::default());
     let leases = Arc::new(Leases {
         lease: Some(crate::dhcp::Lease {
             address: "10.5.0.77".parse().unwrap(),
@@ -428,14 +416,8 @@ async fn a_repeated_prepare_keeps_the_dhcp_lease() {
         }),
         asked: Mutex::new(Vec::new()),
     });
-    let p = Preparer::new(
-        "dra.net",
-        "node-a",
-        Arc::new(claims.clone()),
-        Arc::new(inventory()),
-        rec.clone(),
-    )
-    .with_leases(leases.clone());
+    let (p, claims, rec) = setup();
+    let p = p.with_leases(leases.clone());
     claims.insert(claim(
         "c1",
         "u1",
@@ -448,14 +430,14 @@ async fn a_repeated_prepare_keeps_the_dhcp_lease() {
                 "opaque": {"driver": "dra.net", "parameters": {"interface": {"dhcp": true}}}}]),
     ));
     p.prepare(&cref("c1", "u1")).await.unwrap();
-    let first = rec.plans.lock().unwrap()["pod-1"].clone();
+    let first = rec.plans()["pod-1"].clone();
     assert_eq!(first.devices[0].config.interface.addresses, ["10.5.0.77/24"]);
     assert_eq!(
         first.devices[1].config.interface.addresses,
         ["10.5.0.2/24", "fd05::2/64"]
     );
     p.prepare(&cref("c1", "u1")).await.unwrap();
-    assert_eq!(rec.plans.lock().unwrap()["pod-1"], first);
+    assert_eq!(rec.plans()["pod-1"], first);
     assert_eq!(
         *leases.asked.lock().unwrap(),
         ["eth1"],
@@ -478,10 +460,10 @@ async fn restored_plans_are_merged_not_replaced() {
         json!([]),
     ));
     p.prepare(&cref("c1", "u1")).await.unwrap();
-    let saved: Vec<PodPlan> = rec.plans.lock().unwrap().values().cloned().collect();
+    let saved: Vec<PodPlan> = rec.plans().values().cloned().collect();
 
     // "Restart": a new preparer, seeded from the checkpoint, prepares a second claim of the pod.
-    let rec2 = Arc::new(Recorder::default());
+    let rec2 = Arc::new(RecordingSink::default());
     let p2 = Preparer::new(
         "dra.net",
         "node-a",
@@ -498,7 +480,7 @@ async fn restored_plans_are_merged_not_replaced() {
         json!([]),
     ));
     p2.prepare(&cref("c2", "u2")).await.unwrap();
-    let plans = rec2.plans.lock().unwrap();
+    let plans = rec2.plans();
     let devs: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
     assert_eq!(devs, ["eth1", "eth2"]);
     drop(plans);
@@ -507,19 +489,12 @@ async fn restored_plans_are_merged_not_replaced() {
 
 #[tokio::test]
 async fn pci_device_without_netdev_or_rdma_is_an_error() {
-    let claims = MemoryClaimSource::new();
     let inv = SharedInventory::new(vec![Device {
         name: "pci-0000-10-00-0".into(),
         pci_address: Some("0000:10:00.0".into()),
         ..Device::default()
     }]);
-    let p = Preparer::new(
-        "dra.net",
-        "node-a",
-        Arc::new(claims.clone()),
-        Arc::new(inv),
-        Arc::new(Recorder::default()),
-    );
+    let (p, claims, _) = setup_with(Arc::new(inv));
     claims.insert(claim(
         "c",
         "u",
@@ -602,7 +577,6 @@ async fn kube_claim_source_gets_and_decodes() {
 #[tokio::test]
 async fn missing_device_triggers_one_rescan() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let claims = MemoryClaimSource::new();
     let scans = Arc::new(AtomicUsize::new(0));
     let s2 = scans.clone();
     let lookup = RescanOnMiss::new(SharedInventory::default(), move || {
@@ -613,13 +587,7 @@ async fn missing_device_triggers_one_rescan() {
             ..Device::default()
         }])
     });
-    let p = Preparer::new(
-        "dra.net",
-        "node-a",
-        Arc::new(claims.clone()),
-        Arc::new(lookup),
-        Arc::new(Recorder::default()),
-    );
+    let (p, claims, _) = setup_with(Arc::new(lookup));
     claims.insert(claim(
         "c",
         "u",
@@ -657,13 +625,13 @@ async fn claim_without_our_devices_stores_no_plan() {
         json!([]),
     ));
     assert!(p.prepare(&cref("gpu", "ug")).await.unwrap().is_empty());
-    assert!(rec.plans.lock().unwrap().is_empty());
+    assert!(rec.plans().is_empty());
 }
 
 /// A sink that refuses the first `fail` plans.
 struct Flaky {
     fail: Mutex<usize>,
-    inner: Recorder,
+    inner: RecordingSink,
 }
 
 impl PlanSink for Flaky {
@@ -685,7 +653,7 @@ async fn sink_failure_is_a_claim_error_and_is_rolled_back() {
     let claims = MemoryClaimSource::new();
     let sink = Arc::new(Flaky {
         fail: Mutex::new(1),
-        inner: Recorder::default(),
+        inner: RecordingSink::default(),
     });
     let p = Preparer::new(
         "dra.net",
@@ -706,7 +674,7 @@ async fn sink_failure_is_a_claim_error_and_is_rolled_back() {
     let err = p.prepare(&cref("c1", "u1")).await.unwrap_err().to_string();
     assert!(err.contains("checkpoint full"), "{err}");
     p.prepare(&cref("c2", "u2")).await.unwrap();
-    let plans = sink.inner.plans.lock().unwrap();
+    let plans = sink.inner.plans();
     let devs: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
     assert_eq!(devs, ["eth2"], "the failed claim's device was not merged");
 }
@@ -834,7 +802,7 @@ async fn scenario_prepare_through_the_api_server_and_a_hung_get_stores_no_plan()
         ],
         Duration::from_secs(5),
     );
-    let rec = Arc::new(Recorder::default());
+    let rec = Arc::new(RecordingSink::default());
     let src = KubeClaimSource::new(client).with_timeout(Duration::from_millis(300));
     let p = Preparer::new(
         "dra.net",
@@ -853,7 +821,7 @@ async fn scenario_prepare_through_the_api_server_and_a_hung_get_stores_no_plan()
     let devs = ok.unwrap();
     assert_eq!(devs.len(), 1);
     assert_eq!(devs[0].device, "eth1");
-    let plans = rec.plans.lock().unwrap();
+    let plans = rec.plans();
     assert_eq!(
         plans.len(),
         1,
@@ -902,7 +870,7 @@ async fn claims_of_one_call_are_fetched_concurrently_and_answered_in_order() {
             json!([]),
         ));
     }
-    let rec = Arc::new(Recorder::default());
+    let rec = Arc::new(RecordingSink::default());
     let p = Preparer::new(
         "dra.net",
         "node-a",
@@ -925,7 +893,7 @@ async fn claims_of_one_call_are_fetched_concurrently_and_answered_in_order() {
         let devs = res.as_ref().unwrap_or_else(|e| panic!("{uid}: {e}"));
         assert_eq!(devs.len(), 1, "{uid}");
     }
-    let plans = rec.plans.lock().unwrap();
+    let plans = rec.plans();
     let mut devices: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
     devices.sort_unstable();
     assert_eq!(
@@ -967,5 +935,5 @@ fn more_claims_than_the_concurrency_bound_are_all_answered() {
     let (uid, res) = &out[n];
     assert_eq!(uid, "u-missing");
     assert!(res.as_ref().is_err_and(|e| e.contains("not found")), "{res:?}");
-    assert_eq!(rec.plans.lock().unwrap().len(), n);
+    assert_eq!(rec.plans().len(), n);
 }

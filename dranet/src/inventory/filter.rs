@@ -55,7 +55,7 @@ impl Filter {
             Ok(Value::Bool(b)) => b,
             Ok(_) => false,
             Err(e) => {
-                tracing::debug!(device = %device.name, error = %e, "filter evaluation failed; keeping device");
+                tracing::debug!(device = %device.name, error = %crate::telemetry::chain(&e), "filter evaluation failed; keeping device");
                 true
             }
         }

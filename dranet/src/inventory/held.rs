@@ -104,7 +104,7 @@ impl HeldAttributes {
         let saved = match read(&path) {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %crate::slices::error_chain(&e),
+                tracing::warn!(error = %crate::telemetry::chain(&e),
                     "kept attributes of devices in pods unreadable: they come back as devices return");
                 BTreeMap::new()
             }
@@ -181,7 +181,7 @@ impl HeldAttributes {
             if let Some(path) = &self.path
                 && let Err(e) = write(path, &self.saved)
             {
-                tracing::warn!(error = %crate::slices::error_chain(&e),
+                tracing::warn!(error = %crate::telemetry::chain(&e),
                     "cannot keep the attributes of devices in pods across a restart");
             }
         }

@@ -1,3 +1,4 @@
+// Over 500 lines: discovery of every device kind (PCI, RDMA, netdev) into one attribute map, as upstream.
 //! Discovery of the node's network devices with upstream's attribute names
 //! (`pkg/inventory`): PCI network functions (sysfs), RDMA devices (`class/infiniband`) and the
 //! netdevs of a network namespace (rtnetlink), merged into [`Device`]s named as upstream.

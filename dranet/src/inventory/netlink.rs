@@ -4,17 +4,17 @@
 //! to the netns it was created in), so tokio workers never change namespace.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
 
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use crate::sys::netns::{Netns, in_netns};
 use futures::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage, State};
 use netlink_packet_route::neighbour::NeighbourMessage;
 use netlink_packet_route::route::RouteMessage;
 use netlink_packet_route::rule::RuleMessage;
-use nix::sched::CloneFlags;
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
 use super::InventoryError;
@@ -85,16 +85,24 @@ pub enum NetnsTarget {
 
 /// Reads links, addresses and default routes of `target`. Blocking (runs its own thread).
 pub fn scan(target: &NetnsTarget) -> Result<NetScan, InventoryError> {
-    let target = target.clone();
-    std::thread::spawn(move || scan_on_this_thread(&target))
-        .join()
-        .map_err(|_| InventoryError::Thread)?
+    match target {
+        NetnsTarget::Current => std::thread::spawn(scan_on_this_thread)
+            .join()
+            .map_err(|_| InventoryError::Thread)?,
+        NetnsTarget::Path(p) => {
+            let netns = Netns::open_path(p).map_err(|e| InventoryError::Io {
+                what: "opening the netns file",
+                source: std::io::Error::other(e),
+            })?;
+            in_netns(&netns, scan_on_this_thread).map_err(|e| InventoryError::Io {
+                what: "entering the netns",
+                source: std::io::Error::other(e),
+            })?
+        }
+    }
 }
 
-fn scan_on_this_thread(target: &NetnsTarget) -> Result<NetScan, InventoryError> {
-    if let NetnsTarget::Path(p) = target {
-        enter_netns(p)?;
-    }
+fn scan_on_this_thread() -> Result<NetScan, InventoryError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -103,7 +111,7 @@ fn scan_on_this_thread(target: &NetnsTarget) -> Result<NetScan, InventoryError> 
             source,
         })?;
     rt.block_on(async {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(|source| InventoryError::Io {
+        let (conn, handle) = crate::sys::rtnl::connect().map_err(|source| InventoryError::Io {
             what: "rtnetlink socket",
             source,
         })?;
@@ -111,18 +119,6 @@ fn scan_on_this_thread(target: &NetnsTarget) -> Result<NetScan, InventoryError> 
         let out = dump(&handle).await;
         task.abort();
         out
-    })
-}
-
-/// Joins the netns at `path` with this (dedicated, short-lived) thread.
-fn enter_netns(path: &Path) -> Result<(), InventoryError> {
-    let f = File::open(path).map_err(|source| InventoryError::Io {
-        what: "opening the netns file",
-        source,
-    })?;
-    nix::sched::setns(&f, CloneFlags::CLONE_NEWNET).map_err(|e| InventoryError::Io {
-        what: "setns",
-        source: e.into(),
     })
 }
 

@@ -8,29 +8,15 @@
 //! device), a gVNIC, a virtio-net NIC without NUMA affinity and a dummy link.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::*;
+use crate::test_support::{TempDir, symlink_at as link, write_file as write};
 
+/// A fixture sysfs tree in a unique temp dir, removed on drop.
 struct Fixture {
     root: PathBuf,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn write(p: &Path, s: &str) {
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(p, s).unwrap();
-}
-
-fn link(target: &str, at: &Path) {
-    std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-    symlink(target, at).unwrap();
+    _dir: TempDir,
 }
 
 /// A PCI function at `devices/<path>` (its last component is the address).
@@ -94,15 +80,9 @@ impl Fixture {
 }
 
 fn machine() -> Fixture {
-    let root = std::env::temp_dir().join(format!(
-        "dranet-parity-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    let fx = Fixture { root };
+    let dir = TempDir::new("parity");
+    let root = dir.path().to_path_buf();
+    let fx = Fixture { root, _dir: dir };
     let node = |n: u32, dist: &str, cpus: &str| {
         let d = fx.root.join(format!("devices/system/node/node{n}"));
         write(&d.join("distance"), &format!("{dist}\n"));

@@ -96,7 +96,7 @@ impl PciIds {
         if let Some(p) = env {
             match Self::from_file(p) {
                 Ok(ids) => return ids,
-                Err(e) => tracing::warn!(path = %p.display(), error = %e,
+                Err(e) => tracing::warn!(path = %p.display(), error = %crate::telemetry::chain(&e),
                     "PCIDB_PATH: cannot read this pci.ids (a gzipped one is not supported); trying the system database"),
             }
         }

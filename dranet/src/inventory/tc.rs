@@ -1,17 +1,16 @@
 //! eBPF programs attached to a link: TC BPF filters (rtnetlink dump through
-//! [`crate::bpf::tc`], works in any netns) and TCX programs (`BPF_PROG_QUERY` by ifindex,
+//! [`crate::sys::bpf::tc`], works in any netns) and TCX programs (`BPF_PROG_QUERY` by ifindex,
 //! resolved in the calling thread's netns).
 
 use std::collections::BTreeSet;
 
-use aya::programs::tc::TcAttachType;
-use aya::programs::{ProgramType, SchedClassifier, loaded_programs};
 use futures::TryStreamExt;
 use netlink_packet_route::tc::{TcHandle, TcMessage};
 use rtnetlink::Handle;
 
 use super::netlink::LinkRecord;
-use crate::bpf::tc::{bpf_filter_names, filters};
+use crate::sys::bpf::tc::{bpf_filter_names, filters};
+use crate::sys::bpf::tcx::program_names;
 
 /// What one scan learns once for all its links, so that it asks per link only where there can
 /// be something. Asking every link cost 2 filter dumps and 2 TCX queries (each an ioctl socket
@@ -34,10 +33,7 @@ impl Presence {
                 .map(|m| m.header.index)
                 .collect()
         });
-        let tcx_possible = loaded_programs().any(|p| match p {
-            Ok(p) => p.program_type() == ProgramType::SchedClassifier.into(),
-            Err(_) => true,
-        });
+        let tcx_possible = crate::sys::bpf::tcx::sched_cls_loaded();
         Self {
             filter_links,
             tcx_possible,
@@ -61,17 +57,11 @@ pub(super) async fn ebpf_programs(handle: &Handle, r: &mut LinkRecord, presence:
         Vec::new()
     };
     let (any_filter, names) = bpf_filter_names(&filters);
-    let mut tcx: Vec<String> = Vec::new();
-    for at in [TcAttachType::Ingress, TcAttachType::Egress] {
-        if !presence.tcx_possible {
-            break;
-        }
-        if let Ok((_, progs)) = SchedClassifier::query_tcx(&r.name, at) {
-            tcx.extend(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)));
-        }
-    }
-    tcx.sort();
-    tcx.dedup();
+    let tcx = if presence.tcx_possible {
+        program_names(&r.name)
+    } else {
+        Vec::new()
+    };
     r.ebpf = any_filter || !tcx.is_empty();
     r.tc_filter_names = names;
     r.tcx_program_names = tcx;

@@ -1,28 +1,13 @@
 use std::collections::BTreeMap;
-use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use super::*;
+use crate::test_support::{TempDir, symlink_at as link, write_file as write};
 
 /// A fixture sysfs tree in a unique temp dir, removed on drop.
 struct Fixture {
     root: PathBuf,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn write(p: &Path, s: &str) {
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(p, s).unwrap();
-}
-
-fn link(target: &str, at: &Path) {
-    std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-    symlink(target, at).unwrap();
+    _dir: TempDir,
 }
 
 fn pci_fn(root: &Path, bus: &str, addr: &str, class: &str, driver: Option<&str>) -> PathBuf {
@@ -44,14 +29,8 @@ fn pci_fn(root: &Path, bus: &str, addr: &str, class: &str, driver: Option<&str>)
 }
 
 fn fixture() -> Fixture {
-    let root = std::env::temp_dir().join(format!(
-        "dranet-sysfs-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
+    let dir = TempDir::new("sysfs");
+    let root = dir.path().to_path_buf();
     // A Mellanox PF with SR-IOV, netdev ens1 and RDMA device mlx5_0.
     let nic = pci_fn(&root, "pci0000:10", "0000:10:1b.0", "0x020000", Some("mlx5_core"));
     write(&nic.join("sriov_totalvfs"), "8\n");
@@ -117,7 +96,7 @@ fn fixture() -> Fixture {
     // A virtual dummy.
     std::fs::create_dir_all(root.join("devices/virtual/net/dummy1")).unwrap();
     link("../../devices/virtual/net/dummy1", &root.join("class/net/dummy1"));
-    Fixture { root }
+    Fixture { root, _dir: dir }
 }
 
 fn rec(index: u32, name: &str, kind: &str) -> LinkRecord {

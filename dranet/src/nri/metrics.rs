@@ -6,27 +6,49 @@ use std::time::Instant;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Label set of the hook metrics.
+/// Labels of the hook metrics: upstream dranet's `dranet_driver_nri_plugin_requests_*`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HookLabels {
     /// NRI method: RunPodSandbox, StopPodSandbox, RemovePodSandbox, CreateContainer,
     /// Synchronize, Shutdown.
-    pub hook: &'static str,
+    pub method: String,
+    /// `success`, `noop` (nothing of ours) or `failed`.
+    pub status: String,
 }
 
 fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
+    ])
 }
 
-/// Metrics of the NRI plugin (cheap to clone; clones share the values).
+/// How a hook call ended, for its `status` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookStatus {
+    Success,
+    Noop,
+    Failed,
+}
+
+impl HookStatus {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Noop => "noop",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// Metrics of the NRI plugin, one set for every hook, under upstream dranet's names and labels
+/// (cheap to clone; clones share the values).
 #[derive(Debug, Clone)]
 pub struct NriMetrics {
-    hook_calls: Family<HookLabels, Counter>,
-    hook_errors: Family<HookLabels, Counter>,
-    hook_latency: Family<HookLabels, Histogram, fn() -> Histogram>,
+    requests: Family<HookLabels, Counter>,
+    latency: Family<HookLabels, Histogram, fn() -> Histogram>,
     pub(super) registrations: Counter,
     pub(super) connection_losses: Counter,
     /// Registered and not yet disconnected.
@@ -36,9 +58,8 @@ pub struct NriMetrics {
 impl Default for NriMetrics {
     fn default() -> Self {
         Self {
-            hook_calls: Family::default(),
-            hook_errors: Family::default(),
-            hook_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             registrations: Counter::default(),
             connection_losses: Counter::default(),
             connected: std::sync::Arc::default(),
@@ -47,22 +68,17 @@ impl Default for NriMetrics {
 }
 
 impl NriMetrics {
-    /// Registers every metric (names prefixed `nri_`).
+    /// Registers every metric.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
-            "nri_hook_calls",
-            "NRI hook calls by hook",
-            self.hook_calls.clone(),
+            "dranet_driver_nri_plugin_requests",
+            "NRI hook calls by method and status",
+            self.requests.clone(),
         );
         registry.register(
-            "nri_hook_errors",
-            "NRI hook calls that failed, by hook",
-            self.hook_errors.clone(),
-        );
-        registry.register(
-            "nri_hook_duration_seconds",
-            "Time spent in NRI hooks, by hook",
-            self.hook_latency.clone(),
+            "dranet_driver_nri_plugin_requests_latency_seconds",
+            "NRI hook latency by method and status",
+            self.latency.clone(),
         );
         registry.register(
             "nri_registrations",
@@ -76,16 +92,28 @@ impl NriMetrics {
         );
     }
 
-    /// Calls of `hook` so far.
+    fn count(&self, hook: &str, status: HookStatus) -> u64 {
+        self.requests
+            .get_or_create(&HookLabels {
+                method: hook.to_owned(),
+                status: status.label().to_owned(),
+            })
+            .get()
+    }
+
+    /// Calls of `hook` so far, whatever their status.
     #[must_use]
-    pub fn hook_calls(&self, hook: &'static str) -> u64 {
-        self.hook_calls.get_or_create(&HookLabels { hook }).get()
+    pub fn hook_calls(&self, hook: &str) -> u64 {
+        [HookStatus::Success, HookStatus::Noop, HookStatus::Failed]
+            .into_iter()
+            .map(|s| self.count(hook, s))
+            .sum()
     }
 
     /// Failed calls of `hook` so far.
     #[must_use]
-    pub fn hook_errors(&self, hook: &'static str) -> u64 {
-        self.hook_errors.get_or_create(&HookLabels { hook }).get()
+    pub fn hook_errors(&self, hook: &str) -> u64 {
+        self.count(hook, HookStatus::Failed)
     }
 
     /// Whether the plugin is registered with a runtime right now.
@@ -100,13 +128,13 @@ impl NriMetrics {
         self.registrations.get()
     }
 
-    pub(super) fn observe(&self, hook: &'static str, start: Instant, failed: bool) {
-        let l = HookLabels { hook };
-        self.hook_calls.get_or_create(&l).inc();
-        if failed {
-            self.hook_errors.get_or_create(&l).inc();
-        }
-        self.hook_latency
+    pub(super) fn observe(&self, hook: &str, start: Instant, status: HookStatus) {
+        let l = HookLabels {
+            method: hook.to_owned(),
+            status: status.label().to_owned(),
+        };
+        self.requests.get_or_create(&l).inc();
+        self.latency
             .get_or_create(&l)
             .observe(start.elapsed().as_secs_f64());
     }
@@ -121,19 +149,24 @@ mod tests {
         let m = NriMetrics::default();
         let mut reg = Registry::default();
         m.register(&mut reg);
-        m.observe("RunPodSandbox", Instant::now(), true);
+        m.observe("RunPodSandbox", Instant::now(), HookStatus::Failed);
+        m.observe("RunPodSandbox", Instant::now(), HookStatus::Noop);
         assert_eq!(
             (m.hook_calls("RunPodSandbox"), m.hook_errors("RunPodSandbox")),
-            (1, 1)
+            (2, 1)
         );
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
         assert!(
-            out.contains("nri_hook_calls_total{hook=\"RunPodSandbox\"} 1"),
+            out.contains(
+                "dranet_driver_nri_plugin_requests_total{method=\"RunPodSandbox\",status=\"failed\"} 1"
+            ),
             "{out}"
         );
         assert!(
-            out.contains("nri_hook_duration_seconds_count{hook=\"RunPodSandbox\"} 1"),
+            out.contains(
+                "dranet_driver_nri_plugin_requests_latency_seconds_count{method=\"RunPodSandbox\",status=\"noop\"} 1"
+            ),
             "{out}"
         );
     }

@@ -1,3 +1,4 @@
+// Over 500 lines: the multiplexer's reader, writer and stream table with their bounds; one protocol.
 //! The NRI multiplexer (containerd/nri `pkg/net/multiplex`): several logical byte streams over
 //! one trunk connection.
 //!

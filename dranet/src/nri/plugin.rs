@@ -7,9 +7,8 @@
 //! other method answers `UNIMPLEMENTED`. When the runtime closes the connection we reconnect
 //! with backoff (100 ms doubling to 5 s) and register again.
 
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -124,31 +123,18 @@ fn valid_index(s: &str) -> bool {
     s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit())
 }
 
-static INHERITED_TAKEN: AtomicBool = AtomicBool::new(false);
-
 /// The connected socket a runtime passes to a plugin it launched (once per process).
 fn inherited_socket() -> Result<Option<UnixStream>, NriError> {
     let Ok(value) = std::env::var(ENV_PLUGIN_SOCKET) else {
         return Ok(None);
     };
-    if INHERITED_TAKEN.swap(true, Ordering::SeqCst) {
-        return Ok(None);
-    }
     let bad = |source| NriError::InheritedSocket {
         value: value.clone(),
         source,
     };
-    let fd: i32 = value
-        .trim()
-        .parse()
-        .map_err(|_| bad(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-    if fd < 0 {
-        return Err(bad(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
-    }
-    // SAFETY: the runtime started this process with `fd` open and connected for this plugin;
-    // nothing else in the process owns it, and INHERITED_TAKEN makes sure it is wrapped once.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let std_stream = std::os::unix::net::UnixStream::from(owned);
+    let Some(std_stream) = crate::sys::os::take_inherited_socket(&value).map_err(bad)? else {
+        return Ok(None);
+    };
     std_stream.set_nonblocking(true).map_err(bad)?;
     UnixStream::from_std(std_stream).map(Some).map_err(bad)
 }
@@ -208,7 +194,9 @@ pub async fn run<H: PodHooks>(
                 warn!(reason = %why, "NRI connection lost; reconnecting");
                 backoff = BACKOFF_START;
             }
-            Err(e) => debug!(error = %e, retry_in = ?backoff, "NRI connection attempt failed"),
+            Err(e) => {
+                debug!(error = %crate::telemetry::chain(&e), retry_in = ?backoff, "NRI connection attempt failed")
+            }
         }
         cfg.metrics.connection_losses.inc();
         cfg.metrics.connected.store(false, Ordering::Relaxed);

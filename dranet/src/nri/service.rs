@@ -10,8 +10,8 @@ use prost::Message;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::hooks::{ContainerInfo, HookError, LinuxDevice, Pod, PodHooks};
-use super::metrics::NriMetrics;
+use super::hooks::{ContainerInfo, HookError, LinuxDevice, Outcome, Pod, PodHooks};
+use super::metrics::{HookStatus, NriMetrics};
 use super::pb::google::rpc::Status;
 use super::pb::nri as pb;
 use super::plugin::{EVENTS, PLUGIN_SERVICE};
@@ -108,19 +108,21 @@ fn reply<M: Message>(m: &M) -> CallResult {
     Ok(Bytes::from(m.encode_to_vec()))
 }
 
+/// The `status` label of a Run/Stop/Remove call (upstream's: `success`, `noop`, `failed`).
+fn status_of<T>(r: &Result<Outcome, T>) -> HookStatus {
+    match r {
+        Ok(Outcome::Applied) => HookStatus::Success,
+        Ok(Outcome::Noop) => HookStatus::Noop,
+        Err(_) => HookStatus::Failed,
+    }
+}
+
 fn hook_status(e: &HookError) -> Status {
     let c = match e {
         HookError::Failed { .. } => code::UNKNOWN,
         HookError::Rejected { .. } => code::FAILED_PRECONDITION,
     };
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    ttrpc::status(c, msg)
+    ttrpc::status(c, crate::telemetry::chain(e).to_string())
 }
 
 /// Keeps the first device per path, in order.
@@ -134,7 +136,7 @@ impl<H: PodHooks> PluginService<H> {
         let pod = Pod::from(&pod.unwrap_or_default());
         let start = Instant::now();
         let r = self.hooks.run_pod_sandbox(pod.clone()).await;
-        self.metrics.observe("RunPodSandbox", start, r.is_err());
+        self.metrics.observe("RunPodSandbox", start, status_of(&r));
         match r {
             Ok(outcome) => {
                 debug!(pod = %pod.uid, ?outcome, "RunPodSandbox");
@@ -164,7 +166,7 @@ impl<H: PodHooks> PluginService<H> {
             } else {
                 hooks.remove_pod_sandbox(p.clone()).await
             };
-            metrics.observe(hook, start, r.is_err());
+            metrics.observe(hook, start, status_of(&r));
             match r {
                 Ok(outcome) => debug!(pod = %p.uid, hook, ?outcome, "pod hook done"),
                 Err(e) => {
@@ -186,7 +188,15 @@ impl<H: PodHooks> PluginService<H> {
         let c = ContainerInfo::from(&req.container.unwrap_or_default());
         let start = Instant::now();
         let r = self.hooks.create_container(pod.clone(), c).await;
-        self.metrics.observe("CreateContainer", start, r.is_err());
+        self.metrics.observe(
+            "CreateContainer",
+            start,
+            match &r {
+                Ok(d) if d.is_empty() => HookStatus::Noop,
+                Ok(_) => HookStatus::Success,
+                Err(_) => HookStatus::Failed,
+            },
+        );
         let devices = dedup_devices(r.map_err(|e| {
             warn!(pod = %pod.uid, error = %hook_status(&e).message, "CreateContainer failed");
             hook_status(&e)
@@ -280,7 +290,7 @@ impl<H: PodHooks> PluginService<H> {
         info!(pods = pods.len(), containers = containers.len(), "Synchronize");
         let start = Instant::now();
         self.hooks.synchronize(pods, containers).await;
-        self.metrics.observe("Synchronize", start, false);
+        self.metrics.observe("Synchronize", start, HookStatus::Success);
         reply(&pb::SynchronizeResponse {
             update: Vec::new(),
             more: false,
@@ -319,7 +329,7 @@ impl<H: PodHooks> Service for PluginService<H> {
             "Shutdown" => {
                 let start = Instant::now();
                 self.hooks.shutdown().await;
-                self.metrics.observe("Shutdown", start, false);
+                self.metrics.observe("Shutdown", start, HookStatus::Success);
                 reply(&pb::Empty {})
             }
             "RunPodSandbox" => {

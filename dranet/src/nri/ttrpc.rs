@@ -1,3 +1,4 @@
+// Over 500 lines: the ttrpc framing, request and response paths and their bounds; one protocol.
 //! The unary subset of ttrpc (containerd/ttrpc) on one mux connection.
 //!
 //! A message is a 10-byte header — data length (u32 BE, ≤ 4 MiB), stream id (u32 BE), type

@@ -12,7 +12,7 @@ pub enum PciError {
     BadAddress(String),
     #[error("PCI device {0} has no driver bound (nothing to rebind)")]
     NoDriver(String),
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         #[source]

@@ -1,3 +1,4 @@
+// Over 500 lines: claim status (KEP-4817) and Events share one rate limiter and one API client; about half is the JSON they send.
 //! What dranet tells the API server about its work: the device status of ResourceClaims
 //! (KEP-4817: conditions and `networkData` after an attach, applied server-side on the `status`
 //! subresource, field manager = driver name, force) and Kubernetes events (`ClaimPrepareFailed`
@@ -45,14 +46,14 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// Errors of reports (logged, never returned to a hook).
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("applying the status of ResourceClaim {claim}: {source}")]
+    #[error("applying the status of ResourceClaim {claim}")]
     Apply {
         /// `namespace/name`.
         claim: String,
         #[source]
         source: Box<kube::Error>,
     },
-    #[error("creating event {reason} for {object}: {source}")]
+    #[error("creating event {reason} for {object}")]
     Event {
         reason: String,
         /// `Kind namespace/name`.
@@ -60,7 +61,7 @@ pub enum ReportError {
         #[source]
         source: Box<kube::Error>,
     },
-    #[error("updating event {name} ({reason}) for {object}: {source}")]
+    #[error("updating event {name} ({reason}) for {object}")]
     EventUpdate {
         name: String,
         reason: String,
@@ -69,13 +70,13 @@ pub enum ReportError {
         #[source]
         source: Box<kube::Error>,
     },
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}")]
     Write {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("encoding a report: {0}")]
+    #[error("encoding a report")]
     Encode(#[source] serde_json::Error),
     #[error("{name:?} is not usable as a file name")]
     BadName { name: String },
@@ -259,7 +260,7 @@ impl Reporter {
         tokio::spawn(async move {
             match tokio::time::timeout(timeout, f(sink)).await {
                 Ok(Ok(())) => tracing::debug!(what, "reported"),
-                Ok(Err(e)) => tracing::warn!(what, error = %e, "report failed"),
+                Ok(Err(e)) => tracing::warn!(what, error = %crate::telemetry::chain(&e), "report failed"),
                 Err(_) => tracing::warn!(what, ?timeout, "report timed out"),
             }
             drop(permit);
@@ -319,7 +320,7 @@ async fn send_events(sink: Arc<dyn Sink>, slot: Slot, timeout: Duration) {
                 }
             }
             Ok(Err(e)) => {
-                tracing::warn!(what = "event", error = %e, "report failed");
+                tracing::warn!(what = "event", error = %crate::telemetry::chain(&e), "report failed");
                 st.sending = false;
                 guard.armed = false;
                 return;

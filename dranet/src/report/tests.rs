@@ -1,3 +1,5 @@
+// Over 500 lines: one test per status/event case against the API simulator.
+
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -5,10 +7,11 @@ use serde_json::json;
 
 use super::*;
 use crate::config::NetworkConfig;
-use crate::link::LinkSnapshot;
 use crate::plan::ClaimRef;
 use crate::slices::kube_mock::{client, status};
 use crate::state::DeviceState;
+use crate::sys::link::LinkSnapshot;
+use crate::test_support::{TempDir, device_record, wait_for};
 
 fn plan(device: &str, claim: &str) -> DevicePlan {
     let mut config = NetworkConfig::default();
@@ -34,32 +37,11 @@ fn plan(device: &str, claim: &str) -> DevicePlan {
 
 fn record(device: &str) -> DeviceRecord {
     DeviceRecord {
-        device: device.into(),
-        pod_ifname: "net1".into(),
-        pci_address: None,
-        permanent_mac: None,
-        rdma_device: None,
-        rdma_in_pod: false,
-        pod_mac: None,
         snapshot: LinkSnapshot {
             mac: Some("02:00:00:00:00:01".into()),
             ..LinkSnapshot::default()
         },
-        state: DeviceState::InPod,
-        temp_name: None,
-        at: None,
-        rebuilt: false,
-    }
-}
-
-async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        ..device_record(device, DeviceState::InPod)
     }
 }
 
@@ -166,8 +148,14 @@ async fn claim_status_is_one_forced_server_side_apply_of_the_status_subresource(
     let apply = claim_statuses("dra.net", &[plan("eth1", "c1")], &[record("eth1")]).remove(0);
     let now = apply.status.devices[0].conditions[0].last_transition_time.clone();
     r.claim_status(apply);
-    wait_for("the apply", || !log.lock().unwrap().is_empty()).await;
-    wait_for("the report done", || r.in_flight() == 0).await;
+    wait_for("the apply", Duration::from_secs(5), || {
+        !log.lock().unwrap().is_empty()
+    })
+    .await
+    .unwrap();
+    wait_for("the report done", Duration::from_secs(5), || r.in_flight() == 0)
+        .await
+        .unwrap();
     let seen = log.lock().unwrap().clone();
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].method, "PATCH");
@@ -212,8 +200,14 @@ async fn events_are_core_v1_events_in_the_objects_namespace() {
         "ClaimPrepareFailed",
         "x".repeat(2000),
     ));
-    wait_for("two events", || log.lock().unwrap().len() == 2).await;
-    wait_for("the reports done", || r.in_flight() == 0).await;
+    wait_for("two events", Duration::from_secs(5), || {
+        log.lock().unwrap().len() == 2
+    })
+    .await
+    .unwrap();
+    wait_for("the reports done", Duration::from_secs(5), || r.in_flight() == 0)
+        .await
+        .unwrap();
     let mut seen = log.lock().unwrap().clone();
     seen.sort_by_key(|s| s.body["reason"].as_str().unwrap_or_default().to_owned());
     for s in &seen {
@@ -283,17 +277,22 @@ async fn a_hanging_or_failing_api_never_blocks_and_reports_are_bounded() {
         start.elapsed()
     );
     assert_eq!(r.in_flight(), MAX_IN_FLIGHT, "the extra reports are dropped");
-    wait_for("every report timed out", || r.in_flight() == 0).await;
+    wait_for("every report timed out", Duration::from_secs(5), || {
+        r.in_flight() == 0
+    })
+    .await
+    .unwrap();
     assert_eq!(*hang.0.lock().unwrap(), MAX_IN_FLIGHT);
 
     // An API error is logged, nothing else.
     let (kube, log) = client(|_| (500, status(500, "InternalError")));
     let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a");
     r.claim_status(apply);
-    wait_for("the failed apply done", || {
+    wait_for("the failed apply done", Duration::from_secs(5), || {
         r.in_flight() == 0 && !log.lock().unwrap().is_empty()
     })
-    .await;
+    .await
+    .unwrap();
 
     // Disabled: nothing is sent.
     let d = Reporter::disabled();
@@ -303,8 +302,8 @@ async fn a_hanging_or_failing_api_never_blocks_and_reports_are_bounded() {
 
 #[tokio::test]
 async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
-    let dir = std::env::temp_dir().join(format!("dranet-report-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = TempDir::new("report");
+    let dir = tmp.path().join("claims");
     let sink = FileSink::new(&dir);
     let apply = claim_statuses("dra.net", &[plan("eth1", "c1")], &[record("eth1")]).remove(0);
     sink.apply_claim_status(&apply).await.unwrap();
@@ -336,7 +335,6 @@ async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
             "{bad:?}"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -407,8 +405,14 @@ async fn send_and_settle(
     n: usize,
 ) {
     r.event(ev);
-    wait_for(&format!("{n} requests"), || log.lock().unwrap().len() == n).await;
-    wait_for("the sender done", || r.in_flight() == 0).await;
+    wait_for(&format!("{n} requests"), Duration::from_secs(5), || {
+        log.lock().unwrap().len() == n
+    })
+    .await
+    .unwrap();
+    wait_for("the sender done", Duration::from_secs(5), || r.in_flight() == 0)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -505,7 +509,9 @@ async fn a_burst_of_repeats_never_blocks_and_the_server_count_only_grows() {
         start.elapsed()
     );
     assert!(r.in_flight() <= 1, "one sender per event key");
-    wait_for("the sender done", || r.in_flight() == 0).await;
+    wait_for("the sender done", Duration::from_secs(5), || r.in_flight() == 0)
+        .await
+        .unwrap();
     let seen = log.lock().unwrap().clone();
     assert_eq!(seen[0].method, "POST");
     assert!(seen[1..].iter().all(|s| s.method == "PATCH"), "{seen:?}");
@@ -581,7 +587,11 @@ async fn a_hanging_api_holds_one_sender_per_event_key_and_never_blocks() {
         start.elapsed()
     );
     assert_eq!(r.in_flight(), 2);
-    wait_for("both senders timed out", || r.in_flight() == 0).await;
+    wait_for("both senders timed out", Duration::from_secs(5), || {
+        r.in_flight() == 0
+    })
+    .await
+    .unwrap();
     assert_eq!(*hang.0.lock().unwrap(), 2, "one request per key, not per repeat");
     // After the failure, the next repeat tries again (creating: nothing was created).
     r.event(pod_event(&r, "pod-a", "R", "m"));

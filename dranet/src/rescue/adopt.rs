@@ -18,9 +18,9 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError, SandboxInfo};
-use crate::link::{LinkSnapshot, Netlink};
-use crate::netns::{Netns, Pin};
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, pod_key};
+use crate::sys::link::{LinkSnapshot, Netlink};
+use crate::sys::netns::{Netns, Pin};
 
 /// A device of this driver allocated to a pod, as adoption looks for it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -122,7 +122,7 @@ impl Engine {
                 continue;
             };
             let hit = links.iter().find_map(|m| {
-                let s = crate::link::snapshot_of_message(m);
+                let s = crate::sys::link::snapshot_of_message(m);
                 let parent = s.parent.as_deref()?;
                 (s.kind.is_none() && parent_pci_address(&sysfs, parent).as_deref() == Some(pci)).then_some(s)
             });
@@ -171,7 +171,7 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(path, netns.id(), pin.netns().as_fd()).await
         {
-            warn!(pod = sb.uid, error = %e, "cannot watch the adopted netns");
+            warn!(pod = sb.uid, error = %crate::telemetry::chain(&e), "cannot watch the adopted netns");
         }
         self.inner.live_put(
             &key,
@@ -205,7 +205,7 @@ fn home_name(d: &Allocated, in_pod: &LinkSnapshot) -> String {
 /// The record of a device found in a pod's netns by its kernel identity. Its host state before
 /// the move is unknown: it comes home under its host name ([`home_name`]), with its permanent
 /// MAC and current MTU, up.
-fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::netns::NetnsId) -> DeviceRecord {
+fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::sys::netns::NetnsId) -> DeviceRecord {
     let host_name = home_name(d, &in_pod);
     let snapshot = LinkSnapshot {
         ifindex: in_pod.ifindex,

@@ -8,11 +8,11 @@ use tracing::{info, warn};
 
 use super::activity::ActivityKind;
 use super::{AttachOutcome, Engine, Live, RescueError};
-use crate::link::{self, AttachSpec, LinkError, Netlink};
-use crate::netns::{Netns, Pin};
 use crate::plan::DevicePlan;
-use crate::rdma::NetnsMode;
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason, pod_key};
+use crate::sys::link::{self, AttachSpec, LinkError, Netlink};
+use crate::sys::netns::{Netns, Pin};
+use crate::sys::rdma::NetnsMode;
 
 /// Identity of the pod sandbox being attached, as the runtime names it.
 #[derive(Clone, Debug)]
@@ -181,7 +181,7 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(netns_path, pod_id, live.pin.netns().as_fd()).await
         {
-            warn!(pod = pod.uid, error = %e, "cannot watch the pod netns; relying on hooks and rtnetlink");
+            warn!(pod = pod.uid, error = %crate::telemetry::chain(&e), "cannot watch the pod netns; relying on hooks and rtnetlink");
         }
         self.inner.live_put(&key, live);
         self.update(|cp| {
@@ -222,12 +222,13 @@ impl Engine {
         err: &RescueError,
     ) -> Result<(), RescueError> {
         let device = err.device().map(str::to_owned);
-        warn!(pod = uid, sandbox = key, device = ?device, error = %err, "attach failed; rolling back");
+        // The error itself is logged once, by whoever handles it (the NRI service for a hook).
+        info!(pod = uid, sandbox = key, device = ?device, "attach failed; rolling back");
         self.record(
             uid,
             ActivityKind::Failed {
                 action: "attach".into(),
-                error: err.to_string(),
+                error: crate::telemetry::chain(&err).to_string(),
                 device,
             },
         );
@@ -254,7 +255,7 @@ impl Engine {
         .await?;
         self.inner.live_put(key, live);
         if let Err(e) = self.detach_locked(key, ReturnReason::Rollback).await {
-            warn!(pod = uid, sandbox = key, error = %e, "rollback incomplete");
+            warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "rollback incomplete");
         }
         Ok(())
     }

@@ -172,8 +172,8 @@ fn moved_device(
     cp: &Checkpoint,
     ifindex: u32,
     new_ifindex: i32,
-    from: crate::netns::NetnsId,
-    to: crate::netns::NetnsId,
+    from: crate::sys::netns::NetnsId,
+    to: crate::sys::netns::NetnsId,
 ) -> Vec<Action> {
     for pod in cp.pods.values() {
         for d in pod.devices.iter().filter(|d| out(d.state)) {
@@ -194,7 +194,10 @@ fn moved_device(
 }
 
 fn same_mac(a: Option<&str>, b: Option<&str>) -> bool {
-    match (a.map(crate::link::parse_mac), b.map(crate::link::parse_mac)) {
+    match (
+        a.map(crate::sys::link::parse_mac),
+        b.map(crate::sys::link::parse_mac),
+    ) {
         (Some(Ok(a)), Some(Ok(b))) => a == b,
         _ => false,
     }

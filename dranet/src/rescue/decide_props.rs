@@ -4,9 +4,9 @@
 //! `DRANET_DECIDE_CASES` change them.
 
 use super::*;
-use crate::link::LinkSnapshot;
-use crate::netns::NetnsId;
 use crate::state::{DeviceRecord, PodRecord, ReturnReason};
+use crate::sys::link::LinkSnapshot;
+use crate::sys::netns::NetnsId;
 use crate::watch::{Source, Task, UnlinkCall};
 
 /// splitmix64: small, seedable, good enough to spread test cases.

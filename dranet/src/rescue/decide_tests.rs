@@ -1,7 +1,7 @@
 use super::*;
-use crate::link::LinkSnapshot;
-use crate::netns::NetnsId;
 use crate::state::{Checkpoint, DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason};
+use crate::sys::link::LinkSnapshot;
+use crate::sys::netns::NetnsId;
 use crate::watch::{EventKind, LifecycleEvent, Source, Task, UnlinkCall};
 
 const ID: NetnsId = NetnsId {

@@ -1,3 +1,4 @@
+// Over 500 lines: the detach of one sandbox in named phases (plan, move, restore, release) and their retry.
 //! Detach: bring every device of a pod home through its pin and restore its snapshot; then
 //! release the pin. Used by StopPodSandbox, by the probe-triggered rescue, by rollback and by
 //! reconcile: the same code whatever the order.
@@ -6,11 +7,12 @@ use tracing::{info, warn};
 
 use super::activity::ActivityKind;
 use super::{DetachOutcome, Engine, Inner, Live, RescueError};
-use crate::link::{self, LinkError, Netlink, Returned};
-use crate::netns::Netns;
-use crate::netns::Pin;
+use crate::pci;
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, ReturnReason};
-use crate::{pci, rdma};
+use crate::sys::link::{self, LinkError, Netlink, Returned};
+use crate::sys::netns::Netns;
+use crate::sys::netns::Pin;
+use crate::sys::rdma;
 
 impl Inner {
     pub(super) fn live_put(&self, key: &str, live: Live) {
@@ -91,7 +93,7 @@ impl Engine {
             {
                 Ok(nl) => Some(nl),
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %e, "no netlink in the pod netns");
+                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
                     None
                 }
             },
@@ -120,8 +122,8 @@ impl Engine {
                     .detach_rdma(key, i, d, live.as_ref().map(|l| l.pin.netns()))
                     .await
             {
-                warn!(pod = uid, device = d.device, error = %e, "RDMA link not brought home");
-                failed.push(e.to_string());
+                warn!(pod = uid, device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
+                failed.push(crate::telemetry::chain(&e).to_string());
             }
             if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
                 continue;
@@ -174,8 +176,8 @@ impl Engine {
                     DeviceState::HomeNameBusy
                 }
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, device = d.device, error = %e, "device not brought home");
-                    failed.push(e.to_string());
+                    warn!(pod = uid, sandbox = key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
+                    failed.push(crate::telemetry::chain(&e).to_string());
                     continue;
                 }
             };
@@ -243,11 +245,11 @@ impl Engine {
                     warn!(sandbox = key, pin = %p.display(), found = %pin.netns().id(), expected = %id, "pin holds another netns; ignoring it");
                 }
                 Err(e) => {
-                    warn!(sandbox = key, pin = %p.display(), error = %e, "pin is gone; looking for the netns by identity")
+                    warn!(sandbox = key, pin = %p.display(), error = %crate::telemetry::chain(&e), "pin is gone; looking for the netns by identity")
                 }
             }
         }
-        let ns = tokio::task::spawn_blocking(move || crate::netns::find_by_id(id, &[&path]))
+        let ns = tokio::task::spawn_blocking(move || crate::sys::netns::find_by_id(id, &[&path]))
             .await
             .ok()
             .flatten()?;
@@ -263,12 +265,12 @@ impl Engine {
                     })
                     .await
                 {
-                    warn!(sandbox = key, error = %e, "cannot record the new pin");
+                    warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record the new pin");
                 }
                 Some(Live { pin, netlink: None })
             }
             Err(e) => {
-                warn!(sandbox = key, error = %e, "cannot pin the netns again");
+                warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot pin the netns again");
                 None
             }
         }
@@ -284,7 +286,7 @@ impl Engine {
         if let Some(Live { pin, netlink }) = live {
             drop(netlink);
             if let Err(e) = pin.release() {
-                warn!(sandbox = key, error = %e, "releasing the pin failed");
+                warn!(sandbox = key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
             }
         }
         // Counted before the record changes: whoever sees the record say "returned" sees the

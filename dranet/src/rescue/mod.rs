@@ -1,3 +1,4 @@
+// Over 500 lines: the engine's shared state and its one action entry point; attach, detach, reconcile, adopt and sweep live in their own files.
 //! The rescue engine: one owner per pod for every device move, whoever asks for it.
 //!
 //! Inputs: NRI hooks ([`Engine::attach_pod`], [`Engine::detach_sandbox`],
@@ -41,11 +42,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::link::{LinkError, Netlink};
-use crate::netns::{Netns, NetnsError, Pin};
 use crate::plan::{DevicePlan, PodPlan};
-use crate::rdma::{KernelRdma, RdmaOps};
 use crate::state::{Checkpoint, LoadSource, PodPhase, ReturnReason, StateError, StateLock, Store, Writer};
+use crate::sys::link::{LinkError, Netlink};
+use crate::sys::netns::{Netns, NetnsError, Pin};
+use crate::sys::rdma::{KernelRdma, RdmaOps};
 use crate::watch::{Subscription, Watcher};
 
 pub use adopt::{AdoptOutcome, Allocated, parent_pci_address};
@@ -58,27 +59,27 @@ pub use sandbox::{SWEEP_EVERY, SandboxInfo, SandboxRef, SyncReport};
 /// Errors of the rescue engine.
 #[derive(Debug, thiserror::Error)]
 pub enum RescueError {
-    #[error("pod {pod}: netns {path}: {source}")]
+    #[error("pod {pod}: netns {path}")]
     Netns {
         pod: String,
         path: PathBuf,
         #[source]
         source: NetnsError,
     },
-    #[error("pod {pod}: pin: {source}")]
+    #[error("pod {pod}: pin")]
     Pin {
         pod: String,
         #[source]
         source: NetnsError,
     },
-    #[error("pod {pod}: device {device}: {source}")]
+    #[error("pod {pod}: device {device}")]
     Link {
         pod: String,
         device: String,
         #[source]
         source: LinkError,
     },
-    #[error("pod {pod}: netlink in the pod netns: {source}")]
+    #[error("pod {pod}: netlink in the pod netns")]
     PodNetlink {
         pod: String,
         #[source]
@@ -101,27 +102,27 @@ pub enum RescueError {
         total: usize,
         first: String,
     },
-    #[error("pod {pod}: RDMA device {device}: {source}")]
+    #[error("pod {pod}: RDMA device {device}")]
     Rdma {
         pod: String,
         device: String,
         #[source]
-        source: crate::rdma::RdmaError,
+        source: crate::sys::rdma::RdmaError,
     },
-    #[error("pod {pod}: device {device}: PCI rebind: {source}")]
+    #[error("pod {pod}: device {device}: PCI rebind")]
     Pci {
         pod: String,
         device: String,
         #[source]
         source: crate::pci::PciError,
     },
-    #[error("checkpoint: {0}")]
+    #[error("checkpoint")]
     State(#[from] StateError),
     #[error(transparent)]
     Id(#[from] crate::ids::IdError),
-    #[error("host netns: {0}")]
+    #[error("host netns")]
     Host(#[source] NetnsError),
-    #[error("host netlink: {0}")]
+    #[error("host netlink")]
     HostNetlink(#[source] LinkError),
     #[error("pod {pod}: device {device}: {what} did not finish within {after:?}; not waiting for it")]
     Timeout {
@@ -132,7 +133,7 @@ pub enum RescueError {
     },
     #[error("{what}: the blocking task failed")]
     Task { what: &'static str },
-    #[error("inventory of a pinned netns: {0}")]
+    #[error("inventory of a pinned netns")]
     Inventory(#[source] crate::inventory::InventoryError),
 }
 
@@ -220,7 +221,7 @@ struct Inner {
     live: Mutex<HashMap<String, Live>>,
     host: Netns,
     /// RDMA netns mode of the host; `None` without RDMA.
-    rdma_mode: Option<crate::rdma::NetnsMode>,
+    rdma_mode: Option<crate::sys::rdma::NetnsMode>,
     watcher: Option<Watcher>,
     counters: Mutex<Counters>,
     metrics: RescueMetrics,
@@ -328,7 +329,7 @@ impl Engine {
         let rdma_mode = match mode {
             Ok(Ok(Ok(m))) => m,
             Ok(Ok(Err(e))) => {
-                warn!(error = %e, "cannot read the RDMA netns mode; RDMA links will not be moved");
+                warn!(error = %crate::telemetry::chain(&e), "cannot read the RDMA netns mode; RDMA links will not be moved");
                 None
             }
             Ok(Err(_)) | Err(_) => {
@@ -524,12 +525,12 @@ impl Engine {
                 ifindex,
             } => {
                 if let Err(e) = self.repair(&pod_uid, &key, &device, ifindex).await {
-                    warn!(pod = %pod_uid, sandbox = %key, device, error = %e, "repair failed");
+                    warn!(pod = %pod_uid, sandbox = %key, device, error = %crate::telemetry::chain(&e), "repair failed");
                     self.record(
                         &pod_uid,
                         activity::ActivityKind::Failed {
                             action: "repair".into(),
-                            error: e.to_string(),
+                            error: crate::telemetry::chain(&e).to_string(),
                             device: Some(device),
                         },
                     );
@@ -542,14 +543,14 @@ impl Engine {
                 to,
             } => {
                 if let Err(e) = self.moved(&pod_uid, &key, &device, to).await {
-                    warn!(pod = %pod_uid, sandbox = %key, device, error = %e, "recording a device move failed");
+                    warn!(pod = %pod_uid, sandbox = %key, device, error = %crate::telemetry::chain(&e), "recording a device move failed");
                 }
             }
             Action::Forget { pod_uid, key } => {
                 {
                     let _owner = self.own(&pod_uid).await;
                     if let Err(e) = self.drop_if_torn_down(&key).await {
-                        warn!(pod = %pod_uid, sandbox = %key, error = %e, "cannot drop the record");
+                        warn!(pod = %pod_uid, sandbox = %key, error = %crate::telemetry::chain(&e), "cannot drop the record");
                     }
                 }
                 self.prune_lock(&pod_uid);
@@ -557,7 +558,7 @@ impl Engine {
             Action::Reconcile => {
                 self.inner.metrics.lost_events.inc();
                 if let Err(e) = self.reconcile().await {
-                    warn!(error = %e, "reconcile after lost events failed");
+                    warn!(error = %crate::telemetry::chain(&e), "reconcile after lost events failed");
                 }
             }
         }
@@ -603,10 +604,10 @@ impl Engine {
                 }
                 Ok(_) => return,
                 Err(e) if attempt == RESCUE_ATTEMPTS => {
-                    warn!(pod = %pod_uid, sandbox = %key, error = %e, attempt, "rescue incomplete; giving up until the next trigger or reconcile");
+                    warn!(pod = %pod_uid, sandbox = %key, error = %crate::telemetry::chain(&e), attempt, "rescue incomplete; giving up until the next trigger or reconcile");
                 }
                 Err(e) => {
-                    debug!(pod = %pod_uid, sandbox = %key, error = %e, attempt, ?delay, "rescue incomplete; retrying");
+                    debug!(pod = %pod_uid, sandbox = %key, error = %crate::telemetry::chain(&e), attempt, ?delay, "rescue incomplete; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(2));
                 }

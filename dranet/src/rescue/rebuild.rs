@@ -42,11 +42,11 @@ use tracing::{info, warn};
 use super::reconcile::ReconcileReport;
 use super::{Engine, RescueError};
 use crate::inventory::{self, NetnsTarget, PciIds, ScanOptions, Sysfs};
-use crate::link::{self, LinkSnapshot, Netlink};
-use crate::netns::{NetnsId, Pin};
 use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, LoadSource, PodPhase, PodRecord, Recovered, pod_key,
 };
+use crate::sys::link::{self, LinkSnapshot, Netlink};
+use crate::sys::netns::{NetnsId, Pin};
 
 /// A link of a pinned netns taken as ours.
 struct Found {
@@ -75,7 +75,9 @@ impl Engine {
             match self.recover_pin(&path).await {
                 Ok(Some(key)) => report.rebuilt.push(key),
                 Ok(None) => report.stray_pins += 1,
-                Err(e) => warn!(pin = %path.display(), error = %e, "cannot rebuild a record from the pin"),
+                Err(e) => {
+                    warn!(pin = %path.display(), error = %crate::telemetry::chain(&e), "cannot rebuild a record from the pin")
+                }
             }
         }
     }
@@ -88,7 +90,7 @@ impl Engine {
             .unwrap_or_default();
         let Ok(pin) = Pin::reopen(path) else {
             // Nothing mounted there any more: a leftover file.
-            crate::netns::release_path(path).map_err(|source| RescueError::Pin { pod: name, source })?;
+            crate::sys::netns::release_path(path).map_err(|source| RescueError::Pin { pod: name, source })?;
             return Ok(None);
         };
         let id = pin.netns().id();
@@ -107,7 +109,7 @@ impl Engine {
             return Ok(None);
         }
         let skip = self.inner.store.pins_dir();
-        let netns_path = tokio::task::spawn_blocking(move || crate::netns::bind_mounts_of(id, &skip))
+        let netns_path = tokio::task::spawn_blocking(move || crate::sys::netns::bind_mounts_of(id, &skip))
             .await
             .ok()
             .and_then(|v| v.into_iter().next())

@@ -20,8 +20,8 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError};
-use crate::netns::{Netns, Pin};
 use crate::state::{LoadSource, PodPhase, ReturnReason};
+use crate::sys::netns::{Netns, Pin};
 
 /// What a reconcile found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -68,7 +68,7 @@ impl Engine {
                 Ok(true) => report.adopted.push(key),
                 Ok(false) => report.returned.push(key),
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %e, "reconcile: devices not all home");
+                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "reconcile: devices not all home");
                     report.failed.push(key);
                 }
             }
@@ -143,7 +143,7 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(&path, id, pin.netns().as_fd()).await
         {
-            warn!(sandbox = key, error = %e, "cannot watch the re-adopted netns");
+            warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot watch the re-adopted netns");
         }
         self.inner.live_put(key, Live { pin, netlink: None });
         info!(sandbox = key, netns = %id, "pod still running: re-adopted");
@@ -157,7 +157,7 @@ impl Engine {
     /// Watches the netns of returned sandboxes whose record stays (their teardown drops it).
     async fn watch_returned(&self) {
         let Some(w) = &self.inner.watcher else { return };
-        let returned: Vec<(std::path::PathBuf, crate::netns::NetnsId)> = self
+        let returned: Vec<(std::path::PathBuf, crate::sys::netns::NetnsId)> = self
             .cp()
             .pods
             .values()
@@ -169,7 +169,7 @@ impl Engine {
                 && ns.id() == id
                 && let Err(e) = w.watch_netns(&path, id, ns.as_fd()).await
             {
-                warn!(netns = %id, error = %e, "cannot watch a returned sandbox's netns");
+                warn!(netns = %id, error = %crate::telemetry::chain(&e), "cannot watch a returned sandbox's netns");
             }
         }
     }
@@ -184,7 +184,9 @@ impl Engine {
         for p in pins.into_iter().filter(|p| !claimed.contains(p)) {
             match Pin::reopen(&p).and_then(Pin::release) {
                 Ok(()) => n += 1,
-                Err(e) => warn!(pin = %p.display(), error = %e, "cannot release a stray pin"),
+                Err(e) => {
+                    warn!(pin = %p.display(), error = %crate::telemetry::chain(&e), "cannot release a stray pin")
+                }
             }
         }
         n
@@ -230,7 +232,7 @@ impl Engine {
                     }
                 }
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %e, "release-all: devices not all home");
+                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "release-all: devices not all home");
                     report.failed.push(key);
                 }
             }

@@ -15,8 +15,8 @@ use tracing::{info, warn};
 
 use super::decide::normalize_path;
 use super::{DetachOutcome, Engine, RescueError};
-use crate::netns::Netns;
 use crate::state::{PodPhase, PodRecord, ReturnReason, pod_key};
+use crate::sys::netns::Netns;
 
 /// A hook's sandbox.
 #[derive(Clone, Copy, Debug)]
@@ -160,7 +160,7 @@ impl Engine {
                 other => other,
             };
             if let Err(e) = named {
-                warn!(pod = s.uid, sandbox = s.sandbox, error = %e, "cannot name a format-1 or rebuilt record");
+                warn!(pod = s.uid, sandbox = s.sandbox, error = %crate::telemetry::chain(&e), "cannot name a format-1 or rebuilt record");
             }
         }
         let known: HashSet<String> = running.iter().map(|s| pod_key(&s.uid, &s.sandbox)).collect();
@@ -184,7 +184,7 @@ impl Engine {
                     match self.detach_locked(&key, ReturnReason::Vanished).await {
                         Ok(_) => report.returned.push(key.clone()),
                         Err(e) => {
-                            warn!(pod = uid, sandbox = key, error = %e, "devices of a vanished sandbox not all home");
+                            warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "devices of a vanished sandbox not all home");
                             report.failed.push(key.clone());
                             continue;
                         }
@@ -193,7 +193,9 @@ impl Engine {
                 match self.drop_record(&key, "unknown to the runtime").await {
                     Ok(true) => report.dropped.push(key.clone()),
                     Ok(false) => {}
-                    Err(e) => warn!(sandbox = key, error = %e, "cannot drop the record"),
+                    Err(e) => {
+                        warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot drop the record")
+                    }
                 }
             }
             self.prune_lock(&uid);
@@ -255,7 +257,9 @@ impl Engine {
                 match self.drop_if_torn_down(&key).await {
                     Ok(true) => n += 1,
                     Ok(false) => {}
-                    Err(e) => warn!(sandbox = key, error = %e, "sweep: cannot drop the record"),
+                    Err(e) => {
+                        warn!(sandbox = key, error = %crate::telemetry::chain(&e), "sweep: cannot drop the record")
+                    }
                 }
             }
             self.prune_lock(&uid);

@@ -92,20 +92,8 @@ impl SliceError {
         {
             return r;
         }
-        error_chain(self)
+        crate::telemetry::chain(self).to_string()
     }
-}
-
-/// `e: cause: cause…` (a kube error's reason is in its source).
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// `metadata.ownerReferences[]`.

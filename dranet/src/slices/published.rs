@@ -114,7 +114,7 @@ impl PublishedDevices {
                 me
             }
             Ok(Err(e)) => {
-                warn!(error = %super::error_chain(&e), "cannot read the slices this node published before this start: adoption works from the checkpoint's plans only");
+                warn!(error = %crate::telemetry::chain(&e), "cannot read the slices this node published before this start: adoption works from the checkpoint's plans only");
                 Self::default()
             }
             Err(_) => {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::sys::rtnl::MulticastGroup;
 use futures::StreamExt;
-use rtnetlink::MulticastGroup;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -128,11 +128,11 @@ pub async fn publish_loop<P, S>(
         let devices = match scanned {
             Ok(Ok(d)) => d,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "inventory scan failed");
+                tracing::warn!(error = %crate::telemetry::chain(&e), "inventory scan failed");
                 continue;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "inventory scan task failed");
+                tracing::warn!(error = %crate::telemetry::chain(&e), "inventory scan task failed");
                 continue;
             }
         };
@@ -170,7 +170,7 @@ pub async fn publish_loop<P, S>(
         }
         // What the scan and the build allocated is free now: hand it back (off the workers).
         drop(devices);
-        let _ = tokio::task::spawn_blocking(crate::watch::release_freed_heap).await;
+        let _ = tokio::task::spawn_blocking(crate::sys::os::release_freed_heap).await;
     }
 }
 
@@ -180,11 +180,9 @@ pub async fn link_events(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), InventoryError> {
     let (conn, _h, mut messages) =
-        rtnetlink::new_multicast_connection(&[MulticastGroup::Link]).map_err(|source| {
-            InventoryError::Io {
-                what: "rtnetlink link monitor",
-                source,
-            }
+        crate::sys::rtnl::monitor(&[MulticastGroup::Link], None).map_err(|source| InventoryError::Io {
+            what: "rtnetlink link monitor",
+            source,
         })?;
     let task = tokio::spawn(conn);
     loop {

@@ -1,6 +1,9 @@
+// Over 500 lines: one test per slice-building rule (pools, limits, generations).
+
 use std::sync::Arc;
 
 use super::*;
+use crate::test_support::TempDir;
 
 fn devices(n: usize) -> Vec<Device> {
     (0..n)
@@ -18,24 +21,6 @@ fn devices(n: usize) -> Vec<Device> {
             ..Device::default()
         })
         .collect()
-}
-
-fn tmpdir(tag: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!(
-        "dranet-slices-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ))
-}
-
-struct RmDir(std::path::PathBuf);
-impl Drop for RmDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[test]
@@ -126,11 +111,11 @@ fn diff_reports_added_removed_changed() {
 
 #[tokio::test]
 async fn controller_republishes_on_change_into_a_dir() {
-    let dir = RmDir(tmpdir("ctl"));
-    let publisher = DirPublisher::new(&dir.0, "dra.net", "node-a");
+    let dir = TempDir::new("slices-ctl");
+    let publisher = DirPublisher::new(dir.path(), "dra.net", "node-a");
     // A foreign file in the same dir is left alone.
-    std::fs::create_dir_all(&dir.0).unwrap();
-    std::fs::write(dir.0.join("other-node-dra.net-0.json"), "{}").unwrap();
+    std::fs::create_dir_all(dir.path()).unwrap();
+    std::fs::write(dir.path().join("other-node-dra.net-0.json"), "{}").unwrap();
     let metrics = SliceMetrics::default();
     let mut ctl = SliceController::new(publisher.clone(), "dra.net", "node-a").with_metrics(metrics.clone());
 
@@ -152,7 +137,7 @@ async fn controller_republishes_on_change_into_a_dir() {
     assert_eq!(files.len(), 1, "stale slice file removed");
     assert_eq!(files[0].spec.pool.generation, 2);
     assert_eq!(files[0].spec.pool.resource_slice_count, 1);
-    assert!(dir.0.join("other-node-dra.net-0.json").exists());
+    assert!(dir.path().join("other-node-dra.net-0.json").exists());
 
     // A restarted controller continues above the published generation.
     let mut again = SliceController::new(publisher.clone(), "dra.net", "node-a");
@@ -241,8 +226,8 @@ async fn kube_publisher_applies_owns_and_prunes() {
 async fn publish_loop_rescans_on_request_and_forces_republish() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
-    let dir = RmDir(tmpdir("loop"));
-    let publisher = DirPublisher::new(&dir.0, "dra.net", "node-a");
+    let dir = TempDir::new("slices-loop");
+    let publisher = DirPublisher::new(dir.path(), "dra.net", "node-a");
     let ctl = SliceController::new(publisher.clone(), "dra.net", "node-a");
     let scans = Arc::new(AtomicUsize::new(0));
     let count = Arc::new(AtomicUsize::new(3));

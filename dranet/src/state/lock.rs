@@ -9,7 +9,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::fcntl::{Flock, FlockArg};
 use tracing::{info, warn};
 
 use super::StateError;
@@ -23,7 +22,8 @@ const POLL: Duration = Duration::from_millis(100);
 /// The exclusive lock on a state dir; released on drop (or when the process dies).
 #[derive(Debug)]
 pub struct StateLock {
-    _file: Flock<File>,
+    /// Holds the `flock` (std's `File::try_lock`) until dropped.
+    _file: File,
     path: PathBuf,
 }
 
@@ -42,11 +42,11 @@ impl StateLock {
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
             .open(&path)
             .map_err(lerr)?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(mut f) => {
+        match file.try_lock() {
+            Ok(()) => {
+                let mut f = file;
                 // Who holds it, for the message of a process that waits.
                 let pid = format!("{}\n", std::process::id());
                 let written = f
@@ -54,12 +54,12 @@ impl StateLock {
                     .and_then(|()| f.rewind())
                     .and_then(|()| f.write_all(pid.as_bytes()));
                 if let Err(e) = written {
-                    warn!(lock = %path.display(), error = %e, "cannot record the lock holder's pid");
+                    warn!(lock = %path.display(), error = %crate::telemetry::chain(&e), "cannot record the lock holder's pid");
                 }
                 Ok(Some(Self { _file: f, path }))
             }
-            Err((_, nix::Error::EWOULDBLOCK)) => Ok(None),
-            Err((_, e)) => Err(lerr(std::io::Error::from(e))),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(lerr(e)),
         }
     }
 

@@ -36,6 +36,7 @@
 //! Records rebuilt from a pin ([`PodRecord::recovered`]) keep an empty pod UID until a hook or
 //! Synchronize names their sandbox.
 
+mod disk;
 mod lock;
 mod store;
 mod writer;
@@ -47,9 +48,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::link::LinkSnapshot;
-use crate::netns::NetnsId;
 use crate::plan::PodPlan;
+use crate::sys::link::LinkSnapshot;
+use crate::sys::netns::NetnsId;
 
 pub use lock::StateLock;
 pub use store::{LoadSource, Loaded, Store};
@@ -62,25 +63,25 @@ const FILE: &str = "state.json";
 /// Errors of the checkpoint store.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("state dir {path}: {source}")]
+    #[error("state dir {path}")]
     Dir {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("writing checkpoint {path}: {source}")]
+    #[error("writing checkpoint {path}")]
     Write {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("reading checkpoint {path}: {source}")]
+    #[error("reading checkpoint {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("checkpoint {path} is not valid: {source}")]
+    #[error("checkpoint {path} is not valid")]
     Decode {
         path: PathBuf,
         #[source]
@@ -88,11 +89,11 @@ pub enum StateError {
     },
     #[error("checkpoint {path} is not valid: {what}")]
     Invalid { path: PathBuf, what: String },
-    #[error("encoding checkpoint: {0}")]
+    #[error("encoding checkpoint")]
     Encode(#[source] serde_json::Error),
     #[error("checkpoint {path} has format version {found}, this dranet reads up to {FORMAT_VERSION}")]
     Version { path: PathBuf, found: u32 },
-    #[error("state dir lock {path}: {source}")]
+    #[error("state dir lock {path}")]
     Lock {
         path: PathBuf,
         #[source]
@@ -107,11 +108,11 @@ pub enum StateError {
         holder: String,
         waited_s: u64,
     },
-    #[error("starting the checkpoint writer thread: {0}")]
+    #[error("starting the checkpoint writer thread")]
     Thread(#[source] io::Error),
     #[error("the checkpoint writer stopped")]
     WriterStopped,
-    #[error("saving the checkpoint: {0}")]
+    #[error("saving the checkpoint")]
     Save(#[source] Arc<StateError>),
 }
 
@@ -147,7 +148,9 @@ pub struct DeviceRecord {
     /// MAC set inside the pod (config `hardwareAddr`), if any: the kernel returns the device with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_mac: Option<String>,
-    /// Host state before attach: what detach restores.
+    /// Host state before attach: what detach restores (on disk in the checkpoint's own form,
+    /// [`disk`]).
+    #[serde(with = "disk::snapshot")]
     pub snapshot: LinkSnapshot,
     pub state: DeviceState,
     /// Name the device carries in the host while its own is taken (see `link` name policy).

@@ -123,7 +123,7 @@ impl Store {
                 };
             }
             Ok(None) => format!("{} is missing", path.display()),
-            Err(e) => e.to_string(),
+            Err(e) => crate::telemetry::chain(&e).to_string(),
         };
         let aside = path.exists().then(|| self.move_aside(&path)).flatten();
         match self.load_prev() {
@@ -140,7 +140,7 @@ impl Store {
             }
             other => {
                 let prev_problem = match other {
-                    Err(e) => e.to_string(),
+                    Err(e) => crate::telemetry::chain(&e).to_string(),
                     Ok(_) => format!("{} is missing", self.prev_path().display()),
                 };
                 warn!(
@@ -180,7 +180,7 @@ impl Store {
             return match fs::rename(path, &to) {
                 Ok(()) => Some(to),
                 Err(e) => {
-                    warn!(path = %path.display(), error = %e, "cannot move the bad checkpoint aside");
+                    warn!(path = %path.display(), error = %crate::telemetry::chain(&e), "cannot move the bad checkpoint aside");
                     None
                 }
             };
@@ -237,12 +237,12 @@ impl Store {
         match fs::hard_link(path, &link) {
             Ok(()) => {
                 if let Err(e) = fs::rename(&link, self.prev_path()) {
-                    warn!(error = %e, "cannot keep the previous checkpoint");
+                    warn!(error = %crate::telemetry::chain(&e), "cannot keep the previous checkpoint");
                     let _ = fs::remove_file(&link);
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => warn!(error = %e, "cannot keep the previous checkpoint"),
+            Err(e) => warn!(error = %crate::telemetry::chain(&e), "cannot keep the previous checkpoint"),
         }
     }
 

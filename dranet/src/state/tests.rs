@@ -111,7 +111,7 @@ fn format_1_is_migrated_on_load() {
     assert!(!rec.devices[0].snapshot.identified);
     assert_eq!(
         rec.devices[0].snapshot.addresses,
-        vec![crate::link::AddrSnapshot::plain("10.1.2.3/24")]
+        vec![crate::sys::link::AddrSnapshot::plain("10.1.2.3/24")]
     );
     assert_eq!(cp.records_of("uid-1").count(), 1);
     // Saved again, it stays format 2 and loads unchanged.
@@ -343,6 +343,79 @@ fn the_store_fuzz_corpus_holds_the_property() {
         n += 1;
     }
     assert!(n >= 5, "seed corpus in {} has {n} files", dir.display());
+}
+
+/// The on-disk form of a device's snapshot is the checkpoint's, not whatever `LinkSnapshot`
+/// becomes: every field, byte for byte, as format 2 writes it.
+#[test]
+fn the_on_disk_snapshot_of_format_2_is_fixed() {
+    use crate::sys::link::{AddrSnapshot, LinkSnapshot};
+    let snapshot = LinkSnapshot {
+        ifindex: 7,
+        name: "eth1".into(),
+        altnames: vec!["enp3s0".into()],
+        alias: Some("uplink".into()),
+        mtu: 9000,
+        mac: Some("02:00:00:00:00:01".into()),
+        perm_mac: Some("02:00:00:00:00:02".into()),
+        gso_max_size: Some(65536),
+        gso_max_segs: Some(64),
+        gro_max_size: Some(65536),
+        gso_ipv4_max_size: Some(65536),
+        gro_ipv4_max_size: Some(65536),
+        up: true,
+        addresses: vec![
+            AddrSnapshot {
+                cidr: "10.0.0.2/24".into(),
+                peer: None,
+                broadcast: Some("10.0.0.255".parse().unwrap()),
+                label: Some("eth1:1".into()),
+                flags: 0x80,
+                scope: 0,
+                metric: Some(100),
+                valid_lft: 300,
+                preferred_lft: 200,
+            },
+            AddrSnapshot {
+                cidr: "fd00::2/64".into(),
+                peer: Some("fd00::1".parse().unwrap()),
+                broadcast: None,
+                label: None,
+                flags: 0,
+                scope: 0,
+                metric: None,
+                valid_lft: u32::MAX,
+                preferred_lft: u32::MAX,
+            },
+        ],
+        kind: None,
+        parent: Some("pci/0000:3b:00.1".into()),
+        identified: true,
+        features: [("rx-gro-hw".to_owned(), true)].into(),
+        private_flags: [("legacy-rx".to_owned(), false)].into(),
+        sysctls: [("ipv4/rp_filter".to_owned(), 2)].into(),
+    };
+    let record = DeviceRecord {
+        device: "pci-0000-3b-00-1".into(),
+        pod_ifname: "net1".into(),
+        pci_address: Some("0000:3b:00.1".into()),
+        permanent_mac: Some("02:00:00:00:00:02".into()),
+        rdma_device: None,
+        rdma_in_pod: false,
+        pod_mac: None,
+        snapshot,
+        state: DeviceState::InPod,
+        temp_name: None,
+        at: None,
+        rebuilt: false,
+    };
+    let json = serde_json::to_string(&record).unwrap();
+    assert_eq!(
+        json,
+        "{\"device\":\"pci-0000-3b-00-1\",\"pod_ifname\":\"net1\",\"pci_address\":\"0000:3b:00.1\",\"permanent_mac\":\"02:00:00:00:00:02\",\"rdma_device\":null,\"snapshot\":{\"ifindex\":7,\"name\":\"eth1\",\"altnames\":[\"enp3s0\"],\"alias\":\"uplink\",\"mtu\":9000,\"mac\":\"02:00:00:00:00:01\",\"perm_mac\":\"02:00:00:00:00:02\",\"gso_max_size\":65536,\"gso_max_segs\":64,\"gro_max_size\":65536,\"gso_ipv4_max_size\":65536,\"gro_ipv4_max_size\":65536,\"up\":true,\"addresses\":[{\"cidr\":\"10.0.0.2/24\",\"broadcast\":\"10.0.0.255\",\"label\":\"eth1:1\",\"flags\":128,\"scope\":0,\"metric\":100,\"valid_lft\":300,\"preferred_lft\":200},{\"cidr\":\"fd00::2/64\",\"peer\":\"fd00::1\",\"flags\":0,\"scope\":0,\"valid_lft\":4294967295,\"preferred_lft\":4294967295}],\"parent\":\"pci/0000:3b:00.1\",\"identified\":true,\"features\":{\"rx-gro-hw\":true},\"private_flags\":{\"legacy-rx\":false},\"sysctls\":{\"ipv4/rp_filter\":2}},\"state\":\"in_pod\"}"
+    );
+    let back: DeviceRecord = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, record);
 }
 
 /// The encoder that reuses unchanged records writes exactly what a full encode writes, through

@@ -147,7 +147,7 @@ fn run(shared: &Shared, store: &Store, done: &watch::Sender<Done>) {
         };
         let error = store.write(&bytes).err().map(Arc::new);
         if let Some(e) = &error {
-            warn!(error = %e, generation, "saving the checkpoint failed");
+            warn!(error = %crate::telemetry::chain(&e), generation, "saving the checkpoint failed");
         }
         done.send_replace(Done { generation, error });
     }

@@ -2,11 +2,11 @@
 
 use serde::Serialize;
 
-use crate::netns::NetnsId;
+use crate::sys::netns::NetnsId;
 use dranet_common::{self as common, Event, kind, unlink_call};
 
 /// Nanoseconds of CLOCK_MONOTONIC (the clock of `bpf_ktime_get_ns`).
-pub type MonoNs = u64;
+pub use crate::sys::os::MonoNs;
 
 /// Where an event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -214,12 +214,7 @@ pub fn decode(
     resolve_path: impl Fn(&str) -> Option<NetnsId>,
     resolve_inode: impl Fn(u64) -> Option<NetnsId>,
 ) -> Option<LifecycleEvent> {
-    if bytes.len() < size_of::<Event>() {
-        return None;
-    }
-    // SAFETY: the record holds at least size_of::<Event>() bytes written by the eBPF program;
-    // Event is plain old data (every bit pattern valid) and read_unaligned copes with alignment.
-    let ev: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) };
+    let ev: Event = crate::sys::probes::maps::read_event(bytes)?;
     let task = task_of(&ev);
     let kind = match ev.kind {
         kind::UMOUNT => {

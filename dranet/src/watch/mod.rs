@@ -1,3 +1,4 @@
+// Over 500 lines: the watcher's event merging (probes, rtnetlink, inotify) and identity learning; the kernel side is in sys::probes.
 //! The lifecycle watcher: eBPF probes (tiered, chosen by capability detection), an rtnetlink
 //! monitor and an inotify fallback, merged into one typed stream of [`LifecycleEvent`]s.
 //! (Fenced: touches the kernel.)
@@ -11,11 +12,8 @@
 //! Netns identity is the cookie plus the inode ([`NetnsId`]); inodes are reused at once, so
 //! state is never keyed by the inode alone.
 
-pub mod btf;
 pub mod event;
-mod inotify;
 mod nsfs;
-pub mod probes;
 pub mod rtnl;
 
 use std::collections::HashMap;
@@ -24,22 +22,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use aya::Ebpf;
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use futures::StreamExt;
-use tokio::io::unix::AsyncFd;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::netns::NetnsId;
-use dranet_common::{MAX_PREFIXES, PATH_LEN, PathKey, Prefix};
+use crate::sys::inotify;
+use crate::sys::netns::NetnsId;
+pub use crate::sys::os::monotonic_ns;
+use crate::sys::probes::{self, maps};
+pub use crate::sys::probes::{ProbeState, ProbeStatus, Tier};
 pub use event::{EventKind, LifecycleEvent, MonoNs, Source, Task, UnlinkCall};
 pub use nsfs::{identify_fd, identify_path};
-pub use probes::{ProbeState, ProbeStatus, Tier};
-
-/// The eBPF object built by `cargo xtask build-ebpf`, embedded at build time.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("DRANET_EBPF_OBJECT"));
 
 /// Where runtimes bind-mount pod netns: the prefixes `dranet trace` watches.
 pub const DEFAULT_PREFIXES: &[&str] = &["/run/netns/", "/var/run/netns/"];
@@ -49,41 +43,8 @@ pub const DEFAULT_PREFIXES: &[&str] = &["/run/netns/", "/var/run/netns/"];
 pub enum WatchError {
     #[error("rtnetlink monitor")]
     Rtnl(#[from] rtnl::RtnlError),
-    #[error("eBPF map {map}: {detail}")]
-    Map { map: &'static str, detail: String },
-    #[error("path {path} is longer than {max} bytes and cannot be watched in the kernel", max = PATH_LEN - 1)]
-    PathTooLong { path: String },
-}
-
-/// Registers an fd-owning object with tokio's reactor for readability.
-fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
-    // SAFETY: every `T` used here (ring buffer, aya-log logger, inotify instance) owns its fd for
-    // its whole lifetime and always returns the same fd from `as_raw_fd`.
-    unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
-        .map_err(std::io::Error::from)
-}
-
-/// Loading the probes parses the kernel's BTF (several MiB of short-lived allocations); glibc
-/// keeps the freed heap mapped, which would double the idle daemon's RSS. Hand it back once.
-/// Inventory scans call it too (a scan of 1,024 devices allocates tens of MiB, in the arena of
-/// whichever thread ran it).
-pub(crate) fn release_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks and trims the allocator's own free lists; it takes the
-    // allocator's locks and is safe to call from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-/// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
-#[must_use]
-pub fn monotonic_ns() -> MonoNs {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| {
-            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0)
-        })
-        .unwrap_or(0)
+    #[error("eBPF maps")]
+    Maps(#[from] maps::MapError),
 }
 
 /// How to start the watcher.
@@ -155,20 +116,12 @@ impl Known {
     }
 }
 
-struct BpfState {
-    watched: BpfHashMap<MapData, PathKey, u32>,
-    count: Array<MapData, u32>,
-    exact: usize,
-    /// Keeps the programs attached.
-    _ebpf: Ebpf,
-}
-
 struct Shared {
     tx: broadcast::Sender<LifecycleEvent>,
     known: RwLock<Known>,
-    bpf: Mutex<Option<BpfState>>,
+    bpf: Mutex<Option<maps::Watched>>,
     prefixes: Vec<String>,
-    rtnl: tokio::sync::Mutex<Option<rtnetlink::Handle>>,
+    rtnl: tokio::sync::Mutex<Option<crate::sys::rtnl::Handle>>,
 }
 
 impl Shared {
@@ -282,7 +235,7 @@ impl Watcher {
             tasks: Vec::new(),
         };
         let unlink_probe = w.start_ebpf(&opts);
-        release_freed_heap();
+        crate::sys::os::release_freed_heap();
         w.start_rtnl(opts.rtnl_rcvbuf, opts.rtnl_reader_delay).await?;
         w.start_inotify(&opts, !unlink_probe);
         Ok(w)
@@ -294,10 +247,17 @@ impl Watcher {
             self.status = probes::all_unsupported("eBPF disabled by configuration");
             return false;
         }
-        let loaded = match probes::load(EBPF_OBJECT, opts.trace_all, opts.cleanup_probes) {
+        let Some(object) = probes::object() else {
+            let reason = "this build has no eBPF object (built without the `ebpf` feature)";
+            warn!(reason, "eBPF unavailable; falling back to rtnetlink + inotify");
+            self.status = probes::all_unsupported(reason);
+            self.notes.push("fallback: rtnetlink + inotify (no eBPF)".into());
+            return false;
+        };
+        let loaded = match probes::load(object, opts.trace_all, opts.cleanup_probes) {
             Ok(l) => l,
             Err(e) => {
-                let reason = format!("{e}: {}", error_chain(&e));
+                let reason = crate::telemetry::chain(&e).to_string();
                 warn!(error = %reason, "eBPF unavailable; falling back to rtnetlink + inotify");
                 self.status = probes::all_unsupported(&reason);
                 self.notes.push("fallback: rtnetlink + inotify (no eBPF)".into());
@@ -309,103 +269,39 @@ impl Watcher {
             .status
             .iter()
             .any(|s| s.name == "unlink" && s.state == ProbeState::Active);
-        match self.take_maps(loaded.ebpf, &opts.prefixes, opts.ring_reader_delay) {
+        match maps::take(loaded.ebpf, &opts.prefixes).map(|m| self.use_maps(m, opts.ring_reader_delay)) {
             Ok(()) => {}
             Err(e) => {
-                warn!(error = %e, "eBPF maps unusable; probes disabled");
-                self.status = probes::all_unsupported(&e.to_string());
+                warn!(error = %crate::telemetry::chain(&e), "eBPF maps unusable; probes disabled");
+                self.status = probes::all_unsupported(&crate::telemetry::chain(&e).to_string());
                 return false;
             }
         }
         unlink_active
     }
 
-    fn take_maps(
-        &mut self,
-        mut ebpf: Ebpf,
-        prefixes: &[String],
-        delay: Option<Duration>,
-    ) -> Result<(), WatchError> {
-        let map_err = |map: &'static str, e: &dyn std::fmt::Display| WatchError::Map {
-            map,
-            detail: e.to_string(),
-        };
-        let events = ebpf.take_map("EVENTS").ok_or(WatchError::Map {
-            map: "EVENTS",
-            detail: "missing".into(),
-        })?;
-        let ring = RingBuf::try_from(events).map_err(|e| map_err("EVENTS", &e))?;
-        {
-            let map = ebpf.map_mut("PREFIXES").ok_or(WatchError::Map {
-                map: "PREFIXES",
-                detail: "missing".into(),
-            })?;
-            let mut arr: Array<&mut MapData, Prefix> =
-                Array::try_from(map).map_err(|e| map_err("PREFIXES", &e))?;
-            for (i, p) in prefixes.iter().take(MAX_PREFIXES as usize).enumerate() {
-                let key = dranet_common::path_key(p.as_bytes())
-                    .ok_or_else(|| WatchError::PathTooLong { path: p.clone() })?;
-                let len = u32::try_from(p.len()).unwrap_or(0);
-                let prefix = Prefix {
-                    len,
-                    _pad: 0,
-                    bytes: key.bytes,
-                };
-                arr.set(u32::try_from(i).unwrap_or(0), prefix, 0)
-                    .map_err(|e| map_err("PREFIXES", &e))?;
-            }
-        }
-        let watched = ebpf.take_map("WATCHED").ok_or(WatchError::Map {
-            map: "WATCHED",
-            detail: "missing".into(),
-        })?;
-        let watched = BpfHashMap::try_from(watched).map_err(|e| map_err("WATCHED", &e))?;
-        let count = ebpf.take_map("WATCHED_COUNT").ok_or(WatchError::Map {
-            map: "WATCHED_COUNT",
-            detail: "missing".into(),
-        })?;
-        let count = Array::try_from(count).map_err(|e| map_err("WATCHED_COUNT", &e))?;
-        let lost = ebpf.take_map("LOST").ok_or(WatchError::Map {
-            map: "LOST",
-            detail: "missing".into(),
-        })?;
-        let lost: PerCpuArray<MapData, u64> = PerCpuArray::try_from(lost).map_err(|e| map_err("LOST", &e))?;
+    fn use_maps(&mut self, maps: maps::Maps, delay: Option<Duration>) {
+        let maps::Maps {
+            watched,
+            ring,
+            lost,
+            log,
+        } = maps;
         self.tasks
             .push(tokio::spawn(poll_lost(lost, Arc::clone(&self.shared))));
-        self.start_logger(&mut ebpf);
+        if let Some(log) = log {
+            self.tasks.push(tokio::spawn(log.run()));
+        }
         if let Ok(mut bpf) = self.shared.bpf.lock() {
-            *bpf = Some(BpfState {
-                watched,
-                count,
-                exact: 0,
-                _ebpf: ebpf,
-            });
+            *bpf = Some(watched);
         }
         let shared = Arc::clone(&self.shared);
-        let fd = async_readable(ring).map_err(|e| map_err("EVENTS", &e))?;
         self.tasks.push(tokio::spawn(async move {
             if let Some(d) = delay {
                 tokio::time::sleep(d).await;
             }
-            read_ring(fd, shared).await;
+            read_ring(ring, shared).await;
         }));
-        Ok(())
-    }
-
-    /// Forwards aya-log records to `log` (and so to `tracing`).
-    fn start_logger(&mut self, ebpf: &mut Ebpf) {
-        match aya_log::EbpfLogger::init(ebpf) {
-            Ok(logger) => match async_readable(logger) {
-                Ok(mut fd) => self.tasks.push(tokio::spawn(async move {
-                    while let Ok(mut guard) = fd.readable_mut().await {
-                        guard.get_inner_mut().flush();
-                        guard.clear_ready();
-                    }
-                })),
-                Err(e) => debug!(error = %e, "aya-log fd not pollable"),
-            },
-            Err(e) => debug!(error = %e, "aya-log not initialised"),
-        }
     }
 
     async fn start_rtnl(&mut self, rcvbuf: usize, pause: Option<Duration>) -> Result<(), WatchError> {
@@ -425,7 +321,7 @@ impl Watcher {
                         EventKind::Lost { .. } => {
                             warn!("rtnetlink monitor overflowed (ENOBUFS): events lost, reconciling");
                             if let Err(e) = rtnl::reseed(&mut table, &handle).await {
-                                warn!(error = %e, "re-reading host links after an overflow");
+                                warn!(error = %crate::telemetry::chain(&e), "re-reading host links after an overflow");
                             }
                         }
                         _ => {}
@@ -457,7 +353,7 @@ impl Watcher {
         let mut dw = match inotify::DirWatch::new(&opts.netns_dirs) {
             Ok(dw) => dw,
             Err(e) => {
-                warn!(error = %e, "inotify on netns directories unavailable");
+                warn!(error = %crate::telemetry::chain(&e), "inotify on netns directories unavailable");
                 return;
             }
         };
@@ -541,7 +437,9 @@ impl Watcher {
                         k.nsids.insert(nsid, id);
                     }
                 }
-                Err(e) => warn!(error = %e, netns = %id, "no nsid for watched netns"),
+                Err(e) => {
+                    warn!(error = %crate::telemetry::chain(&e), netns = %id, "no nsid for watched netns")
+                }
             }
         }
         Ok(())
@@ -567,13 +465,10 @@ impl Watcher {
         };
         let Some(bpf) = guard.as_mut() else { return };
         for p in paths {
-            if let Some(key) = dranet_common::path_key(p.as_bytes())
-                && bpf.watched.remove(&key).is_ok()
-            {
-                bpf.exact = bpf.exact.saturating_sub(1);
+            if let Err(e) = bpf.remove(&p) {
+                debug!(path = %p, error = %crate::telemetry::chain(&e), "unwatching a netns path");
             }
         }
-        let _ = bpf.count.set(0, u32::try_from(bpf.exact).unwrap_or(u32::MAX), 0);
     }
 
     fn add_exact(&self, paths: &[String]) -> Result<(), WatchError> {
@@ -582,35 +477,14 @@ impl Watcher {
         };
         let Some(bpf) = guard.as_mut() else { return Ok(()) };
         for p in paths {
-            let key = dranet_common::path_key(p.as_bytes())
-                .ok_or_else(|| WatchError::PathTooLong { path: p.clone() })?;
-            bpf.watched.insert(key, 1, 0).map_err(|e| WatchError::Map {
-                map: "WATCHED",
-                detail: e.to_string(),
-            })?;
-            bpf.exact += 1;
+            bpf.add(p)?;
         }
-        bpf.count
-            .set(0, u32::try_from(bpf.exact).unwrap_or(u32::MAX), 0)
-            .map_err(|e| WatchError::Map {
-                map: "WATCHED_COUNT",
-                detail: e.to_string(),
-            })
+        Ok(())
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = Vec::new();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push(s.to_string());
-        cur = s.source();
-    }
-    out.join(": ")
 }
 
 /// Maps a new nsid to a known netns by asking the kernel for the nsid of each known netns file.
-async fn resolve_nsid(shared: &Shared, handle: &mut rtnetlink::Handle, nsid: i32) {
+async fn resolve_nsid(shared: &Shared, handle: &mut crate::sys::rtnl::Handle, nsid: i32) {
     let candidates: Vec<(String, NetnsId)> = match shared.known.read() {
         Ok(k) if !k.nsids.contains_key(&nsid) => {
             let mut seen = std::collections::HashSet::new();
@@ -692,19 +566,15 @@ impl ReleasedCookies {
     }
 }
 
-/// How often the per-CPU count of events the probes could not queue is read.
-const LOST_POLL: Duration = Duration::from_millis(100);
-
 /// Turns increases of the probes' dropped-event count (ring buffer full) into `Lost` events.
-async fn poll_lost(map: PerCpuArray<MapData, u64>, shared: Arc<Shared>) {
+async fn poll_lost(lost: maps::LostCounter, shared: Arc<Shared>) {
     let mut seen = 0u64;
-    let mut every = tokio::time::interval(LOST_POLL);
+    let mut every = tokio::time::interval(maps::LOST_POLL);
     loop {
         every.tick().await;
-        let Ok(values) = map.get(&0, 0) else {
+        let Some(total) = lost.total() else {
             continue;
         };
-        let total: u64 = values.iter().copied().fold(0, u64::wrapping_add);
         if total > seen {
             warn!(
                 lost = total - seen,
@@ -720,30 +590,28 @@ async fn poll_lost(map: PerCpuArray<MapData, u64>, shared: Arc<Shared>) {
     }
 }
 
-async fn read_ring(mut fd: AsyncFd<RingBuf<MapData>>, shared: Arc<Shared>) {
+async fn read_ring(mut ring: maps::EventRing, shared: Arc<Shared>) {
     info!("eBPF ring buffer reader started");
     let mut released = ReleasedCookies::default();
     loop {
-        let Ok(mut guard) = fd.readable_mut().await else {
-            warn!("ring buffer fd failed");
-            return;
-        };
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            if let Some(ev) = event::decode(&item, |p| shared.resolve_path(p), |i| shared.resolve_inode(i))
+        let drained = ring.drain(|item| {
+            if let Some(ev) = event::decode(item, |p| shared.resolve_path(p), |i| shared.resolve_inode(i))
                 && !released.is_duplicate(&ev)
             {
                 shared.emit(ev);
             }
+        });
+        if drained.await.is_err() {
+            warn!("ring buffer fd failed");
+            return;
         }
-        guard.clear_ready();
     }
 }
 
 #[cfg(test)]
 mod released_tests {
     use super::*;
-    use crate::netns::NetnsId;
+    use crate::sys::netns::NetnsId;
 
     fn released(cookie: u64) -> LifecycleEvent {
         LifecycleEvent {

@@ -6,12 +6,12 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::netns::NetnsId;
+use crate::sys::netns::NetnsId;
 
 /// Identity of the namespace behind `fd`. Fails if `fd` is not a netns nsfs file or the kernel
-/// can tell neither by `NS_GET_ID` nor by `SO_NETNS_COOKIE` (see [`crate::netns::cookie`]).
+/// can tell neither by `NS_GET_ID` nor by `SO_NETNS_COOKIE` (see [`crate::sys::netns::cookie`]).
 pub fn identify_fd(fd: BorrowedFd<'_>) -> std::io::Result<NetnsId> {
-    crate::netns::identify(fd).map_err(std::io::Error::from)
+    crate::sys::netns::identify(fd).map_err(std::io::Error::from)
 }
 
 /// Identity of the netns bind-mounted (or linked) at `path`.

@@ -7,12 +7,10 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedReceiver;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
-use netlink_sys::{AsyncSocket, SocketAddr};
 use rtnetlink::{Handle, MulticastGroup};
 
 use super::event::{EventKind, LifecycleEvent, Source};
@@ -180,7 +178,7 @@ fn nsid_of(m: &NsidMessage) -> Option<i32> {
 /// A running monitor: its request handle and the unsolicited message stream.
 pub struct Monitor {
     pub handle: Handle,
-    pub messages: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
+    pub messages: crate::sys::rtnl::Messages,
     pub table: LinkTable,
 }
 
@@ -188,14 +186,9 @@ pub struct Monitor {
 /// link table with a dump. With `pause` (tests only), the connection is not read for that long
 /// once the table is seeded, so a burst of events overflows the receive buffer.
 pub async fn open(rcvbuf: usize, pause: Option<Duration>) -> Result<Monitor, RtnlError> {
-    let (mut conn, handle, messages) =
-        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Nsid])
+    let (conn, handle, messages) =
+        crate::sys::rtnl::monitor(&[MulticastGroup::Link, MulticastGroup::Nsid], Some(rcvbuf))
             .map_err(RtnlError::Socket)?;
-    // SO_RCVBUFFORCE (we are root); SO_RCVBUF caps at rmem_max otherwise.
-    conn.socket_mut()
-        .socket_ref()
-        .set_rx_buf_sz(rcvbuf)
-        .map_err(RtnlError::Socket)?;
     let (seeded_tx, seeded_rx) = tokio::sync::oneshot::channel::<()>();
     match pause {
         None => {

@@ -36,8 +36,8 @@ pub async fn row(rounds: usize) -> Result<Row> {
         count = devices.len();
         assert!(slices.len() >= 2, "256 devices need at least two slices of 128");
         let t = Instant::now();
-        let nl = dranet::netns::Netns::open_path(&ns.path)?;
-        let link = dranet::link::Netlink::in_netns(&nl).await?;
+        let nl = dranet::sys::netns::Netns::open_path(&ns.path)?;
+        let link = dranet::sys::link::Netlink::in_netns(&nl).await?;
         let links = link.links().await?;
         base.push(t.elapsed().as_secs_f64() * 1e3);
         assert!(links.len() >= 256);

@@ -70,8 +70,8 @@ pub async fn run(rounds: usize, idle: Duration) -> Result<Figures> {
         devices = devs.len();
         slices = built.iter().map(|s| s.spec.devices.len()).collect();
         let t = Instant::now();
-        let nl = dranet::netns::Netns::open_path(&ns.path)?;
-        let link = dranet::link::Netlink::in_netns(&nl).await?;
+        let nl = dranet::sys::netns::Netns::open_path(&ns.path)?;
+        let link = dranet::sys::link::Netlink::in_netns(&nl).await?;
         let links = link.links().await?;
         dump_ms.push(t.elapsed().as_secs_f64() * 1e3);
         if links.len() < DEVICES {

@@ -1,3 +1,4 @@
+// Over 500 lines: the validation rules as one table (data, one case per rule).
 //! The validation rules as one table: every case is a config and the exact list of errors it
 //! must produce, each as (JSON path, problem). An empty list means the config is valid. Paths are
 //! compared exactly and in order; a problem is compared as a prefix, so that serde's
@@ -641,7 +642,9 @@ fn run(cases: &[Case], check: impl Fn(&[u8]) -> Result<(), ConfigError>) {
     for (name, json, want) in cases {
         let got: Vec<(String, String)> = match check(json.as_bytes()) {
             Ok(()) => Vec::new(),
-            Err(e @ ConfigError::Json { .. }) => vec![(String::new(), e.to_string())],
+            Err(e @ ConfigError::Json { .. }) => {
+                vec![(String::new(), crate::telemetry::chain(&e).to_string())]
+            }
             Err(e) => e
                 .field_errors()
                 .iter()

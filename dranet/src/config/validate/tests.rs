@@ -1,3 +1,5 @@
+// Over 500 lines: one test per validation message.
+
 use super::*;
 
 fn errors_of(json: &str) -> Vec<String> {

@@ -84,7 +84,9 @@ impl KubeClaimSource {
             for obj in &page.items {
                 match decode(obj) {
                     Ok(rc) => out.push(rc),
-                    Err(e) => warn!(error = %e, "a ResourceClaim that cannot be decoded is left out"),
+                    Err(e) => {
+                        warn!(error = %crate::telemetry::chain(&e), "a ResourceClaim that cannot be decoded is left out")
+                    }
                 }
             }
             match page.metadata.continue_ {
@@ -121,7 +123,7 @@ impl KubeClaimSource {
                         );
                         return Err(ClaimError::List { source });
                     }
-                    tracing::debug!(error = %source, retry_in = ?wait, "claim list failed, retrying");
+                    tracing::debug!(error = %crate::telemetry::chain(&source), retry_in = ?wait, "claim list failed, retrying");
                     tokio::time::sleep(wait).await;
                 }
             }

@@ -1,0 +1,269 @@
+//! The runtime's pod hooks (NRI) on top of the rescue engine: RunPodSandbox attaches,
+//! StopPodSandbox / RemovePodSandbox detach (a no-op when the engine already rescued the
+//! sandbox), CreateContainer injects the RDMA character devices, Synchronize returns devices of
+//! sandboxes the runtime no longer knows, then adopts in the background the running sandboxes it
+//! has no record of ([`crate::adoption`]). Every hook is about one *sandbox* (pod UID + sandbox
+//! id): kubelet re-creates sandboxes under the same pod UID, and the old one's Stop or Remove
+//! must not touch the new one's devices. Every hook is counted under upstream dranet's metric
+//! names.
+//!
+//! After an attach the claims' device status (conditions, `networkData`) is applied, and a
+//! failed attach is a Warning event on the pod, both through [`Reporter`]: spawned, never
+//! awaited inside the hook's 2 s budget.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use tracing::info;
+
+use crate::adoption::Adopter;
+use crate::nri::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
+use crate::report::{ObjectRef, Reporter};
+use crate::rescue::activity::ActivityKind;
+use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef, RescueError, SandboxInfo, SandboxRef};
+use crate::state::ReturnReason;
+
+/// The driver's NRI side.
+#[derive(Clone)]
+pub struct Driver {
+    engine: Engine,
+    reporter: Reporter,
+    adopter: Option<Adopter>,
+}
+
+impl Driver {
+    #[must_use]
+    pub fn new(engine: Engine) -> Self {
+        Self {
+            engine,
+            reporter: Reporter::disabled(),
+            adopter: None,
+        }
+    }
+
+    /// After each Synchronize, adopts the running sandboxes with no record through `adopter`
+    /// (in the background).
+    #[must_use]
+    pub fn with_adoption(mut self, adopter: Adopter) -> Self {
+        self.adopter = Some(adopter);
+        self
+    }
+
+    /// Reports claim status and events through `reporter`.
+    #[must_use]
+    pub fn with_reporter(mut self, reporter: Reporter) -> Self {
+        self.reporter = reporter;
+        self
+    }
+
+    #[must_use]
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    async fn detach(&self, pod: &Pod, hook: &'static str) -> Result<Outcome, HookError> {
+        let start = Instant::now();
+        self.engine.record(
+            &pod.uid,
+            ActivityKind::Hook {
+                name: hook.to_owned(),
+            },
+        );
+        let sb = SandboxRef {
+            uid: &pod.uid,
+            sandbox: &pod.id,
+            netns: pod.netns.as_deref(),
+        };
+        let res = if hook == "RemovePodSandbox" {
+            self.engine.forget_sandbox(sb).await
+        } else {
+            self.engine.detach_sandbox(sb, ReturnReason::Hook).await
+        };
+        match res {
+            Ok(DetachOutcome::Returned { devices, name_busy }) => {
+                info!(
+                    pod = pod.uid,
+                    sandbox = pod.id,
+                    hook,
+                    ?devices,
+                    ?name_busy,
+                    took_us = start.elapsed().as_micros(),
+                    "devices returned"
+                );
+                Ok(Outcome::Applied)
+            }
+            Ok(DetachOutcome::AlreadyReturned { reason }) => {
+                info!(pod = pod.uid, hook, ?reason, "devices already home");
+                Ok(Outcome::Noop)
+            }
+            Ok(DetachOutcome::NotOurs) => Ok(Outcome::Noop),
+            Err(e) => {
+                // Logged once, with its causes, by the NRI service that answers the hook.
+                info!(pod = pod.uid, hook, "devices not all home; the engine retries");
+                Err(HookError::Failed {
+                    pod: pod.uid.clone(),
+                    action: hook,
+                    source: Box::new(e),
+                })
+            }
+        }
+    }
+
+    async fn attach(&self, pod: &Pod) -> Result<Outcome, HookError> {
+        let Some(netns) = pod.netns.as_deref() else {
+            if self.engine.plan(&pod.uid).is_some_and(|p| !p.is_empty()) {
+                return Err(HookError::Rejected {
+                    pod: pod.uid.clone(),
+                    reason: "devices are allocated to a pod without its own network namespace (hostNetwork)"
+                        .into(),
+                });
+            }
+            return Ok(Outcome::Noop);
+        };
+        let start = Instant::now();
+        let r = self
+            .engine
+            .attach_pod(
+                PodRef {
+                    uid: &pod.uid,
+                    sandbox: &pod.id,
+                    namespace: &pod.namespace,
+                    name: &pod.name,
+                },
+                netns,
+            )
+            .await;
+        match r {
+            Ok(AttachOutcome::Attached { devices }) => {
+                info!(
+                    pod = pod.uid,
+                    ?devices,
+                    took_us = start.elapsed().as_micros(),
+                    "RunPodSandbox: attached"
+                );
+                self.report_status(&pod.uid, &pod.id);
+                Ok(Outcome::Applied)
+            }
+            Ok(AttachOutcome::AlreadyAttached | AttachOutcome::NotOurs) => Ok(Outcome::Noop),
+            Err(e) => {
+                self.report_attach_failure(pod, &e);
+                Err(HookError::Failed {
+                    pod: pod.uid.clone(),
+                    action: "attach",
+                    source: Box::new(e),
+                })
+            }
+        }
+    }
+
+    /// Applies the claims' device status of a sandbox just attached (in the background).
+    fn report_status(&self, uid: &str, sandbox: &str) {
+        let key = crate::state::pod_key(uid, sandbox);
+        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.checkpoint().pods.remove(&key))
+        else {
+            return;
+        };
+        for apply in crate::report::claim_statuses(self.reporter.driver(), &plans, &rec.devices) {
+            self.reporter.claim_status(apply);
+        }
+    }
+
+    /// Upstream's Warning on the pod: `RDMADeviceAttachFailed` for the RDMA link,
+    /// `NetworkDeviceAttachFailed` otherwise.
+    fn report_attach_failure(&self, pod: &Pod, e: &RescueError) {
+        let (reason, what) = if matches!(e, RescueError::Rdma { .. }) {
+            ("RDMADeviceAttachFailed", "RDMA device")
+        } else {
+            ("NetworkDeviceAttachFailed", "network device")
+        };
+        let device = e.device().unwrap_or("(all devices)");
+        let ev = self.reporter.make_event(
+            ObjectRef::pod(&pod.namespace, &pod.name, &pod.uid),
+            true,
+            reason,
+            format!(
+                "failed to attach {what} {device} to pod {}/{}: {}",
+                pod.namespace,
+                pod.name,
+                crate::telemetry::chain(&e)
+            ),
+        );
+        self.reporter.event(ev);
+    }
+
+    /// The RDMA character devices of the pod's devices, deduplicated by path.
+    fn char_devices(&self, pod: &Pod) -> Vec<LinuxDevice> {
+        let Some(plan) = self.engine.plan(&pod.uid) else {
+            return Vec::new();
+        };
+        let mut seen = HashSet::new();
+        plan.iter()
+            .flat_map(|d| d.char_devices.iter())
+            .filter(|c| seen.insert(c.path.clone()))
+            .map(|c| LinuxDevice {
+                path: c.path.clone(),
+                kind: if c.kind == "b" {
+                    DeviceKind::Block
+                } else {
+                    DeviceKind::Char
+                },
+                major: c.major,
+                minor: c.minor,
+                file_mode: Some(0o666),
+                uid: Some(0),
+                gid: Some(0),
+            })
+            .collect()
+    }
+}
+
+impl PodHooks for Driver {
+    async fn run_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
+        self.engine.record(
+            &pod.uid,
+            ActivityKind::Hook {
+                name: "RunPodSandbox".into(),
+            },
+        );
+        self.attach(&pod).await
+    }
+
+    async fn stop_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
+        self.detach(&pod, "StopPodSandbox").await
+    }
+
+    async fn remove_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
+        self.detach(&pod, "RemovePodSandbox").await
+    }
+
+    async fn create_container(
+        &self,
+        pod: Pod,
+        _container: ContainerInfo,
+    ) -> Result<Vec<LinuxDevice>, HookError> {
+        Ok(self.char_devices(&pod))
+    }
+
+    async fn synchronize(&self, pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {
+        let running: Vec<SandboxInfo> = pods
+            .into_iter()
+            .map(|p| SandboxInfo {
+                uid: p.uid,
+                sandbox: p.id,
+                netns: p.netns,
+            })
+            .collect();
+        let report = self.engine.synchronize(&running).await;
+        if report != crate::rescue::SyncReport::default() {
+            info!(?report, "Synchronize: sandboxes the runtime no longer has");
+        }
+        // Never awaited here: the claims may take the kubelet side and the API server.
+        if let Some(a) = &self.adopter {
+            a.spawn(&running);
+        }
+    }
+
+    async fn shutdown(&self) {
+        info!("the runtime is shutting down; pins keep pod netns reachable until we reconnect");
+    }
+}

@@ -1,0 +1,13 @@
+//! The pod life cycle, from the runtime's hooks to the rescue engine.
+//!
+//! * [`hooks`] — the NRI hooks on top of the engine: RunPodSandbox attaches, Stop/Remove
+//!   detach, CreateContainer injects RDMA character devices, Synchronize returns and adopts;
+//! * [`plans`] — the engine as the plan store of Prepare ([`crate::dra::PlanSink`]).
+//!
+//! A pod is a *sandbox* in a *netns*: every hook names its sandbox (pod UID + sandbox id), and the
+//! engine ([`crate::rescue`]) owns every device move of it.
+
+pub mod hooks;
+mod plans;
+
+pub use hooks::Driver;

@@ -1,0 +1,382 @@
+//! Detach and restore: finding the device by kernel identity (in the pod, at home), moving it
+//! back, and putting every snapshot field back; repair of a device the kernel returned.
+
+use super::*;
+
+/// How a device came home.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Returned {
+    /// Back under its host name with every snapshot field restored.
+    Restored,
+    /// Back and restored, but its host name is taken: it keeps `temp_name` until the name frees
+    /// (a later [`repair`] renames it).
+    NameBusy { temp_name: String },
+}
+
+/// The temporary host name of a device whose name is taken: `dn<ifindex>` (≤ 12 bytes).
+#[must_use]
+pub fn temp_name(ifindex: u32) -> String {
+    format!("dn{ifindex}")
+}
+
+/// Whether link `m` can be the device of `snap` by what only the kernel sets: the same link kind
+/// (a pod can only create links that have one; a physical device has none), and the same parent
+/// device and permanent MAC wherever the device has them. Names and MACs never identify a
+/// device: a pod with NET_ADMIN or a claim sets those.
+#[must_use]
+pub fn same_device(m: &LinkMessage, snap: &LinkSnapshot) -> bool {
+    let s = snapshot_of(m, &[]);
+    (!snap.identified || s.kind == snap.kind)
+        && snap.parent.as_ref().is_none_or(|p| s.parent.as_ref() == Some(p))
+        && snap
+            .perm_mac
+            .as_deref()
+            .is_none_or(|p| s.perm_mac.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(p)))
+}
+
+/// Whether the device has an identity the kernel keeps across namespaces (a parent device or a
+/// permanent MAC), so it can be recognised anywhere, not only at its ifindex in a netns we hold.
+#[must_use]
+pub fn has_strong_identity(snap: &LinkSnapshot) -> bool {
+    snap.parent.is_some() || snap.perm_mac.is_some()
+}
+
+/// Finds the device of `snap` in the pod netns at `ifindex`, the index recorded for it there
+/// (chosen before the move). The link found must pass [`same_device`]; a link that does not (an
+/// impostor a pod made under the device's name, MAC or even ifindex) is never taken. `None` for
+/// `ifindex` only comes from a checkpoint of format 1, which recorded no index: then the
+/// pod-side name is the hint, still checked with [`same_device`].
+pub(super) async fn find_in_pod(
+    pod_nl: &Netlink,
+    snap: &LinkSnapshot,
+    ifindex: Option<u32>,
+    pod_ifname: &str,
+) -> Result<Option<LinkMessage>, LinkError> {
+    let found = match ifindex {
+        Some(i) => pod_nl.link_by_index(i).await?,
+        None => pod_nl.link_by_name(pod_ifname).await?,
+    };
+    Ok(found.filter(|m| same_device(m, snap)))
+}
+
+/// The device of `snap` where it started, if it never left (or is back): at its host ifindex in
+/// the host netns, the same device by [`same_device`]. The host allocates ifindexes cyclically,
+/// so another link does not get this one back while the device is away.
+pub(super) async fn at_home(nl: &Netlink, snap: &LinkSnapshot) -> Result<Option<LinkMessage>, LinkError> {
+    // 0: the host ifindex is unknown (rebuilt from a pin).
+    if snap.ifindex == 0 {
+        return Ok(None);
+    }
+    Ok(nl
+        .link_by_index(snap.ifindex)
+        .await?
+        .filter(|m| same_device(m, snap)))
+}
+
+/// Finds the device of `snap` in the host netns by its kernel identity (parent device, permanent
+/// MAC), preferring the one under its host name. `None` for a device without such an identity:
+/// in the host it cannot be told from any other link of its kind.
+pub(super) async fn find_in_host(
+    nl: &Netlink,
+    snap: &LinkSnapshot,
+) -> Result<Option<LinkMessage>, LinkError> {
+    if !has_strong_identity(snap) {
+        return Ok(None);
+    }
+    let links = nl.links().await?;
+    let named = |m: &&LinkMessage| u8::from(snapshot_of(m, &[]).name == snap.name);
+    Ok(links
+        .into_iter()
+        .filter(|m| same_device(m, snap))
+        .max_by_key(|m| named(&m)))
+}
+
+/// What [`detach`] needs to bring one device home.
+pub struct DetachRequest<'a> {
+    /// rtnetlink inside the pod netns (through the pin).
+    pub pod_nl: &'a Netlink,
+    /// rtnetlink in the host netns.
+    pub host_nl: &'a Netlink,
+    /// The host netns (the move's target).
+    pub host: &'a Netns,
+    /// The host state to restore; its kind, parent and permanent MAC identify the device.
+    pub snap: &'a LinkSnapshot,
+    /// The device's ifindex in the pod netns, recorded once the move was confirmed.
+    pub pod_ifindex: Option<u32>,
+    /// The name the move gave it (only consulted when `pod_ifindex` is unknown).
+    pub pod_ifname: &'a str,
+}
+
+/// Moves the device of `req.snap` from the pod netns back to the host netns, under its host name
+/// (or a temporary one if that is taken), then restores the snapshot. The device is taken by
+/// its recorded ifindex and checked ([`same_device`]); an impostor stays in the pod and dies with
+/// it. `moved_at` gets CLOCK_MONOTONIC ns (if still `None`) when the move is sent.
+pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Result<Returned, LinkError> {
+    let snap = req.snap;
+    // Both lookups at once (two sockets, two netns): one round trip less before the move,
+    // which is the rescue's reaction time.
+    let (in_pod, in_host) = futures::join!(
+        find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname),
+        req.host_nl.link_by_name(&snap.name)
+    );
+    let Some(m) = in_pod? else {
+        // Not in the pod: it never left the host (an attach that failed before its move), it
+        // came home earlier, or the kernel returned it. Look in the host.
+        return find_and_repair(req.host_nl, snap).await;
+    };
+    let pod_index = m.header.index;
+    // The kernel moves first and renames after (a rename clash fails the request with the
+    // device already moved), so pick a free host name up front.
+    let host_busy = in_host?.is_some();
+    let name = if host_busy {
+        temp_name_of(snap, pod_index)
+    } else {
+        snap.name.clone()
+    };
+    let mut msg = LinkMessage::default();
+    msg.header.index = pod_index;
+    msg.attributes
+        .push(LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
+    msg.attributes.push(LinkAttribute::IfName(name.clone()));
+    // Back at its own host ifindex when that is free (it is, unless something asked for it).
+    if snap.ifindex > 0 && req.host_nl.link_by_index(snap.ifindex).await?.is_none() {
+        msg.attributes.push(LinkAttribute::NewIfIndex(
+            i32::try_from(snap.ifindex).unwrap_or(0),
+        ));
+    }
+    moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
+    if let Err(e) = req.pod_nl.newlink(msg, "move back to the host netns").await {
+        // Still in the pod: the error stands (the caller retries).
+        if find_in_pod(req.pod_nl, snap, Some(pod_index), req.pod_ifname)
+            .await
+            .is_ok_and(|m| m.is_some())
+        {
+            return Err(e);
+        }
+        // It moved anyway: it is in the host under the name we asked for.
+        return match moved_home(req.host_nl, &name, snap).await {
+            Ok(Some(index)) => restore(req.host_nl, index, snap, host_busy).await,
+            _ => Err(e),
+        };
+    }
+    let index = moved_home(req.host_nl, &name, snap)
+        .await?
+        .ok_or(LinkError::NotFound(name))?;
+    restore(req.host_nl, index, snap, host_busy).await
+}
+
+/// The host ifindex of the device a move just brought home under `name` (the move renamed it
+/// in the same request, so the name is ours at this instant), checked with [`same_device`].
+pub(super) async fn moved_home(
+    nl: &Netlink,
+    name: &str,
+    snap: &LinkSnapshot,
+) -> Result<Option<u32>, LinkError> {
+    Ok(nl
+        .link_by_name(name)
+        .await?
+        .filter(|m| same_device(m, snap))
+        .map(|m| m.header.index))
+}
+
+/// Restores a host device (found at `index`) to `snap`: name (unless `keep_name`), MTU, MAC,
+/// GSO/GRO sizes, alias, altnames, addresses, offload features and private flags, admin state.
+/// `nl` is the driver's own (host) netns, where the ethtool socket is opened too.
+pub(super) async fn restore(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    keep_name: bool,
+) -> Result<Returned, LinkError> {
+    let cur = snapshot_index(nl, index)
+        .await?
+        .ok_or_else(|| LinkError::NotFound(snap.name.clone()))?;
+    let result = restore_name(nl, index, snap, &cur, keep_name).await?;
+    restore_settings(nl, index, snap, &cur).await?;
+    restore_altnames(nl, index, snap, &cur).await?;
+    // Phase 4: the addresses the move dropped.
+    for a in snap
+        .addresses
+        .iter()
+        .filter(|a| !cur.addresses.iter().any(|c| c.same_as(a)))
+    {
+        restore_address(nl, index, a).await?;
+    }
+    let now_name = match &result {
+        Returned::NameBusy { temp_name } => temp_name.as_str(),
+        Returned::Restored => snap.name.as_str(),
+    };
+    restore_sysctls(now_name, snap, &cur);
+    restore_offloads(index, snap)?;
+    if snap.up {
+        set_up(nl, index, true).await?;
+    } else if cur.up {
+        set_up(nl, index, false).await?;
+    }
+    Ok(result)
+}
+
+/// Phase 1: the host name back; under a temporary name when it is taken (or kept as it is with
+/// `keep_name`).
+async fn restore_name(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    cur: &LinkSnapshot,
+    keep_name: bool,
+) -> Result<Returned, LinkError> {
+    if cur.name == snap.name {
+        return Ok(Returned::Restored);
+    }
+    if keep_name {
+        return Ok(Returned::NameBusy {
+            temp_name: cur.name.clone(),
+        });
+    }
+    // Renaming needs the device down.
+    set_up(nl, index, false).await?;
+    let mut m = LinkMessage::default();
+    m.header.index = index;
+    m.attributes.push(LinkAttribute::IfName(snap.name.clone()));
+    match nl.newlink(m, "rename").await {
+        Ok(()) => Ok(Returned::Restored),
+        Err(e) if e.errno() == Some(libc::EEXIST) => {
+            let tmp = temp_name_of(snap, index);
+            if cur.name != tmp {
+                let mut m = LinkMessage::default();
+                m.header.index = index;
+                m.attributes.push(LinkAttribute::IfName(tmp.clone()));
+                nl.newlink(m, "rename to the temporary name").await?;
+            }
+            Ok(Returned::NameBusy { temp_name: tmp })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Phase 2: MTU, MAC, GSO/GRO limits and alias, in one `RTM_NEWLINK` of what differs.
+async fn restore_settings(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    cur: &LinkSnapshot,
+) -> Result<(), LinkError> {
+    let diff = |a: Option<u32>, b: Option<u32>| if a != b { a } else { None };
+    let mac = match (&snap.mac, &cur.mac) {
+        (Some(want), Some(have)) if !want.eq_ignore_ascii_case(have) => Some(parse_mac(want)?),
+        _ => None,
+    };
+    let mut m = settings(
+        index,
+        (snap.mtu != cur.mtu && snap.mtu > 0).then_some(snap.mtu),
+        mac,
+        diff(snap.gso_max_size, cur.gso_max_size),
+        diff(snap.gro_max_size, cur.gro_max_size),
+        diff(snap.gso_ipv4_max_size, cur.gso_ipv4_max_size),
+        diff(snap.gro_ipv4_max_size, cur.gro_ipv4_max_size),
+    );
+    if snap.alias != cur.alias {
+        m.attributes
+            .push(LinkAttribute::IfAlias(snap.alias.clone().unwrap_or_default()));
+    }
+    if !m.attributes.is_empty() {
+        nl.newlink(m, "restore settings").await?;
+    }
+    Ok(())
+}
+
+/// Phase 3: the alternative names the device lost.
+async fn restore_altnames(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    cur: &LinkSnapshot,
+) -> Result<(), LinkError> {
+    for alt in snap.altnames.iter().filter(|a| !cur.altnames.contains(a)) {
+        match nl
+            .handle
+            .link()
+            .property_add(index)
+            .alt_ifname(&[alt.as_str()])
+            .execute()
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if errno_of(&e) == Some(libc::EEXIST) => {}
+            Err(e) => return Err(nl_err("restore altname", e)),
+        }
+    }
+    Ok(())
+}
+
+/// Phase 5: IP sysctls the move reset to the host defaults. A value the kernel refuses does not
+/// undo a return that otherwise worked: it is logged.
+fn restore_sysctls(now_name: &str, snap: &LinkSnapshot, cur: &LinkSnapshot) {
+    if snap.sysctls.is_empty() {
+        return;
+    }
+    match sysctl::restore(now_name, &snap.sysctls, &cur.sysctls) {
+        Ok(done) if !done.is_empty() => {
+            tracing::info!(device = snap.name, sysctls = ?done, "sysctls restored");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(device = snap.name, error = %crate::telemetry::chain(&e), "restoring a sysctl");
+        }
+    }
+}
+
+/// Phase 6: offloads, whatever differs from the snapshot, whether dranet or the pod changed it.
+fn restore_offloads(index: u32, snap: &LinkSnapshot) -> Result<(), LinkError> {
+    if snap.features.is_empty() && snap.private_flags.is_empty() {
+        return Ok(());
+    }
+    let done = Ethtool::open()?.restore(&Dev::Index(index), &snap.features, &snap.private_flags)?;
+    if !done.features.is_empty() || !done.private_flags.is_empty() {
+        tracing::info!(
+            device = snap.name,
+            features = ?done.features,
+            private_flags = ?done.private_flags,
+            "offloads restored"
+        );
+    }
+    Ok(())
+}
+
+/// A managed device appeared in the host netns by itself (the kernel returned it, DOWN, under
+/// the pod-side name or `devN`): rename it back and restore the snapshot. The link at `index`
+/// must be the device by its kernel identity: back at its own host ifindex, or carrying its
+/// parent device or permanent MAC ([`has_strong_identity`]), and [`same_device`]. Any other link
+/// is refused, whatever its name or MAC.
+pub async fn repair(nl: &Netlink, index: u32, snap: &LinkSnapshot) -> Result<Returned, LinkError> {
+    let m = nl
+        .link_by_index(index)
+        .await?
+        .ok_or_else(|| LinkError::NotFound(format!("ifindex {index}")))?;
+    // Its own host ifindex, or an identity that travels (parent device, permanent MAC).
+    let identified = index == snap.ifindex || has_strong_identity(snap);
+    if !identified || !same_device(&m, snap) {
+        return Err(LinkError::NotTheDevice {
+            index,
+            device: snap.name.clone(),
+        });
+    }
+    restore(nl, index, snap, false).await
+}
+
+/// Looks for the device of `snap` in the host by its kernel identity (at its host ifindex, or
+/// anywhere by parent device or permanent MAC) and restores it. [`LinkError::Lost`] if it is not
+/// there: no host link is ever taken for it on the strength of a name or a MAC.
+pub async fn find_and_repair(nl: &Netlink, snap: &LinkSnapshot) -> Result<Returned, LinkError> {
+    let found = match at_home(nl, snap).await? {
+        Some(m) => Some(m),
+        None => find_in_host(nl, snap).await?,
+    };
+    match found {
+        Some(m) => restore(nl, m.header.index, snap, false).await,
+        None => Err(LinkError::Lost {
+            name: snap.name.clone(),
+            mac: snap.mac.clone(),
+        }),
+    }
+}

@@ -1,0 +1,222 @@
+//! Link operations over rtnetlink (fenced: touches the kernel): snapshot a device's host state,
+//! attach (one `RTM_NEWLINK` that moves, renames and sets MTU/MAC/GSO/GRO together), detach
+//! (move back through the pinned netns) and full restore, and repair of a device the kernel
+//! returned by itself.
+//!
+//! Offload features and private flags (ethtool) are part of the snapshot and of the restore,
+//! through [`crate::sys::ethtool`]: the host's wanted state of every changeable feature is recorded
+//! before the move, the claim's `ethtool` block is applied inside the pod after it, and every
+//! feature or flag that differs from the snapshot when the device comes home is put back.
+//!
+//! Everything inside a pod netns goes through a [`Netlink`] whose socket was opened inside that
+//! netns (on a throw-away thread, see [`crate::sys::netns::in_netns`]): no tokio worker ever
+//! `setns`es.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+
+use futures::TryStreamExt;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::address::AddressMessage;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Prop};
+use netlink_packet_route::route::RouteScope;
+use rtnetlink::{Handle, RouteMessageBuilder};
+
+use crate::config::RouteConfig;
+use crate::plan::DevicePlan;
+use crate::sys::ethtool::{self, Dev, Ethtool, EthtoolError};
+use crate::sys::netns::{Netns, NetnsError};
+
+pub mod address;
+mod attach;
+mod detach;
+mod ops;
+mod snapshot;
+mod spec;
+pub mod sysctl;
+mod vrf;
+
+pub use address::AddrSnapshot;
+pub use attach::*;
+pub use detach::*;
+pub use ops::*;
+pub use snapshot::*;
+pub use spec::*;
+pub use sysctl::PodSysctl;
+use vrf::*;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("interface {0:?} not found")]
+    NotFound(String),
+    #[error(
+        "link {index} is not device {device} by its kernel identity (kind, parent device, permanent MAC)"
+    )]
+    NotTheDevice { index: u32, device: String },
+    #[error("device {name} (mac {mac:?}) is neither in the pod nor in the host")]
+    Lost { name: String, mac: Option<String> },
+    #[error("netlink {what}")]
+    Netlink {
+        what: &'static str,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
+    #[error("opening an rtnetlink socket")]
+    Socket(#[source] std::io::Error),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error("invalid interface name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    #[error("invalid hardware address {0:?}")]
+    InvalidMac(String),
+    #[error("invalid address {0:?} (want CIDR like 10.0.0.2/24)")]
+    InvalidAddress(String),
+    #[error("invalid route {0}")]
+    InvalidRoute(String),
+    #[error("interface name {0:?} is already taken in the pod netns")]
+    NameTaken(String),
+    #[error("no rtnetlink socket inside the pod netns")]
+    NoPodNetlink,
+    #[error(transparent)]
+    Ethtool(#[from] EthtoolError),
+    #[error("ethtool.{field}: {reason}")]
+    Offload { field: String, reason: String },
+    #[error("sysctl {key}: {reason}")]
+    Sysctl { key: String, reason: String },
+    #[error("interface.vrf {name:?}: {reason}")]
+    Vrf { name: String, reason: String },
+    #[error(transparent)]
+    Ebpf(#[from] crate::sys::bpf::BpfError),
+    #[error("{what}: no answer from the kernel within {after:?}")]
+    Timeout {
+        what: &'static str,
+        after: std::time::Duration,
+    },
+}
+
+impl LinkError {
+    /// The kernel's errno for a netlink error, if this is one.
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Netlink { source, .. } => errno_of(source),
+            _ => None,
+        }
+    }
+}
+
+fn nl(what: &'static str) -> impl FnOnce(rtnetlink::Error) -> LinkError {
+    move |source| LinkError::Netlink {
+        what,
+        source: Box::new(source),
+    }
+}
+
+/// An rtnetlink connection bound to one netns. Cheap to clone; the connection task ends when
+/// the last clone is dropped.
+#[derive(Clone, Debug)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+impl Netlink {
+    /// rtnetlink in the driver's own (host) netns.
+    pub async fn host() -> Result<Self, LinkError> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(LinkError::Socket)?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// rtnetlink inside `netns`: the socket is created on a thread inside it.
+    pub async fn in_netns(netns: &Netns) -> Result<Self, LinkError> {
+        let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
+            .map_err(LinkError::Socket)?;
+        let raw = fd.into_raw_fd();
+        // SAFETY: `raw` is an owned, non-blocking netlink socket we just released from its
+        // OwnedFd; TokioSocket takes over its ownership (and closes it on drop).
+        let sock = unsafe { netlink_sys::TokioSocket::from_raw_fd(raw) };
+        let (conn, handle, _) = rtnetlink::from_socket(sock);
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// The raw handle (for the watcher and tests).
+    #[must_use]
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// A link by name.
+    pub async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>, LinkError> {
+        let mut s = self.handle.link().get().match_name(name.to_owned()).execute();
+        match s.try_next().await {
+            Ok(m) => Ok(m),
+            Err(e) if errno_of(&e) == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(nl("get link by name")(e)),
+        }
+    }
+
+    /// A link by index.
+    pub async fn link_by_index(&self, index: u32) -> Result<Option<LinkMessage>, LinkError> {
+        let mut s = self.handle.link().get().match_index(index).execute();
+        match s.try_next().await {
+            Ok(m) => Ok(m),
+            Err(e) if errno_of(&e) == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(nl("get link by index")(e)),
+        }
+    }
+
+    /// Every link.
+    pub async fn links(&self) -> Result<Vec<LinkMessage>, LinkError> {
+        self.handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl("dump links"))
+    }
+
+    async fn addresses(&self, index: u32) -> Result<Vec<AddressMessage>, LinkError> {
+        self.handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl("dump addresses"))
+    }
+
+    /// Sends one RTM_NEWLINK modifying an existing link (no NLM_F_CREATE/EXCL: `do_setlink`).
+    async fn newlink(&self, msg: LinkMessage, what: &'static str) -> Result<(), LinkError> {
+        let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        let mut h = self.handle.clone();
+        let mut resp = h.request(req).map_err(nl(what))?;
+        while let Some(m) = futures::StreamExt::next(&mut resp).await {
+            if let NetlinkPayload::Error(e) = m.payload
+                && e.code.is_some()
+            {
+                return Err(LinkError::Netlink {
+                    what,
+                    source: Box::new(rtnetlink::Error::NetlinkError(e)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn errno_of(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

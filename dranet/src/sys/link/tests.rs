@@ -1,0 +1,198 @@
+use super::*;
+use crate::config::NetworkConfig;
+use crate::plan::{ClaimRef, DevicePlan};
+use netlink_packet_route::address::AddressAttribute;
+
+#[test]
+fn interface_names_follow_the_kernel_rules() {
+    for ok in ["eth0", "net1", "a", "abcdefghijklmno", "ens1f0np0"] {
+        validate_ifname(ok).unwrap();
+    }
+    for bad in [
+        "",
+        ".",
+        "..",
+        "abcdefghijklmnop",
+        "a/b",
+        "a:b",
+        "a b",
+        "tab\t",
+        "x\n",
+    ] {
+        assert!(
+            matches!(validate_ifname(bad), Err(LinkError::InvalidName { .. })),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn macs_and_cidrs_parse_strictly() {
+    assert_eq!(parse_mac("02:d7:00:00:00:01").unwrap(), vec![2, 0xd7, 0, 0, 0, 1]);
+    assert_eq!(
+        parse_mac("02-D7-00-00-00-0A").unwrap(),
+        vec![2, 0xd7, 0, 0, 0, 10]
+    );
+    for bad in [
+        "",
+        "02:d7:00:00:00",
+        "02:d7:00:00:00:01:02",
+        "0:d7:00:00:00:01",
+        "zz:d7:00:00:00:01",
+    ] {
+        assert!(parse_mac(bad).is_err(), "{bad:?}");
+    }
+    assert_eq!(
+        parse_cidr("10.1.2.3/24").unwrap(),
+        ("10.1.2.3".parse().unwrap(), 24)
+    );
+    assert_eq!(parse_cidr("fd00::1/64").unwrap().1, 64);
+    for bad in ["10.1.2.3", "10.1.2.3/33", "fd00::1/129", "x/24", "10.1.2.3/-1"] {
+        assert!(parse_cidr(bad).is_err(), "{bad:?}");
+    }
+    assert_eq!(
+        mac_string(&[2, 0xd7, 0, 0, 0, 1]).as_deref(),
+        Some("02:d7:00:00:00:01")
+    );
+    assert_eq!(mac_string(&[0; 6]), None);
+}
+
+#[test]
+fn temporary_names_are_valid_interface_names() {
+    validate_ifname(&temp_name(u32::MAX)).unwrap();
+    assert_eq!(temp_name(7), "dn7");
+}
+
+fn plan(config: &str) -> DevicePlan {
+    DevicePlan {
+        device: "eth9".into(),
+        pool: "node".into(),
+        request: "nic".into(),
+        claim: ClaimRef::default(),
+        host_ifname: Some("eth9".into()),
+        pci_address: None,
+        permanent_mac: None,
+        rdma_device: None,
+        config: serde_json::from_str::<NetworkConfig>(config).unwrap(),
+        char_devices: vec![],
+    }
+}
+
+#[test]
+fn attach_spec_is_validated_before_anything_moves() {
+    let p = plan(
+        r#"{"interface":{"name":"net1","mtu":1400,"hardwareAddr":"02:00:00:00:00:09","addresses":["10.9.0.2/24"],"gsoMaxSize":32768},
+            "routes":[{"destination":"10.10.0.0/16","gateway":"10.9.0.1"}]}"#,
+    );
+    let s = AttachSpec::from_plan(&p, "net1").unwrap();
+    assert_eq!(s.pod_ifname, "net1");
+    assert_eq!(s.mtu, Some(1400));
+    assert_eq!(s.mac, Some(vec![2, 0, 0, 0, 0, 9]));
+    assert_eq!(s.gso_max_size, Some(32768));
+    assert_eq!(s.gro_max_size, None);
+    assert_eq!(s.addresses.len(), 1);
+    assert_eq!(s.routes.len(), 1);
+    let bad_mac = plan(r#"{"interface":{"hardwareAddr":"nope"}}"#);
+    assert!(matches!(
+        AttachSpec::from_plan(&bad_mac, "net1"),
+        Err(LinkError::InvalidMac(_))
+    ));
+    let bad_addr = plan(r#"{"interface":{"addresses":["10.0.0.1"]}}"#);
+    assert!(matches!(
+        AttachSpec::from_plan(&bad_addr, "net1"),
+        Err(LinkError::InvalidAddress(_))
+    ));
+    let bad_route = plan(r#"{"routes":[{"destination":"nowhere"}]}"#);
+    assert!(matches!(
+        AttachSpec::from_plan(&bad_route, "net1"),
+        Err(LinkError::InvalidRoute(_))
+    ));
+    let empty_route = plan(r#"{"routes":[{"source":"10.0.0.1"}]}"#);
+    assert!(matches!(
+        AttachSpec::from_plan(&empty_route, "net1"),
+        Err(LinkError::InvalidRoute(_))
+    ));
+    assert!(matches!(
+        AttachSpec::from_plan(&p, "a/b"),
+        Err(LinkError::InvalidName { .. })
+    ));
+    // A negative or zero MTU means "unset", as upstream.
+    let zero = plan(r#"{"interface":{"mtu":0}}"#);
+    assert_eq!(AttachSpec::from_plan(&zero, "net1").unwrap().mtu, None);
+}
+
+#[test]
+fn snapshots_parse_every_field_and_skip_link_local() {
+    let mut m = LinkMessage::default();
+    m.header.index = 12;
+    m.header.flags = LinkFlags::Up;
+    m.attributes = vec![
+        LinkAttribute::IfName("eth9".into()),
+        LinkAttribute::Mtu(1400),
+        LinkAttribute::Address(vec![2, 0xd7, 0, 0, 0, 1]),
+        LinkAttribute::PermAddress(vec![0; 6]),
+        LinkAttribute::IfAlias("uplink".into()),
+        LinkAttribute::PropList(vec![
+            Prop::AltIfName("zeta".into()),
+            Prop::AltIfName("alpha".into()),
+        ]),
+        LinkAttribute::GsoMaxSize(32768),
+        LinkAttribute::GroMaxSize(16384),
+    ];
+    let mut a4 = AddressMessage::default();
+    a4.header.prefix_len = 24;
+    a4.attributes = vec![AddressAttribute::Local("10.1.2.3".parse().unwrap())];
+    let mut ll = AddressMessage::default();
+    ll.header.prefix_len = 64;
+    ll.attributes = vec![AddressAttribute::Address("fe80::1".parse().unwrap())];
+    let s = snapshot_of(&m, &[a4, ll]);
+    assert_eq!(s.ifindex, 12);
+    assert_eq!(s.name, "eth9");
+    assert!(s.up);
+    assert_eq!(s.mtu, 1400);
+    assert_eq!(s.mac.as_deref(), Some("02:d7:00:00:00:01"));
+    assert_eq!(s.perm_mac, None);
+    assert_eq!(s.alias.as_deref(), Some("uplink"));
+    assert_eq!(s.altnames, vec!["alpha".to_owned(), "zeta".to_owned()]);
+    assert_eq!(s.gso_max_size, Some(32768));
+    assert_eq!(s.gro_max_size, Some(16384));
+    assert_eq!(s.addresses, vec![AddrSnapshot::plain("10.1.2.3/24")]);
+}
+
+#[test]
+fn offload_requests_resolve_with_kernel_names_winning_over_aliases() {
+    let mut f = crate::sys::ethtool::Features::default();
+    for n in ["tx-tcp-segmentation", "tx-tcp6-segmentation", "rx-gro"] {
+        f.hw.insert(n.into(), true);
+    }
+    f.hw.insert("loopback".into(), false);
+    let want = std::collections::BTreeMap::from([
+        ("tso".to_owned(), false),
+        ("tx-tcp6-segmentation".to_owned(), true),
+        ("gro".to_owned(), true),
+    ]);
+    let (got, flags) = resolve_offloads(&f, &Default::default(), &want, &Default::default()).unwrap();
+    assert!(flags.is_empty());
+    assert_eq!(
+        got,
+        std::collections::BTreeMap::from([
+            ("rx-gro".to_owned(), true),
+            ("tx-tcp-segmentation".to_owned(), false),
+            ("tx-tcp6-segmentation".to_owned(), true),
+        ])
+    );
+    let bad = std::collections::BTreeMap::from([("loopback".to_owned(), true), ("nope".to_owned(), true)]);
+    let flags = std::collections::BTreeMap::from([("x".to_owned(), true)]);
+    let problems = resolve_offloads(&f, &Default::default(), &bad, &flags).unwrap_err();
+    let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(fields, ["features.loopback", "features.nope", "privateFlags.x"]);
+}
+
+#[test]
+fn attach_spec_detaches_ebpf_only_when_asked() {
+    let spec = |c| AttachSpec::from_plan(&plan(c), "net1").unwrap().disable_ebpf;
+    assert!(spec(r#"{"interface":{"disableEbpfPrograms":true}}"#));
+    assert!(!spec(r#"{"interface":{"disableEbpfPrograms":false}}"#));
+    assert!(!spec(r#"{"interface":{}}"#));
+    assert!(!spec("{}"));
+}

@@ -1,0 +1,119 @@
+//! The process's own syscalls: the monotonic clock, `RLIMIT_NOFILE`, errno classification,
+//! registering fds with tokio's reactor, and handing freed heap back to the kernel.
+
+use tokio::io::unix::AsyncFd;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum OsError {
+    /// `getrlimit`/`setrlimit` failed.
+    #[error("{call}(RLIMIT_NOFILE) failed")]
+    Rlimit {
+        call: &'static str,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+/// A CLOCK_MONOTONIC timestamp in ns (the clock of `bpf_ktime_get_ns`).
+pub type MonoNs = u64;
+
+/// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
+#[must_use]
+pub fn monotonic_ns() -> MonoNs {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| {
+            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// The soft `RLIMIT_NOFILE` before and after [`raise_nofile_limit`], and the hard limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NofileLimit {
+    pub old_soft: u64,
+    pub new_soft: u64,
+    pub hard: u64,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (a no-op when they are equal).
+///
+/// # Errors
+/// [`OsError::Rlimit`] when the limit cannot be read or set.
+pub fn raise_nofile_limit() -> Result<NofileLimit, OsError> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|source| OsError::Rlimit {
+        call: "getrlimit",
+        source,
+    })?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|source| OsError::Rlimit {
+            call: "setrlimit",
+            source,
+        })?;
+    }
+    Ok(NofileLimit {
+        old_soft: soft,
+        new_soft: soft.max(hard),
+        hard,
+    })
+}
+
+/// Is `e` an `EPROTO` (a protocol error on one pending connection)?
+#[must_use]
+pub fn is_eproto(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EPROTO)
+}
+
+/// Is `e` an `EPERM`?
+#[must_use]
+pub fn is_eperm(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EPERM)
+}
+
+/// Registers an fd-owning object with tokio's reactor for readability.
+pub fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
+    // SAFETY: every `T` used here (ring buffer, aya-log logger, inotify instance) owns its fd for
+    // its whole lifetime and always returns the same fd from `as_raw_fd`.
+    unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
+}
+
+/// Loading the probes parses the kernel's BTF (several MiB of short-lived allocations); glibc
+/// keeps the freed heap mapped, which would double the idle daemon's RSS. Hand it back once.
+/// Inventory scans call it too (a scan of 1,024 devices allocates tens of MiB, in the arena of
+/// whichever thread ran it).
+pub fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks and trims the allocator's own free lists; it takes the
+    // allocator's locks and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+static INHERITED_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The connected Unix socket a parent process left open for this one at fd `value` (decimal),
+/// as an NRI runtime does for a plugin it launches. Taken at most once per process: `Ok(None)`
+/// on every later call.
+///
+/// # Errors
+/// `InvalidInput` when `value` is not a non-negative fd number.
+pub fn take_inherited_socket(value: &str) -> std::io::Result<Option<std::os::unix::net::UnixStream>> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let fd: i32 = value
+        .trim()
+        .parse()
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    if fd < 0 {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    if INHERITED_TAKEN.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return Ok(None);
+    }
+    // SAFETY: the parent started this process with `fd` open and connected for it; nothing
+    // else in the process owns it, and INHERITED_TAKEN makes sure it is wrapped once.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(Some(std::os::unix::net::UnixStream::from(owned)))
+}
