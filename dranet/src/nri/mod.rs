@@ -14,7 +14,9 @@
 //! Bounds: frames over 4 MiB + 10 bytes (Go's largest) close the trunk, and a frame's buffer
 //! grows with the bytes that arrive; at most [`ttrpc::MAX_IN_FLIGHT`] requests run at once per
 //! connection (more are answered `RESOURCE_EXHAUSTED`); a Synchronize sent in parts is buffered
-//! up to [`SyncLimits`] (more is refused, up to its last part, and dropped).
+//! up to [`SyncLimits`] (more is refused, up to its last part, and dropped); StopPodSandbox and
+//! RemovePodSandbox answer after at most `service::TEARDOWN_HOOK_WAIT` (1.5 s) while their device
+//! returns go on (a drain queues a pod's returns behind every other pod's).
 
 pub mod hooks;
 pub mod metrics;
