@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use crate::dra::PlanSink;
-use crate::plan::PodPlan;
+use crate::plan::{ClaimPlan, DevicePlan, PodPlan};
 use crate::state::{DeviceRecord, DeviceState};
 use crate::sys::link::LinkSnapshot;
 
@@ -174,21 +174,19 @@ impl RecordingSink {
 }
 
 impl PlanSink for RecordingSink {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        self.plans().insert(plan.pod_uid.clone(), plan);
+    fn claim_devices(&self, claim_uid: &str) -> Vec<DevicePlan> {
+        crate::plan::claim_devices(&self.plans(), claim_uid)
+    }
+    fn set_claim(&self, claim: ClaimPlan) -> Result<(), String> {
+        crate::plan::set_claim(&mut self.plans(), claim);
         Ok(())
     }
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
+    fn remove_claim(&self, claim_uid: &str) -> Result<Vec<DevicePlan>, String> {
         self.removed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(claim_uid.to_owned());
-        let mut plans = self.plans();
-        for p in plans.values_mut() {
-            p.devices.retain(|d| d.claim.uid != claim_uid);
-        }
-        plans.retain(|_, p| !p.devices.is_empty());
-        Ok(())
+        Ok(crate::plan::remove_claim(&mut self.plans(), claim_uid).0)
     }
 }
 
@@ -196,10 +194,13 @@ impl PlanSink for RecordingSink {
 pub struct NoSink;
 
 impl PlanSink for NoSink {
-    fn set_plan(&self, _: PodPlan) -> Result<(), String> {
+    fn claim_devices(&self, _: &str) -> Vec<DevicePlan> {
+        Vec::new()
+    }
+    fn set_claim(&self, _: ClaimPlan) -> Result<(), String> {
         Ok(())
     }
-    fn remove_claim(&self, _: &str) -> Result<(), String> {
-        Ok(())
+    fn remove_claim(&self, _: &str) -> Result<Vec<DevicePlan>, String> {
+        Ok(Vec::new())
     }
 }

@@ -1,11 +1,10 @@
 // Over 500 lines: the Prepare pipeline (claim → results → config → plan) reads top to bottom; its phases are functions here, one file keeps the order visible.
 //! NodePrepareResources / NodeUnprepareResources logic, independent of the gRPC version:
 //! fetch the claim, take this driver's results in this node's pool, pick and validate the opaque
-//! config per request, look the devices up in the inventory, and hand the pod's merged
-//! [`PodPlan`] (all its claims) to the [`PlanSink`].
+//! config per request, look the devices up in the inventory, and hand the claim's devices to the [`PlanSink`], which merges them into the pod's plan.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::claim::{ClaimError, ClaimSource, DeviceAllocationConfiguration, ResourceClaim};
 use crate::config::{self, ConfigError, NetworkConfig};
@@ -16,14 +15,20 @@ use futures::future::BoxFuture;
 
 use super::profiles::{NoProviders, Providers};
 use crate::inventory::{Device, DeviceIds, InventoryError, SharedInventory};
-use crate::plan::{ClaimRef, DevicePlan, PodPlan};
+use crate::plan::{ClaimPlan, ClaimRef, DevicePlan};
 
-/// Receives the plans (the rescue engine implements it).
+/// The plan store Prepare writes to: the rescue engine, which checkpoints the plans (the NRI
+/// hooks attach what it holds). It is the one owner of the plans and of their per-pod merge
+/// ([`crate::plan::set_claim`]); Prepare keeps no copy.
 pub trait PlanSink: Send + Sync + 'static {
-    /// Replaces the plan of `plan.pod_uid` (all devices of all its prepared claims).
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String>;
-    /// Forgets the devices of one claim.
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String>;
+    /// The devices stored now for claim `claim_uid` (a repeated Prepare keeps their DHCP leases,
+    /// also across a restart).
+    fn claim_devices(&self, claim_uid: &str) -> Vec<DevicePlan>;
+    /// Stores the devices of one claim of a pod, replacing what that claim had. On error nothing
+    /// changed.
+    fn set_claim(&self, claim: ClaimPlan) -> Result<(), String>;
+    /// Forgets the devices of one claim and returns them. On error nothing changed.
+    fn remove_claim(&self, claim_uid: &str) -> Result<Vec<DevicePlan>, String>;
     /// Waits until every plan handed over so far is durable (the default: nothing to wait for).
     /// Prepare answers kubelet only after this: kubelet never prepares a claim twice.
     fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
@@ -197,6 +202,8 @@ pub enum PrepareError {
     },
     #[error("storing the plan of pod {pod_uid}: {detail}")]
     Sink { pod_uid: String, detail: String },
+    #[error("forgetting the plan of claim {claim_uid}: {detail}")]
+    Forget { claim_uid: String, detail: String },
     #[error("device {device} (request {request}): failed to get profile config: {why}")]
     Profile {
         device: String,
@@ -214,19 +221,6 @@ pub struct PreparedDevice {
     pub share_id: Option<String>,
 }
 
-#[derive(Default)]
-struct PodEntry {
-    namespace: String,
-    name: String,
-    claims: BTreeMap<String, Vec<DevicePlan>>,
-}
-
-#[derive(Default)]
-struct State {
-    pods: HashMap<String, PodEntry>,
-    claim_pod: HashMap<String, String>,
-}
-
 /// Prepares and unprepares claims for one driver on one node.
 pub struct Preparer {
     driver: String,
@@ -235,7 +229,6 @@ pub struct Preparer {
     devices: Arc<dyn DeviceLookup>,
     leases: Arc<dyn LeaseSource>,
     sink: Arc<dyn PlanSink>,
-    state: Mutex<State>,
     metrics: Option<super::DraMetrics>,
     reporter: crate::report::Reporter,
     providers: Arc<dyn Providers>,
@@ -256,7 +249,6 @@ impl Preparer {
             devices,
             leases: Arc::new(crate::dhcp::Client::host()),
             sink,
-            state: Mutex::new(State::default()),
             metrics: None,
             reporter: crate::report::Reporter::disabled(),
             providers: Arc::new(NoProviders),
@@ -321,18 +313,7 @@ impl Preparer {
         }
         // A repeated Prepare of a claim already prepared keeps its DHCP leases (the device may
         // already be in the pod, where the host cannot ask for one again).
-        let previous: Vec<DevicePlan> = {
-            let st = match self.state.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            st.claim_pod
-                .get(&claim.uid)
-                .and_then(|pod| st.pods.get(pod))
-                .and_then(|e| e.claims.get(&claim.uid))
-                .cloned()
-                .unwrap_or_default()
-        };
+        let previous = self.sink.claim_devices(&claim.uid);
         let ctx = PlanContext {
             driver: &self.driver,
             node: &self.node,
@@ -353,46 +334,21 @@ impl Preparer {
                 share_id: planned.share_ids.get(&p.device).cloned().flatten(),
             })
             .collect();
-        {
-            let mut st = match self.state.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            if planned.plans.is_empty() && !st.pods.contains_key(&planned.pod_uid) {
-                // Nothing of ours in this claim and nothing known for the pod: no plan to store.
-                return Ok(prepared);
-            }
-            let entry = st.pods.entry(planned.pod_uid.clone()).or_default();
-            entry.namespace.clone_from(&claim.namespace);
-            entry.name.clone_from(&planned.pod_name);
-            entry.claims.insert(claim.uid.clone(), planned.plans);
-            let plan = PodPlan {
-                pod_uid: planned.pod_uid.clone(),
-                pod_namespace: entry.namespace.clone(),
-                pod_name: entry.name.clone(),
-                devices: entry.claims.values().flatten().cloned().collect(),
-            };
-            // Handed over under the lock: two claims of one pod prepared at once must not store
-            // their merged plans out of order.
-            if let Err(detail) = self.sink.set_plan(plan) {
-                // Roll back, so a later claim of the pod does not merge devices never stored; what
-                // their profiles took is given back.
-                let mut forgotten = Vec::new();
-                let empty = st.pods.get_mut(&planned.pod_uid).is_some_and(|e| {
-                    forgotten = e.claims.remove(&claim.uid).unwrap_or_default();
-                    e.claims.is_empty()
-                });
-                if empty {
-                    st.pods.remove(&planned.pod_uid);
-                }
-                drop(st);
-                self.release_profiles(&claim.uid, &forgotten);
-                return Err(PrepareError::Sink {
-                    pod_uid: planned.pod_uid,
-                    detail,
-                });
-            }
-            st.claim_pod.insert(claim.uid.clone(), planned.pod_uid.clone());
+        let taken = planned.plans.clone();
+        let stored = self.sink.set_claim(ClaimPlan {
+            pod_uid: planned.pod_uid.clone(),
+            pod_namespace: claim.namespace.clone(),
+            pod_name: planned.pod_name,
+            claim_uid: claim.uid.clone(),
+            devices: planned.plans,
+        });
+        if let Err(detail) = stored {
+            // Nothing was stored: what the profiles took is given back.
+            self.release_profiles(&claim.uid, &taken);
+            return Err(PrepareError::Sink {
+                pod_uid: planned.pod_uid,
+                detail,
+            });
         }
         // kubelet gets its answer once the plan is on disk (saved off the async workers).
         self.sink.durable().await.map_err(|detail| PrepareError::Sink {
@@ -402,55 +358,17 @@ impl Preparer {
         Ok(prepared)
     }
 
-    /// Seeds the per-pod state from plans that survived a restart (the checkpoint), so a claim
-    /// prepared later for the same pod is merged with them instead of replacing them.
-    pub fn restore(&self, plans: impl IntoIterator<Item = PodPlan>) {
-        let mut st = match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        for plan in plans {
-            let entry = st.pods.entry(plan.pod_uid.clone()).or_default();
-            entry.namespace.clone_from(&plan.pod_namespace);
-            entry.name.clone_from(&plan.pod_name);
-            let mut claims: Vec<String> = Vec::new();
-            for d in plan.devices {
-                if !claims.contains(&d.claim.uid) {
-                    claims.push(d.claim.uid.clone());
-                }
-                entry.claims.entry(d.claim.uid.clone()).or_default().push(d);
-            }
-            for c in claims {
-                st.claim_pod.insert(c, plan.pod_uid.clone());
-            }
-        }
-    }
-
     /// Unprepares one claim; unknown claims succeed (idempotent).
     pub fn unprepare(&self, claim_uid: &str) -> Result<(), PrepareError> {
-        let mut st = match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let pod = st.claim_pod.remove(claim_uid);
-        let mut released = Vec::new();
-        if let Some(pod) = &pod {
-            let empty = st.pods.get_mut(pod).is_some_and(|e| {
-                released = e.claims.remove(claim_uid).unwrap_or_default();
-                e.claims.is_empty()
-            });
-            if empty {
-                st.pods.remove(pod);
-            }
-        }
-        drop(st);
-        self.release_profiles(claim_uid, &released);
-        self.sink
+        let released = self
+            .sink
             .remove_claim(claim_uid)
-            .map_err(|detail| PrepareError::Sink {
-                pod_uid: pod.unwrap_or_default(),
+            .map_err(|detail| PrepareError::Forget {
+                claim_uid: claim_uid.to_owned(),
                 detail,
-            })
+            })?;
+        self.release_profiles(claim_uid, &released);
+        Ok(())
     }
 }
 

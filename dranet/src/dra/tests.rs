@@ -7,7 +7,7 @@ use serde_json::json;
 use super::*;
 use crate::config::NetworkConfig;
 use crate::inventory::{Device, SharedInventory};
-use crate::plan::{ClaimRef, PodPlan};
+use crate::plan::{ClaimPlan, ClaimRef, DevicePlan};
 use crate::test_support::RecordingSink;
 
 fn inventory() -> SharedInventory {
@@ -443,14 +443,32 @@ async fn a_repeated_prepare_keeps_the_dhcp_lease() {
         ["eth1"],
         "one lease, not one per Prepare"
     );
+    // Nor after a restart: the preparer keeps no copy, the store (the checkpoint) has the lease.
+    let restarted = Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(claims.clone()),
+        Arc::new(inventory()),
+        rec.clone(),
+    )
+    .with_leases(leases.clone());
+    restarted.prepare(&cref("c1", "u1")).await.unwrap();
+    assert_eq!(rec.plans()["pod-1"], first);
+    assert_eq!(
+        leases.asked.lock().unwrap().len(),
+        1,
+        "the lease survives a restart"
+    );
     // Once unprepared, a new Prepare asks again.
     p.unprepare("u1").unwrap();
     p.prepare(&cref("c1", "u1")).await.unwrap();
     assert_eq!(leases.asked.lock().unwrap().len(), 2);
 }
 
+/// The plan store (the engine's checkpoint) is the only copy of the plans: a preparer started
+/// after a restart merges a pod's next claim with what the store kept.
 #[tokio::test]
-async fn restored_plans_are_merged_not_replaced() {
+async fn a_restarted_preparer_merges_with_the_stored_plans() {
     let (p, claims, rec) = setup();
     claims.insert(claim(
         "c1",
@@ -460,18 +478,16 @@ async fn restored_plans_are_merged_not_replaced() {
         json!([]),
     ));
     p.prepare(&cref("c1", "u1")).await.unwrap();
-    let saved: Vec<PodPlan> = rec.plans().values().cloned().collect();
+    drop(p);
 
-    // "Restart": a new preparer, seeded from the checkpoint, prepares a second claim of the pod.
-    let rec2 = Arc::new(RecordingSink::default());
+    // "Restart": a new preparer on the same store prepares a second claim of the pod.
     let p2 = Preparer::new(
         "dra.net",
         "node-a",
         Arc::new(claims.clone()),
         Arc::new(inventory()),
-        rec2.clone(),
+        rec.clone(),
     );
-    p2.restore(saved);
     claims.insert(claim(
         "c2",
         "u2",
@@ -480,11 +496,18 @@ async fn restored_plans_are_merged_not_replaced() {
         json!([]),
     ));
     p2.prepare(&cref("c2", "u2")).await.unwrap();
-    let plans = rec2.plans();
+    let plans = rec.plans();
     let devs: Vec<&str> = plans["pod-1"].devices.iter().map(|d| d.device.as_str()).collect();
     assert_eq!(devs, ["eth1", "eth2"]);
     drop(plans);
-    drop(p);
+    // Unprepare of the first claim leaves the second.
+    p2.unprepare("u1").unwrap();
+    let devs: Vec<String> = rec.plans()["pod-1"]
+        .devices
+        .iter()
+        .map(|d| d.device.clone())
+        .collect();
+    assert_eq!(devs, ["eth2"]);
 }
 
 #[tokio::test]
@@ -635,15 +658,18 @@ struct Flaky {
 }
 
 impl PlanSink for Flaky {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
+    fn claim_devices(&self, claim_uid: &str) -> Vec<DevicePlan> {
+        self.inner.claim_devices(claim_uid)
+    }
+    fn set_claim(&self, claim: ClaimPlan) -> Result<(), String> {
         let mut f = self.fail.lock().unwrap();
         if *f > 0 {
             *f -= 1;
             return Err("checkpoint full".into());
         }
-        self.inner.set_plan(plan)
+        self.inner.set_claim(claim)
     }
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
+    fn remove_claim(&self, claim_uid: &str) -> Result<Vec<DevicePlan>, String> {
         self.inner.remove_claim(claim_uid)
     }
 }

@@ -4,25 +4,26 @@
 use futures::future::BoxFuture;
 
 use crate::dra::PlanSink;
-use crate::plan::PodPlan;
+use crate::plan::{ClaimPlan, DevicePlan};
+use crate::rescue::Engine;
+use crate::telemetry::chain;
 
 /// The rescue engine is the daemon's plan store: the plans it checkpoints are what the NRI hooks
 /// attach.
-impl PlanSink for crate::rescue::Engine {
-    fn set_plan(&self, plan: PodPlan) -> Result<(), String> {
-        crate::rescue::Engine::set_plan(self, plan).map_err(|e| crate::telemetry::chain(&e).to_string())
+impl PlanSink for Engine {
+    fn claim_devices(&self, claim_uid: &str) -> Vec<DevicePlan> {
+        Engine::claim_devices(self, claim_uid)
     }
 
-    fn remove_claim(&self, claim_uid: &str) -> Result<(), String> {
-        crate::rescue::Engine::remove_claim(self, claim_uid)
-            .map_err(|e| crate::telemetry::chain(&e).to_string())
+    fn set_claim(&self, claim: ClaimPlan) -> Result<(), String> {
+        Engine::set_claim(self, claim).map_err(|e| chain(&e).to_string())
+    }
+
+    fn remove_claim(&self, claim_uid: &str) -> Result<Vec<DevicePlan>, String> {
+        Engine::remove_claim(self, claim_uid).map_err(|e| chain(&e).to_string())
     }
 
     fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            crate::rescue::Engine::durable(self)
-                .await
-                .map_err(|e| crate::telemetry::chain(&e).to_string())
-        })
+        Box::pin(async move { Engine::durable(self).await.map_err(|e| chain(&e).to_string()) })
     }
 }

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::plan::{DevicePlan, PodPlan};
+use crate::plan::{ClaimPlan, DevicePlan, PodPlan};
 use crate::state::{Checkpoint, LoadSource, PodPhase, ReturnReason, StateError, StateLock, Store, Writer};
 use crate::sys::link::{LinkError, Netlink};
 use crate::sys::netns::{Netns, NetnsError, Pin};
@@ -429,24 +429,49 @@ impl Engine {
         self.inner.store.dir()
     }
 
-    /// Records the devices NodePrepareResources planned for a pod (merged across its claims).
-    /// The save is staged: [`Engine::durable`] waits for it.
-    pub fn set_plan(&self, plan: PodPlan) -> Result<(), RescueError> {
-        let mut cp = self.cp();
-        let entry = cp.plans.entry(plan.pod_uid.clone()).or_insert_with(|| PodPlan {
-            pod_uid: plan.pod_uid.clone(),
-            pod_namespace: plan.pod_namespace.clone(),
-            pod_name: plan.pod_name.clone(),
-            devices: Vec::new(),
-        });
-        for d in plan.devices {
-            entry
-                .devices
-                .retain(|e| !(e.device == d.device && e.pool == d.pool));
-            entry.devices.push(d);
+    /// Stores the devices of one claim of a pod (NodePrepareResources), replacing what that claim
+    /// had; the pod's plan is the union of its claims ([`crate::plan::set_claim`]). The save is
+    /// staged ([`Engine::durable`] waits for it); if it cannot be staged, nothing changed.
+    pub fn set_claim(&self, claim: ClaimPlan) -> Result<(), RescueError> {
+        let emptied = {
+            let mut cp = self.cp();
+            let before = crate::plan::entries_of(&cp.plans, &claim.claim_uid, Some(&claim.pod_uid));
+            let emptied = crate::plan::set_claim(&mut cp.plans, claim);
+            if let Err(e) = self.inner.writer.stage(&cp) {
+                crate::plan::put_back(&mut cp.plans, before);
+                return Err(e.into());
+            }
+            emptied
+        };
+        for uid in emptied {
+            self.prune_lock(&uid);
         }
-        self.inner.writer.stage(&cp)?;
         Ok(())
+    }
+
+    /// Stores a whole pod plan: each of its claims as by [`Engine::set_claim`] (tests, benches and
+    /// tools that plan a pod at once).
+    pub fn set_plan(&self, plan: PodPlan) -> Result<(), RescueError> {
+        let mut claims: Vec<ClaimPlan> = Vec::new();
+        for d in plan.devices {
+            match claims.iter_mut().find(|c| c.claim_uid == d.claim.uid) {
+                Some(c) => c.devices.push(d),
+                None => claims.push(ClaimPlan {
+                    pod_uid: plan.pod_uid.clone(),
+                    pod_namespace: plan.pod_namespace.clone(),
+                    pod_name: plan.pod_name.clone(),
+                    claim_uid: d.claim.uid.clone(),
+                    devices: vec![d],
+                }),
+            }
+        }
+        claims.into_iter().try_for_each(|c| self.set_claim(c))
+    }
+
+    /// The devices stored for claim `claim_uid`.
+    #[must_use]
+    pub fn claim_devices(&self, claim_uid: &str) -> Vec<DevicePlan> {
+        crate::plan::claim_devices(&self.cp().plans, claim_uid)
     }
 
     /// Waits until every change made so far is on disk.
@@ -456,28 +481,27 @@ impl Engine {
         Ok(())
     }
 
-    /// Forgets the plans of a claim (NodeUnprepareResources). Devices already in a pod stay
-    /// tracked until they are home. The save is staged ([`Engine::durable`]).
-    pub fn remove_claim(&self, claim_uid: &str) -> Result<(), RescueError> {
-        let emptied: Vec<String> = {
+    /// Forgets the plans of a claim (NodeUnprepareResources) and returns them. Devices already in
+    /// a pod stay tracked until they are home. The save is staged ([`Engine::durable`]); if it
+    /// cannot be staged, nothing changed.
+    pub fn remove_claim(&self, claim_uid: &str) -> Result<Vec<DevicePlan>, RescueError> {
+        let (removed, emptied) = {
             let mut cp = self.cp();
-            for plan in cp.plans.values_mut() {
-                plan.devices.retain(|d| d.claim.uid != claim_uid);
+            let before = crate::plan::entries_of(&cp.plans, claim_uid, None);
+            let (removed, emptied) = crate::plan::remove_claim(&mut cp.plans, claim_uid);
+            if removed.is_empty() {
+                return Ok(removed);
             }
-            let emptied = cp
-                .plans
-                .iter()
-                .filter(|(_, p)| p.devices.is_empty())
-                .map(|(uid, _)| uid.clone())
-                .collect();
-            cp.plans.retain(|_, p| !p.devices.is_empty());
-            self.inner.writer.stage(&cp)?;
-            emptied
+            if let Err(e) = self.inner.writer.stage(&cp) {
+                crate::plan::put_back(&mut cp.plans, before);
+                return Err(e.into());
+            }
+            (removed, emptied)
         };
         for uid in emptied {
             self.prune_lock(&uid);
         }
-        Ok(())
+        Ok(removed)
     }
 
     /// The devices planned for a pod.
