@@ -103,12 +103,6 @@ pub struct RunArgs {
     pub upstream: super::upstream::UpstreamArgs,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct ProbeLabels {
-    tier: String,
-    probe: String,
-}
-
 /// The daemon's health, readiness and metrics.
 pub(crate) struct Status {
     readiness: Readiness,
@@ -206,19 +200,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let sub = watcher.as_ref().map(Watcher::subscribe);
-    let probes = prometheus_client::metrics::family::Family::<
-        ProbeLabels,
-        prometheus_client::metrics::gauge::Gauge,
-    >::default();
+    let probes = crate::telemetry::metrics::ProbeMetrics::default();
     if let Some(w) = &watcher {
         for s in w.status() {
             let active = matches!(s.state, crate::watch::ProbeState::Active);
-            probes
-                .get_or_create(&ProbeLabels {
-                    tier: format!("{:?}", s.tier),
-                    probe: s.name.to_owned(),
-                })
-                .set(i64::from(active));
+            probes.set(&format!("{:?}", s.tier), s.name, active);
         }
     }
     let opts = EngineOptions {
@@ -256,11 +242,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     engine.metrics().register(&mut registry);
     crate::listen::metrics().register(&mut registry);
-    registry.register(
-        "dranet_probes_active",
-        "Kernel probes loaded, by tier and probe (1 = active)",
-        probes,
-    );
+    probes.register(&mut registry);
     let sock = args.state_dir.join(ACTIVITY_SOCKET);
     match serve_activity(&sock, engine.clone()) {
         Ok(()) => info!(socket = %sock.display(), "activity feed for `dranet trace`"),

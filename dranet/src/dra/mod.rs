@@ -5,18 +5,17 @@
 
 pub mod claim;
 pub mod health;
-pub mod metrics;
 mod prepare;
 pub mod profiles;
 pub mod proto;
 mod server;
 
+pub use crate::telemetry::metrics::DraMetrics;
 pub use claim::{
     ClaimError, ClaimSource, FileClaimSource, KubeClaimSource, MemoryClaimSource, ResourceClaim,
     devices_by_pod,
 };
 pub use health::HealthHub;
-pub use metrics::DraMetrics;
 pub use prepare::{
     DeviceLookup, LeaseSource, PlanContext, PlanSink, PlannedClaim, PrepareError, PreparedDevice, Preparer,
     RescanOnMiss, device_config, plan_claim, plan_claim_in,

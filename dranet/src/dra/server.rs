@@ -343,7 +343,7 @@ pub(super) async fn prepare_all(
         .await;
     if let Some(m) = p.metrics() {
         let ok = out.iter().all(|(_, r)| r.is_ok());
-        m.observe(super::metrics::PREPARE, ok, start.elapsed());
+        m.observe(crate::telemetry::metrics::dra::PREPARE, ok, start.elapsed());
     }
     out
 }
@@ -363,7 +363,7 @@ fn unprepare_all(p: &Preparer, uids: Vec<String>) -> Vec<(String, String)> {
         .collect();
     if let Some(m) = p.metrics() {
         let ok = out.iter().all(|(_, e)| e.is_empty());
-        m.observe(super::metrics::UNPREPARE, ok, start.elapsed());
+        m.observe(crate::telemetry::metrics::dra::UNPREPARE, ok, start.elapsed());
     }
     out
 }

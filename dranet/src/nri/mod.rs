@@ -8,7 +8,7 @@
 //!   Configure, reconnect with backoff (100 ms doubling to 5 s);
 //! * `service` — the Plugin service: Configure (event mask 0xF), chunked Synchronize, the pod
 //!   hooks in both dialects (dedicated RPCs and `StateChange`), CreateContainer devices;
-//! * [`metrics`] — hook calls, errors and latency by hook ([`NriMetrics`]);
+//! * hook calls, errors and latency by hook: [`NriMetrics`], in [`crate::telemetry::metrics`];
 //! * `replay` — the whole receive path over an in-memory trunk (fuzz target `nri`, tests).
 //!
 //! Bounds: frames over 4 MiB + 10 bytes (Go's largest) close the trunk, and a frame's buffer
@@ -19,7 +19,6 @@
 //! returns go on (a drain queues a pod's returns behind every other pod's).
 
 pub mod hooks;
-pub mod metrics;
 pub mod mux;
 pub mod plugin;
 #[doc(hidden)]

@@ -17,11 +17,11 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::hooks::PodHooks;
-pub use super::metrics::{HookLabels, NriMetrics};
 use super::mux::{Mux, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use super::pb::nri as pb;
 use super::service::{PluginService, SyncLimits};
 use super::ttrpc::{self, Client, TtrpcError};
+pub use crate::telemetry::metrics::nri::{HookLabels, NriMetrics};
 
 /// Fully qualified name of the service the plugin serves.
 /// The NRI API version this plugin speaks (the dedicated pod RPCs came with v0.12.0), sent in

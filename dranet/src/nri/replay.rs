@@ -13,13 +13,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
-use super::metrics::NriMetrics;
 use super::mux::{
     GO_FRAME_LIMIT, HEADER_LEN, Mux, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, decode_header,
 };
 use super::pb::ttrpc::Response;
 use super::service::{PluginService, SyncBuf, SyncLimits};
 use super::ttrpc::{self, Client, Decoded, Decoder, TYPE_RESPONSE};
+use crate::telemetry::metrics::NriMetrics;
 
 /// Pod hooks that do nothing but remember what they were asked.
 #[derive(Debug, Default)]

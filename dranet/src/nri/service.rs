@@ -11,11 +11,11 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::hooks::{ContainerInfo, HookError, LinuxDevice, Outcome, Pod, PodHooks};
-use super::metrics::{HookStatus, NriMetrics};
 use super::pb::google::rpc::Status;
 use super::pb::nri as pb;
 use super::plugin::{EVENTS, PLUGIN_SERVICE};
 use super::ttrpc::{self, CallResult, Service, code};
+use crate::telemetry::metrics::nri::{HookStatus, NriMetrics};
 
 /// Bounds of a Synchronize sent in parts (`more = true`): what is buffered until the last part.
 /// A node runs at most a few hundred pods (kubelet's `--max-pods` is 110 by default), each

@@ -194,7 +194,7 @@ impl Engine {
             }
         })
         .await?;
-        self.count(|c| c.attached_pods += 1);
+        self.inner.metrics.attached.inc();
         self.inner
             .metrics
             .attach_latency
@@ -232,10 +232,7 @@ impl Engine {
                 device,
             },
         );
-        self.count(|c| {
-            c.attach_failures += 1;
-            c.rollbacks += 1;
-        });
+        self.inner.metrics.attach_failures.inc();
         self.update(|cp| {
             if let Some(rec) = cp.pods.get_mut(key) {
                 for (i, d) in rec.devices.iter_mut().enumerate() {

@@ -274,7 +274,6 @@ impl Engine {
         if let Some(l) = live {
             self.inner.live_put(key, l);
         }
-        self.count(|c| c.return_failures += 1);
         self.record(
             uid,
             ActivityKind::Failed {
@@ -359,14 +358,14 @@ impl Engine {
         match reason {
             ReturnReason::Hook => {
                 m.returns
-                    .get_or_create(&super::metrics::TriggerLabel {
+                    .get_or_create(&crate::telemetry::metrics::rescue::TriggerLabel {
                         trigger: "hook".into(),
                     })
                     .inc();
             }
             ReturnReason::Reconcile => {
                 m.returns
-                    .get_or_create(&super::metrics::TriggerLabel {
+                    .get_or_create(&crate::telemetry::metrics::rescue::TriggerLabel {
                         trigger: "reconcile".into(),
                     })
                     .inc();
@@ -376,7 +375,7 @@ impl Engine {
             }
             ReturnReason::Replaced | ReturnReason::Vanished => {
                 m.returns
-                    .get_or_create(&super::metrics::TriggerLabel {
+                    .get_or_create(&crate::telemetry::metrics::rescue::TriggerLabel {
                         trigger: if reason == ReturnReason::Replaced {
                             "replaced".into()
                         } else {
@@ -385,14 +384,10 @@ impl Engine {
                     })
                     .inc();
             }
-            ReturnReason::NetnsTeardown => {}
+            ReturnReason::NetnsTeardown => {
+                m.rescued.inc();
+            }
         }
-        self.count(|c| match reason {
-            ReturnReason::Hook | ReturnReason::Replaced => c.returned_by_hook += 1,
-            ReturnReason::NetnsTeardown => c.rescued_by_teardown += 1,
-            ReturnReason::Reconcile | ReturnReason::Vanished => c.returned_by_reconcile += 1,
-            ReturnReason::Rollback => {}
-        });
         // The netns stays watched while the record stays: its teardown drops the record.
         self.update(|cp| {
             if let Some(rec) = cp.pods.get_mut(key) {
@@ -523,7 +518,6 @@ impl Engine {
                 source,
             })?;
         // Counted before the record changes (see `finish_return`).
-        self.count(|c| c.repaired_devices += 1);
         self.inner.metrics.repaired.inc();
         let state = match res {
             Returned::Restored => DeviceState::Home,

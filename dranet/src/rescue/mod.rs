@@ -30,7 +30,6 @@ mod attach;
 pub mod decide;
 mod detach;
 mod lane;
-pub mod metrics;
 mod rebuild;
 mod reconcile;
 mod sandbox;
@@ -49,10 +48,12 @@ use crate::sys::netns::{Netns, NetnsError, Pin};
 use crate::sys::rdma::{KernelRdma, RdmaOps};
 use crate::watch::{Subscription, Watcher};
 
+pub use crate::telemetry::metrics::RescueMetrics;
+use crate::telemetry::metrics::rescue as metrics;
+pub use crate::telemetry::metrics::rescue::Counters;
 pub use adopt::{AdoptOutcome, Allocated, parent_pci_address};
 pub use attach::PodRef;
 pub use decide::{Action, decide};
-pub use metrics::RescueMetrics;
 pub use reconcile::ReconcileReport;
 pub use sandbox::{SWEEP_EVERY, SandboxInfo, SandboxRef, SyncReport};
 
@@ -223,7 +224,6 @@ struct Inner {
     /// RDMA netns mode of the host; `None` without RDMA.
     rdma_mode: Option<crate::sys::rdma::NetnsMode>,
     watcher: Option<Watcher>,
-    counters: Mutex<Counters>,
     metrics: RescueMetrics,
     activity: tokio::sync::broadcast::Sender<activity::Activity>,
     last_rescue: Mutex<Option<RescueTiming>>,
@@ -244,19 +244,6 @@ pub struct RescueTiming {
     /// When every device was home (or the rescue gave up).
     pub done_ns: u64,
     pub ok: bool,
-}
-
-/// Running totals, exported as metrics.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct Counters {
-    pub attached_pods: u64,
-    pub attach_failures: u64,
-    pub rollbacks: u64,
-    pub returned_by_hook: u64,
-    pub rescued_by_teardown: u64,
-    pub returned_by_reconcile: u64,
-    pub repaired_devices: u64,
-    pub return_failures: u64,
 }
 
 /// What [`Engine::attach_pod`] did.
@@ -352,7 +339,6 @@ impl Engine {
                 host,
                 rdma_mode,
                 watcher,
-                counters: Mutex::new(Counters::default()),
                 metrics: RescueMetrics::default(),
                 activity: tokio::sync::broadcast::channel(1024).0,
                 last_rescue: Mutex::new(None),
@@ -375,7 +361,7 @@ impl Engine {
 
     #[must_use]
     pub fn counters(&self) -> Counters {
-        *lock(&self.inner.counters)
+        self.inner.metrics.counters()
     }
 
     /// Subscribes to the activity feed (hooks, rescues, returns).
@@ -659,10 +645,6 @@ impl Engine {
 
     fn cp(&self) -> MutexGuard<'_, Checkpoint> {
         lock(&self.inner.cp)
-    }
-
-    fn count(&self, f: impl FnOnce(&mut Counters)) {
-        f(&mut lock(&self.inner.counters));
     }
 
     /// The per-pod owner lock (one owner for every sandbox of a pod UID).

@@ -8,7 +8,6 @@
 
 mod dir;
 mod kube_api;
-mod metrics;
 mod published;
 mod run;
 
@@ -17,9 +16,9 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+pub use crate::telemetry::metrics::SliceMetrics;
 pub use dir::DirPublisher;
 pub use kube_api::{API_REQUEST_TIMEOUT, KubePublisher};
-pub use metrics::SliceMetrics;
 pub use published::{PUBLISHED_READ_TIMEOUT, PublishedDevice, PublishedDevices};
 pub use run::{
     DEFAULT_MAX_INTERVAL, DEFAULT_MIN_INTERVAL, DEFAULT_SETTLE, DEFAULT_SETTLE_MAX, LoopTiming, RescanHandle,
@@ -348,7 +347,13 @@ impl<P: Publisher> SliceController<P> {
         match self.try_publish(devices).await {
             Ok(()) => {
                 if let Some(m) = &self.metrics {
-                    m.published(devices);
+                    let rdma = devices
+                        .iter()
+                        .filter(|d| {
+                            d.attributes.get(crate::inventory::attr::RDMA) == Some(&AttrValue::Bool(true))
+                        })
+                        .count();
+                    m.published(devices.len(), rdma);
                 }
                 if let Some(r) = &self.ready {
                     r.set_met(crate::ready::SLICES);

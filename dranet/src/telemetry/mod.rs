@@ -1,10 +1,11 @@
-//! Telemetry: log set-up, the one way an error is written out ([`chain`]), and the metrics
-//! registry ([`metrics`]).
+//! Telemetry: log set-up ([`log`]), the one way an error is written out ([`chain`]), and every
+//! metric family dranet exports ([`metrics`]).
 //!
 //! Error types keep their cause out of their own message (`#[source]` only), so an error is
 //! written once, where it is handled, as its whole chain: `what failed: why: why…`.
 
 pub mod log;
+pub mod metrics;
 
 use std::error::Error;
 use std::fmt;

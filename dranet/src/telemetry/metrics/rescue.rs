@@ -30,6 +30,25 @@ pub struct RescueMetrics {
     pub lost_events: Counter,
     /// Sandbox records deleted because the runtime no longer has the sandbox.
     pub records_dropped: Counter,
+    /// Pods whose devices were all attached.
+    pub attached: Counter,
+    /// Attaches that failed after a device had moved (each rolled back).
+    pub attach_failures: Counter,
+    /// Pods whose devices a netns teardown brought home (rescues, whatever signalled them).
+    pub rescued: Counter,
+}
+
+/// The engine's running totals, read from its metrics (one count, two views).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Counters {
+    pub attached_pods: u64,
+    pub attach_failures: u64,
+    pub rollbacks: u64,
+    pub returned_by_hook: u64,
+    pub rescued_by_teardown: u64,
+    pub returned_by_reconcile: u64,
+    pub repaired_devices: u64,
+    pub return_failures: u64,
 }
 
 impl Default for RescueMetrics {
@@ -49,11 +68,36 @@ impl Default for RescueMetrics {
             failures: Counter::default(),
             lost_events: Counter::default(),
             records_dropped: Counter::default(),
+            attached: Counter::default(),
+            attach_failures: Counter::default(),
+            rescued: Counter::default(),
         }
     }
 }
 
 impl RescueMetrics {
+    /// The totals so far.
+    #[must_use]
+    pub fn counters(&self) -> Counters {
+        let returns = |trigger: &str| {
+            self.returns
+                .get(&TriggerLabel {
+                    trigger: trigger.to_owned(),
+                })
+                .map_or(0, |c| c.get())
+        };
+        Counters {
+            attached_pods: self.attached.get(),
+            attach_failures: self.attach_failures.get(),
+            rollbacks: self.rollbacks.get(),
+            returned_by_hook: returns("hook") + returns("replaced"),
+            rescued_by_teardown: self.rescued.get(),
+            returned_by_reconcile: returns("reconcile") + returns("vanished"),
+            repaired_devices: self.repaired.get(),
+            return_failures: self.failures.get(),
+        }
+    }
+
     pub fn register(&self, r: &mut Registry) {
         r.register(
             "dranet_rescue_returns",
@@ -94,6 +138,21 @@ impl RescueMetrics {
             "dranet_attach_rollbacks",
             "Attaches rolled back after a failure",
             self.rollbacks.clone(),
+        );
+        r.register(
+            "dranet_attached_pods",
+            "Pods whose devices were all attached",
+            self.attached.clone(),
+        );
+        r.register(
+            "dranet_attach_failures",
+            "Attaches that failed after a device had moved (each is rolled back)",
+            self.attach_failures.clone(),
+        );
+        r.register(
+            "dranet_rescued_pods",
+            "Pods whose devices a netns teardown brought home, whatever signalled it",
+            self.rescued.clone(),
         );
         r.register(
             "dranet_return_failures",

@@ -49,10 +49,10 @@ impl HookStatus {
 pub struct NriMetrics {
     requests: Family<HookLabels, Counter>,
     latency: Family<HookLabels, Histogram, fn() -> Histogram>,
-    pub(super) registrations: Counter,
-    pub(super) connection_losses: Counter,
+    pub(crate) registrations: Counter,
+    pub(crate) connection_losses: Counter,
     /// Registered and not yet disconnected.
-    pub(super) connected: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) connected: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for NriMetrics {
@@ -128,7 +128,7 @@ impl NriMetrics {
         self.registrations.get()
     }
 
-    pub(super) fn observe(&self, hook: &str, start: Instant, status: HookStatus) {
+    pub(crate) fn observe(&self, hook: &str, start: Instant, status: HookStatus) {
         let l = HookLabels {
             method: hook.to_owned(),
             status: status.label().to_owned(),

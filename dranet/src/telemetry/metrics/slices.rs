@@ -12,8 +12,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::inventory::{AttrValue, Device, attr};
-
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FeatureLabels {
     pub feature: &'static str,
@@ -107,13 +105,9 @@ impl SliceMetrics {
             .get()
     }
 
-    /// Records a successful publication of `devices`.
-    pub fn published(&self, devices: &[Device]) {
-        let total = i64::try_from(devices.len()).unwrap_or(i64::MAX);
-        let rdma = devices
-            .iter()
-            .filter(|d| d.attributes.get(attr::RDMA) == Some(&AttrValue::Bool(true)))
-            .count();
+    /// Records a successful publication of `total` devices, `rdma` of them RDMA-capable.
+    pub fn published(&self, total: usize, rdma: usize) {
+        let total = i64::try_from(total).unwrap_or(i64::MAX);
         self.published
             .get_or_create(&FeatureLabels { feature: "total" })
             .set(total);
