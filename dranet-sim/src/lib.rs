@@ -1,3 +1,10 @@
+//! The simulated node, never shipped. It holds what dranet meets on a node, built to the real
+//! wire protocols and behaviour (the NRI runtime harness, the kubelet simulator, the API server
+//! with RBAC and object limits, kernel test objects), the fixtures the tests share, and the
+//! programs that run dranet against all of it: `dranet-demo` (the README's demo), `dranet-bench`
+//! (`cargo xtask bench`), `dranet-soak` and `engine-child` (a daemon-side process the crash
+//! tests kill). The programs live here because they drive the same simulators as the tests.
+
 pub mod apiserver;
 pub mod authz;
 pub mod bpf;
