@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dranet::nri::pb::nri as pb;
+use dranet::test_support::SplitMix64;
 use serde_json::{Value, json};
 
 use crate::kernel::{PodNetns, Veth, sh, unique};
@@ -112,36 +113,6 @@ impl SoakSummary {
     }
 }
 
-/// splitmix64: the soak's only source of choices.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-
-    /// True with probability `p` percent.
-    fn pct(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> Option<&'a T> {
-        if v.is_empty() {
-            None
-        } else {
-            v.get(usize::try_from(self.below(v.len() as u64)).unwrap_or(0))
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Order {
     Containerd,
@@ -211,7 +182,7 @@ struct World {
     down: Option<usize>,
     kill_next: bool,
     steps: Vec<String>,
-    rng: Rng,
+    rng: SplitMix64,
     summary: SoakSummary,
     seq: u64,
     baseline: Option<(usize, u64)>,
@@ -246,7 +217,7 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
         down: None,
         kill_next: false,
         steps: Vec::new(),
-        rng: Rng(opts.seed),
+        rng: SplitMix64(opts.seed),
         summary: SoakSummary {
             seed: opts.seed,
             ..SoakSummary::default()

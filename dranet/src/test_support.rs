@@ -204,3 +204,43 @@ impl PlanSink for NoSink {
         Ok(Vec::new())
     }
 }
+
+/// splitmix64: small and seedable; the only source of random choices of the property tests and
+/// the soak, so a seed replays a run.
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below32(&mut self, n: u32) -> u32 {
+        u32::try_from(self.below(u64::from(n))).unwrap_or(0)
+    }
+
+    /// Heads or tails.
+    pub fn coin(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+
+    /// True with probability `p` percent.
+    pub fn pct(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
+
+    /// One element of `v` (`None` when empty).
+    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> Option<&'a T> {
+        v.get(usize::try_from(self.below(v.len() as u64)).unwrap_or(0))
+    }
+}

@@ -9,34 +9,7 @@ use crate::sys::link::LinkSnapshot;
 use crate::sys::netns::NetnsId;
 use crate::watch::{Source, Task, UnlinkCall};
 
-/// splitmix64: small, seedable, good enough to spread test cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn below32(&mut self, n: u32) -> u32 {
-        u32::try_from(self.below(u64::from(n))).unwrap()
-    }
-
-    fn coin(&mut self) -> bool {
-        self.next() & 1 == 1
-    }
-
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[usize::try_from(self.below(xs.len() as u64)).unwrap()]
-    }
-}
+use crate::test_support::SplitMix64 as Rng;
 
 // Known identifiers come from small pools, unknown ones from outside them.
 fn known_netns(r: &mut Rng) -> NetnsId {
@@ -105,13 +78,15 @@ fn random_device(r: &mut Rng, i: usize) -> DeviceRecord {
         rdma_in_pod: false,
         pod_mac: None,
         snapshot: random_snapshot(r),
-        state: *r.pick(&[
-            DeviceState::Moving,
-            DeviceState::InPod,
-            DeviceState::Returning,
-            DeviceState::Home,
-            DeviceState::HomeNameBusy,
-        ]),
+        state: *r
+            .pick(&[
+                DeviceState::Moving,
+                DeviceState::InPod,
+                DeviceState::Returning,
+                DeviceState::Home,
+                DeviceState::HomeNameBusy,
+            ])
+            .unwrap(),
         temp_name: None,
         at: r.coin().then(|| DeviceAt {
             ifindex: 1 + r.below32(30),
@@ -124,13 +99,15 @@ fn random_device(r: &mut Rng, i: usize) -> DeviceRecord {
 fn random_checkpoint(r: &mut Rng) -> Checkpoint {
     let mut cp = Checkpoint::default();
     for i in 0..r.below(6) {
-        let phase = *r.pick(&[
-            PodPhase::Attaching,
-            PodPhase::Attached,
-            PodPhase::Returning,
-            PodPhase::Returned(ReturnReason::Hook),
-            PodPhase::Returned(ReturnReason::NetnsTeardown),
-        ]);
+        let phase = *r
+            .pick(&[
+                PodPhase::Attaching,
+                PodPhase::Attached,
+                PodPhase::Returning,
+                PodPhase::Returned(ReturnReason::Hook),
+                PodPhase::Returned(ReturnReason::NetnsTeardown),
+            ])
+            .unwrap();
         let rec = PodRecord {
             pod_uid: if r.below(6) == 0 {
                 String::new()
@@ -169,14 +146,14 @@ fn unknown_event(r: &mut Rng) -> EventKind {
         0 => EventKind::NetnsUnmounted {
             path: unknown_path(r),
             flags: 2,
-            ret: *r.pick(&[0, 0, -22]),
+            ret: *r.pick(&[0, 0, -22]).unwrap(),
             entered: 1,
             task: task(),
             netns: netns(r),
         },
         1 => EventKind::NetnsUnlinked {
             path: unknown_path(r),
-            ret: *r.pick(&[0, 0, -2]),
+            ret: *r.pick(&[0, 0, -2]).unwrap(),
             call: UnlinkCall::Unknown,
             task: task(),
             netns: netns(r),
@@ -248,6 +225,7 @@ fn unknown_event(r: &mut Rng) -> EventKind {
                 EventKind::NetnsCleanupStarted { task: task() },
                 EventKind::NetnsCleanupFinished { task: task() },
             ])
+            .unwrap()
             .clone(),
     }
 }
@@ -269,7 +247,9 @@ fn no_event_about_an_unknown_link_netns_or_path_yields_an_action() {
         let cp = random_checkpoint(&mut r);
         let ev = LifecycleEvent {
             time: case,
-            source: *r.pick(&[Source::Probe, Source::Rtnetlink, Source::Inotify]),
+            source: *r
+                .pick(&[Source::Probe, Source::Rtnetlink, Source::Inotify])
+                .unwrap(),
             kind: unknown_event(&mut r),
         };
         let got = decide(&cp, &ev);
