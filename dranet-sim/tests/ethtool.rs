@@ -137,43 +137,33 @@ async fn prepare_checks_ethtool_names_against_the_host_nic() -> Result<()> {
     // A fixed feature asked for the state it has: fine, nothing to do.
     assert!(run(json!({"features": {"loopback": false}})).await.is_ok());
 
-    let err = run(json!({"features": {"no-such-offload": true}}))
-        .await
-        .err()
-        .context("unknown")?
-        .to_string();
-    assert!(
-        err.contains("ethtool.features.no-such-offload: unknown feature"),
-        "{err}"
-    );
-    assert!(err.contains(&nic.name), "names the device: {err}");
-    let err = run(json!({"features": {"loopback": true}}))
-        .await
-        .err()
-        .context("fixed")?
-        .to_string();
-    assert!(
-        err.contains("ethtool.features.loopback: feature loopback is fixed"),
-        "{err}"
-    );
-    let err = run(json!({"features": {"large-receive-offload": true}}))
-        .await
-        .err()
-        .context("fixed alias")?
-        .to_string();
-    assert!(
-        err.contains("ethtool.features.large-receive-offload: feature rx-lro is fixed"),
-        "{err}"
-    );
-    let err = run(json!({"privateFlags": {"legacy-rx": true}}))
-        .await
-        .err()
-        .context("flag")?
-        .to_string();
-    assert!(
-        err.contains("ethtool.privateFlags.legacy-rx: unknown private flag (the device has none)"),
-        "{err}"
-    );
+    // Each bad entry: the config, what the error says.
+    for (ethtool, says) in [
+        (
+            json!({"features": {"no-such-offload": true}}),
+            "ethtool.features.no-such-offload: unknown feature",
+        ),
+        (
+            json!({"features": {"loopback": true}}),
+            "ethtool.features.loopback: feature loopback is fixed",
+        ),
+        (
+            json!({"features": {"large-receive-offload": true}}),
+            "ethtool.features.large-receive-offload: feature rx-lro is fixed",
+        ),
+        (
+            json!({"privateFlags": {"legacy-rx": true}}),
+            "ethtool.privateFlags.legacy-rx: unknown private flag (the device has none)",
+        ),
+    ] {
+        let err = run(ethtool.clone())
+            .await
+            .err()
+            .with_context(|| format!("{ethtool} accepted"))?
+            .to_string();
+        assert!(err.contains(says), "{ethtool}: {err}");
+        assert!(err.contains(&nic.name), "names the device: {err}");
+    }
     // Every bad entry is reported at once.
     let err = run(json!({"features": {"bogus1": true, "loopback": true}, "privateFlags": {"x": true}}))
         .await
