@@ -262,7 +262,7 @@ impl World {
         format!(
             "{:016x}{:016x}{:032x}",
             std::process::id(),
-            self.rng.next(),
+            self.rng.next_u64(),
             self.seq
         )
     }
@@ -491,7 +491,7 @@ impl World {
         let mut devices = Vec::new();
         for (k, n) in nics.iter().enumerate() {
             let mac = self.rng.pct(40).then(|| {
-                let b = self.rng.next().to_le_bytes();
+                let b = self.rng.next_u64().to_le_bytes();
                 format!("02:dd:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3])
             });
             let addr = format!("192.168.{}.{}/24", 100 + n, 2 + self.rng.below(200));

@@ -207,10 +207,9 @@ pub async fn start_kubelet(args: &RunArgs, engine: &Engine, runtime: RuntimeSide
     Ok(sides)
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "the kubelet side's wiring, in start-up order"
-)]
+/// The kubelet side in start-up order: the first inventory scan (Prepare needs it), the API
+/// endpoints, the inventory's tasks (publish loop, link events, health, cloud), then the DRA
+/// plugin.
 async fn start_kubelet_side(
     args: &RunArgs,
     engine: &Engine,
@@ -222,17 +221,9 @@ async fn start_kubelet_side(
 ) -> anyhow::Result<()> {
     let readiness = sides.readiness.clone();
     let inventory = SharedInventory::new(Vec::new());
-    let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
-    // Cloud attributes and profiles: found in the background (see the task below).
+    // Cloud attributes and profiles: found in the background (see `start_inventory_tasks`).
     let providers = crate::cloud::NodeProviders::default();
-    let scan_opts = Arc::new(ScanOptions {
-        extra: Some(Arc::new(providers.cloud.clone())),
-        sysfs: crate::inventory::Sysfs::new(&args.sysfs),
-        filter,
-        move_ib_interfaces: args.upstream.move_ib_interfaces(),
-        numa_list: args.upstream.gate("DRAListTypeAttributes"),
-        ..ScanOptions::default()
-    });
+    let scan_opts = scan_options(args, &providers)?;
     let health = HealthHub::with_options(
         args.node_name.clone(),
         crate::dra::health::HealthOptions {
@@ -240,13 +231,13 @@ async fn start_kubelet_side(
             ..crate::dra::health::HealthOptions::default()
         },
     );
-    // The first scan fills the inventory for Prepare; publishing is the loop's job (its first
-    // round scans and publishes at once, then retries with backoff until the API server takes
-    // the slices).
     // Devices in pods keep their last published attributes, across restarts too.
     let held = Arc::new(std::sync::Mutex::new(crate::inventory::HeldAttributes::load(
         engine.state_dir(),
     )));
+    // The first scan fills the inventory for Prepare; publishing is the loop's job (its first
+    // round scans and publishes at once, then retries with backoff until the API server takes
+    // the slices).
     let devices = match scan(&scan_opts, engine, &held, &health).await {
         Ok(d) => d,
         Err(e) => {
@@ -256,36 +247,127 @@ async fn start_kubelet_side(
     };
     info!(devices = devices.len(), "inventory");
     inventory.replace(devices.clone());
-    let (publisher, claims, sink): (AnyPublisher, Arc<dyn ClaimSource>, Arc<dyn crate::report::Sink>) =
-        match (&mode, kube) {
-            (ApiMode::Embedded { slices, claims }, _) => (
-                AnyPublisher::Dir(crate::slices::DirPublisher::new(
-                    slices,
-                    &args.driver_name,
-                    &args.node_name,
-                )),
-                Arc::new(crate::dra::FileClaimSource::new(claims.clone())),
-                Arc::new(crate::report::FileSink::new(claims.join("status"))),
-            ),
-            (ApiMode::Kube, Some(client)) => (
-                AnyPublisher::Kube(crate::slices::KubePublisher::new(
-                    client.clone(),
-                    &args.driver_name,
-                    &args.node_name,
-                )),
-                Arc::new(KubeClaimSource::new(client.clone()).with_readiness(readiness.clone())),
-                Arc::new(crate::report::KubeSink::new(client, args.driver_name.clone())),
-            ),
-            (ApiMode::Kube, None) => anyhow::bail!("kube mode without an API client"),
-        };
+    let (publisher, claims, sink) = api_endpoints(args, &mode, kube, &readiness)?;
     late.set(sink);
     let adoption = adoption_input(args, sides, publisher.clone(), claims.clone());
     let slices = SliceController::new(publisher, args.driver_name.clone(), args.node_name.clone())
         .with_metrics(slice_metrics)
-        .with_readiness(readiness.clone());
-    // Rescans are driven by link events (debounced by the loop's minimum interval), by the
-    // engine bringing devices home, and by kubelet (re)registering us (forced re-publish: a
-    // restarted kubelet may have wiped the node's slices); a slow periodic rescan backs them.
+        .with_readiness(readiness);
+    let rescan = start_inventory_tasks(
+        args,
+        engine,
+        sides,
+        InventoryParts {
+            inventory: inventory.clone(),
+            scan_opts: scan_opts.clone(),
+            held,
+            health: health.clone(),
+            providers: providers.clone(),
+            devices,
+            slices,
+            adoption,
+        },
+    );
+    let preparer = Preparer::new(
+        args.driver_name.clone(),
+        args.node_name.clone(),
+        claims,
+        Arc::new(RescanOnMiss {
+            inventory,
+            opts: scan_opts,
+        }),
+        Arc::new(engine.clone()),
+    )
+    .with_reporter(sides.reporter.clone())
+    .with_providers(Arc::new(providers));
+    start_plugin(args, sides, Arc::new(preparer), health, rescan).await
+}
+
+/// What the inventory scans with: the device filter, sysfs, the cloud's attributes, upstream's
+/// gates.
+fn scan_options(args: &RunArgs, providers: &crate::cloud::NodeProviders) -> anyhow::Result<Arc<ScanOptions>> {
+    let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
+    Ok(Arc::new(ScanOptions {
+        extra: Some(Arc::new(providers.cloud.clone())),
+        sysfs: crate::inventory::Sysfs::new(&args.sysfs),
+        filter,
+        move_ib_interfaces: args.upstream.move_ib_interfaces(),
+        numa_list: args.upstream.gate("DRAListTypeAttributes"),
+        ..ScanOptions::default()
+    }))
+}
+
+/// Where slices go, claims come from and events are reported.
+type Endpoints = (AnyPublisher, Arc<dyn ClaimSource>, Arc<dyn crate::report::Sink>);
+
+/// The [`Endpoints`]: the API server, or directories (embedded mode).
+fn api_endpoints(
+    args: &RunArgs,
+    mode: &ApiMode,
+    kube: Option<kube::Client>,
+    readiness: &Readiness,
+) -> anyhow::Result<Endpoints> {
+    Ok(match (mode, kube) {
+        (ApiMode::Embedded { slices, claims }, _) => (
+            AnyPublisher::Dir(crate::slices::DirPublisher::new(
+                slices,
+                &args.driver_name,
+                &args.node_name,
+            )),
+            Arc::new(crate::dra::FileClaimSource::new(claims.clone())),
+            Arc::new(crate::report::FileSink::new(claims.join("status"))),
+        ),
+        (ApiMode::Kube, Some(client)) => (
+            AnyPublisher::Kube(crate::slices::KubePublisher::new(
+                client.clone(),
+                &args.driver_name,
+                &args.node_name,
+            )),
+            Arc::new(KubeClaimSource::new(client.clone()).with_readiness(readiness.clone())),
+            Arc::new(crate::report::KubeSink::new(client, args.driver_name.clone())),
+        ),
+        (ApiMode::Kube, None) => anyhow::bail!("kube mode without an API client"),
+    })
+}
+
+/// What the inventory's tasks share.
+struct InventoryParts<A> {
+    inventory: SharedInventory,
+    scan_opts: Arc<ScanOptions>,
+    held: Arc<std::sync::Mutex<crate::inventory::HeldAttributes>>,
+    health: HealthHub,
+    providers: crate::cloud::NodeProviders,
+    /// The first scan's devices.
+    devices: Vec<Device>,
+    slices: SliceController<AnyPublisher>,
+    /// Runs before the first publish.
+    adoption: A,
+}
+
+/// Starts the publish loop (after adoption's input), the link-event listener, health following
+/// the engine, the cloud providers and the rescue-event reporter. Rescans are driven by link
+/// events (debounced by the loop's minimum interval), by the engine bringing devices home, and by
+/// kubelet (re)registering us (forced re-publish: a restarted kubelet may have wiped the node's
+/// slices); a slow periodic rescan backs them. Returns the loop's handle.
+fn start_inventory_tasks<A>(
+    args: &RunArgs,
+    engine: &Engine,
+    sides: &mut Sides,
+    parts: InventoryParts<A>,
+) -> RescanHandle
+where
+    A: std::future::Future<Output = ()> + Send + 'static,
+{
+    let InventoryParts {
+        inventory,
+        scan_opts,
+        held,
+        health,
+        providers,
+        devices,
+        slices,
+        adoption,
+    } = parts;
     let rescan = RescanHandle::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     sides.slices_stop = Some(stop_tx);
@@ -295,7 +377,7 @@ async fn start_kubelet_side(
             .map(|d| (d.name.clone(), d))
             .collect::<BTreeMap<String, Device>>(),
     ));
-    let (eng, opts, hub) = (engine.clone(), scan_opts.clone(), health.clone());
+    let (eng, opts, hub) = (engine.clone(), scan_opts, health.clone());
     let scan_fn = move || {
         let devs = crate::inventory::scan(&opts)?;
         hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &eng.checkpoint());
@@ -306,7 +388,7 @@ async fn start_kubelet_side(
     };
     let publishing = publish_loop(
         scan_fn,
-        inventory.clone(),
+        inventory,
         slices,
         rescan.clone(),
         args.upstream.loop_timing(),
@@ -316,7 +398,7 @@ async fn start_kubelet_side(
         adoption.await;
         publishing.await;
     }));
-    let (r, stop) = (rescan.clone(), stop_rx.clone());
+    let (r, stop) = (rescan.clone(), stop_rx);
     sides.tasks.push(tokio::spawn(async move {
         if let Err(e) = link_events(r, stop).await {
             warn!(error = %crate::telemetry::chain(&e), "no link events: inventory relies on periodic rescans");
@@ -324,7 +406,7 @@ async fn start_kubelet_side(
     }));
     let r = rescan.clone();
     sides.tasks.push(tokio::spawn(crate::dra::health::follow_engine(
-        health.clone(),
+        health,
         engine.clone(),
         move || r.request_rescan(),
     )));
@@ -334,28 +416,26 @@ async fn start_kubelet_side(
         args.upstream
             .cloud_options(&args.sysfs, args.cloud_metadata_endpoint.clone()),
         args.upstream.profile_choice(),
-        providers.clone(),
+        providers,
         move || r.request_rescan(),
     )));
-    let republish = rescan.clone();
     sides.tasks.push(tokio::spawn(crate::report::rescue_events(
         sides.reporter.clone(),
         engine.activity(),
     )));
-    let preparer = Arc::new(
-        Preparer::new(
-            args.driver_name.clone(),
-            args.node_name.clone(),
-            claims,
-            Arc::new(RescanOnMiss {
-                inventory: inventory.clone(),
-                opts: scan_opts.clone(),
-            }),
-            Arc::new(engine.clone()),
-        )
-        .with_reporter(sides.reporter.clone())
-        .with_providers(Arc::new(providers)),
-    );
+    rescan
+}
+
+/// Serves the DRA plugin to kubelet; kubelet (re)registering forces a re-publish of the slices
+/// and sets the KUBELET readiness condition.
+async fn start_plugin(
+    args: &RunArgs,
+    sides: &mut Sides,
+    preparer: Arc<Preparer>,
+    health: HealthHub,
+    republish: RescanHandle,
+) -> anyhow::Result<()> {
+    let readiness = sides.readiness.clone();
     let cfg = PluginConfig {
         kubelet_root: args.kubelet_root_dir.clone(),
         driver: args.driver_name.clone(),

@@ -24,8 +24,28 @@ pub struct PodRef<'a> {
     pub name: &'a str,
 }
 
+/// What an attach has ready before anything is written or moved: the host and pod netlink
+/// handles, every device's snapshot (with its ifindex in the pod chosen) and its checked spec.
+struct Staged {
+    host_nl: Netlink,
+    pod_nl: Netlink,
+    records: Vec<DeviceRecord>,
+    specs: Vec<AttachSpec>,
+}
+
+/// Where the devices went: their pod-side names and kernel identities in the pod.
+struct Moved {
+    names: Vec<String>,
+    placed: Vec<DeviceAt>,
+}
+
 impl Engine {
     /// Moves every planned device of the pod into the netns of its sandbox at `netns_path`.
+    ///
+    /// Phases: open the sandbox's netns; bring devices home from an older sandbox of the pod;
+    /// [`Engine::stage_attach`] (snapshots, specs, pod-side ifindexes: every config error
+    /// surfaces here); [`Engine::write_ahead`] (the record is durable, then the netns is pinned);
+    /// [`Engine::move_devices`] (rolled back on failure); [`Engine::finish_attach`].
     pub async fn attach_pod(&self, pod: PodRef<'_>, netns_path: &Path) -> Result<AttachOutcome, RescueError> {
         let started = std::time::Instant::now();
         crate::ids::pod_uid(pod.uid)?;
@@ -37,17 +57,7 @@ impl Engine {
         let Some(plan) = self.plan(pod.uid).filter(|p| !p.is_empty()) else {
             return Ok(AttachOutcome::NotOurs);
         };
-        let netns = Netns::open_path(netns_path).map_err(|source| RescueError::Netns {
-            pod: pod.uid.to_owned(),
-            path: netns_path.to_owned(),
-            source,
-        })?;
-        if netns.id() == self.inner.host.id() {
-            return Err(RescueError::HostNetns {
-                pod: pod.uid.to_owned(),
-                path: netns_path.to_owned(),
-            });
-        }
+        let netns = self.open_sandbox_netns(pod.uid, netns_path)?;
         let key = pod_key(pod.uid, pod.sandbox);
         self.name_legacy_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())
             .await?;
@@ -60,82 +70,148 @@ impl Engine {
         // still in an older sandbox of this pod, or on their way home from it, go home first.
         self.return_other_sandboxes(pod.uid, &key, &netns).await?;
         self.check_free(pod.uid, &plan)?;
+        let staged = self.stage_attach(pod.uid, &plan, &netns).await?;
+        let pin = self
+            .write_ahead(&pod, &key, netns_path, netns, &staged.records)
+            .await?;
+        let moved = self.move_devices(&pod, &key, &plan, staged, pin).await?;
+        self.finish_attach(&pod, &key, netns_path, moved, started).await
+    }
+
+    /// Opens the sandbox's netns at `netns_path`; the host's own is refused.
+    fn open_sandbox_netns(&self, uid: &str, netns_path: &Path) -> Result<Netns, RescueError> {
+        let netns = Netns::open_path(netns_path).map_err(|source| RescueError::Netns {
+            pod: uid.to_owned(),
+            path: netns_path.to_owned(),
+            source,
+        })?;
+        if netns.id() == self.inner.host.id() {
+            return Err(RescueError::HostNetns {
+                pod: uid.to_owned(),
+                path: netns_path.to_owned(),
+            });
+        }
+        Ok(netns)
+    }
+
+    /// Everything an attach needs before it writes or moves anything: every device's snapshot and
+    /// spec (every config error surfaces here) and the ifindex each device will have in the pod.
+    async fn stage_attach(
+        &self,
+        uid: &str,
+        plan: &[DevicePlan],
+        netns: &Netns,
+    ) -> Result<Staged, RescueError> {
         let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
-        let mut records = self.snapshots(&host_nl, pod.uid, &plan).await?;
-        // Every config error surfaces here, before anything moves.
+        let mut records = self.snapshots(&host_nl, uid, plan).await?;
         let specs = plan
             .iter()
             .zip(&records)
             .map(|(d, r)| {
                 AttachSpec::from_plan(d, &r.pod_ifname).map_err(|source| RescueError::Link {
-                    pod: pod.uid.to_owned(),
+                    pod: uid.to_owned(),
                     device: d.device.clone(),
                     source,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let pod_nl = self
-            .link_op("rtnetlink in the pod netns", Netlink::in_netns(&netns))
+            .link_op("rtnetlink in the pod netns", Netlink::in_netns(netns))
             .await
             .map_err(|source| RescueError::PodNetlink {
-                pod: pod.uid.to_owned(),
+                pod: uid.to_owned(),
                 source,
             })?;
         // Each device's ifindex in the pod is chosen now and written ahead with the snapshots:
         // it is the device's identity there from the moment it moves (whatever the pod renames
         // or creates), so even an attach cut short by a crash knows where to look.
-        let pod_id = netns.id();
         let places = self
             .link_op("listing the pod's links", pod_indices(&pod_nl, &records))
             .await
             .map_err(|source| RescueError::PodNetlink {
-                pod: pod.uid.to_owned(),
+                pod: uid.to_owned(),
                 source,
             })?;
-        for (r, ifindex) in records.iter_mut().zip(&places) {
+        for (r, ifindex) in records.iter_mut().zip(places) {
             r.at = Some(DeviceAt {
-                ifindex: *ifindex,
-                netns: pod_id,
+                ifindex,
+                netns: netns.id(),
             });
         }
+        Ok(Staged {
+            host_nl,
+            pod_nl,
+            records,
+            specs,
+        })
+    }
+
+    /// Writes the sandbox's record (phase Attaching, every snapshot) and waits until it is
+    /// durable, then pins the netns. Nothing has moved yet: a failed pin drops the record.
+    async fn write_ahead(
+        &self,
+        pod: &PodRef<'_>,
+        key: &str,
+        netns_path: &Path,
+        netns: Netns,
+        records: &[DeviceRecord],
+    ) -> Result<Pin, RescueError> {
         let pin_path = self.inner.store.pins_dir().join(pod.sandbox);
-        // Write ahead: the snapshots are durable before anything moves.
         self.update(|cp| {
             cp.pods.insert(
-                key.clone(),
+                key.to_owned(),
                 PodRecord {
                     pod_uid: pod.uid.to_owned(),
                     sandbox_id: pod.sandbox.to_owned(),
                     namespace: pod.namespace.to_owned(),
                     name: pod.name.to_owned(),
                     netns_path: netns_path.to_owned(),
-                    netns: pod_id,
+                    netns: netns.id(),
                     pin: Some(pin_path.clone()),
                     phase: PodPhase::Attaching,
-                    devices: records.clone(),
+                    devices: records.to_vec(),
                     recovered: None,
                 },
             );
         })
         .await?;
-        let pin = match Pin::create(&netns, &self.inner.store.pins_dir(), pod.sandbox) {
-            Ok(p) => p,
+        match Pin::create(&netns, &self.inner.store.pins_dir(), pod.sandbox) {
+            Ok(p) => Ok(p),
             Err(source) => {
-                self.abandon(&key).await?;
-                return Err(RescueError::Pin {
+                self.abandon(key).await?;
+                Err(RescueError::Pin {
                     pod: pod.uid.to_owned(),
                     source,
-                });
+                })
             }
-        };
-        drop(netns);
+        }
+    }
+
+    /// Moves and configures each device in turn (then its RDMA link). On the first failure every
+    /// device up to it goes home ([`Engine::roll_back`]) and the error is returned.
+    async fn move_devices(
+        &self,
+        pod: &PodRef<'_>,
+        key: &str,
+        plan: &[DevicePlan],
+        staged: Staged,
+        pin: Pin,
+    ) -> Result<(Moved, Live), RescueError> {
+        let Staged {
+            host_nl,
+            pod_nl,
+            records,
+            specs,
+        } = staged;
         let live = Live {
             pin,
             netlink: Some(pod_nl),
         };
+        let pod_id = live.pin.netns().id();
         let mut names = Vec::with_capacity(plan.len());
         let mut placed = Vec::with_capacity(plan.len());
         for (i, d) in plan.iter().enumerate() {
+            let place = records[i].at.map_or(0, |a| a.ifindex);
             let attached = match &live.netlink {
                 Some(pod_nl) => {
                     self.link_op(
@@ -146,7 +222,7 @@ impl Engine {
                             live.pin.netns(),
                             &records[i].snapshot,
                             &specs[i],
-                            places[i],
+                            place,
                         ),
                     )
                     .await
@@ -159,7 +235,7 @@ impl Engine {
                         ifindex: index,
                         netns: pod_id,
                     });
-                    self.attach_rdma(&key, i, d, live.pin.netns()).await
+                    self.attach_rdma(key, i, d, live.pin.netns()).await
                 }
                 Err(source) => Err(RescueError::Link {
                     pod: pod.uid.to_owned(),
@@ -168,7 +244,7 @@ impl Engine {
                 }),
             };
             if let Err(err) = attached {
-                self.roll_back(pod.uid, &key, i, &placed, live, &err).await?;
+                self.roll_back(pod.uid, key, i, &placed, live, &err).await?;
                 return Err(err);
             }
             names.push(records[i].pod_ifname.clone());
@@ -178,14 +254,28 @@ impl Engine {
                 tokio::time::sleep(pause).await;
             }
         }
+        Ok((Moved { names, placed }, live))
+    }
+
+    /// Every device is in: watch the netns, keep its handles, mark the record Attached, count.
+    async fn finish_attach(
+        &self,
+        pod: &PodRef<'_>,
+        key: &str,
+        netns_path: &Path,
+        (moved, live): (Moved, Live),
+        started: std::time::Instant,
+    ) -> Result<AttachOutcome, RescueError> {
+        let pod_id = live.pin.netns().id();
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(netns_path, pod_id, live.pin.netns().as_fd()).await
         {
             warn!(pod = pod.uid, error = %crate::telemetry::chain(&e), "cannot watch the pod netns; relying on hooks and rtnetlink");
         }
-        self.inner.live_put(&key, live);
+        self.inner.live_put(key, live);
+        let Moved { names, placed } = moved;
         self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(&key) {
+            if let Some(rec) = cp.pods.get_mut(key) {
                 rec.phase = PodPhase::Attached;
                 for (d, at) in rec.devices.iter_mut().zip(&placed) {
                     d.state = DeviceState::InPod;
