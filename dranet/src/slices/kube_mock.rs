@@ -1,5 +1,10 @@
-//! A scripted API server for unit tests: a tower service behind `kube::Client::new` that records
-//! every request and answers from a routing function.
+//! A scripted exchange for unit tests: a tower service behind `kube::Client::new` that records
+//! every request and answers from a routing function or a fixed script of steps (this reply to
+//! the n-th request, then a hang). It is not a second API server: it holds no objects and
+//! enforces nothing. The stateful simulator with RBAC, object limits and faults is
+//! `dranet-sim`'s `apiserver` (on hyper), which every integration test uses; dranet's own unit
+//! tests cannot reach it (`dranet-sim` depends on `dranet`), and they need exact request orders
+//! and per-request faults, which a script states directly.
 
 use std::sync::{Arc, Mutex};
 
