@@ -90,23 +90,7 @@ impl Devices {
 
     /// Every device home under its name and index, UP, MTU 1400 (read from sysfs).
     pub fn check_home(&self) -> Result<()> {
-        for d in &self.devs {
-            let dir = PathBuf::from("/sys/class/net").join(&d.host);
-            let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_owned());
-            let index: u32 = read("ifindex")
-                .with_context(|| format!("{} not home", d.host))?
-                .parse()?;
-            let mtu: u32 = read("mtu")?.parse()?;
-            let flags = u32::from_str_radix(read("flags")?.trim_start_matches("0x"), 16)?;
-            if index != d.index || mtu != HOST_MTU || flags & 1 == 0 {
-                bail!(
-                    "{} home but index {index} (want {}), mtu {mtu}, flags {flags:#x}",
-                    d.host,
-                    d.index
-                );
-            }
-        }
-        Ok(())
+        self.devs.iter().try_for_each(crate::fleet::check_home)
     }
 
     pub fn plan(&self, uid: &str) -> PodPlan {
