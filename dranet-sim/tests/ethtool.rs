@@ -53,6 +53,16 @@ fn set_in_pod(ns: &PodNetns, name: &str, wanted: &[(&str, bool)]) -> Result<()> 
 
 /// What dranet promises to restore of the offloads: wanted and active state of every
 /// changeable feature.
+/// The NIC's offloads are `before` again (restored at home).
+fn assert_offloads(nic: &Nic, before: &(BTreeMap<String, bool>, BTreeMap<String, bool>)) -> Result<()> {
+    assert_eq!(
+        &offload_view(&host_features(&nic.name)?),
+        before,
+        "offloads restored"
+    );
+    Ok(())
+}
+
 fn offload_view(f: &Features) -> (BTreeMap<String, bool>, BTreeMap<String, bool>) {
     let active =
         f.hw.keys()
@@ -221,11 +231,7 @@ async fn attach_applies_features_in_the_pod_and_detach_restores_them() -> Result
     let out = e.detach_pod(&uid, ReturnReason::Hook).await?;
     assert!(matches!(out, DetachOutcome::Returned { .. }), "{out:?}");
     assert_same(&before, &view(&nic.name, None)?)?;
-    assert_eq!(
-        offload_view(&host_features(&nic.name)?),
-        before_off,
-        "offloads restored"
-    );
+    assert_offloads(&nic, &before_off)?;
     Ok(())
 }
 
@@ -250,11 +256,7 @@ async fn features_the_pod_flipped_are_restored_on_detach() -> Result<()> {
     let flipped = pod_features(&ns, "net1")?;
     assert!(flipped.active.contains("rx-gro") && !flipped.active.contains("tx-scatter-gather"));
     e.detach_pod(&uid, ReturnReason::Hook).await?;
-    assert_eq!(
-        offload_view(&host_features(&nic.name)?),
-        before_off,
-        "offloads restored"
-    );
+    assert_offloads(&nic, &before_off)?;
     Ok(())
 }
 
@@ -280,11 +282,7 @@ async fn a_feature_the_kernel_will_not_turn_on_rolls_the_attach_back() -> Result
     assert!(err.contains("after setting it"), "{err}");
     assert!(host_has(&nic.name), "rolled back home");
     assert_same(&before, &view(&nic.name, None)?)?;
-    assert_eq!(
-        offload_view(&host_features(&nic.name)?),
-        before_off,
-        "offloads restored"
-    );
+    assert_offloads(&nic, &before_off)?;
     assert!(!e.checkpoint().pods[&dranet_sim::fixtures::sandbox_key(&uid)].has_devices_out());
 
     // An unknown name fails before anything moves.
@@ -324,11 +322,7 @@ async fn rescue_on_netns_teardown_restores_offloads() -> Result<()> {
     })
     .await?;
     assert_same(&before, &view(&nic.name, None)?)?;
-    assert_eq!(
-        offload_view(&host_features(&nic.name)?),
-        before_off,
-        "offloads restored"
-    );
+    assert_offloads(&nic, &before_off)?;
     drop(events);
     Ok(())
 }
@@ -358,11 +352,7 @@ async fn kernel_returned_device_gets_its_offloads_back() -> Result<()> {
     })
     .await?;
     assert_same(&before, &view(&nic.name, None)?)?;
-    assert_eq!(
-        offload_view(&host_features(&nic.name)?),
-        before_off,
-        "offloads restored"
-    );
+    assert_offloads(&nic, &before_off)?;
     drop(events);
     Ok(())
 }
