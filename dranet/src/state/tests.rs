@@ -359,6 +359,12 @@ fn the_store_fuzz_corpus_holds_the_property() {
         // The `v*` seeds are checkpoints dranet reads (the rest are refusals).
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         assert_eq!(decode(&bytes, &path).is_ok(), name.starts_with('v'), "{name}");
+        // The `v3_record*` seeds are record files (format 3).
+        assert_eq!(
+            decode_record(&bytes, &path).is_ok(),
+            name.starts_with("v3_record"),
+            "{name}"
+        );
         n += 1;
     }
     assert!(n >= 5, "seed corpus in {} has {n} files", dir.display());
