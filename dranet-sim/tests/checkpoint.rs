@@ -77,11 +77,7 @@ fn record_files(node: &Node) -> Result<(Vec<std::path::PathBuf>, Vec<std::path::
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
-    let with_prev = files
-        .iter()
-        .filter(|p| prev_of(p).exists())
-        .cloned()
-        .collect();
+    let with_prev = files.iter().filter(|p| prev_of(p).exists()).cloned().collect();
     Ok((files, with_prev))
 }
 
@@ -272,7 +268,11 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     node.restart().await.context("restart on bad record files")?;
     wait_log(node, "checkpoint records do not load: using their .prev").await?;
     let aside = state_files(node, ".corrupt-")?;
-    assert_eq!(aside.len(), with_prev.len(), "the bad files are kept aside: {aside:?}");
+    assert_eq!(
+        aside.len(),
+        with_prev.len(),
+        "the bad files are kept aside: {aside:?}"
+    );
     assert!(pod.ns.has("net0"), "the running pod lost its NIC");
     teardown(node, &mut pod, nic, prev_order).await?;
     wait_restored(&nic.name, &before, Duration::from_secs(5))
@@ -285,10 +285,12 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     let idx = pod_ifindex(&pod.ns)?;
     node.kill()?;
     corrupt_all(node, bad)?;
-    node.restart()
-        .await
-        .context("restart with no record loading")?;
-    wait_log(node, "checkpoint records load from neither their file nor their .prev").await?;
+    node.restart().await.context("restart with no record loading")?;
+    wait_log(
+        node,
+        "checkpoint records load from neither their file nor their .prev",
+    )
+    .await?;
     wait_log(node, "record rebuilt from the pin").await?;
     assert!(pod.ns.has("net0"), "the running pod lost its NIC");
     teardown(node, &mut pod, nic, pins_order).await?;

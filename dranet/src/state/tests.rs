@@ -815,7 +815,7 @@ fn crash_state(n: u64) -> Checkpoint {
         ..Checkpoint::default()
     };
     for i in 0..40u64 {
-        if ((n + 3 * i) / 7) % 4 == 0 {
+        if ((n + 3 * i) / 7).is_multiple_of(4) {
             continue;
         }
         let uid = format!("uid-{i}");
