@@ -30,7 +30,7 @@ pub struct UpstreamArgs {
     /// applies when this is not given).
     #[arg(long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u8>,
-    /// Upstream's bbolt checkpoint: not used (dranet's checkpoint is <state-dir>/checkpoint/, a file per record).
+    /// Upstream's bbolt checkpoint: not used (dranet's: <state-dir>/checkpoint/, a file per record).
     #[arg(long, value_name = "PATH")]
     pub db_path: Option<String>,
     /// Minimum time between two inventory scans (Go duration; default here 500ms).
