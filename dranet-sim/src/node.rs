@@ -428,13 +428,49 @@ impl Node {
         }
     }
 
-    /// The daemon's checkpoint as it is on disk now (read as JSON, so any format shows).
+    /// The daemon's checkpoint as it is on disk now (read as JSON, so any format shows): the
+    /// single `state.json` of formats 1 and 2, else the record files of format 3
+    /// (`checkpoint/plan_*.json`, `checkpoint/pod_*.json`) gathered into one document of the same
+    /// shape (`plans` by pod UID, `pods` by `<pod-uid>/<sandbox-id>`).
     pub fn checkpoint(&self) -> Result<serde_json::Value> {
         match std::fs::read(self.state_dir().join("state.json")) {
-            Ok(b) => Ok(serde_json::from_slice(&b)?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(json!({})),
-            Err(e) => Err(e.into()),
+            Ok(b) => return Ok(serde_json::from_slice(&b)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
         }
+        let dir = self.state_dir().join("checkpoint");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(json!({})),
+            Err(e) => return Err(e.into()),
+        };
+        let mut plans = serde_json::Map::new();
+        let mut pods = serde_json::Map::new();
+        for e in entries {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".json") {
+                continue;
+            }
+            let b = match std::fs::read(dir.join(&name)) {
+                Ok(b) => b,
+                // Removed by a save since the listing.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let v: serde_json::Value = serde_json::from_slice(&b)?;
+            if let Some(plan) = v.get("plan") {
+                let uid = plan["pod_uid"].as_str().unwrap_or_default().to_owned();
+                plans.insert(uid, plan.clone());
+            } else if let Some(pod) = v.get("pod") {
+                let key = format!(
+                    "{}/{}",
+                    pod["pod_uid"].as_str().unwrap_or_default(),
+                    pod["sandbox_id"].as_str().unwrap_or_default()
+                );
+                pods.insert(key, pod.clone());
+            }
+        }
+        Ok(json!({"version": 3, "plans": plans, "pods": pods}))
     }
 
     /// The sandbox records of the checkpoint: (pod UID, sandbox id or "" when the format has

@@ -2,11 +2,12 @@
 //! `dranet run` binary (NRI runtime harness + kubelet simulator), real netns and veth pairs
 //! standing in for NICs:
 //!
-//! * each of a truncated, a garbage, an `{}` and a version-99 `state.json`, written while the
-//!   daemon is down and a pod holds a device: the daemon starts, says what it did, and the
-//!   device comes home at teardown — restored from `state.json.prev` when that loads, rebuilt
-//!   from the pin when it does not (then home as `dn<ifindex>`, up, without addresses) — in
-//!   containerd and in CRI-O order; `release-all` works from the pins alone;
+//! * each of a truncated, a garbage, an `{}` and a version-99 record file (format 3: one file per
+//!   record in `<state-dir>/checkpoint/`), written while the daemon is down and a pod holds a
+//!   device: the daemon starts, says what it did, and the device comes home at teardown —
+//!   restored from the record's `.prev` when that loads, rebuilt from the pin when it does not
+//!   (then home as `dn<ifindex>`, up, without addresses) — in containerd and in CRI-O order;
+//!   `release-all` works from the pins alone;
 //! * `release-all` and a second `dranet run` beside a running daemon refuse, naming it, and
 //!   touch nothing; a `release-all` that waits gets the state dir once the daemon stops, with
 //!   every record the daemon wrote meanwhile.
@@ -64,6 +65,51 @@ fn corrupt(path: &Path, bad: Bad) -> Result<()> {
         }
     };
     std::fs::write(path, bytes)?;
+    Ok(())
+}
+
+/// The record files of the checkpoint (`checkpoint/*.json`), and of those the ones with a `.prev`.
+fn record_files(node: &Node) -> Result<(Vec<std::path::PathBuf>, Vec<std::path::PathBuf>)> {
+    let dir = node.state_dir().join("checkpoint");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let with_prev = files.iter().filter(|p| prev_of(p).exists()).cloned().collect();
+    Ok((files, with_prev))
+}
+
+fn prev_of(path: &Path) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".prev");
+    p.into()
+}
+
+/// Every record file that has a `.prev` made bad (the `.prev` kept): the checkpoint is one save
+/// behind, as a bad `state.json` with a good `state.json.prev` was.
+fn corrupt_current(node: &Node, bad: Bad) -> Result<()> {
+    let (_, with_prev) = record_files(node)?;
+    if !with_prev.iter().any(|p| p.to_string_lossy().contains("/pod_")) {
+        bail!("no pod record with a .prev: {with_prev:?}");
+    }
+    for p in &with_prev {
+        corrupt(p, bad)?;
+    }
+    Ok(())
+}
+
+/// Every record file and every `.prev` made bad: the pin is all there is.
+fn corrupt_all(node: &Node, bad: Bad) -> Result<()> {
+    let (files, _) = record_files(node)?;
+    for p in &files {
+        corrupt(p, bad)?;
+        let prev = prev_of(p);
+        if prev.exists() {
+            corrupt(&prev, bad)?;
+        }
+    }
     Ok(())
 }
 
@@ -180,11 +226,12 @@ fn rebuilt_return(home: &Value, pod_ifindex: u64) -> Result<()> {
     Ok(())
 }
 
-fn state_files(node: &Node, prefix: &str) -> Result<Vec<String>> {
-    Ok(std::fs::read_dir(node.state_dir())?
+/// The files of `checkpoint/` whose name contains `part`.
+fn state_files(node: &Node, part: &str) -> Result<Vec<String>> {
+    Ok(std::fs::read_dir(node.state_dir().join("checkpoint"))?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(prefix))
+        .filter(|n| n.contains(part))
         .collect())
 }
 
@@ -199,9 +246,10 @@ async fn wait_log(node: &Node, needle: &str) -> Result<()> {
     Ok(())
 }
 
-/// `bad` while a pod holds a NIC: (1) `state.json` bad, `.prev` fine: restored from `.prev`,
-/// home fully restored at teardown in `prev_order`; (2) both bad: rebuilt from the pin, home as
-/// `dn<ifindex>` in `pins_order`; (3) both bad, daemon down: `release-all` brings it home.
+/// `bad` while a pod holds a NIC: (1) the record files bad, their `.prev` fine: restored from
+/// `.prev`, home fully restored at teardown in `prev_order`; (2) every file bad: rebuilt from the
+/// pin, home as `dn<ifindex>` in `pins_order`; (3) every file bad, daemon down: `release-all`
+/// brings it home.
 async fn corrupt_checkpoint(bad: Bad, prev_order: Order, pins_order: Order) -> Result<()> {
     let nic = Nic::create()?;
     let mut node = Node::start(opts()).await?;
@@ -212,14 +260,19 @@ async fn corrupt_checkpoint(bad: Bad, prev_order: Order, pins_order: Order) -> R
 async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins_order: Order) -> Result<()> {
     let before = view(&nic.name, None)?;
 
-    // (1) state.json bad, state.json.prev fine.
+    // (1) The record files bad, their .prev fine.
     let mut pod = start_pod(node, nic).await?;
     node.kill()?;
-    corrupt(&node.state_dir().join("state.json"), bad)?;
-    node.restart().await.context("restart on a bad state.json")?;
-    wait_log(node, "the checkpoint does not load: using state.json.prev").await?;
-    let aside = state_files(node, "state.json.corrupt-")?;
-    assert_eq!(aside.len(), 1, "the bad file is kept aside: {aside:?}");
+    corrupt_current(node, bad)?;
+    let (_, with_prev) = record_files(node)?;
+    node.restart().await.context("restart on bad record files")?;
+    wait_log(node, "checkpoint records do not load: using their .prev").await?;
+    let aside = state_files(node, ".corrupt-")?;
+    assert_eq!(
+        aside.len(),
+        with_prev.len(),
+        "the bad files are kept aside: {aside:?}"
+    );
     assert!(pod.ns.has("net0"), "the running pod lost its NIC");
     teardown(node, &mut pod, nic, prev_order).await?;
     wait_restored(&nic.name, &before, Duration::from_secs(5))
@@ -231,12 +284,13 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     let mut pod = start_pod(node, nic).await?;
     let idx = pod_ifindex(&pod.ns)?;
     node.kill()?;
-    corrupt(&node.state_dir().join("state.json"), bad)?;
-    corrupt(&node.state_dir().join("state.json.prev"), bad)?;
-    node.restart()
-        .await
-        .context("restart with neither checkpoint loading")?;
-    wait_log(node, "neither the checkpoint nor state.json.prev loads").await?;
+    corrupt_all(node, bad)?;
+    node.restart().await.context("restart with no record loading")?;
+    wait_log(
+        node,
+        "checkpoint records load from neither their file nor their .prev",
+    )
+    .await?;
     wait_log(node, "record rebuilt from the pin").await?;
     assert!(pod.ns.has("net0"), "the running pod lost its NIC");
     teardown(node, &mut pod, nic, pins_order).await?;
@@ -256,8 +310,7 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     let pod = start_pod(node, nic).await?;
     let idx = pod_ifindex(&pod.ns)?;
     node.kill()?;
-    corrupt(&node.state_dir().join("state.json"), bad)?;
-    corrupt(&node.state_dir().join("state.json.prev"), bad)?;
+    corrupt_all(node, bad)?;
     let out = node.cli(&["release-all", "--filter", ""])?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

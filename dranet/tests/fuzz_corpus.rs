@@ -395,7 +395,8 @@ fn probe_event_seeds() -> Seeds {
 // config: claims' opaque parameters; dhcp: server replies.
 
 // ------------------------------------------------------------------------------------------
-// store: checkpoint files, written by hand (formats 1 and 2, a rebuilt record) and broken ones.
+// store: checkpoint files, written by hand (formats 1 and 2, a rebuilt record, format-3 record
+// files) and broken ones.
 
 fn store_seeds() -> Seeds {
     macro_rules! seed {
@@ -410,6 +411,8 @@ fn store_seeds() -> Seeds {
         seed!("v1_attached.json"),
         seed!("v2_two_sandboxes.json"),
         seed!("v2_recovered.json"),
+        seed!("v3_record_plan.json"),
+        seed!("v3_record_pod.json"),
         seed!("empty_object"),
         seed!("future_version_99"),
         seed!("truncated"),

@@ -30,7 +30,7 @@ pub struct UpstreamArgs {
     /// applies when this is not given).
     #[arg(long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u8>,
-    /// Upstream's bbolt checkpoint: not used (dranet's checkpoint is <state-dir>/state.json).
+    /// Upstream's bbolt checkpoint: not used (dranet's: <state-dir>/checkpoint/, a file per record).
     #[arg(long, value_name = "PATH")]
     pub db_path: Option<String>,
     /// Minimum time between two inventory scans (Go duration; default here 500ms).
@@ -233,7 +233,7 @@ impl UpstreamArgs {
         not_needed(
             self.db_path.is_some(),
             "--db-path",
-            "dranet's checkpoint is <state-dir>/state.json (with the netns pins)",
+            "dranet's checkpoint is <state-dir>/checkpoint/, a file per record (with the netns pins)",
         );
         not_needed(
             self.inventory_poll_burst.is_some(),

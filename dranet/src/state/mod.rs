@@ -1,26 +1,39 @@
 //! Crash-safe checkpoint of what dranet did to the node: prepared plans, pods whose netns holds our
 //! devices, their pins and every device's host snapshot. (Files only.)
 //!
-//! The checkpoint is one JSON document, replaced atomically ([`Store::save`]): write a temp file
-//! of its own (`state.json.tmp.<pid>.<n>`), `fsync` it, keep the document it replaces as
-//! `state.json.prev` (a hard link renamed into place), `rename` the temp file over `state.json`,
-//! `fsync` the directory. A crash at any point leaves the old or the new document, never a torn
-//! one, and `state.json` is never missing in between. Each device moves through [`DeviceState`]
-//! with a write-ahead record (`Moving` is saved *before* the kernel is asked), so after a
-//! SIGKILL the reconcile knows exactly which devices may be half-way and where to look for them.
+//! **Format 3: one file per record.** Every plan and every sandbox record is a small JSON file of
+//! its own in `<state-dir>/checkpoint/` (`plan_<pod-uid>.json`, `pod_<pod-uid>_<sandbox-id>.json`,
+//! [`plan_file_name`], [`pod_file_name`]; `{"version":3,"plan":{..}}` / `{"version":3,"pod":{..}}`). A save writes
+//! only the records that changed since the last one ([`Writer`] keeps what it staged last): each
+//! goes to a temp file of its own (`tmp.<pid>.<n>`), is `fsync`ed, the file it replaces is kept as
+//! `<name>.prev` (a hard link renamed into place), the temp file is renamed over it; a removed
+//! record loses its `.prev`, then its file; then the directory is `fsync`ed once. A save of one
+//! record in a checkpoint of 500 writes one record, not the 4 MiB of all of them. A crash at any
+//! point leaves every record at its old or its new value, never torn, and a record's file is never
+//! missing in between. (A save that changes several records is not atomic across them: each record
+//! is, and every caller that needs a change durable awaits it before acting on it.) Each device
+//! moves through [`DeviceState`] with a write-ahead record (`Moving` is saved *before* the kernel is
+//! asked), so after a SIGKILL the reconcile knows exactly which devices may be half-way and where to
+//! look for them.
 //!
 //! One process owns the state dir at a time: [`StateLock`], an exclusive `flock` on
 //! `<state-dir>/lock` held for the life of `dranet run` and of `dranet release-all` (`dranet
 //! status` only reads). Saves run on a thread of their own ([`Writer`]); a caller that needs its
 //! change durable (the write-ahead) awaits it without blocking an async worker.
 //!
-//! A checkpoint that does not load (unreadable, truncated, garbage, no format version, a newer
-//! format, a record with an invalid pod UID or sandbox id) is moved aside as
-//! `state.json.corrupt-<unix time>` and `state.json.prev` is tried ([`Store::load_or_recover`]);
-//! if that fails too, the engine starts empty and rebuilds records from the pins
-//! (`rescue::rebuild`). `{}` is valid JSON but not a checkpoint: every format dranet ever wrote
-//! carries `version`, so a document without one is corrupt, not empty (an *absent* file is the
-//! empty checkpoint).
+//! A record file that does not load (unreadable, truncated, garbage, no format version, a newer
+//! format, an invalid pod UID or sandbox id, a name that is not its record's) is moved aside as
+//! `<name>.corrupt-<unix time>` and its `.prev` is tried ([`Store::load_or_recover`]); if that
+//! fails too, the record is dropped and the engine rebuilds it from its pin (`rescue::rebuild`).
+//! Every other record loads as it is. `{}` is valid JSON but not a record: every format dranet ever
+//! wrote carries `version`. An absent or empty `checkpoint/` is the empty checkpoint.
+//!
+//! Formats 1 and 2 were one JSON document, `state.json` (with `state.json.prev`, one save behind).
+//! When the state dir still has one, it is the checkpoint (with the fallbacks it always had: a
+//! `state.json` that does not load is moved aside and `state.json.prev` used), and
+//! [`Store::load_or_recover`] migrates it: every record is written as its own file, the files of
+//! `checkpoint/` it does not hold are removed, then `state.json.prev` and `state.json` are renamed
+//! to `*.migrated` (in that order: a crash in between migrates again from `state.json`).
 //!
 //! The state dir lives on tmpfs by default (`/run/dranet`): after a reboot there are no pod netns
 //! and no pins left, and the devices are back in the host anyway, so forgetting is right.
@@ -31,10 +44,11 @@
 //! the claims of a pod stay prepared across its sandboxes.
 //!
 //! Format history: 1 keyed records by pod UID only; 2 keys them by sandbox and records every
-//! device's kernel identity ([`DeviceRecord::at`]). A format-1 file is migrated on load: its
-//! records keep an empty sandbox id (unknown) until a hook or Synchronize names their sandbox.
-//! Records rebuilt from a pin ([`PodRecord::recovered`]) keep an empty pod UID until a hook or
-//! Synchronize names their sandbox.
+//! device's kernel identity ([`DeviceRecord::at`]); 3 stores each record in a file of its own (the
+//! records themselves are as in format 2). A format-1 file is migrated on load: its records keep an
+//! empty sandbox id (unknown) until a hook or Synchronize names their sandbox. Records rebuilt from
+//! a pin ([`PodRecord::recovered`]) keep an empty pod UID until a hook or Synchronize names their
+//! sandbox.
 
 mod disk;
 mod lock;
@@ -57,8 +71,11 @@ pub use store::{LoadSource, Loaded, Store};
 pub use writer::Writer;
 
 /// Version of the checkpoint format; a newer file is refused rather than misread.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
+/// The single-file checkpoint of formats 1 and 2 (read and migrated).
 const FILE: &str = "state.json";
+/// The directory of the record files (format 3).
+const RECORDS_DIR: &str = "checkpoint";
 
 /// Errors of the checkpoint store.
 #[derive(Debug, thiserror::Error)]
@@ -319,8 +336,40 @@ impl Checkpoint {
     }
 }
 
-/// Decodes a checkpoint of any format this dranet reads, migrating older ones, and checks the
-/// identifiers that paths and keys are built from. `path` only names the file in errors.
+/// Checks a format version: present, not 0, not newer than this dranet reads.
+fn check_version(version: Option<u32>, path: &Path) -> Result<u32, StateError> {
+    let invalid = |what: String| StateError::Invalid {
+        path: path.to_owned(),
+        what,
+    };
+    // Every format ever written carries its version: `{}` is not a checkpoint.
+    match version {
+        None => Err(invalid("no format version".into())),
+        Some(0) => Err(invalid("format version 0".into())),
+        Some(n) if n > FORMAT_VERSION => Err(StateError::Version {
+            path: path.to_owned(),
+            found: n,
+        }),
+        Some(n) => Ok(n),
+    }
+}
+
+/// Whether a plan's key and pod UID are a valid pod UID.
+fn plan_ok(uid: &str, plan: &PodPlan) -> bool {
+    crate::ids::pod_uid(uid).is_ok() && plan.pod_uid == uid
+}
+
+/// Whether a record's identifiers (from which paths and keys are built) are valid: a rebuilt
+/// record has no pod UID yet, a format-1 one no sandbox id, none has neither.
+fn record_ok(r: &PodRecord) -> bool {
+    let uid_ok = r.pod_uid.is_empty() || crate::ids::pod_uid(&r.pod_uid).is_ok();
+    let sandbox_ok = r.sandbox_id.is_empty() || crate::ids::sandbox_id(&r.sandbox_id).is_ok();
+    uid_ok && sandbox_ok && !(r.pod_uid.is_empty() && r.sandbox_id.is_empty())
+}
+
+/// Decodes a single-file checkpoint (formats 1 and 2, `state.json`; a format-3 document is the
+/// in-memory form, e.g. `dranet status --json`), migrating older ones, and checks the identifiers
+/// that paths and keys are built from. `path` only names the file in errors.
 pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, StateError> {
     #[derive(Deserialize)]
     struct Version {
@@ -335,28 +384,15 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, StateError> {
         what,
     };
     let v: Version = serde_json::from_slice(bytes).map_err(derr)?;
-    // Every format ever written carries its version: `{}` is not an empty checkpoint.
-    match v.version {
-        None => return Err(invalid("no format version".into())),
-        Some(0) => return Err(invalid("format version 0".into())),
-        Some(n) if n > FORMAT_VERSION => {
-            return Err(StateError::Version {
-                path: path.to_owned(),
-                found: n,
-            });
-        }
-        Some(_) => {}
-    }
+    check_version(v.version, path)?;
     let mut cp: Checkpoint = serde_json::from_slice(bytes).map_err(derr)?;
     for (uid, plan) in &cp.plans {
-        if crate::ids::pod_uid(uid).is_err() || plan.pod_uid != *uid {
+        if !plan_ok(uid, plan) {
             return Err(invalid(format!("plan {uid:?}")));
         }
     }
     for (key, r) in &cp.pods {
-        let uid_ok = r.pod_uid.is_empty() || crate::ids::pod_uid(&r.pod_uid).is_ok();
-        let sandbox_ok = r.sandbox_id.is_empty() || crate::ids::sandbox_id(&r.sandbox_id).is_ok();
-        if !uid_ok || !sandbox_ok || (r.pod_uid.is_empty() && r.sandbox_id.is_empty()) {
+        if !record_ok(r) {
             return Err(invalid(format!("record {key:?}")));
         }
     }
@@ -368,15 +404,171 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, StateError> {
     Ok(cp)
 }
 
+/// One record of the checkpoint, as a format-3 file holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
+    Plan(PodPlan),
+    Pod(PodRecord),
+}
+
+impl Record {
+    /// Its key: the pod UID of a plan, [`PodRecord::key`] of a sandbox record.
+    #[must_use]
+    pub fn key(&self) -> String {
+        match self {
+            Record::Plan(p) => p.pod_uid.clone(),
+            Record::Pod(r) => r.key(),
+        }
+    }
+
+    /// The name of the file that holds it ([`record_file_name`]).
+    #[must_use]
+    pub fn file_name(&self) -> String {
+        match self {
+            Record::Plan(p) => plan_file_name(&p.pod_uid),
+            Record::Pod(r) => pod_file_name(&r.pod_uid, &r.sandbox_id),
+        }
+    }
+}
+
+/// Longest record file name built from the identifiers themselves; longer ones are hashed.
+const MAX_NATURAL_NAME: usize = 200;
+
+/// The file of a record in `checkpoint/`: `<kind>_<id>.json` when `id` is made of the characters
+/// identifiers may hold (`[A-Za-z0-9._-]`, not starting with `.`) and the name is at most 200
+/// bytes, else `<kind>_~<SHA-256 of the key, hex>.json` (`~` is in no identifier, so the two
+/// forms never meet).
+fn record_file_name(kind: &str, id: &str, key: &str) -> String {
+    let safe = !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+    let name = format!("{kind}_{id}.json");
+    if safe && name.len() <= MAX_NATURAL_NAME {
+        return name;
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{kind}_~{hex}.json")
+}
+
+/// The file of pod `uid`'s plan: `plan_<uid>.json`.
+#[must_use]
+pub fn plan_file_name(uid: &str) -> String {
+    record_file_name("plan", uid, uid)
+}
+
+/// The file of a sandbox record: `pod_<uid>_<sandbox>.json` (a pod UID holds no `_`, so the name
+/// is unambiguous; a UID that does is hashed).
+#[must_use]
+pub fn pod_file_name(uid: &str, sandbox: &str) -> String {
+    let key = pod_key(uid, sandbox);
+    if uid.contains('_') {
+        return record_file_name("pod", &key, &key);
+    }
+    record_file_name("pod", &format!("{uid}_{sandbox}"), &key)
+}
+
+/// A record file's content: `{"version":3,"plan":{..}}` and a newline.
+pub(crate) fn encode_plan(plan: &PodPlan) -> Result<Vec<u8>, StateError> {
+    #[derive(Serialize)]
+    struct PlanFile<'a> {
+        version: u32,
+        plan: &'a PodPlan,
+    }
+    let mut b = serde_json::to_vec(&PlanFile {
+        version: FORMAT_VERSION,
+        plan,
+    })
+    .map_err(StateError::Encode)?;
+    b.push(b'\n');
+    Ok(b)
+}
+
+/// A record file's content: `{"version":3,"pod":{..}}` and a newline.
+pub(crate) fn encode_pod(pod: &PodRecord) -> Result<Vec<u8>, StateError> {
+    #[derive(Serialize)]
+    struct PodFile<'a> {
+        version: u32,
+        pod: &'a PodRecord,
+    }
+    let mut b = serde_json::to_vec(&PodFile {
+        version: FORMAT_VERSION,
+        pod,
+    })
+    .map_err(StateError::Encode)?;
+    b.push(b'\n');
+    Ok(b)
+}
+
+/// [`encode_plan`] or [`encode_pod`].
+pub(crate) fn encode_record(record: &Record) -> Result<Vec<u8>, StateError> {
+    match record {
+        Record::Plan(p) => encode_plan(p),
+        Record::Pod(r) => encode_pod(r),
+    }
+}
+
+/// Decodes one record file (format 3) and checks its identifiers. Whether the file's name is its
+/// record's is the store's check. `path` only names the file in errors.
+pub fn decode_record(bytes: &[u8], path: &Path) -> Result<Record, StateError> {
+    #[derive(Deserialize)]
+    struct Version {
+        version: Option<u32>,
+    }
+    #[derive(Deserialize)]
+    struct RecordFile {
+        #[serde(default)]
+        plan: Option<PodPlan>,
+        #[serde(default)]
+        pod: Option<PodRecord>,
+    }
+    let derr = |source| StateError::Decode {
+        path: path.to_owned(),
+        source,
+    };
+    let invalid = |what: String| StateError::Invalid {
+        path: path.to_owned(),
+        what,
+    };
+    let v: Version = serde_json::from_slice(bytes).map_err(derr)?;
+    let version = check_version(v.version, path)?;
+    if version < 3 {
+        return Err(invalid(format!(
+            "format version {version} in a record file (formats 1 and 2 are one state.json)"
+        )));
+    }
+    let f: RecordFile = serde_json::from_slice(bytes).map_err(derr)?;
+    match (f.plan, f.pod) {
+        (Some(plan), None) if plan_ok(&plan.pod_uid, &plan) => Ok(Record::Plan(plan)),
+        (Some(plan), None) => Err(invalid(format!("plan {:?}", plan.pod_uid))),
+        (None, Some(pod)) if record_ok(&pod) => Ok(Record::Pod(pod)),
+        (None, Some(pod)) => Err(invalid(format!("record {:?}", pod.key()))),
+        _ => Err(invalid("not one plan or one pod record".into())),
+    }
+}
+
 /// The property the `store` fuzz target checks (through [`crate::fuzzing::checkpoint`]) and
-/// the test of its seed corpus: any bytes either fail to decode or decode to a format-2
-/// checkpoint keyed by sandbox that encodes and decodes back unchanged.
+/// the test of its seed corpus: any bytes either fail to decode or decode to a checkpoint keyed
+/// by sandbox that encodes and decodes back unchanged; the same bytes as a record file (format 3)
+/// either fail to decode or decode to a record that encodes and decodes back unchanged.
 ///
 /// # Errors
-/// The rule the decoded checkpoint breaks.
+/// The rule the decoded checkpoint or record breaks.
 #[doc(hidden)]
 pub fn check_decode(bytes: &[u8]) -> Result<(), String> {
     let path = Path::new("fuzz");
+    if let Ok(record) = decode_record(bytes, path) {
+        let again = encode_record(&record).map_err(|e| format!("a decoded record does not encode: {e}"))?;
+        match decode_record(&again, path) {
+            Ok(back) if back == record => {}
+            Ok(_) => return Err("a saved record loads back changed".into()),
+            Err(e) => return Err(format!("a saved record does not load: {e}")),
+        }
+        if record.file_name().contains('/') {
+            return Err(format!("record file name {:?}", record.file_name()));
+        }
+    }
     let Ok(cp) = decode(bytes, path) else {
         return Ok(());
     };

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 
@@ -59,14 +60,19 @@ fn absent_checkpoint_is_empty() {
 fn save_load_round_trip_and_leftover_tmp_is_ignored() {
     let d = tmpdir("rt");
     let s = Store::open(&d).unwrap();
+    assert!(d.join("checkpoint").is_dir());
     let cp = sample();
     s.save(&cp).unwrap();
     // A crash between write and rename leaves a torn tmp file: the checkpoint is the old one.
-    fs::write(d.join("state.json.tmp.1.0"), b"{\"version\":1,\"pods\":{\"uid-").unwrap();
+    fs::write(d.join("checkpoint/tmp.1.0"), b"{\"version\":3,\"pod\":{\"uid-").unwrap();
+    fs::write(d.join("state.json.tmp.1.0"), b"{\"version\":2,\"pods\":{\"uid-").unwrap();
     assert_eq!(s.load().unwrap(), cp);
-    // The next save replaces the leftover.
+    assert_eq!(s.load_or_recover().source, LoadSource::Current);
+    // The next save leaves the leftovers alone; the lock holder removes them.
     s.save(&cp).unwrap();
     assert_eq!(s.load().unwrap(), cp);
+    s.remove_stale_temp_files();
+    assert!(!d.join("checkpoint/tmp.1.0").exists() && !d.join("state.json.tmp.1.0").exists());
     fs::remove_dir_all(&d).unwrap();
 }
 
@@ -114,8 +120,10 @@ fn format_1_is_migrated_on_load() {
         vec![crate::sys::link::AddrSnapshot::plain("10.1.2.3/24")]
     );
     assert_eq!(cp.records_of("uid-1").count(), 1);
-    // Saved again, it stays format 2 and loads unchanged.
+    // Saved again, it is format 3 (one file per record) and loads unchanged.
     s.save(&cp).unwrap();
+    assert!(!s.path().exists() && d.join("state.json.migrated").exists());
+    assert!(d.join("checkpoint/pod_uid-1_.json").exists());
     assert_eq!(s.load().unwrap(), cp);
     fs::remove_dir_all(&d).unwrap();
 }
@@ -178,26 +186,35 @@ fn records_with_unsafe_ids_make_the_checkpoint_invalid() {
     assert!(matches!(err, StateError::Invalid { .. }), "{err}");
 }
 
-/// Every save keeps the document it replaces as `state.json.prev`, through temp files of its
-/// own that never stay behind.
+/// Every save keeps the record file it replaces as `<name>.prev`, through temp files of its own
+/// that never stay behind; a removed record loses both files.
 #[test]
 fn saves_keep_the_previous_generation_and_leave_no_temp_files() {
     let d = tmpdir("prev");
     let s = Store::open(&d).unwrap();
     let first = sample();
     s.save(&first).unwrap();
-    assert!(!s.prev_path().exists(), "nothing to keep before the first save");
+    let pod = d.join("checkpoint/pod_uid-1_sb-1.json");
+    let pod_prev = d.join("checkpoint/pod_uid-1_sb-1.json.prev");
+    assert!(pod.exists());
+    assert!(!pod_prev.exists(), "nothing to keep before the first save");
     let mut second = sample();
     second.plans.clear();
+    second.pods.get_mut("uid-1/sb-1").unwrap().phase = PodPhase::Attached;
     s.save(&second).unwrap();
     assert_eq!(s.load().unwrap(), second);
-    assert_eq!(s.load_prev().unwrap(), Some(first));
-    let left: Vec<String> = fs::read_dir(&d)
+    let prev = decode_record(&fs::read(&pod_prev).unwrap(), &pod_prev).unwrap();
+    assert_eq!(prev, Record::Pod(first.pods["uid-1/sb-1"].clone()));
+    assert!(!d.join("checkpoint/plan_uid-1.json").exists());
+    let left: Vec<String> = fs::read_dir(d.join("checkpoint"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".tmp."))
+        .filter(|n| n.starts_with("tmp."))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+    s.save(&Checkpoint::default()).unwrap();
+    assert!(!pod.exists() && !pod_prev.exists());
+    assert_eq!(s.load_or_recover().source, LoadSource::Absent);
     fs::remove_dir_all(&d).unwrap();
 }
 
@@ -215,16 +232,16 @@ fn corrupt_variants() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// A checkpoint that does not load is moved aside and `.prev` is used; when `.prev` does not
-/// load either, the result is empty and says so. Nothing fails.
+/// A single-file checkpoint (format 2) that does not load is moved aside and `.prev` is used;
+/// when `.prev` does not load either, the result is empty and says so. Nothing fails. What loads
+/// is migrated to record files.
 #[test]
-fn a_checkpoint_that_does_not_load_falls_back_to_prev_then_to_nothing() {
+fn a_single_file_checkpoint_that_does_not_load_falls_back_to_prev_then_to_nothing() {
     for (what, bytes) in corrupt_variants() {
         let d = tmpdir(&format!("recover-{}", what.replace(' ', "-")));
         let s = Store::open(&d).unwrap();
         let prev = sample();
-        s.save(&prev).unwrap();
-        s.save(&prev).unwrap();
+        fs::write(s.prev_path(), serde_json::to_vec(&prev).unwrap()).unwrap();
         fs::write(s.path(), &bytes).unwrap();
         let got = s.load_or_recover();
         let LoadSource::Previous { problem, aside } = &got.source else {
@@ -246,10 +263,10 @@ fn a_checkpoint_that_does_not_load_falls_back_to_prev_then_to_nothing() {
             "{what}: the bad file is kept as it was"
         );
         assert_eq!(got.cp, prev, "{what}");
-        assert!(!s.path().exists());
-        // The next two saves bring back state.json and then rotate it into .prev.
-        s.save(&got.cp).unwrap();
+        // Migrated: the record files hold it, the single file is gone.
+        assert!(!s.path().exists() && !s.prev_path().exists());
         assert_eq!(s.load().unwrap(), prev);
+        assert_eq!(s.load_or_recover().source, LoadSource::Current);
 
         fs::write(s.path(), &bytes).unwrap();
         fs::write(s.prev_path(), &bytes).unwrap();
@@ -260,6 +277,8 @@ fn a_checkpoint_that_does_not_load_falls_back_to_prev_then_to_nothing() {
             got.source
         );
         assert!(got.cp.pods.is_empty() && got.cp.plans.is_empty());
+        // Nothing loaded: the record files are emptied too (the single file is the authority).
+        assert!(s.load().unwrap().pods.is_empty());
         fs::remove_dir_all(&d).unwrap();
     }
     // No file at all: empty, nothing to report.
@@ -340,6 +359,12 @@ fn the_store_fuzz_corpus_holds_the_property() {
         // The `v*` seeds are checkpoints dranet reads (the rest are refusals).
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         assert_eq!(decode(&bytes, &path).is_ok(), name.starts_with('v'), "{name}");
+        // The `v3_record*` seeds are record files (format 3).
+        assert_eq!(
+            decode_record(&bytes, &path).is_ok(),
+            name.starts_with("v3_record"),
+            "{name}"
+        );
         n += 1;
     }
     assert!(n >= 5, "seed corpus in {} has {n} files", dir.display());
@@ -418,39 +443,500 @@ fn the_on_disk_snapshot_of_format_2_is_fixed() {
     assert_eq!(back, record);
 }
 
-/// The encoder that reuses unchanged records writes exactly what a full encode writes, through
-/// additions, changes (of a record, of a plan), removals and an empty checkpoint.
-#[test]
-fn cached_encoding_is_byte_identical_to_a_full_encode() {
-    let mut enc = store::Encoder::default();
-    let mut cp = sample();
-    let same = |enc: &mut store::Encoder, cp: &Checkpoint| {
-        let full = store::encode(cp).unwrap();
-        let cached = enc.encode(cp).unwrap();
-        assert_eq!(
-            String::from_utf8(cached).unwrap(),
-            String::from_utf8(full).unwrap()
-        );
+/// A sandbox record with `devices` devices, each with a snapshot as big as a real one (offloads,
+/// sysctls): ≈ 4 KiB of JSON per device.
+fn big_record(uid: &str, sandbox: &str, devices: usize) -> PodRecord {
+    let mut r = record(uid, sandbox);
+    for j in 0..devices {
+        let mut dev = crate::test_support::device_record(&format!("dev-{j}"), DeviceState::InPod);
+        dev.snapshot.name = format!("eth{j}");
+        for f in 0..60 {
+            dev.snapshot
+                .features
+                .insert(format!("feature-number-{f}"), f % 2 == 0);
+        }
+        for c in 0..40 {
+            dev.snapshot.sysctls.insert(format!("ipv4/conf/sysctl_{c}"), c);
+        }
+        r.devices.push(dev);
+    }
+    r
+}
+
+fn plan_of(uid: &str) -> PodPlan {
+    PodPlan {
+        pod_uid: uid.into(),
+        pod_namespace: "ns".into(),
+        pod_name: format!("p-{uid}"),
+        devices: vec![],
+    }
+}
+
+/// Name → (inode, size, mtime) of every file in `dir`.
+fn files_of(dir: &Path) -> BTreeMap<String, (u64, u64, std::time::SystemTime)> {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                (m.ino(), m.size(), m.modified().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// The point of format 3: with 500 records (and 500 plans) on disk, a save of one changed record
+/// writes that record's file (its old one kept as `.prev`) and touches no other file; a removal
+/// removes that record's files only.
+#[tokio::test]
+async fn a_save_of_one_changed_record_among_500_writes_only_that_record() {
+    let d = tmpdir("o1");
+    let s = Store::open(&d).unwrap();
+    let mut cp = Checkpoint {
+        version: FORMAT_VERSION,
+        ..Checkpoint::default()
     };
-    same(&mut enc, &cp);
-    for i in 0..20 {
-        let r = record(&format!("uid-{i}"), "sb-\"quoted\"");
+    for i in 0..500 {
+        let uid = format!("uid-{i:03}");
+        let r = big_record(&uid, &format!("sb-{i:03}"), 2);
+        cp.pods.insert(r.key(), r);
+        cp.plans.insert(uid.clone(), plan_of(&uid));
+    }
+    s.save(&cp).unwrap();
+    let total: u64 = files_of(&s.records_dir()).values().map(|f| f.1).sum();
+    assert!(total > 2 << 20, "a big checkpoint: {total} bytes");
+    // As the engine does it: loaded, then its writer.
+    let loaded = s.load_or_recover();
+    assert_eq!((loaded.source, &loaded.cp), (LoadSource::Current, &cp));
+    let w = Writer::start(s.clone()).unwrap();
+    let before = files_of(&s.records_dir());
+    let key = "uid-250/sb-250".to_owned();
+    cp.pods.get_mut(&key).unwrap().phase = PodPhase::Attached;
+    let g = w.stage(&cp).unwrap();
+    w.durable(g).await.unwrap();
+    let after = files_of(&s.records_dir());
+    let changed: Vec<&String> = after
+        .iter()
+        .filter(|(n, f)| before.get(*n) != Some(*f))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        changed,
+        ["pod_uid-250_sb-250.json", "pod_uid-250_sb-250.json.prev"],
+        "files touched by a save of one record"
+    );
+    let one = after["pod_uid-250_sb-250.json"].1;
+    assert!(one < 16 << 10 && one * 400 < total, "{one} of {total} bytes");
+    // The .prev is the file it replaced (the same inode, renamed).
+    assert_eq!(
+        after["pod_uid-250_sb-250.json.prev"].0,
+        before["pod_uid-250_sb-250.json"].0
+    );
+    // A removal of one sandbox record and one plan: their files only.
+    cp.pods.remove("uid-007/sb-007");
+    cp.plans.remove("uid-008");
+    let g = w.stage(&cp).unwrap();
+    w.durable(g).await.unwrap();
+    let gone: Vec<String> = after
+        .keys()
+        .filter(|n| !s.records_dir().join(n).exists())
+        .cloned()
+        .collect();
+    assert_eq!(gone, ["plan_uid-008.json", "pod_uid-007_sb-007.json"]);
+    assert_eq!(s.load().unwrap(), cp);
+    drop(w);
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// What a stage hands the writer thread: exactly the records that changed since the last stage
+/// (encoded), removals as such, a first stage without a known disk state as a full save.
+#[test]
+fn the_differ_hands_out_only_changed_records() {
+    let mut differ = store::Differ::default();
+    let mut cp = sample();
+    for i in 0..500 {
+        let r = big_record(&format!("uid-{i}"), "sb", 2);
         cp.pods.insert(r.key(), r);
     }
-    same(&mut enc, &cp);
-    same(&mut enc, &cp);
-    let key = record("uid-3", "sb-\"quoted\"").key();
-    cp.pods.get_mut(&key).unwrap().phase = PodPhase::Attached;
-    same(&mut enc, &cp);
-    cp.plans.get_mut("uid-1").unwrap().pod_name = "renamed".into();
-    same(&mut enc, &cp);
-    cp.pods.remove(&key);
-    same(&mut enc, &cp);
-    // (Quoted identifiers are refused on load; the round trip uses valid ones.)
-    let mut valid = sample();
-    let r = record("uid-9", "sb-9");
-    valid.pods.insert(r.key(), r);
-    let back = decode(&enc.encode(&valid).unwrap(), std::path::Path::new("x")).unwrap();
-    assert_eq!(back, valid);
-    same(&mut enc, &Checkpoint::default());
+    let first = differ.diff(&cp).unwrap();
+    assert!(first.full && first.files.len() == 502, "{}", first.files.len());
+    let none = differ.diff(&cp).unwrap();
+    assert!(!none.full && none.files.is_empty());
+    cp.pods.get_mut("uid-3/sb").unwrap().devices[1].state = DeviceState::Returning;
+    let one = differ.diff(&cp).unwrap();
+    assert_eq!(one.files.keys().collect::<Vec<_>>(), ["pod_uid-3_sb.json"]);
+    let bytes = one.bytes();
+    assert!(bytes > 4 << 10 && bytes < 16 << 10, "{bytes}");
+    assert_eq!(
+        decode_record(one.files["pod_uid-3_sb.json"].as_deref().unwrap(), Path::new("x")).unwrap(),
+        Record::Pod(cp.pods["uid-3/sb"].clone())
+    );
+    // A record renamed in place (a rebuilt record's pod UID filled in) moves to its new file.
+    let mut r = cp.pods.remove("uid-4/sb").unwrap();
+    r.pod_uid = "uid-44".into();
+    cp.pods.insert("uid-4/sb".into(), r);
+    cp.plans.remove("uid-1");
+    let moved = differ.diff(&cp).unwrap();
+    let files: Vec<(&str, bool)> = moved
+        .files
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.is_some()))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            ("plan_uid-1.json", false),
+            ("pod_uid-44_sb.json", true),
+            ("pod_uid-4_sb.json", false)
+        ]
+    );
+    // Coalesced stages: the newer value wins, a full save replaces everything before it.
+    let mut a = store::Delta::default();
+    a.files.insert("x".into(), Some(b"1".to_vec()));
+    let mut b = store::Delta::default();
+    b.files.insert("x".into(), None);
+    a.then(b);
+    assert_eq!(a.files["x"], None);
+    let mut full = store::Delta {
+        full: true,
+        ..store::Delta::default()
+    };
+    full.files.insert("y".into(), Some(b"2".to_vec()));
+    a.then(full);
+    assert!(a.full && !a.files.contains_key("x"));
+}
+
+/// The format-3 files, byte for byte: their names, `{"version":3,"plan"|"pod":..}` and a
+/// newline (the records themselves are format 2's; see the snapshot's golden test).
+#[test]
+fn the_record_files_of_format_3_are_fixed() {
+    let d = tmpdir("golden3");
+    let s = Store::open(&d).unwrap();
+    s.save(&sample()).unwrap();
+    let files = files_of(&s.records_dir());
+    assert_eq!(
+        files.keys().collect::<Vec<_>>(),
+        ["plan_uid-1.json", "pod_uid-1_sb-1.json"]
+    );
+    assert_eq!(
+        fs::read_to_string(d.join("checkpoint/plan_uid-1.json")).unwrap(),
+        "{\"version\":3,\"plan\":{\"pod_uid\":\"uid-1\",\"pod_namespace\":\"ns\",\"pod_name\":\"p\",\"devices\":[]}}\n"
+    );
+    assert_eq!(
+        fs::read_to_string(d.join("checkpoint/pod_uid-1_sb-1.json")).unwrap(),
+        "{\"version\":3,\"pod\":{\"pod_uid\":\"uid-1\",\"sandbox_id\":\"sb-1\",\"namespace\":\"ns\",\"name\":\"p\",\"netns_path\":\"/var/run/netns/x\",\"netns\":{\"cookie\":7,\"inode\":4026532000},\"pin\":\"/run/dranet/pins/uid-1\",\"phase\":{\"returned\":\"netns_teardown\"},\"devices\":[]}}\n"
+    );
+    // Names: a format-1 record (no sandbox), a rebuilt one (no pod UID), long and odd ids hashed.
+    assert_eq!(pod_file_name("uid-1", ""), "pod_uid-1_.json");
+    assert_eq!(pod_file_name("", "sb-1"), "pod__sb-1.json");
+    assert_eq!(plan_file_name("a.b-c"), "plan_a.b-c.json");
+    let long = "a".repeat(253);
+    for name in [
+        plan_file_name(&long),
+        pod_file_name(&long, "sb"),
+        pod_file_name("../x", "sb"),
+        pod_file_name("u_1", "sb"),
+        plan_file_name(".hidden"),
+    ] {
+        assert!(
+            name.len() < 100 && name.contains("_~") && !name.contains('/'),
+            "{name}"
+        );
+    }
+    assert_ne!(pod_file_name("u_1", "sb"), pod_file_name("u", "1_sb"));
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// Every record file can be truncated or garbage: that record comes from its `.prev` (one save
+/// behind) when that loads, else it is left out; every other record loads; the bad files are
+/// moved aside; `load` (read only, `dranet status`) names the bad file.
+#[test]
+fn a_record_file_that_does_not_load_falls_back_to_its_prev_then_is_left_out() {
+    let mut variants = corrupt_variants();
+    let good = encode_pod(&sample().pods["uid-1/sb-1"]).unwrap();
+    variants.push(("truncated record", good[..good.len() - 20].to_vec()));
+    variants.push((
+        "format 2 in a record file",
+        b"{\"version\":2,\"pod\":{}}".to_vec(),
+    ));
+    variants.push((
+        "another record's file",
+        encode_pod(&record("uid-9", "sb-9")).unwrap(),
+    ));
+    for (what, bytes) in variants {
+        let d = tmpdir(&format!("rec-{}", what.replace(' ', "-")));
+        let s = Store::open(&d).unwrap();
+        let mut old = sample();
+        for i in 2..5 {
+            let r = record(&format!("uid-{i}"), "sb");
+            cp_insert(&mut old, r);
+        }
+        s.save(&old).unwrap();
+        let mut new = old.clone();
+        for r in new.pods.values_mut() {
+            r.phase = PodPhase::Attached;
+        }
+        s.save(&new).unwrap();
+        let bad = s.records_dir().join("pod_uid-3_sb.json");
+        fs::write(&bad, &bytes).unwrap();
+
+        let err = s.load().unwrap_err();
+        assert!(err.to_string().contains("pod_uid-3_sb.json"), "{what}: {err}");
+        let shown = s.load_prev().unwrap().unwrap();
+        assert_eq!(shown.pods["uid-3/sb"], old.pods["uid-3/sb"], "{what}");
+
+        let got = s.load_or_recover();
+        let LoadSource::Previous { problem, aside } = &got.source else {
+            panic!("{what}: {:?}", got.source);
+        };
+        assert!(problem.contains("pod_uid-3_sb.json"), "{what}: {problem}");
+        let aside = aside.clone().unwrap();
+        assert!(
+            aside
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("pod_uid-3_sb.json.corrupt-"),
+            "{aside:?}"
+        );
+        assert_eq!(fs::read(&aside).unwrap(), bytes, "{what}: kept as it was");
+        // That record one save behind, every other one current.
+        let mut want = new.clone();
+        want.pods.insert("uid-3/sb".into(), old.pods["uid-3/sb"].clone());
+        assert_eq!(got.cp, want, "{what}");
+
+        // Its file and its .prev bad: left out, the others load.
+        fs::write(&bad, &bytes).unwrap();
+        fs::write(s.records_dir().join("pod_uid-3_sb.json.prev"), &bytes).unwrap();
+        let got = s.load_or_recover();
+        let LoadSource::Nothing { prev_problem, .. } = &got.source else {
+            panic!("{what}: {:?}", got.source);
+        };
+        assert!(
+            prev_problem.contains("pod_uid-3_sb.json.prev"),
+            "{what}: {prev_problem}"
+        );
+        let mut want = new.clone();
+        want.pods.remove("uid-3/sb");
+        assert_eq!(got.cp, want, "{what}");
+        // Both moved aside: the next start loads cleanly (the record is rebuilt from its pin).
+        assert_eq!(s.load().unwrap(), want, "{what}");
+        fs::remove_dir_all(&d).unwrap();
+    }
+}
+
+fn cp_insert(cp: &mut Checkpoint, r: PodRecord) {
+    cp.plans.insert(r.pod_uid.clone(), plan_of(&r.pod_uid));
+    cp.pods.insert(r.key(), r);
+}
+
+/// A format-2 `state.json` (what dranet wrote before record files) loads as it always did and
+/// is migrated: every record in its own file, `state.json` and its `.prev` renamed
+/// `*.migrated`; the writer's first save after that writes only what changed.
+#[tokio::test]
+async fn a_format_2_state_json_is_migrated_to_record_files() {
+    let d = tmpdir("migrate2");
+    let s = Store::open(&d).unwrap();
+    let mut cp = sample();
+    cp_insert(&mut cp, big_record("uid-2", "sb-2", 2));
+    let mut v2 = serde_json::to_value(&cp).unwrap();
+    v2["version"] = 2.into();
+    fs::write(s.path(), serde_json::to_vec(&v2).unwrap()).unwrap();
+    fs::write(s.prev_path(), b"{\"version\":2}").unwrap();
+    assert_eq!(s.load().unwrap(), cp, "read before the migration");
+    let got = s.load_or_recover();
+    assert_eq!((got.source, &got.cp), (LoadSource::Current, &cp));
+    assert!(!s.path().exists() && !s.prev_path().exists());
+    assert!(d.join("state.json.migrated").exists() && d.join("state.json.prev.migrated").exists());
+    assert_eq!(
+        files_of(&s.records_dir()).keys().collect::<Vec<_>>(),
+        [
+            "plan_uid-1.json",
+            "plan_uid-2.json",
+            "pod_uid-1_sb-1.json",
+            "pod_uid-2_sb-2.json"
+        ]
+    );
+    let w = Writer::start(s.clone()).unwrap();
+    let before = files_of(&s.records_dir());
+    cp.plans.get_mut("uid-2").unwrap().pod_name = "renamed".into();
+    let g = w.stage(&cp).unwrap();
+    w.durable(g).await.unwrap();
+    let after = files_of(&s.records_dir());
+    let changed: Vec<&String> = after
+        .iter()
+        .filter(|(n, f)| before.get(*n) != Some(*f))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(changed, ["plan_uid-2.json", "plan_uid-2.json.prev"]);
+    assert_eq!(Store::open(&d).unwrap().load_or_recover().cp, cp);
+    drop(w);
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// A save that fails is written again with the next stage: a record whose only save failed is
+/// not left behind on disk.
+#[tokio::test]
+async fn a_failed_save_is_written_again_with_the_next_stage() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmpdir("retry");
+    let s = Store::open(&d).unwrap();
+    let w = Writer::start(s.clone()).unwrap();
+    let mut cp = sample();
+    let g = w.stage(&cp).unwrap();
+    w.durable(g).await.unwrap();
+    // The records dir replaced by a file: every write fails (also as root).
+    let rdir = s.records_dir();
+    fs::rename(&rdir, d.join("aside")).unwrap();
+    fs::write(&rdir, b"").unwrap();
+    cp.pods.get_mut("uid-1/sb-1").unwrap().phase = PodPhase::Attached;
+    let g = w.stage(&cp).unwrap();
+    assert!(matches!(w.durable(g).await, Err(StateError::Save(_))));
+    fs::remove_file(&rdir).unwrap();
+    fs::rename(d.join("aside"), &rdir).unwrap();
+    fs::set_permissions(&rdir, fs::Permissions::from_mode(0o700)).unwrap();
+    // Another record changes: the failed one is written with it.
+    cp.plans.get_mut("uid-1").unwrap().pod_name = "q".into();
+    let g = w.stage(&cp).unwrap();
+    w.durable(g).await.unwrap();
+    assert_eq!(s.load().unwrap(), cp);
+    drop(w);
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// The checkpoint the crash test's child saves as step `n`: 40 sandbox records and their plans,
+/// each present or not and with a value that depend on `n` alone; a step changes about a fifth.
+fn crash_state(n: u64) -> Checkpoint {
+    let mut cp = Checkpoint {
+        version: FORMAT_VERSION,
+        ..Checkpoint::default()
+    };
+    for i in 0..40u64 {
+        if ((n + 3 * i) / 7).is_multiple_of(4) {
+            continue;
+        }
+        let uid = format!("uid-{i}");
+        let mut r = big_record(&uid, "sb", 2);
+        r.name = format!("v{}", (n + i) / 5);
+        let mut p = plan_of(&uid);
+        p.pod_name = format!("v{}", (n + 2 * i) / 5);
+        cp.plans.insert(uid, p);
+        cp.pods.insert(r.key(), r);
+    }
+    cp
+}
+
+const CRASH_DIR: &str = "DRANET_STATE_CRASH_DIR";
+
+/// The child of `a_sigkill_during_saves_leaves_every_record_old_or_new`: loads the state dir
+/// (it must load cleanly), then saves `crash_state(n)` for n = start, start + 1, … through its
+/// writer, printing `durable <n>` once each is on disk, until it is killed.
+#[tokio::test]
+#[ignore = "the child of a_sigkill_during_saves_leaves_every_record_old_or_new"]
+async fn crash_child_saves_until_killed() {
+    let Ok(dir) = std::env::var(CRASH_DIR) else {
+        return;
+    };
+    let start: u64 = std::env::var("DRANET_STATE_CRASH_START")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let s = Store::open(&dir).unwrap();
+    s.remove_stale_temp_files();
+    let loaded = s.load_or_recover();
+    assert!(
+        matches!(loaded.source, LoadSource::Current | LoadSource::Absent),
+        "{:?}",
+        loaded.source
+    );
+    let w = Writer::start(s).unwrap();
+    for n in start.. {
+        let g = w.stage(&crash_state(n)).unwrap();
+        w.durable(g).await.unwrap();
+        println!("durable {n}");
+    }
+}
+
+/// SIGKILL at random points of a stream of saves (a child process: this test binary running
+/// `crash_child_saves_until_killed`), 20 times over the same state dir: every time, the state
+/// loads cleanly (no torn or missing file) and every record — present or not — is at its value of
+/// the last save reported durable or of the one after it (old or new), never older, never mixed
+/// within a record.
+#[test]
+fn a_sigkill_during_saves_leaves_every_record_old_or_new() {
+    use std::io::BufRead;
+    let d = tmpdir("sigkill");
+    Store::open(&d).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let mut start = 1u64;
+    for round in 0..20 {
+        let mut child = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "state::tests::crash_child_saves_until_killed",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CRASH_DIR, &d)
+            .env("DRANET_STATE_CRASH_START", start.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        // At least one save durable, then a kill at a random point of the next ones.
+        let mut acked = loop {
+            let line = lines.next().expect("the child stopped before a save").unwrap();
+            if let Some(n) = line.strip_prefix("durable ") {
+                break n.parse::<u64>().unwrap();
+            }
+        };
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        std::thread::sleep(std::time::Duration::from_micros((seed >> 33) % 30_000));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for line in lines {
+            if let Some(n) = line.unwrap().strip_prefix("durable ") {
+                acked = n.parse().unwrap();
+            }
+        }
+        let loaded = Store::open(&d)
+            .unwrap()
+            .load()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let (old, new) = (crash_state(acked), crash_state(acked + 1));
+        for key in old.pods.keys().chain(new.pods.keys()) {
+            let got = loaded.pods.get(key);
+            assert!(
+                got == old.pods.get(key) || got == new.pods.get(key),
+                "round {round}, after {acked}: record {key} is {:?}",
+                got.map(|r| &r.name)
+            );
+        }
+        for uid in old.plans.keys().chain(new.plans.keys()) {
+            let got = loaded.plans.get(uid);
+            assert!(
+                got == old.plans.get(uid) || got == new.plans.get(uid),
+                "round {round}, after {acked}: plan {uid} is {:?}",
+                got.map(|p| &p.pod_name)
+            );
+        }
+        let extra = loaded
+            .pods
+            .keys()
+            .find(|k| !old.pods.contains_key(*k) && !new.pods.contains_key(*k));
+        assert!(extra.is_none(), "round {round}: record {extra:?} of neither");
+        start = acked + 2;
+    }
+    fs::remove_dir_all(&d).unwrap();
 }

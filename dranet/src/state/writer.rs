@@ -1,8 +1,10 @@
 //! Saves run on a thread of their own (`dranet-checkpoint`): `fsync` never blocks an async
-//! worker. A change is *staged* (encoded while the caller still holds the checkpoint, so
-//! generations follow the order of the changes) and then awaited if the caller needs it durable.
-//! Stages that pile up while a save runs are coalesced: the thread always writes the newest
-//! generation, which contains every older one.
+//! worker. A change is *staged* (the records that differ from the last stage are encoded while
+//! the caller still holds the checkpoint, so generations follow the order of the changes) and then
+//! awaited if the caller needs it durable. Stages that pile up while a save runs are coalesced
+//! (the newer value of a record wins): the thread always writes up to the newest generation, which
+//! contains every older one. A save that fails is kept and written again with the next stage, so
+//! a record is never left behind on disk because only its first save failed.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -10,7 +12,7 @@ use std::thread::JoinHandle;
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::store::Encoder;
+use super::store::{Delta, Differ};
 use super::{Checkpoint, StateError, Store};
 
 /// The newest save attempt: its generation and how it went.
@@ -24,8 +26,10 @@ struct Done {
 struct Queue {
     /// Generation of the newest stage.
     staged: u64,
-    /// The newest stage not written yet.
-    pending: Option<(u64, Vec<u8>)>,
+    /// The changes staged and not written yet, up to the newest generation.
+    pending: Option<(u64, Delta)>,
+    /// The changes of a save that failed while nothing was pending: written with the next stage.
+    failed: Option<Delta>,
     stop: bool,
 }
 
@@ -41,8 +45,8 @@ fn lock(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 /// The checkpoint writer of one state dir (the lock holder's).
 pub struct Writer {
     shared: Arc<Shared>,
-    /// Reuses the JSON of unchanged records (taken under the caller's checkpoint lock).
-    encoder: Mutex<Encoder>,
+    /// The last staged value of every record (taken under the caller's checkpoint lock).
+    differ: Mutex<Differ>,
     done: watch::Receiver<Done>,
     thread: Option<JoinHandle<()>>,
 }
@@ -54,8 +58,10 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread for `store`.
+    /// Starts the writer thread for `store`. After [`Store::load_or_recover`] the first save
+    /// writes only what changed since; else it is a full save.
     pub fn start(store: Store) -> Result<Self, StateError> {
+        let differ = Differ::new(store.take_on_disk());
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -68,7 +74,7 @@ impl Writer {
             .map_err(StateError::Thread)?;
         Ok(Self {
             shared,
-            encoder: Mutex::new(Encoder::default()),
+            differ: Mutex::new(differ),
             done,
             thread: Some(thread),
         })
@@ -77,15 +83,20 @@ impl Writer {
     /// Queues `cp` for saving and returns its generation. Call it while holding the checkpoint
     /// the change was made to, so generations follow the changes.
     pub fn stage(&self, cp: &Checkpoint) -> Result<u64, StateError> {
-        let bytes = self
-            .encoder
+        let delta = self
+            .differ
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .encode(cp)?;
+            .diff(cp)?;
         let mut q = lock(&self.shared.queue);
         q.staged += 1;
         let generation = q.staged;
-        q.pending = Some((generation, bytes));
+        let mut all = q.failed.take().unwrap_or_default();
+        if let Some((_, older)) = q.pending.take() {
+            all.then(older);
+        }
+        all.then(delta);
+        q.pending = Some((generation, all));
         drop(q);
         self.shared.wake.notify_one();
         Ok(generation)
@@ -142,12 +153,23 @@ fn run(shared: &Shared, store: &Store, done: &watch::Sender<Done>) {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
         };
-        let Some((generation, bytes)) = job else {
+        let Some((generation, delta)) = job else {
             return;
         };
-        let error = store.write(&bytes).err().map(Arc::new);
+        let error = store.apply(&delta).err().map(Arc::new);
         if let Some(e) = &error {
             warn!(error = %crate::telemetry::chain(&e), generation, "saving the checkpoint failed");
+            // Written again before (and under) whatever is staged next.
+            let mut q = lock(&shared.queue);
+            let mut again = q.failed.take().unwrap_or_default();
+            again.then(delta);
+            match q.pending.take() {
+                Some((g, newer)) => {
+                    again.then(newer);
+                    q.pending = Some((g, again));
+                }
+                None => q.failed = Some(again),
+            }
         }
         done.send_replace(Done { generation, error });
     }
