@@ -215,10 +215,8 @@ impl Engine {
             return Ok(false);
         }
         let id = self.cp().pods.get(key).map(|r| r.netns);
-        let mut last = false;
         self.update(|cp| {
             cp.pods.remove(key);
-            last = cp.pods.is_empty();
         })
         .await?;
         if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
@@ -226,12 +224,6 @@ impl Engine {
         }
         self.inner.metrics.records_dropped.inc();
         info!(sandbox = key, why, "sandbox record dropped");
-        if last {
-            // No pod holds a device any more: hand the heap that the pods' attaches and returns
-            // freed back to the kernel (glibc keeps it in the arenas of the worker and blocking
-            // threads that ran them: megabytes after a few hundred pods). Off the async workers.
-            tokio::task::spawn_blocking(crate::sys::os::release_freed_heap);
-        }
         Ok(true)
     }
 
