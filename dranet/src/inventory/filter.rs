@@ -4,8 +4,9 @@
 //! A device is kept when the expression is `true` or fails to evaluate; any other result drops it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use cel::{Context, Program, Value};
+use cel::{Context, Env, Program, Value};
 
 use super::{AttrValue, Device};
 
@@ -16,6 +17,9 @@ pub const DEFAULT_FILTER: &str =
 /// A compiled filter.
 pub struct Filter {
     program: Program,
+    /// CEL's standard library (every function, type and macro declaration), built once: each
+    /// device is evaluated in a context over it. `Context::default()` builds it anew, per device.
+    env: Arc<Env>,
     source: String,
 }
 
@@ -37,6 +41,7 @@ impl Filter {
         })?;
         Ok(Some(Self {
             program,
+            env: Arc::new(Env::stdlib()),
             source: expr.to_owned(),
         }))
     }
@@ -49,7 +54,7 @@ impl Filter {
             .iter()
             .map(|(k, v)| (k.clone(), attr_value(v)))
             .collect();
-        let mut ctx = Context::default();
+        let mut ctx = Context::with_env(Arc::clone(&self.env));
         ctx.add_variable_from_value("attributes", attrs);
         match self.program.execute(&ctx) {
             Ok(Value::Bool(b)) => b,

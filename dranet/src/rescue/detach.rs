@@ -178,7 +178,7 @@ impl Engine {
             d.state,
             DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
         );
-        let _slot = if ctx.foreground || !(out || d.rdma_in_pod) {
+        let slot = if ctx.foreground || !(out || d.rdma_in_pod) {
             None
         } else {
             Some(self.inner.lane.background().await)
@@ -191,6 +191,7 @@ impl Engine {
             failed.push(crate::telemetry::chain(&e).to_string());
         }
         if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
+            drop(slot);
             return Ok(if failed.is_empty() {
                 DeviceReturn::AlreadyHome
             } else {
@@ -234,6 +235,9 @@ impl Engine {
                 source,
             }),
         };
+        // The kernel's part is done: the next return may start while this one's state is
+        // saved (the save's fsync needs no RTNL, and held the lane idle).
+        drop(slot);
         let (state, ret) = match res {
             Ok(Returned::Restored) => (DeviceState::Home, DeviceReturn::Home(d.snapshot.name.clone())),
             Ok(Returned::NameBusy { temp_name }) => {

@@ -113,11 +113,19 @@ pub struct DetachRequest<'a> {
 /// it. `moved_at` gets CLOCK_MONOTONIC ns (if still `None`) when the move is sent.
 pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Result<Returned, LinkError> {
     let snap = req.snap;
-    // Both lookups at once (two sockets, two netns): one round trip less before the move,
-    // which is the rescue's reaction time.
-    let (in_pod, in_host) = futures::join!(
+    // Every lookup at once (two sockets, two netns): the device in the pod, its host name and
+    // its host ifindex in the host. Two round trips less before the move, which is the rescue's
+    // reaction time, and each of them waits for RTNL behind the other returns' moves.
+    let (in_pod, in_host, index_taken) = futures::join!(
         find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname),
-        req.host_nl.link_by_name(&snap.name)
+        req.host_nl.link_by_name(&snap.name),
+        async {
+            if snap.ifindex > 0 {
+                req.host_nl.link_by_index(snap.ifindex).await.map(|m| m.is_some())
+            } else {
+                Ok(true)
+            }
+        }
     );
     let Some(m) = in_pod? else {
         // Not in the pod: it never left the host (an attach that failed before its move), it
@@ -139,7 +147,7 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
         .push(LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
     msg.attributes.push(LinkAttribute::IfName(name.clone()));
     // Back at its own host ifindex when that is free (it is, unless something asked for it).
-    if snap.ifindex > 0 && req.host_nl.link_by_index(snap.ifindex).await?.is_none() {
+    if !index_taken? {
         msg.attributes.push(LinkAttribute::NewIfIndex(
             i32::try_from(snap.ifindex).unwrap_or(0),
         ));
@@ -155,28 +163,40 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
         }
         // It moved anyway: it is in the host under the name we asked for.
         return match moved_home(req.host_nl, &name, snap).await {
-            Ok(Some(index)) => restore(req.host_nl, index, snap, host_busy).await,
+            Ok(Some(m)) => restore_moved(req.host_nl, &m, snap, host_busy).await,
             _ => Err(e),
         };
     }
-    let index = moved_home(req.host_nl, &name, snap)
+    let m = moved_home(req.host_nl, &name, snap)
         .await?
         .ok_or(LinkError::NotFound(name))?;
-    restore(req.host_nl, index, snap, host_busy).await
+    restore_moved(req.host_nl, &m, snap, host_busy).await
 }
 
-/// The host ifindex of the device a move just brought home under `name` (the move renamed it
-/// in the same request, so the name is ours at this instant), checked with [`same_device`].
+/// The host link of the device a move just brought home under `name` (the move renamed it in
+/// the same request, so the name is ours at this instant), checked with [`same_device`].
 pub(super) async fn moved_home(
     nl: &Netlink,
     name: &str,
     snap: &LinkSnapshot,
-) -> Result<Option<u32>, LinkError> {
-    Ok(nl
-        .link_by_name(name)
-        .await?
-        .filter(|m| same_device(m, snap))
-        .map(|m| m.header.index))
+) -> Result<Option<LinkMessage>, LinkError> {
+    Ok(nl.link_by_name(name).await?.filter(|m| same_device(m, snap)))
+}
+
+/// [`restore`] of a device a move just brought home, from the link message of that lookup
+/// (not asked for again). Its addresses are not dumped either: leaving a netns unregisters the
+/// device there (`NETDEV_UNREGISTER`: `inetdev_destroy`, `addrconf_ifdown`), so it arrives with
+/// none, and DOWN, without even an IPv6 link-local. Every snapshot address is put back
+/// (`NLM_F_REPLACE`: one that something added meanwhile is simply kept).
+async fn restore_moved(
+    nl: &Netlink,
+    m: &LinkMessage,
+    snap: &LinkSnapshot,
+    keep_name: bool,
+) -> Result<Returned, LinkError> {
+    let mut cur = snapshot_of(m, &[]);
+    cur.sysctls = sysctl::of_link(m);
+    restore_from(nl, m.header.index, snap, &cur, keep_name).await
 }
 
 /// Restores a host device (found at `index`) to `snap`: name (unless `keep_name`), MTU, MAC,
@@ -191,9 +211,20 @@ pub(super) async fn restore(
     let cur = snapshot_index(nl, index)
         .await?
         .ok_or_else(|| LinkError::NotFound(snap.name.clone()))?;
-    let result = restore_name(nl, index, snap, &cur, keep_name).await?;
-    restore_settings(nl, index, snap, &cur).await?;
-    restore_altnames(nl, index, snap, &cur).await?;
+    restore_from(nl, index, snap, &cur, keep_name).await
+}
+
+/// [`restore`] from the device's current state `cur`.
+async fn restore_from(
+    nl: &Netlink,
+    index: u32,
+    snap: &LinkSnapshot,
+    cur: &LinkSnapshot,
+    keep_name: bool,
+) -> Result<Returned, LinkError> {
+    let result = restore_name(nl, index, snap, cur, keep_name).await?;
+    restore_settings(nl, index, snap, cur).await?;
+    restore_altnames(nl, index, snap, cur).await?;
     // Phase 4: the addresses the move dropped.
     for a in snap
         .addresses
@@ -206,7 +237,7 @@ pub(super) async fn restore(
         Returned::NameBusy { temp_name } => temp_name.as_str(),
         Returned::Restored => snap.name.as_str(),
     };
-    restore_sysctls(now_name, snap, &cur);
+    restore_sysctls(now_name, snap, cur);
     restore_offloads(index, snap)?;
     if snap.up {
         set_up(nl, index, true).await?;
