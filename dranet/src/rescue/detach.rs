@@ -362,8 +362,15 @@ impl Engine {
     ) -> Result<(), RescueError> {
         if let Some(Live { pin, netlink }) = live {
             drop(netlink);
-            if let Err(e) = pin.release() {
-                warn!(sandbox = key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
+            // The umount waits for an RCU grace period: up to 0.66 s on a loaded node (`perf
+            // sched`, `cargo xtask bench --only loaded`). Never on the reactor, where it held up
+            // every later event, nor on an async worker.
+            match tokio::task::spawn_blocking(move || pin.release()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(sandbox = key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
+                }
+                Err(_) => warn!(sandbox = key, "releasing the pin: the blocking task failed"),
             }
         }
         // Counted before the record changes: whoever sees the record say "returned" sees the
