@@ -308,3 +308,47 @@ fn trace_json_subprocess_prints_parseable_teardown() -> Result<()> {
     assert!(umount["t_us"].as_i64().is_some());
     Ok(())
 }
+
+/// Scheduling policy (field 41) and nice value (field 19) of the calling thread.
+fn sched_of_this_thread() -> Result<(u32, i32)> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat")?;
+    // Fields after the command (which may hold spaces), counted from field 3.
+    let rest = stat.rsplit_once(')').context("stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Ok((f[41 - 3].parse()?, f[19 - 3].parse()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ring_is_read_on_a_raised_reactor_whose_threads_run_normally() -> Result<()> {
+    root_or_skip!("the_ring_is_read_on_a_raised_reactor_whose_threads_run_normally");
+    let w = start().await?;
+    let rt = w.reactor().context("no reactor")?.clone();
+    let (policy, nice) = rt.spawn(async { sched_of_this_thread() }).await??;
+    // Root: SCHED_FIFO (1) where the kernel allows real-time tasks, else a negative nice value.
+    assert!(policy == 1 || nice < 0, "reactor at policy {policy}, nice {nice}");
+    // Threads it starts (its blocking pool) run at the normal priority.
+    let (policy, nice) = rt
+        .spawn(async { tokio::task::spawn_blocking(sched_of_this_thread).await })
+        .await???;
+    assert_eq!((policy, nice), (0, 0));
+    // Events still arrive: a watched netns torn down CRI-O style.
+    let mut sub = w.subscribe();
+    let (mut ns, _veth, _ifindex, id) = pod_with_veth("reactor")?;
+    let fd = ns.open()?;
+    w.watch_netns(&ns.path, id, fd.as_fd()).await?;
+    let path = ns.path.display().to_string();
+    ns.remove_crio_style()?;
+    let evs = collect(
+        &mut sub,
+        Duration::from_secs(5),
+        |e| matches!(&e.kind, EventKind::NetnsUnmounted { path: p, .. } if *p == path),
+    )
+    .await;
+    position(
+        &evs,
+        "umount",
+        |e| matches!(&e.kind, EventKind::NetnsUnmounted { path: p, .. } if *p == path),
+    )?;
+    drop(fd);
+    Ok(())
+}

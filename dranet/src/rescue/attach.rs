@@ -116,7 +116,16 @@ impl Engine {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let pod_nl = self
-            .link_op("rtnetlink in the pod netns", Netlink::in_netns(netns))
+            .link_op(
+                "rtnetlink in the pod netns",
+                Netlink::in_netns_on(
+                    netns,
+                    self.inner
+                        .watcher
+                        .as_ref()
+                        .and_then(crate::watch::Watcher::reactor),
+                ),
+            )
             .await
             .map_err(|source| RescueError::PodNetlink {
                 pod: uid.to_owned(),

@@ -64,7 +64,7 @@ impl Engine {
         first_move: &mut Option<u64>,
     ) -> Result<DetachOutcome, RescueError> {
         let started = std::time::Instant::now();
-        let (uid, devices, live) = match self.begin_return(key).await? {
+        let (uid, devices, live) = match self.begin_return(key, reason).await? {
             Begun::Ready { uid, devices, live } => (uid, devices, live),
             Begun::Done(outcome) => return Ok(outcome),
         };
@@ -116,7 +116,14 @@ impl Engine {
 
     /// Phase 1: the sandbox's record (none: not ours; nothing out: already home), its pin (taken
     /// from the live set, or re-opened), and the record marked `Returning`.
-    async fn begin_return(&self, key: &str) -> Result<Begun, RescueError> {
+    ///
+    /// A hook's return waits until `Returning` is on disk before moving anything. A rescue only
+    /// stages it: the save of the first device's new state (which waits) carries it. A crash in
+    /// between leaves the record `Attached`, and the restart's reconcile returns the devices all
+    /// the same: the runtime's path no longer names the netns, so it is not re-adopted. Waiting
+    /// here would put the checkpoint thread's wake-up and `fsync` before the first move: ms on a
+    /// loaded node.
+    async fn begin_return(&self, key: &str, reason: ReturnReason) -> Result<Begun, RescueError> {
         let (uid, devices, pin_path) = {
             let cp = self.cp();
             let Some(rec) = cp.pods.get(key) else {
@@ -133,12 +140,18 @@ impl Engine {
             Some(l) => Some(l),
             None => self.repin(key, pin_path.as_deref()).await,
         };
-        self.update(|cp| {
+        let mark = |cp: &mut crate::state::Checkpoint| {
             if let Some(rec) = cp.pods.get_mut(key) {
                 rec.phase = PodPhase::Returning;
             }
-        })
-        .await?;
+        };
+        if reason == ReturnReason::NetnsTeardown {
+            let mut cp = self.cp();
+            mark(&mut cp);
+            self.inner.writer.stage(&cp)?;
+        } else {
+            self.update(mark).await?;
+        }
         Ok(Begun::Ready { uid, devices, live })
     }
 
@@ -352,8 +365,15 @@ impl Engine {
     ) -> Result<(), RescueError> {
         if let Some(Live { pin, netlink }) = live {
             drop(netlink);
-            if let Err(e) = pin.release() {
-                warn!(sandbox = key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
+            // The umount waits for an RCU grace period: up to 0.66 s on a loaded node (`perf
+            // sched`, `cargo xtask bench --only loaded`). Never on the reactor, where it held up
+            // every later event, nor on an async worker.
+            match tokio::task::spawn_blocking(move || pin.release()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(sandbox = key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
+                }
+                Err(_) => warn!(sandbox = key, "releasing the pin: the blocking task failed"),
             }
         }
         // Counted before the record changes: whoever sees the record say "returned" sees the

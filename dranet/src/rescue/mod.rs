@@ -508,13 +508,38 @@ impl Engine {
     }
 
     /// Consumes the watcher's events until the stream ends, acting on each decision at once.
-    pub async fn run_events(&self, mut sub: Subscription) {
+    ///
+    /// With the watcher's reactor ([`crate::watch::Reactor`]) the loop runs there, beside the
+    /// ring-buffer reader, and so do rescues: a probe event reaches the first device move
+    /// without waiting for an async worker. Every other action runs on the caller's runtime.
+    pub async fn run_events(&self, sub: Subscription) {
+        let here = tokio::runtime::Handle::current();
+        let reactor = self.inner.watcher.as_ref().and_then(Watcher::reactor).cloned();
+        match reactor {
+            Some(rt) => {
+                let me = self.clone();
+                // Aborted with this future (the caller's task).
+                let mut on_reactor = crate::watch::reactor::AbortOnDrop(
+                    rt.spawn(async move { me.event_loop(sub, here).await }),
+                );
+                let _ = (&mut on_reactor.0).await;
+            }
+            None => self.event_loop(sub, here).await,
+        }
+    }
+
+    /// [`Engine::run_events`] on the current runtime; actions other than rescues go to `others`.
+    async fn event_loop(&self, mut sub: Subscription, others: tokio::runtime::Handle) {
         while let Some(ev) = sub.recv().await {
             let actions = decide(&self.cp(), &ev);
             for action in actions {
                 debug!(?action, event = ev.kind_name(), "decision");
                 let me = self.clone();
-                tokio::spawn(async move { me.act(action).await });
+                if matches!(action, Action::Rescue { .. }) {
+                    tokio::spawn(async move { me.act(action).await });
+                } else {
+                    others.spawn(async move { me.act(action).await });
+                }
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The process's own syscalls: the monotonic clock, `RLIMIT_NOFILE`, errno classification,
-//! registering fds with tokio's reactor, and handing freed heap back to the kernel.
+//! registering fds with tokio's reactor, handing freed heap back to the kernel, and raising the
+//! scheduling priority of the thread that reacts to netns teardowns.
 
 use tokio::io::unix::AsyncFd;
 
@@ -13,6 +14,68 @@ pub enum OsError {
         #[source]
         source: nix::Error,
     },
+    /// Neither `SCHED_FIFO` nor a negative nice value could be set on the calling thread.
+    #[error("cannot raise the thread's priority (SCHED_FIFO: {fifo}; nice {nice}: {nice_error})")]
+    Priority {
+        fifo: std::io::Error,
+        nice: i32,
+        nice_error: std::io::Error,
+    },
+}
+
+/// The scheduling a thread got from [`raise_thread_priority`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// `SCHED_FIFO` at this real-time priority.
+    Fifo(i32),
+    /// `SCHED_OTHER` at this (negative) nice value.
+    Nice(i32),
+}
+
+/// Raises the calling thread (only it, not the process) to `SCHED_FIFO` at `fifo`, or, where
+/// that is not allowed (no `CAP_SYS_NICE`, `RLIMIT_RTPRIO` 0, a cgroup without real-time
+/// runtime), to nice `nice` under `SCHED_OTHER`. Either way with `SCHED_RESET_ON_FORK`: threads
+/// the caller starts (a runtime's blocking pool, a netns worker) run at the normal priority.
+///
+/// # Errors
+/// [`OsError::Priority`] when neither could be set; the thread keeps its scheduling.
+pub fn raise_thread_priority(fifo: i32, nice: i32) -> Result<Priority, OsError> {
+    let param = libc::sched_param { sched_priority: fifo };
+    // SAFETY: sched_setscheduler reads `param` (a valid, initialized sched_param on our stack)
+    // and changes only the scheduling of the calling thread (pid 0).
+    let rc = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &raw const param)
+    };
+    if rc == 0 {
+        return Ok(Priority::Fifo(fifo));
+    }
+    let fifo_error = std::io::Error::last_os_error();
+    let other = libc::sched_param { sched_priority: 0 };
+    // SAFETY: as above; SCHED_OTHER with priority 0 keeps the thread's nice value and only adds
+    // the reset-on-fork flag (no privilege needed).
+    let rc = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK, &raw const other)
+    };
+    if rc != 0 {
+        return Err(OsError::Priority {
+            fifo: fifo_error,
+            nice,
+            nice_error: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: setpriority(PRIO_PROCESS, tid) changes the nice value of the one thread `tid`,
+    // which is the calling thread; no memory is passed.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, u32::try_from(tid).unwrap_or(0), nice) };
+    if rc != 0 {
+        return Err(OsError::Priority {
+            fifo: fifo_error,
+            nice,
+            nice_error: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(Priority::Nice(nice))
 }
 
 /// A CLOCK_MONOTONIC timestamp in ns (the clock of `bpf_ktime_get_ns`).

@@ -14,6 +14,7 @@
 
 pub mod event;
 mod nsfs;
+pub mod reactor;
 pub mod rtnl;
 
 use std::collections::HashMap;
@@ -34,6 +35,7 @@ use crate::sys::probes::{self, maps};
 pub use crate::sys::probes::{ProbeState, ProbeStatus, Tier};
 pub use event::{EventKind, LifecycleEvent, MonoNs, Source, Task, UnlinkCall};
 pub use nsfs::{identify_fd, identify_path};
+pub use reactor::Reactor;
 
 /// Where runtimes bind-mount pod netns: the prefixes `dranet trace` watches.
 pub const DEFAULT_PREFIXES: &[&str] = &["/run/netns/", "/var/run/netns/"];
@@ -71,6 +73,10 @@ pub struct WatcherOptions {
     /// by `cargo xtask bench`) and only `dranet trace` shows what they report: the rescue
     /// engine does not act on them, so the daemon leaves them off.
     pub cleanup_probes: bool,
+    /// Read the ring buffer on the [`Reactor`] (a thread of its own at a raised priority), and
+    /// let the engine decide and rescue there too ([`Watcher::reactor`]). Off: everything runs
+    /// on the caller's runtime.
+    pub reactor: bool,
     /// Receive buffer of the rtnetlink monitor socket, bytes. Large by default, so a burst of
     /// link events (a node drain) is not lost; an overflow still becomes a `Lost` event.
     pub rtnl_rcvbuf: usize,
@@ -93,6 +99,7 @@ impl Default for WatcherOptions {
             learn_dirs: false,
             capacity: 8192,
             cleanup_probes: false,
+            reactor: true,
             rtnl_rcvbuf: 4 << 20,
             ring_reader_delay: None,
             rtnl_reader_delay: None,
@@ -207,6 +214,8 @@ pub struct Watcher {
     status: Vec<ProbeStatus>,
     notes: Vec<String>,
     tasks: Vec<JoinHandle<()>>,
+    /// Declared last: stopped once the tasks are aborted.
+    reactor: Option<Reactor>,
 }
 
 impl Drop for Watcher {
@@ -233,7 +242,16 @@ impl Watcher {
             status: Vec::new(),
             notes: Vec::new(),
             tasks: Vec::new(),
+            reactor: None,
         };
+        if opts.reactor && opts.ebpf {
+            match Reactor::start() {
+                Ok(r) => w.reactor = Some(r),
+                Err(e) => {
+                    warn!(error = %crate::telemetry::chain(&e), "no rescue reactor thread; events are read on the async workers");
+                }
+            }
+        }
         let unlink_probe = w.start_ebpf(&opts);
         crate::sys::os::release_freed_heap();
         w.start_rtnl(opts.rtnl_rcvbuf, opts.rtnl_reader_delay).await?;
@@ -269,7 +287,12 @@ impl Watcher {
             .status
             .iter()
             .any(|s| s.name == "unlink" && s.state == ProbeState::Active);
-        match maps::take(loaded.ebpf, &opts.prefixes).map(|m| self.use_maps(m, opts.ring_reader_delay)) {
+        // The ring buffer's fd is registered with the runtime that reads it: the reactor's.
+        let taken = {
+            let _in_reactor = self.reactor.as_ref().map(|r| r.handle().enter());
+            maps::take(loaded.ebpf, &opts.prefixes)
+        };
+        match taken.map(|m| self.use_maps(m, opts.ring_reader_delay)) {
             Ok(()) => {}
             Err(e) => {
                 warn!(error = %crate::telemetry::chain(&e), "eBPF maps unusable; probes disabled");
@@ -289,19 +312,28 @@ impl Watcher {
         } = maps;
         self.tasks
             .push(tokio::spawn(poll_lost(lost, Arc::clone(&self.shared))));
+        let here = tokio::runtime::Handle::current();
+        let rt = self.reactor.as_ref().map_or(&here, Reactor::handle);
         if let Some(log) = log {
-            self.tasks.push(tokio::spawn(log.run()));
+            self.tasks.push(rt.spawn(log.run()));
         }
         if let Ok(mut bpf) = self.shared.bpf.lock() {
             *bpf = Some(watched);
         }
         let shared = Arc::clone(&self.shared);
-        self.tasks.push(tokio::spawn(async move {
+        self.tasks.push(rt.spawn(async move {
             if let Some(d) = delay {
                 tokio::time::sleep(d).await;
             }
             read_ring(ring, shared).await;
         }));
+    }
+
+    /// The runtime of the [`Reactor`] thread, where the ring buffer is read; `None` without
+    /// one (disabled, no probes, or the thread could not start).
+    #[must_use]
+    pub fn reactor(&self) -> Option<&tokio::runtime::Handle> {
+        self.reactor.as_ref().map(Reactor::handle)
     }
 
     async fn start_rtnl(&mut self, rcvbuf: usize, pause: Option<Duration>) -> Result<(), WatchError> {

@@ -132,14 +132,27 @@ impl Netlink {
 
     /// rtnetlink inside `netns`: the socket is created on a thread inside it.
     pub async fn in_netns(netns: &Netns) -> Result<Self, LinkError> {
+        Self::in_netns_on(netns, None).await
+    }
+
+    /// [`Netlink::in_netns`] with the socket's I/O (its connection task) on the runtime `rt`
+    /// (default: the caller's). The engine puts a pod's socket on the rescue reactor, so a
+    /// rescue's requests in the pod are answered without an async worker.
+    pub async fn in_netns_on(netns: &Netns, rt: Option<&tokio::runtime::Handle>) -> Result<Self, LinkError> {
         let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
             .map_err(LinkError::Socket)?;
         let raw = fd.into_raw_fd();
+        // The socket registers with the I/O driver of the runtime entered here.
+        let entered = rt.map(tokio::runtime::Handle::enter);
         // SAFETY: `raw` is an owned, non-blocking netlink socket we just released from its
         // OwnedFd; TokioSocket takes over its ownership (and closes it on drop).
         let sock = unsafe { netlink_sys::TokioSocket::from_raw_fd(raw) };
         let (conn, handle, _) = rtnetlink::from_socket(sock);
-        tokio::spawn(conn);
+        match rt {
+            Some(rt) => drop(rt.spawn(conn)),
+            None => drop(tokio::spawn(conn)),
+        }
+        drop(entered);
         Ok(Self { handle })
     }
 
