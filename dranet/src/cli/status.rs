@@ -18,7 +18,7 @@ pub struct StatusArgs {
 }
 
 /// Read only (it takes no lock: it works beside a running daemon). A checkpoint that does not
-/// load is reported, and `state.json.prev` shown instead when it loads.
+/// load is reported, and what loads shown instead: each record from its file or its `.prev`.
 pub fn main(args: &StatusArgs) -> ExitCode {
     let store = match Store::open(&args.state_dir) {
         Ok(s) => s,
@@ -34,8 +34,7 @@ pub fn main(args: &StatusArgs) -> ExitCode {
             match store.load_prev() {
                 Ok(Some(cp)) => {
                     eprintln!(
-                        "dranet status: showing {} (one save behind)",
-                        store.prev_path().display()
+                        "dranet status: showing what loads, each record from its file or its .prev (one save behind)"
                     );
                     cp
                 }

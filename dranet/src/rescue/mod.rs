@@ -286,8 +286,8 @@ pub struct Engine {
 
 impl Engine {
     /// Takes the state dir (its lock, waiting up to [`EngineOptions::lock_wait`]), loads the
-    /// checkpoint (a checkpoint that does not load is moved aside, then `state.json.prev` is
-    /// used, else nothing: never an error) and opens the host handles. Call
+    /// checkpoint (a record file that does not load is moved aside and its `.prev` used, else the
+    /// record is left out: never an error) and opens the host handles. Call
     /// [`Engine::reconcile`] next: it also rebuilds records from pins no record claims.
     pub async fn new(opts: EngineOptions, watcher: Option<Watcher>) -> Result<Self, RescueError> {
         let store = Store::open(&opts.state_dir)?;

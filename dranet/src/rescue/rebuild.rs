@@ -1,6 +1,6 @@
-//! Records rebuilt from pins: when no checkpoint has a record of a pinned netns (neither
-//! `state.json` nor `state.json.prev` loaded, or `.prev` is one save behind the attach that made
-//! the pin), the pin itself says that dranet put devices there, and the kernel says which.
+//! Records rebuilt from pins: when no checkpoint has a record of a pinned netns (neither the
+//! record's file nor its `.prev` loaded, or `.prev` is one save behind the attach that made the
+//! pin), the pin itself says that dranet put devices there, and the kernel says which.
 //!
 //! **Which links of a pinned netns are ours** (there is no record to say so): a link is taken
 //! when both hold —
@@ -210,7 +210,7 @@ impl Engine {
                 ..
             } => format!("{problem}; {prev_problem}"),
             LoadSource::Previous { problem, .. } => {
-                format!("{problem}; state.json.prev has no record of this pin")
+                format!("{problem}; the previous checkpoint has no record of this pin")
             }
             LoadSource::Absent | LoadSource::Current => "no record of this pin".to_owned(),
         };
@@ -339,7 +339,7 @@ impl Engine {
         if done.is_ok() {
             warn!(
                 sandbox = key,
-                "state.json.prev shows this attach under way, but every device is in the pod: taken as attached"
+                "the previous checkpoint shows this attach under way, but every device is in the pod: taken as attached"
             );
         }
         done.is_ok()
