@@ -1,3 +1,4 @@
+// Over 500 lines: the start-up wiring of both sides of `dranet run` in start-up order (runtime first, then kubelet), each phase a function.
 //! The kubelet (DRA + ResourceSlices) and runtime (NRI) sides of `dranet run`.
 //!
 //! The runtime side comes first and needs nothing from the cluster. The kubelet side never

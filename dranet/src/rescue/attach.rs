@@ -1,3 +1,4 @@
+// Over 500 lines: the attach of one sandbox in named phases (open, stage, write ahead, move, finish) with its roll-back and RDMA step; one file keeps the order visible.
 //! Attach (RunPodSandbox): open + verify the pod netns, bring the devices home from an older
 //! sandbox of the same pod, snapshot every device, write ahead, pin, move each device in; on any
 //! failure bring the ones already moved back home.

@@ -1,3 +1,4 @@
+// Over 500 lines: the checkpoint's record types and their identity rules, which the on-disk format and the engine both read.
 //! Crash-safe checkpoint of what dranet did to the node: prepared plans, pods whose netns holds our
 //! devices, their pins and every device's host snapshot. (Files only.)
 //!

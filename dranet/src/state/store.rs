@@ -1,3 +1,4 @@
+// Over 500 lines: the state dir's files (format 3 record files, the format 1/2 single file and its migration, per-record fallback); the crash-safety sequence reads best in one place.
 //! The state dir's files: `checkpoint/` (format 3: one file per record, each with its `.prev`,
 //! and `<name>.corrupt-<unix time>` for files that did not load, kept for the operator),
 //! `state.json` and `state.json.prev` (formats 1 and 2: read, migrated, then renamed to

@@ -1,3 +1,4 @@
+// Over 500 lines: the checkpoint's tests (formats 1-3, crash safety, corrupt files, migration, the golden files) share one set of fixtures.
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
