@@ -2,7 +2,6 @@
 //! DRA gRPC over unix sockets, claims from local files) and a simulated runtime (the NRI
 //! harness), with real pod netns and veth pairs standing in for NICs. Test support only.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -189,15 +188,8 @@ impl Node {
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
         let stdout = child.stdout.take().context("daemon stdout")?;
-        let ready = tokio::task::spawn_blocking(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let found = lines
-                .by_ref()
-                .any(|l| l.is_ok_and(|l| l.starts_with("dranet ready")));
-            // Keep draining so the daemon never blocks on a full pipe.
-            std::thread::spawn(move || for _ in lines {});
-            found
-        });
+        // Awaited (within START_TIMEOUT) once kubelet and the runtime have seen the daemon.
+        let ready = tokio::spawn(crate::fixtures::until_ready(stdout, 3 * START_TIMEOUT));
         self.child = Some(child);
         self.plugin = Some(self.kubelet.register_when_ready(START_TIMEOUT).await?);
         // One more handshake than the runtime has seen so far (a runtime restart in between
@@ -206,7 +198,7 @@ impl Node {
         self.runtime.wait_ready(self.sessions, START_TIMEOUT).await?;
         if !tokio::time::timeout(START_TIMEOUT, ready)
             .await
-            .context("daemon never printed ready")??
+            .context("daemon never printed ready")???
         {
             bail!("the daemon exited before it was ready");
         }

@@ -148,19 +148,13 @@ impl NetnsDaemon {
         let dir = std::env::temp_dir().join(unique("dranet-inv1k-node-"));
         std::fs::create_dir_all(dir.join("claims"))?;
         ns.ip(&["link", "set", "lo", "up"])?;
-        let child = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns.name])
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args(["netns", "exec", &ns.name])
             .arg(dranet_sim::kernel::dranet_bin()?)
             .args(["run", "--node-name", "n1", "--no-nri", "--filter", VETH_ONLY])
-            .args(["--cloud-provider-hint", "NONE", "--bind-address", "127.0.0.1:0"])
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--kubelet-root-dir")
-            .arg(dir.join("kubelet"))
-            .arg("--slices-dir")
-            .arg(dir.join("slices"))
-            .arg("--claims-dir")
-            .arg(dir.join("claims"))
+            .args(["--cloud-provider-hint", "NONE", "--bind-address", "127.0.0.1:0"]);
+        dranet_sim::fixtures::embedded_dirs(&mut cmd, &dir, &dir.join("state"));
+        let child = cmd
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null())
             .spawn()?;

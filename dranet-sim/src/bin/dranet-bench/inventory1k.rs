@@ -3,7 +3,7 @@
 //! netns (`ip netns exec`, so sysfs is the netns's too) publishing them to a slices dir: 8
 //! slices of 128, its idle RSS, and what one renamed device costs (rescans, daemon CPU, rename →
 //! new name published).
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -115,8 +115,8 @@ impl Daemon {
         std::fs::create_dir_all(dir.join("claims"))?;
         let state = StateDir::new()?;
         let port = dranet_sim::node::free_port()?;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.name])
             .arg(dranet_bin()?)
             .args(["run", "--node-name", NODE, "--no-nri"])
             // The veth devices only: the host's PCI NIC shows through sysfs as a device with no
@@ -124,15 +124,9 @@ impl Daemon {
             .args(["--filter", VETH_ONLY])
             .args(["--cloud-provider-hint", "NONE", "--profile-provider", "none"])
             .arg("--bind-address")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--state-dir")
-            .arg(&state.0)
-            .arg("--kubelet-root-dir")
-            .arg(dir.join("kubelet"))
-            .arg("--slices-dir")
-            .arg(dir.join("slices"))
-            .arg("--claims-dir")
-            .arg(dir.join("claims"))
+            .arg(format!("127.0.0.1:{port}"));
+        dranet_sim::fixtures::embedded_dirs(&mut cmd, &dir, &state.0);
+        let mut child = cmd
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -146,18 +140,7 @@ impl Daemon {
             netns: ns.path.clone(),
             _state: state,
         };
-        let ready = tokio::task::spawn_blocking(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let found = lines
-                .by_ref()
-                .any(|l| l.is_ok_and(|l| l.starts_with("dranet ready")));
-            std::thread::spawn(move || for _ in lines {});
-            found
-        });
-        if !tokio::time::timeout(Duration::from_secs(90), ready)
-            .await
-            .context("the daemon never printed ready")??
-        {
+        if !dranet_sim::fixtures::until_ready(stdout, Duration::from_secs(90)).await? {
             bail!("the daemon exited before it was ready");
         }
         Ok(me)
