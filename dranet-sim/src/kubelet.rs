@@ -211,6 +211,21 @@ impl RegisteredPlugin {
         self.unprepare_with(self.version, claims).await
     }
 
+    /// Prepares `claims`, `per_call` claims per NodePrepareResources call (kubelet sends a pod's
+    /// claims together); fails on the first claim that reports an error.
+    pub async fn prepare_all(&self, claims: &[Claim], per_call: usize) -> Result<()> {
+        for chunk in claims.chunks(per_call.max(1)) {
+            let res = self.prepare(chunk).await?;
+            for c in chunk {
+                let r = res.get(&c.uid).context("no prepare result")?;
+                if !r.error.is_empty() {
+                    bail!("prepare {}: {}", c.name, r.error);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// NodePrepareResources with an explicit version.
     pub async fn prepare_with(
         &self,

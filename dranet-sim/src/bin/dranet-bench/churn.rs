@@ -7,7 +7,7 @@
 use std::fs::File;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use dranet_sim::kernel::{PodNetns, unique};
 use dranet_sim::kubelet::Claim;
 use dranet_sim::node::{Node, NodeOptions, sandbox};
@@ -80,16 +80,8 @@ impl Ctx {
             });
         }
         let plugin = self.node.plugin.as_ref().context("daemon not registered")?;
-        for chunk in pods.chunks(16) {
-            let claims: Vec<Claim> = chunk.iter().map(|p| p.claim.clone()).collect();
-            let res = plugin.prepare(&claims).await?;
-            for c in &claims {
-                let r = res.get(&c.uid).context("no prepare result")?;
-                if !r.error.is_empty() {
-                    bail!("prepare {}: {}", c.name, r.error);
-                }
-            }
-        }
+        let claims: Vec<Claim> = pods.iter().map(|p| p.claim.clone()).collect();
+        plugin.prepare_all(&claims, 16).await?;
         Ok(pods)
     }
 
