@@ -6,7 +6,6 @@
 //! fails is that claim's error, retried within its deadline), the ResourceSlices are published
 //! in the background and retried with backoff, and `/readyz` says what is missing.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use super::run::RunArgs;
 use super::run_api::{ApiMode, LateSink, api_mode, kube_client_retrying};
 use crate::dra::claim::ClaimSource;
 use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PluginConfig, Preparer};
-use crate::inventory::{Device, ScanOptions, SharedInventory};
+use crate::inventory::{Device, DeviceList, ScanOptions, SharedInventory};
 use crate::ready::Readiness;
 use crate::report::Reporter;
 use crate::rescue::Engine;
@@ -247,6 +246,7 @@ async fn start_kubelet_side(
         }
     };
     info!(devices = devices.len(), "inventory");
+    let devices: DeviceList = Arc::new(devices);
     inventory.replace(devices.clone());
     let (publisher, claims, sink) = api_endpoints(args, &mode, kube, &readiness)?;
     late.set(sink);
@@ -339,7 +339,7 @@ struct InventoryParts<A> {
     health: HealthHub,
     providers: crate::cloud::NodeProviders,
     /// The first scan's devices.
-    devices: Vec<Device>,
+    devices: DeviceList,
     slices: SliceController<AnyPublisher>,
     /// Runs before the first publish.
     adoption: A,
@@ -372,19 +372,14 @@ where
     let rescan = RescanHandle::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     sides.slices_stop = Some(stop_tx);
-    let last = Arc::new(std::sync::Mutex::new(
-        devices
-            .into_iter()
-            .map(|d| (d.name.clone(), d))
-            .collect::<BTreeMap<String, Device>>(),
-    ));
+    let last = Arc::new(std::sync::Mutex::new(devices));
     let (eng, opts, hub) = (engine.clone(), scan_opts, health.clone());
     let scan_fn = move || {
         let devs = crate::inventory::scan(&opts)?;
         hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &eng.checkpoint());
         let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let devs = keep_devices_in_pods(devs, &eng, &held, &last);
-        *last = devs.iter().map(|d| (d.name.clone(), d.clone())).collect();
+        let devs: DeviceList = Arc::new(keep_devices_in_pods(devs, &eng, &held, &last));
+        *last = devs.clone();
         Ok(devs)
     };
     let publishing = publish_loop(
@@ -496,7 +491,7 @@ fn keep_devices_in_pods(
     devs: Vec<Device>,
     engine: &Engine,
     held: &std::sync::Mutex<crate::inventory::HeldAttributes>,
-    last: &BTreeMap<String, Device>,
+    last: &[Device],
 ) -> Vec<Device> {
     let which = crate::inventory::Held::from_checkpoint(&engine.checkpoint());
     held.lock()
@@ -514,5 +509,5 @@ async fn scan(
     let o = opts.clone();
     let devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
     health.observe_scan(devs.iter().map(|d| d.name.as_str()), &engine.checkpoint());
-    Ok(keep_devices_in_pods(devs, engine, held, &BTreeMap::new()))
+    Ok(keep_devices_in_pods(devs, engine, held, &[]))
 }

@@ -128,22 +128,17 @@ impl HeldAttributes {
     }
 
     /// Merges the kept attributes into a scan: each device that is out gets the attributes of
-    /// its last published entry (`last`, else the file) where the scan has none, or is
+    /// its last published entry (in `last`, else the file) where the scan has none, or is
     /// published as it was when the scan does not see it. Then the file is brought up to date
     /// for every tracked device (a write error is logged). Returns the devices sorted by name.
-    pub fn apply(
-        &mut self,
-        mut devs: Vec<Device>,
-        held: &Held,
-        last: &BTreeMap<String, Device>,
-    ) -> Vec<Device> {
+    pub fn apply(&mut self, mut devs: Vec<Device>, held: &Held, last: &[Device]) -> Vec<Device> {
+        let last_of = |name: &str| last.iter().find(|d| d.name == name);
         let mut keep: BTreeMap<String, Attributes> = BTreeMap::new();
         for name in &held.tracked {
             let out = held.out.contains(name);
             let idx = devs.iter().position(|d| &d.name == name);
             if out {
-                let prev: Option<Attributes> = last
-                    .get(name)
+                let prev: Option<Attributes> = last_of(name)
                     .map(|d| d.attributes.clone())
                     .or_else(|| self.saved.get(name).cloned());
                 match (idx, prev) {
@@ -153,7 +148,7 @@ impl HeldAttributes {
                         }
                     }
                     (None, Some(prev)) => {
-                        let mut d = last.get(name).cloned().unwrap_or_else(|| Device {
+                        let mut d = last_of(name).cloned().unwrap_or_else(|| Device {
                             name: name.clone(),
                             ..Device::default()
                         });
@@ -286,11 +281,7 @@ mod tests {
         // Prepared, still home: the file keeps their attributes; untracked eth9 is not kept.
         let mut h = HeldAttributes::load(&dir);
         let live = vec![dummy.clone(), other.clone(), full_pci.clone()];
-        let out = h.apply(
-            live.clone(),
-            &held(&["pci-0000-17-00-0", "dummy0"], &[]),
-            &BTreeMap::new(),
-        );
+        let out = h.apply(live.clone(), &held(&["pci-0000-17-00-0", "dummy0"], &[]), &[]);
         assert_eq!(out, live);
         let file: FileFormat = serde_json::from_slice(&std::fs::read(dir.join(HELD_FILE)).unwrap()).unwrap();
         assert_eq!(
@@ -304,7 +295,7 @@ mod tests {
         let mut h = HeldAttributes::load(&dir);
         let shrunk = dev("pci-0000-17-00-0", &[("dra.net/pciAddress", "0000:17:00.0")]);
         let both = held(&["pci-0000-17-00-0", "dummy0"], &["pci-0000-17-00-0", "dummy0"]);
-        let out = h.apply(vec![shrunk, other.clone()], &both, &BTreeMap::new());
+        let out = h.apply(vec![shrunk, other.clone()], &both, &[]);
         let got = by_name(&out);
         assert_eq!(got["pci-0000-17-00-0"], &full_pci.attributes);
         assert_eq!(got["dummy0"], &dummy.attributes);
@@ -325,14 +316,14 @@ mod tests {
                 ("dra.net/ifName", "renamed"),
             ],
         );
-        let out = h.apply(vec![moved], &both, &BTreeMap::new());
+        let out = h.apply(vec![moved], &both, &[]);
         assert_eq!(
             by_name(&out)["pci-0000-17-00-0"]["dra.net/ifName"],
             AttrValue::String("renamed".into())
         );
 
         // Home and unprepared: nothing kept, the file empties.
-        let out = h.apply(vec![other.clone()], &Held::default(), &BTreeMap::new());
+        let out = h.apply(vec![other.clone()], &Held::default(), &[]);
         assert_eq!(out, vec![other]);
         let file: FileFormat = serde_json::from_slice(&std::fs::read(dir.join(HELD_FILE)).unwrap()).unwrap();
         assert!(file.devices.is_empty());
@@ -347,10 +338,9 @@ mod tests {
         std::fs::write(dir.join(HELD_FILE), b"{not json").unwrap();
         let mut h = HeldAttributes::load(&dir);
         assert!(h.get("dummy0").is_none());
-        let last: BTreeMap<String, Device> =
-            [("dummy0".to_owned(), dev("dummy0", &[("dra.net/mtu", "9000")]))].into();
+        let last = [dev("dummy0", &[("dra.net/mtu", "9000")])];
         let out = h.apply(Vec::new(), &held(&["dummy0"], &["dummy0"]), &last);
-        assert_eq!(out[0].attributes, last["dummy0"].attributes);
+        assert_eq!(out[0].attributes, last[0].attributes);
         assert!(out[0].held);
         assert!(h.get("dummy0").is_some());
         let _ = std::fs::remove_dir_all(&dir);

@@ -280,7 +280,7 @@ pub struct SliceController<P: Publisher> {
     driver: String,
     node: String,
     generation: Option<i64>,
-    last: Option<Vec<Device>>,
+    last: Option<crate::inventory::DeviceList>,
     metrics: Option<SliceMetrics>,
     ready: Option<crate::ready::Readiness>,
 }
@@ -342,8 +342,27 @@ impl<P: Publisher> SliceController<P> {
         Ok(true)
     }
 
+    /// [`Self::update`] of a shared list, which is kept as the last published set (no copy).
+    pub async fn update_shared(
+        &mut self,
+        devices: &crate::inventory::DeviceList,
+    ) -> Result<bool, SliceError> {
+        if let Some(last) = &self.last
+            && diff(last, devices).is_empty()
+        {
+            return Ok(false);
+        }
+        self.publish_shared(devices).await?;
+        Ok(true)
+    }
+
     /// Publishes unconditionally (e.g. after kubelet re-registration wiped the slices).
     pub async fn publish(&mut self, devices: &[Device]) -> Result<(), SliceError> {
+        self.publish_shared(&std::sync::Arc::new(devices.to_vec())).await
+    }
+
+    /// [`Self::publish`] of a shared list.
+    pub async fn publish_shared(&mut self, devices: &crate::inventory::DeviceList) -> Result<(), SliceError> {
         match self.try_publish(devices).await {
             Ok(()) => {
                 if let Some(m) = &self.metrics {
@@ -375,7 +394,7 @@ impl<P: Publisher> SliceController<P> {
         }
     }
 
-    async fn try_publish(&mut self, devices: &[Device]) -> Result<(), SliceError> {
+    async fn try_publish(&mut self, devices: &crate::inventory::DeviceList) -> Result<(), SliceError> {
         let generation = match self.generation {
             Some(g) => g + 1,
             None => self.publisher.existing_generation().await? + 1,
@@ -389,7 +408,7 @@ impl<P: Publisher> SliceController<P> {
             return Err(e);
         }
         self.generation = Some(generation);
-        self.last = Some(devices.to_vec());
+        self.last = Some(devices.clone());
         Ok(())
     }
 }

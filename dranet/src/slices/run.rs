@@ -13,7 +13,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{Publisher, SliceController};
-use crate::inventory::{Device, InventoryError, SharedInventory};
+use crate::inventory::{InventoryError, SharedInventory};
 
 /// Upstream's `--inventory-min-poll-interval` / `--inventory-max-poll-interval` defaults.
 pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(2);
@@ -73,7 +73,7 @@ impl Default for LoopTiming {
 }
 
 /// Runs until `shutdown` turns true. `scan` is blocking (it runs on the blocking pool).
-pub async fn publish_loop<P, S>(
+pub async fn publish_loop<P, S, D>(
     scan: S,
     inventory: SharedInventory,
     mut controller: SliceController<P>,
@@ -82,7 +82,8 @@ pub async fn publish_loop<P, S>(
     mut shutdown: watch::Receiver<bool>,
 ) where
     P: Publisher,
-    S: Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync + 'static,
+    S: Fn() -> Result<D, InventoryError> + Send + Sync + 'static,
+    D: Into<crate::inventory::DeviceList> + Send + 'static,
 {
     let scan = Arc::new(scan);
     let mut last_scan: Option<Instant> = None;
@@ -126,7 +127,7 @@ pub async fn publish_loop<P, S>(
             m.scanned(started.elapsed().as_secs_f64());
         }
         let devices = match scanned {
-            Ok(Ok(d)) => d,
+            Ok(Ok(d)) => d.into(),
             Ok(Err(e)) => {
                 tracing::warn!(error = %crate::telemetry::chain(&e), "inventory scan failed");
                 continue;
@@ -139,9 +140,9 @@ pub async fn publish_loop<P, S>(
         inventory.replace(devices.clone());
         let force = handle.force.swap(false, Ordering::SeqCst);
         let res = if force {
-            controller.publish(&devices).await.map(|()| true)
+            controller.publish_shared(&devices).await.map(|()| true)
         } else {
-            controller.update(&devices).await
+            controller.update_shared(&devices).await
         };
         match res {
             Ok(true) => {

@@ -110,6 +110,29 @@ fn diff_reports_added_removed_changed() {
 }
 
 #[tokio::test]
+async fn the_published_list_is_kept_shared_not_copied() {
+    let dir = TempDir::new("slices-shared");
+    let publisher = DirPublisher::new(dir.path(), "dra.net", "node-a");
+    let mut ctl = SliceController::new(publisher, "dra.net", "node-a");
+    let inventory = crate::inventory::SharedInventory::default();
+    let list: crate::inventory::DeviceList = std::sync::Arc::new(devices(130));
+    inventory.replace(list.clone());
+    assert!(ctl.update_shared(&list).await.unwrap());
+    let kept = ctl.last.as_ref().expect("the last published set");
+    assert!(
+        std::sync::Arc::ptr_eq(kept, &list),
+        "the controller keeps the scan's list itself"
+    );
+    assert!(std::sync::Arc::ptr_eq(&inventory.current(), &list));
+    // An equal list from the next scan publishes nothing.
+    assert!(
+        !ctl.update_shared(&std::sync::Arc::new(devices(130)))
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
 async fn controller_republishes_on_change_into_a_dir() {
     let dir = TempDir::new("slices-ctl");
     let publisher = DirPublisher::new(dir.path(), "dra.net", "node-a");

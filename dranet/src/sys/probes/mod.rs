@@ -238,17 +238,29 @@ pub fn kernel_config(btf: Option<&Btf>, trace_all: bool) -> Config {
     cfg
 }
 
-/// Address of a text symbol in /proc/kallsyms (0 means hidden by kptr_restrict).
+/// Address of a text symbol in /proc/kallsyms (0 means hidden by kptr_restrict). Read a line at
+/// a time: the file is several MiB, and the daemon's peak heap should not hold it.
 fn kallsyms_addr(symbol: &str) -> Option<u64> {
-    let data = std::fs::read_to_string("/proc/kallsyms").ok()?;
-    data.lines().find_map(|line| {
-        let mut it = line.split_ascii_whitespace();
-        let (addr, ty, name) = (it.next()?, it.next()?, it.next()?);
-        if name != symbol || !matches!(ty, "t" | "T") || it.next().is_some() {
+    use std::io::BufRead;
+    let file = std::fs::File::open("/proc/kallsyms").ok()?;
+    let mut reader = std::io::BufReader::with_capacity(64 * 1024, file);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).ok()? == 0 {
             return None;
         }
-        u64::from_str_radix(addr, 16).ok().filter(|a| *a != 0)
-    })
+        let mut it = line.split_ascii_whitespace();
+        let (Some(addr), Some(ty), Some(name)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        if name != symbol || !matches!(ty, "t" | "T") || it.next().is_some() {
+            continue;
+        }
+        if let Some(a) = u64::from_str_radix(addr, 16).ok().filter(|a| *a != 0) {
+            return Some(a);
+        }
+    }
 }
 
 /// Mounts tracefs if the syscall tracepoints need it and it is not there.
