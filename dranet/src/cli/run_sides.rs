@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::run::RunArgs;
 use super::run_api::{ApiMode, LateSink, api_mode, kube_client_retrying};
 use crate::dra::claim::ClaimSource;
+use crate::dra::health::Located;
 use crate::dra::{HealthHub, KubeClaimSource, KubeletPlugin, PluginConfig, Preparer};
 use crate::inventory::{Device, DeviceList, ScanOptions, SharedInventory};
 use crate::ready::Readiness;
@@ -376,7 +377,8 @@ where
     let (eng, opts, hub) = (engine.clone(), scan_opts, health.clone());
     let scan_fn = move || {
         let devs = crate::inventory::scan(&opts)?;
-        hub.observe_scan(devs.iter().map(|d| d.name.as_str()), &eng.checkpoint());
+        let located = eng.with_checkpoint(|cp| Located::of(cp, None));
+        hub.observe_scan_located(devs.iter().map(|d| d.name.as_str()), located);
         let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let devs: DeviceList = Arc::new(keep_devices_in_pods(devs, &eng, &held, &last));
         *last = devs.clone();
@@ -493,7 +495,7 @@ fn keep_devices_in_pods(
     held: &std::sync::Mutex<crate::inventory::HeldAttributes>,
     last: &[Device],
 ) -> Vec<Device> {
-    let which = crate::inventory::Held::from_checkpoint(&engine.checkpoint());
+    let which = engine.with_checkpoint(crate::inventory::Held::from_checkpoint);
     held.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .apply(devs, &which, last)
@@ -508,6 +510,7 @@ async fn scan(
 ) -> anyhow::Result<Vec<Device>> {
     let o = opts.clone();
     let devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
-    health.observe_scan(devs.iter().map(|d| d.name.as_str()), &engine.checkpoint());
+    let located = engine.with_checkpoint(|cp| Located::of(cp, None));
+    health.observe_scan_located(devs.iter().map(|d| d.name.as_str()), located);
     Ok(keep_devices_in_pods(devs, engine, held, &[]))
 }

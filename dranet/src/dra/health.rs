@@ -197,9 +197,14 @@ impl HealthHub {
     /// An inventory scan: `host` are the devices found in the host (before devices in pods are
     /// added back for publishing).
     pub fn observe_scan<'a>(&self, host: impl IntoIterator<Item = &'a str>, cp: &Checkpoint) {
+        self.observe_scan_located(host, Located::of(cp, None));
+    }
+
+    /// [`HealthHub::observe_scan`] with what it needs of the checkpoint already taken.
+    pub fn observe_scan_located<'a>(&self, host: impl IntoIterator<Item = &'a str>, located: Located) {
         let mut st = self.state();
         st.host = host.into_iter().map(str::to_owned).collect();
-        locate(&mut st, cp);
+        locate(&mut st, located);
         // Whatever is home again is settled, whoever brought it back.
         let home: Vec<String> = st
             .returning
@@ -217,23 +222,25 @@ impl HealthHub {
 
     /// One entry of the rescue engine's activity feed.
     pub fn observe_activity(&self, a: &Activity, cp: &Checkpoint) {
+        self.observe_activity_located(a, Located::of(cp, Some(&a.pod_uid)));
+    }
+
+    /// [`HealthHub::observe_activity`] with what it needs of the checkpoint already taken
+    /// ([`Located::of`] the activity's pod).
+    pub fn observe_activity_located(&self, a: &Activity, mut located: Located) {
+        let all = std::mem::take(&mut located.pod);
         let mut st = self.state();
-        locate(&mut st, cp);
+        locate(&mut st, located);
         let pod = if a.pod.is_empty() {
             a.pod_uid.as_str()
         } else {
             a.pod.as_str()
         };
         // The pod's devices that are not home per the checkpoint.
-        let out: Vec<String> = cp
-            .records_of(&a.pod_uid)
-            .flat_map(|r| r.devices.iter())
-            .filter(|d| !matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy))
-            .map(|d| d.device.clone())
-            .collect();
-        let all: Vec<(String, DeviceState)> = cp
-            .records_of(&a.pod_uid)
-            .flat_map(|r| r.devices.iter().map(|d| (d.device.clone(), d.state)))
+        let out: Vec<String> = all
+            .iter()
+            .filter(|(_, s)| !matches!(s, DeviceState::Home | DeviceState::HomeNameBusy))
+            .map(|(d, _)| d.clone())
             .collect();
         match &a.kind {
             ActivityKind::RescueStarted { trigger } => {
@@ -397,33 +404,66 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     }
 }
 
+/// What the hub needs of the checkpoint: taken under the engine's lock (no copy of the
+/// checkpoint: with hundreds of sandboxes a copy per activity was most of the daemon's CPU in a
+/// churn of pods).
+#[derive(Debug, Default)]
+pub struct Located {
+    /// Device → `namespace/name` of the pod it is in (or on its way to or from).
+    in_pod: BTreeMap<String, String>,
+    /// Device → its temporary name (home, its name taken).
+    name_busy: BTreeMap<String, String>,
+    /// The devices of one pod's sandboxes and their states, if a pod was asked for.
+    pod: Vec<(String, DeviceState)>,
+}
+
+impl Located {
+    #[must_use]
+    pub fn of(cp: &Checkpoint, pod_uid: Option<&str>) -> Self {
+        let in_pod = cp
+            .pods
+            .values()
+            .flat_map(|r| {
+                r.devices
+                    .iter()
+                    .filter(|d| {
+                        matches!(
+                            d.state,
+                            DeviceState::InPod | DeviceState::Moving | DeviceState::Returning
+                        )
+                    })
+                    .map(|d| (d.device.clone(), format!("{}/{}", r.namespace, r.name)))
+            })
+            .collect();
+        let name_busy = cp
+            .pods
+            .values()
+            .flat_map(|r| {
+                r.devices
+                    .iter()
+                    .filter(|d| d.state == DeviceState::HomeNameBusy)
+                    .filter_map(|d| Some((d.device.clone(), d.temp_name.clone()?)))
+            })
+            .collect();
+        let pod = pod_uid
+            .map(|uid| {
+                cp.records_of(uid)
+                    .flat_map(|r| r.devices.iter().map(|d| (d.device.clone(), d.state)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            in_pod,
+            name_busy,
+            pod,
+        }
+    }
+}
+
 /// Devices in pods per the checkpoint; every device seen becomes known.
-fn locate(st: &mut State, cp: &Checkpoint) {
-    st.in_pod = cp
-        .pods
-        .values()
-        .flat_map(|r| {
-            r.devices
-                .iter()
-                .filter(|d| {
-                    matches!(
-                        d.state,
-                        DeviceState::InPod | DeviceState::Moving | DeviceState::Returning
-                    )
-                })
-                .map(|d| (d.device.clone(), format!("{}/{}", r.namespace, r.name)))
-        })
-        .collect();
-    st.name_busy = cp
-        .pods
-        .values()
-        .flat_map(|r| {
-            r.devices
-                .iter()
-                .filter(|d| d.state == DeviceState::HomeNameBusy)
-                .filter_map(|d| Some((d.device.clone(), d.temp_name.clone()?)))
-        })
-        .collect();
+fn locate(st: &mut State, located: Located) {
+    st.in_pod = located.in_pod;
+    st.name_busy = located.name_busy;
     let seen: Vec<String> = st
         .host
         .iter()
@@ -537,7 +577,8 @@ pub async fn follow_engine(hub: HealthHub, engine: crate::rescue::Engine, rescan
     loop {
         match rx.recv().await {
             Ok(a) => {
-                hub.observe_activity(&a, &engine.checkpoint());
+                let located = engine.with_checkpoint(|cp| Located::of(cp, Some(&a.pod_uid)));
+                hub.observe_activity_located(&a, located);
                 if matches!(a.kind, ActivityKind::Returned { .. }) {
                     rescan();
                 }

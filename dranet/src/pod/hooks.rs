@@ -159,8 +159,7 @@ impl Driver {
     /// Applies the claims' device status of a sandbox just attached (in the background).
     fn report_status(&self, uid: &str, sandbox: &str) {
         let key = crate::state::pod_key(uid, sandbox);
-        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.checkpoint().pods.remove(&key))
-        else {
+        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.pod_record(&key)) else {
             return;
         };
         for apply in crate::report::claim_statuses(self.reporter.driver(), &plans, &rec.devices) {

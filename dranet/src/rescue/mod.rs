@@ -359,6 +359,18 @@ impl Engine {
         self.cp().clone()
     }
 
+    /// Runs `f` on the checkpoint under its lock, without a copy. Keep `f` short: the event
+    /// path waits for this lock.
+    pub fn with_checkpoint<R>(&self, f: impl FnOnce(&Checkpoint) -> R) -> R {
+        f(&self.cp())
+    }
+
+    /// A copy of one sandbox's record.
+    #[must_use]
+    pub fn pod_record(&self, key: &str) -> Option<crate::state::PodRecord> {
+        self.cp().pods.get(key).cloned()
+    }
+
     #[must_use]
     pub fn counters(&self) -> Counters {
         self.inner.metrics.counters()

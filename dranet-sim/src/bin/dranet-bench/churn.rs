@@ -99,6 +99,7 @@ impl Ctx {
             .buffer_unordered(IN_FLIGHT)
             .collect()
             .await;
+        let start_phase = t.elapsed();
         let stopped: Vec<Vec<(Duration, Result<(), String>)>> = futures::stream::iter(pods.iter())
             .map(|p| async move {
                 let sb = sandbox(&p.uid, &p.ns.path);
@@ -119,6 +120,11 @@ impl Ctx {
             .collect()
             .await;
         let took = t.elapsed();
+        eprintln!(
+            "  dranet: {} pods started in {start_phase:.2?}, stopped in {:.2?}",
+            pods.len(),
+            took.saturating_sub(start_phase)
+        );
         for (d, r) in started.iter().chain(stopped.iter().flatten()) {
             f.slowest_hook_ms = f.slowest_hook_ms.max(d.as_secs_f64() * 1e3);
             if let Err(e) = r {
@@ -155,6 +161,7 @@ impl Ctx {
                 .buffer_unordered(IN_FLIGHT)
                 .collect()
                 .await;
+        let start_phase = t.elapsed();
         for r in attached {
             r?;
         }
@@ -175,6 +182,11 @@ impl Ctx {
             .collect()
             .await;
         let took = t.elapsed();
+        eprintln!(
+            "  baseline: {} pods started in {start_phase:.2?}, stopped in {:.2?}",
+            devs.len(),
+            took.saturating_sub(start_phase)
+        );
         for r in detached {
             r?;
         }
