@@ -237,8 +237,14 @@ async fn restore_from(
         Returned::NameBusy { temp_name } => temp_name.as_str(),
         Returned::Restored => snap.name.as_str(),
     };
-    restore_sysctls(now_name, snap, cur);
-    restore_offloads(index, snap)?;
+    if !(snap.sysctls.is_empty() && snap.features.is_empty() && snap.private_flags.is_empty()) {
+        let (now_name, snap, cur_sysctls) = (now_name.to_owned(), snap.clone(), cur.sysctls.clone());
+        super::off_async("restoring sysctls and offloads", move || {
+            restore_sysctls(&now_name, &snap, &cur_sysctls);
+            restore_offloads(index, &snap)
+        })
+        .await??;
+    }
     if snap.up {
         set_up(nl, index, true).await?;
     } else if cur.up {
@@ -342,11 +348,11 @@ async fn restore_altnames(
 
 /// Phase 5: IP sysctls the move reset to the host defaults. A value the kernel refuses does not
 /// undo a return that otherwise worked: it is logged.
-fn restore_sysctls(now_name: &str, snap: &LinkSnapshot, cur: &LinkSnapshot) {
+fn restore_sysctls(now_name: &str, snap: &LinkSnapshot, cur: &BTreeMap<String, i32>) {
     if snap.sysctls.is_empty() {
         return;
     }
-    match sysctl::restore(now_name, &snap.sysctls, &cur.sysctls) {
+    match sysctl::restore(now_name, &snap.sysctls, cur) {
         Ok(done) if !done.is_empty() => {
             tracing::info!(device = snap.name, sysctls = ?done, "sysctls restored");
         }

@@ -80,6 +80,8 @@ pub enum LinkError {
     NameTaken(String),
     #[error("no rtnetlink socket inside the pod netns")]
     NoPodNetlink,
+    #[error("{0}: the blocking task failed")]
+    Blocking(&'static str),
     #[error(transparent)]
     Ethtool(#[from] EthtoolError),
     #[error("ethtool.{field}: {reason}")]
@@ -233,3 +235,15 @@ fn errno_of(e: &rtnetlink::Error) -> Option<i32> {
 
 #[cfg(test)]
 mod tests;
+
+/// Runs a synchronous kernel call (ethtool genetlink, `/proc/sys` writes) on the blocking pool.
+/// Each of them takes RTNL, and behind a netns move that is tens of ms: on an async thread that
+/// wait stalled every other hook and return scheduled there.
+pub(crate) async fn off_async<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, LinkError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| LinkError::Blocking(what))
+}

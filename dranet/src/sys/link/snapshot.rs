@@ -194,7 +194,8 @@ pub async fn snapshot(nl: &Netlink, name: &str) -> Result<LinkSnapshot, LinkErro
     let mut s = snapshot_of(&m, &addrs);
     // Not in `snapshot_of`: device lookups by MAC call that for every link.
     s.sysctls = sysctl::of_link(&m);
-    match host_offloads(&Dev::Index(s.ifindex)) {
+    let index = s.ifindex;
+    match super::off_async("reading offloads", move || host_offloads(&Dev::Index(index))).await? {
         Ok((features, flags)) => {
             s.features = features.changeable_wanted();
             s.private_flags = flags;
