@@ -887,7 +887,7 @@ async fn link_events_drive_debounced_rescans() {
                 name,
                 ..Device::default()
             })
-            .collect())
+            .collect::<Vec<_>>())
     };
     let out = StateDir::create("evslices").unwrap();
     let publisher = DirPublisher::new(&out.0, "dra.net", "node-a");
