@@ -130,7 +130,7 @@ impl Endpoints for Status {
 pub fn main(args: &RunArgs) -> ExitCode {
     // First, before any thread (glibc fixes the arena limit when the second arena is made): a
     // bounded number of malloc arenas, so what a burst freed is not kept once per thread that ran
-    // it (the idle RSS with 1,024 devices drops from 48 to 31 MiB).
+    // it (the idle RSS with 1,024 devices dropped from 48 to 32 MiB).
     let arenas_capped = crate::sys::os::cap_malloc_arenas();
     match args.upstream.log_filter() {
         // `--v` given: it wins over RUST_LOG, as the flag is the more explicit of the two.

@@ -333,9 +333,7 @@ impl<P: Publisher> SliceController<P> {
     /// Publishes `devices` if they differ from the last published set (or nothing was
     /// published yet); returns whether it published.
     pub async fn update(&mut self, devices: &[Device]) -> Result<bool, SliceError> {
-        if let Some(last) = &self.last
-            && diff(last, devices).is_empty()
-        {
+        if self.unchanged(devices) {
             return Ok(false);
         }
         self.publish(devices).await?;
@@ -347,13 +345,18 @@ impl<P: Publisher> SliceController<P> {
         &mut self,
         devices: &crate::inventory::DeviceList,
     ) -> Result<bool, SliceError> {
-        if let Some(last) = &self.last
-            && diff(last, devices).is_empty()
-        {
+        if self.unchanged(devices) {
             return Ok(false);
         }
         self.publish_shared(devices).await?;
         Ok(true)
+    }
+
+    /// `devices` are the last published set.
+    fn unchanged(&self, devices: &[Device]) -> bool {
+        self.last
+            .as_ref()
+            .is_some_and(|last| diff(last, devices).is_empty())
     }
 
     /// Publishes unconditionally (e.g. after kubelet re-registration wiped the slices).
