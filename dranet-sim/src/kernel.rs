@@ -122,6 +122,12 @@ impl PodNetns {
         Ok(())
     }
 
+    /// Records that something else (a thread of its own, by path) already unmounted and
+    /// unlinked it, so dropping it does nothing more.
+    pub fn removed_elsewhere(&mut self) {
+        self.removed = true;
+    }
+
     /// [`PodNetns::remove_crio_style`], returning CLOCK_MONOTONIC ns right after `umount2`
     /// returned (before the unlink): the start of a rescue for benchmarks.
     pub fn remove_crio_style_timed(&mut self) -> Result<u64> {

@@ -2,7 +2,7 @@
 //! the daemon's one NRI connection with 8 hooks in flight (RunPodSandbox; then StopPodSandbox,
 //! the netns removed, RemovePodSandbox: containerd order); claims prepared before and
 //! unprepared after the timed part. Baseline: the same attaches and detaches by direct
-//! rtnetlink, 8 at a time. Also the daemon's RSS after all pods are gone against before (after
+//! rtnetlink, 8 at a time, each pod's netns removed and let go after its detach. Also the daemon's RSS after all pods are gone against before (after
 //! a warm-up of 8 pods, so first-use allocations are not counted as growth).
 use std::fs::File;
 use std::time::{Duration, Instant};
@@ -166,16 +166,17 @@ impl Ctx {
             r?;
         }
         let host_ns = &self.host_ns;
-        let detached: Vec<Result<()>> = futures::stream::iter(netns.iter().zip(devs))
-            .map(|((ns, fd), d)| async move {
-                let pod = baseline::handle_in(fd)?;
+        // Each pod's netns goes when its pod does, as in dranet's round (where the runtime
+        // removes it and dranet releases its pin): the kernel's teardown of it (`cleanup_net`,
+        // which takes RTNL) is part of stopping pods, so the baseline keeps no reference past
+        // its own detach.
+        let detached: Vec<Result<()>> = futures::stream::iter(netns.into_iter().zip(devs))
+            .map(|((mut ns, fd), d)| async move {
+                let pod = baseline::handle_in(&fd)?;
                 baseline::detach(&pod, host, host_ns, std::slice::from_ref(d), HOST_MTU).await?;
-                let path = ns.path.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
-                    let _ = std::fs::remove_file(&path);
-                })
-                .await;
+                drop(pod);
+                drop(fd);
+                let _ = tokio::task::spawn_blocking(move || ns.remove_crio_style()).await;
                 Ok(())
             })
             .buffer_unordered(IN_FLIGHT)

@@ -11,11 +11,16 @@
 //!   its hook returned (containerd's CNI teardown in between), then RemovePodSandbox (no path).
 //!   Figure: first hook sent → last device home.
 //! * Baseline: per device one RTM_NEWLINK in the pod (move home + name) and one in the host
-//!   (MTU + UP), one device after the other in teardown order, started at the first unmount
-//!   (CRI-O order; for containerd, from live netns), the pod sockets opened beforehand.
+//!   (MTU + UP); pods in teardown order, [`HOOKS_IN_FLIGHT`] at a time (as the hooks reach
+//!   dranet), each pod's devices one after the other, started at the first unmount (CRI-O
+//!   order; for containerd, from live netns), the pod sockets opened beforehand. Each
+//!   pod's netns is let go right after its devices are home (its socket and fd closed; in
+//!   containerd order also unmounted then), so the kernel tears it down inside the drain, as it
+//!   does in dranet's round once the pin is released.
 //! * With `newcomer` (the `hol` figure): `HOL_DELAY` into the drain a new pod's RunPodSandbox
 //!   with 1 device; in the baseline a bare attach of that device (one RTM_NEWLINK: move +
-//!   rename + MTU; UP inside the pod) at the same point of the baseline's drain.
+//!   rename + MTU; UP inside the pod) at the same point of a baseline drain of its own that
+//!   returns one pod at a time (the shortest RTNL queue a drain can put ahead of it).
 use std::fs::File;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -376,7 +381,16 @@ impl Ctx {
     }
 
     /// The same teardown by the baseline.
-    async fn baseline_round(&self, order: Order, newcomer: bool, f: &mut Figures) -> Result<()> {
+    ///
+    /// `Base::Drain`: pods `HOOKS_IN_FLIGHT` at a time, the drain figure. `Base::Hol`: one pod
+    /// after the other, the newcomer's figure only: its bare attach then queues behind the least
+    /// RTNL work a drain can put ahead of it (one pod's requests and the kernel's netns
+    /// teardowns), not behind 8 pods' moves, which dranet's 2 return lanes never queue.
+    async fn baseline_round(&self, order: Order, base: Base, newcomer: bool, f: &mut Figures) -> Result<()> {
+        let width = match base {
+            Base::Drain => HOOKS_IN_FLIGHT,
+            Base::Hol => 1,
+        };
         let mut netns = Vec::new();
         let mut socks = Vec::new();
         for pair in self.fleet.devs.chunks(2) {
@@ -403,10 +417,20 @@ impl Ctx {
             l.wait_home(&names, HOST_MTU, t0, WAIT_HOME)
         });
         let pairs: Vec<&[Dev]> = self.fleet.devs.chunks(2).collect();
+        // A pod's netns goes as soon as the baseline has brought its devices home, as in
+        // dranet's round (where the runtime removed it and dranet releases its pin after the
+        // return): the kernel's teardown of it (`cleanup_net`, which takes RTNL) falls inside the
+        // drain for both, not after the baseline's clock stops.
+        let paths: Vec<PathBuf> = netns.iter().map(|(ns, _)| ns.path.clone()).collect();
+        let held = socks
+            .into_iter()
+            .zip(netns)
+            .zip(pairs.iter().copied())
+            .map(|((s, (ns, fd)), pair)| (s, ns, fd, pair));
+        let (host, host_ns) = (&self.host, &self.host_ns);
         let t0 = match order {
             Order::Crio => {
-                let paths: Vec<PathBuf> = netns.iter().map(|(ns, _)| ns.path.clone()).collect();
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
                 let t0_tx = t0_tx.clone();
                 let unmounter = std::thread::spawn(move || -> Result<u64> {
                     let mut first = 0;
@@ -421,15 +445,28 @@ impl Ctx {
                     }
                     Ok(first)
                 });
+                // Each pod as soon as its netns is unmounted (the thread goes in pod order),
+                // `HOOKS_IN_FLIGHT` at a time, as dranet gets them.
+                let unmounted =
+                    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|i| (i, rx)) });
                 let work = async {
-                    while let Some(i) = rx.recv().await {
-                        baseline::detach(&socks[i], &self.host, &self.host_ns, pairs[i], HOST_MTU).await?;
-                    }
-                    anyhow::Ok(())
+                    let done: Vec<Result<()>> = unmounted
+                        .zip(futures::stream::iter(held))
+                        .map(|(_, (sock, mut ns, fd, pair))| async move {
+                            baseline::detach(&sock, host, host_ns, pair, HOST_MTU).await?;
+                            // Unmounted and unlinked already: the last references go.
+                            ns.removed_elsewhere();
+                            drop((sock, fd, ns));
+                            Ok(())
+                        })
+                        .buffer_unordered(width)
+                        .collect()
+                        .await;
+                    done.into_iter().collect::<Result<()>>()
                 };
                 let (w, hol) = tokio::join!(work, self.baseline_newcomer(nc.as_ref()));
                 w?;
-                if let Some(h) = hol? {
+                if let (Some(h), Base::Hol) = (hol?, base) {
                     f.hol_base.push(h);
                 }
                 unmounter
@@ -440,22 +477,34 @@ impl Ctx {
                 let t0 = dranet::watch::monotonic_ns();
                 let _ = t0_tx.send(t0);
                 let work = async {
-                    for (i, pair) in pairs.iter().enumerate() {
-                        baseline::detach(&socks[i], &self.host, &self.host_ns, pair, HOST_MTU).await?;
+                    let done: Vec<Result<tokio::task::JoinHandle<Result<()>>>> = futures::stream::iter(held)
+                        .map(|(sock, mut ns, fd, pair)| async move {
+                            baseline::detach(&sock, host, host_ns, pair, HOST_MTU).await?;
+                            drop((sock, fd));
+                            // The runtime removes the netns after the hook, beside the next
+                            // pods' returns (its umount waits for an RCU grace period).
+                            Ok(tokio::task::spawn_blocking(move || ns.remove_crio_style()))
+                        })
+                        .buffer_unordered(width)
+                        .collect()
+                        .await;
+                    for r in done {
+                        r?.await??;
                     }
                     anyhow::Ok(())
                 };
                 let (w, hol) = tokio::join!(work, self.baseline_newcomer(nc.as_ref()));
                 w?;
-                if let Some(h) = hol? {
+                if let (Some(h), Base::Hol) = (hol?, base) {
                     f.hol_base.push(h);
                 }
                 t0
             }
         };
         let done = home.await??;
-        f.base.push(ms(t0, done));
-        drop(socks);
+        if base == Base::Drain {
+            f.base.push(ms(t0, done));
+        }
         if let Some((ns, fd)) = nc {
             let pod = baseline::handle_in(&fd)?;
             baseline::detach(&pod, &self.host, &self.host_ns, &self.extra.devs, HOST_MTU).await?;
@@ -464,7 +513,6 @@ impl Ctx {
             drop(ns);
             self.extra.check_home()?;
         }
-        drop(netns);
         self.fleet.check_home()
     }
 
@@ -510,25 +558,39 @@ pub async fn run(
     let mut out = Vec::new();
     for &order in orders {
         let nc = newcomer && order == Order::Crio;
+        let baseline = async |f: &mut Figures| -> Result<()> {
+            cx.baseline_round(order, Base::Drain, nc, f).await?;
+            if nc {
+                cx.baseline_round(order, Base::Hol, nc, f).await?;
+            }
+            Ok(())
+        };
         if warm_up {
             let mut warm = Figures::default();
             cx.dranet_round(order, nc, &mut warm).await?;
-            cx.baseline_round(order, nc, &mut warm).await?;
+            baseline(&mut warm).await?;
         }
         let mut f = Figures::default();
         for r in 0..rounds {
             eprintln!("drain, {} order, round {}/{rounds} ...", order.name(), r + 1);
             if r % 2 == 0 {
                 cx.dranet_round(order, nc, &mut f).await?;
-                cx.baseline_round(order, nc, &mut f).await?;
+                baseline(&mut f).await?;
             } else {
-                cx.baseline_round(order, nc, &mut f).await?;
+                baseline(&mut f).await?;
                 cx.dranet_round(order, nc, &mut f).await?;
             }
         }
         out.push((order, f));
     }
     Ok(out)
+}
+
+/// Which figure a baseline round is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Base {
+    Drain,
+    Hol,
 }
 
 /// An error with its sources, on one line.

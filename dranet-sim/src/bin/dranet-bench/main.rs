@@ -301,7 +301,7 @@ async fn drain_rows(args: &Args) -> Result<Vec<Row>> {
                 "first StopPodSandbox"
             };
             rows.push(r.goal("p99 <= 1.1 x base", pass).note(format!(
-                "{start} -> last of {} devices home (name, UP, MTU) per the rtnetlink listener; baseline: the same moves + restores, direct rtnetlink, one after the other{span}",
+                "{start} -> last of {} devices home (name, UP, MTU) per the rtnetlink listener; baseline: the same moves + restores, direct rtnetlink, 8 pods at a time, each netns let go after its pod{span}",
                 2 * pods
             )));
             let c = Row::latency(format!("drain CPU of dranet ({name} order)"), "ms", &f.cpu, None);
@@ -339,7 +339,7 @@ async fn drain_rows(args: &Args) -> Result<Vec<Row>> {
             );
             let pass = r.ratio.is_some_and(|x| x <= 1.2);
             rows.push(r.goal("p99 <= 1.2 x base", pass).note(format!(
-                "hook sent {} ms into the {name}-order drain of {pods} pods; baseline: a bare attach (one RTM_NEWLINK: move + name + MTU; UP inside) at the same point of the baseline's drain, so it waits for the same RTNL",
+                "hook sent {} ms into the {name}-order drain of {pods} pods; baseline: a bare attach (one RTM_NEWLINK: move + name + MTU; UP inside) at the same point of a baseline drain returning one pod at a time, so it waits for the least RTNL a drain puts ahead of it",
                 150
             )));
         }
