@@ -85,6 +85,13 @@ impl Engine {
                 pod_nl: pod_nl.as_ref(),
                 host_nl: &host_nl,
                 foreground,
+                // A rescue sends its moves from the reactor (its thread, its priority); any
+                // other return from a pool thread, so the reactor is never held by a hook's
+                // move and two returns' moves wait on RTNL side by side.
+                move_from: live
+                    .as_ref()
+                    .filter(|_| reason != ReturnReason::NetnsTeardown)
+                    .map(|l| l.pin.netns()),
             };
             match self.return_device(&ctx, i, d, first_move).await? {
                 DeviceReturn::AlreadyHome => {}
@@ -225,6 +232,7 @@ impl Engine {
                     snap: &d.snapshot,
                     pod_ifindex,
                     pod_ifname: &d.pod_ifname,
+                    move_from: ctx.move_from,
                 };
                 self.link_op("bringing the device home", link::detach(&req, first_move))
                     .await
@@ -637,6 +645,8 @@ struct ReturnCtx<'a> {
     host_nl: &'a Netlink,
     /// Part of an attach: never queued behind other returns.
     foreground: bool,
+    /// The pod netns to send each move home from a pool thread (see `link::DetachRequest`).
+    move_from: Option<&'a Netns>,
 }
 
 /// How one device's return ended.

@@ -745,9 +745,24 @@ impl Ethtool {
         features: &BTreeMap<String, bool>,
         flags: &BTreeMap<String, bool>,
     ) -> Result<Restored, EthtoolError> {
+        self.restore_from(dev, None, features, flags)
+    }
+
+    /// [`Ethtool::restore`] from the device's features as read just before (`now`; `None`:
+    /// read them here).
+    pub fn restore_from(
+        &mut self,
+        dev: &Dev,
+        now: Option<Features>,
+        features: &BTreeMap<String, bool>,
+        flags: &BTreeMap<String, bool>,
+    ) -> Result<Restored, EthtoolError> {
         let mut done = Restored::default();
         if !features.is_empty() {
-            let now = self.features(dev)?;
+            let now = match now {
+                Some(n) => n,
+                None => self.features(dev)?,
+            };
             done.features = features
                 .iter()
                 .filter(|(n, want)| now.changeable(n) && now.wanted.contains(n.as_str()) != **want)

@@ -105,6 +105,9 @@ pub struct DetachRequest<'a> {
     pub pod_ifindex: Option<u32>,
     /// The name the move gave it (only consulted when `pod_ifindex` is unknown).
     pub pod_ifname: &'a str,
+    /// The pod netns, to send the move home from a blocking-pool thread of its own
+    /// ([`newlink_blocking`]); `None`: over `pod_nl`.
+    pub move_from: Option<&'a Netns>,
 }
 
 /// Moves the device of `req.snap` from the pod netns back to the host netns, under its host name
@@ -141,19 +144,38 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     } else {
         snap.name.clone()
     };
-    let mut msg = LinkMessage::default();
-    msg.header.index = pod_index;
+    // The host settings (MTU, MAC, GSO/GRO limits, alias) go back in the move itself: the
+    // kernel applies them in the host right after the netns change, under the same RTNL hold
+    // (`do_setlink`), before anything can see the device there, and with it still DOWN (a MAC
+    // change needs that). One RTNL round trip less per device, each of which queues behind
+    // the other returns' moves. A snapshot MAC we cannot parse is left to the restore, which
+    // reports it once the device is home.
+    let mut msg = settings_diff(pod_index, snap, &snapshot_of(&m, &[])).unwrap_or_else(|_| {
+        let mut bare = LinkMessage::default();
+        bare.header.index = pod_index;
+        bare
+    });
     msg.attributes
-        .push(LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
-    msg.attributes.push(LinkAttribute::IfName(name.clone()));
+        .insert(0, LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
+    msg.attributes.insert(1, LinkAttribute::IfName(name.clone()));
     // Back at its own host ifindex when that is free (it is, unless something asked for it).
-    if !index_taken? {
-        msg.attributes.push(LinkAttribute::NewIfIndex(
-            i32::try_from(snap.ifindex).unwrap_or(0),
-        ));
+    let at_index = (!index_taken?).then_some(snap.ifindex);
+    if let Some(i) = at_index {
+        msg.attributes
+            .push(LinkAttribute::NewIfIndex(i32::try_from(i).unwrap_or(0)));
     }
     moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
-    if let Err(e) = req.pod_nl.newlink(msg, "move back to the host netns").await {
+    const MOVE: &str = "move back to the host netns";
+    let sent = match req.move_from {
+        Some(ns) => {
+            let ns = ns.try_clone()?;
+            off_async(MOVE, move || newlink_blocking(&ns, msg, MOVE))
+                .await
+                .and_then(|r| r)
+        }
+        None => req.pod_nl.newlink(msg, MOVE).await,
+    };
+    if let Err(e) = sent {
         // Still in the pod: the error stands (the caller retries).
         if find_in_pod(req.pod_nl, snap, Some(pod_index), req.pod_ifname)
             .await
@@ -163,14 +185,28 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
         }
         // It moved anyway: it is in the host under the name we asked for.
         return match moved_home(req.host_nl, &name, snap).await {
-            Ok(Some(m)) => restore_moved(req.host_nl, &m, snap, host_busy).await,
+            Ok(Some(m)) => restore_moved(req.host_nl, &m, snap, host_busy, None).await,
             _ => Err(e),
         };
     }
-    let m = moved_home(req.host_nl, &name, snap)
-        .await?
-        .ok_or(LinkError::NotFound(name))?;
-    restore_moved(req.host_nl, &m, snap, host_busy).await
+    // Its offloads are read while it is looked up: both wait for RTNL, once instead of twice.
+    // Only at the index the move gave it (the kernel refuses the move if that is taken).
+    let offloads = async {
+        match at_index {
+            Some(i) if !snap.features.is_empty() => off_async("reading offloads", move || {
+                Ethtool::open().and_then(|mut e| e.features(&Dev::Index(i)))
+            })
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|f| (i, f)),
+            _ => None,
+        }
+    };
+    let (m, offloads) = futures::join!(moved_home(req.host_nl, &name, snap), offloads);
+    let m = m?.ok_or(LinkError::NotFound(name))?;
+    let offloads = offloads.and_then(|(i, f)| (i == m.header.index).then_some(f));
+    restore_moved(req.host_nl, &m, snap, host_busy, offloads).await
 }
 
 /// The host link of the device a move just brought home under `name` (the move renamed it in
@@ -188,15 +224,17 @@ pub(super) async fn moved_home(
 /// device there (`NETDEV_UNREGISTER`: `inetdev_destroy`, `addrconf_ifdown`), so it arrives with
 /// none, and DOWN, without even an IPv6 link-local. Every snapshot address is put back
 /// (`NLM_F_REPLACE`: one that something added meanwhile is simply kept).
+/// `offloads`: its features, if already read.
 async fn restore_moved(
     nl: &Netlink,
     m: &LinkMessage,
     snap: &LinkSnapshot,
     keep_name: bool,
+    offloads: Option<ethtool::Features>,
 ) -> Result<Returned, LinkError> {
     let mut cur = snapshot_of(m, &[]);
     cur.sysctls = sysctl::of_link(m);
-    restore_from(nl, m.header.index, snap, &cur, keep_name).await
+    restore_from(nl, m.header.index, snap, &cur, keep_name, offloads).await
 }
 
 /// Restores a host device (found at `index`) to `snap`: name (unless `keep_name`), MTU, MAC,
@@ -211,16 +249,17 @@ pub(super) async fn restore(
     let cur = snapshot_index(nl, index)
         .await?
         .ok_or_else(|| LinkError::NotFound(snap.name.clone()))?;
-    restore_from(nl, index, snap, &cur, keep_name).await
+    restore_from(nl, index, snap, &cur, keep_name, None).await
 }
 
-/// [`restore`] from the device's current state `cur`.
+/// [`restore`] from the device's current state `cur` (and its offload features, if read).
 async fn restore_from(
     nl: &Netlink,
     index: u32,
     snap: &LinkSnapshot,
     cur: &LinkSnapshot,
     keep_name: bool,
+    offloads: Option<ethtool::Features>,
 ) -> Result<Returned, LinkError> {
     let result = restore_name(nl, index, snap, cur, keep_name).await?;
     restore_settings(nl, index, snap, cur).await?;
@@ -241,7 +280,7 @@ async fn restore_from(
         let (now_name, snap, cur_sysctls) = (now_name.to_owned(), snap.clone(), cur.sysctls.clone());
         super::off_async("restoring sysctls and offloads", move || {
             restore_sysctls(&now_name, &snap, &cur_sysctls);
-            restore_offloads(index, &snap)
+            restore_offloads(index, &snap, offloads)
         })
         .await??;
     }
@@ -298,6 +337,16 @@ async fn restore_settings(
     snap: &LinkSnapshot,
     cur: &LinkSnapshot,
 ) -> Result<(), LinkError> {
+    let m = settings_diff(index, snap, cur)?;
+    if !m.attributes.is_empty() {
+        nl.newlink(m, "restore settings").await?;
+    }
+    Ok(())
+}
+
+/// The settings of `snap` (MTU, MAC, GSO/GRO limits, alias) that differ in `cur`, as one
+/// `RTM_NEWLINK` for link `index` (no attribute: none differs).
+fn settings_diff(index: u32, snap: &LinkSnapshot, cur: &LinkSnapshot) -> Result<LinkMessage, LinkError> {
     let diff = |a: Option<u32>, b: Option<u32>| if a != b { a } else { None };
     let mac = match (&snap.mac, &cur.mac) {
         (Some(want), Some(have)) if !want.eq_ignore_ascii_case(have) => Some(parse_mac(want)?),
@@ -316,10 +365,7 @@ async fn restore_settings(
         m.attributes
             .push(LinkAttribute::IfAlias(snap.alias.clone().unwrap_or_default()));
     }
-    if !m.attributes.is_empty() {
-        nl.newlink(m, "restore settings").await?;
-    }
-    Ok(())
+    Ok(m)
 }
 
 /// Phase 3: the alternative names the device lost.
@@ -363,12 +409,17 @@ fn restore_sysctls(now_name: &str, snap: &LinkSnapshot, cur: &BTreeMap<String, i
     }
 }
 
-/// Phase 6: offloads, whatever differs from the snapshot, whether dranet or the pod changed it.
-fn restore_offloads(index: u32, snap: &LinkSnapshot) -> Result<(), LinkError> {
+/// Phase 6: offloads, whatever differs from the snapshot, whether dranet or the pod changed it
+/// (`now`: the features as just read, if they were).
+fn restore_offloads(
+    index: u32,
+    snap: &LinkSnapshot,
+    now: Option<ethtool::Features>,
+) -> Result<(), LinkError> {
     if snap.features.is_empty() && snap.private_flags.is_empty() {
         return Ok(());
     }
-    let done = Ethtool::open()?.restore(&Dev::Index(index), &snap.features, &snap.private_flags)?;
+    let done = Ethtool::open()?.restore_from(&Dev::Index(index), now, &snap.features, &snap.private_flags)?;
     if !done.features.is_empty() || !done.private_flags.is_empty() {
         tracing::info!(
             device = snap.name,

@@ -66,6 +66,8 @@ pub enum LinkError {
     },
     #[error("opening an rtnetlink socket")]
     Socket(#[source] std::io::Error),
+    #[error("netlink {what}: undecodable reply: {reason}")]
+    Reply { what: &'static str, reason: String },
     #[error(transparent)]
     Netns(#[from] NetnsError),
     #[error("invalid interface name {name:?}: {reason}")]
@@ -223,6 +225,51 @@ impl Netlink {
             }
         }
         Ok(())
+    }
+}
+
+/// One `RTM_NEWLINK` modifying an existing link of `netns`, sent from the calling thread on a
+/// socket of its own and answered before it returns: for the blocking pool. The kernel runs a
+/// netlink request in its sender's context, so a netns move's wait for RTNL and its RCU grace
+/// periods (tens of ms) hold the sending thread. Sent this way, they hold a pool thread, not
+/// the runtime thread that drives a pod's socket, and two returns' moves queue on RTNL side by
+/// side instead of one behind the other on that thread.
+pub(crate) fn newlink_blocking(netns: &Netns, msg: LinkMessage, what: &'static str) -> Result<(), LinkError> {
+    let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
+        .map_err(LinkError::Socket)?;
+    // SAFETY: `fd` is an owned netlink socket just released from its OwnedFd; the Socket takes
+    // over its ownership and closes it on drop.
+    let sock = unsafe { netlink_sys::Socket::from_raw_fd(fd.into_raw_fd()) };
+    sock.set_non_blocking(false).map_err(LinkError::Socket)?;
+    let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
+    req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    req.header.sequence_number = 1;
+    req.finalize();
+    let mut bytes = vec![0u8; req.buffer_len()];
+    req.serialize(&mut bytes);
+    sock.send_to(&bytes, &netlink_sys::SocketAddr::new(0, 0), 0)
+        .map_err(LinkError::Socket)?;
+    // The kernel has answered by the time the send returns: the ack (an error quotes the
+    // request back) is already queued.
+    let mut buf = vec![0u8; bytes.len() + 4096];
+    loop {
+        let n = sock
+            .recv(&mut &mut buf[..], libc::MSG_DONTWAIT)
+            .map_err(LinkError::Socket)?;
+        let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(buf.get(..n).unwrap_or_default())
+            .map_err(|e| LinkError::Reply {
+                what,
+                reason: e.to_string(),
+            })?;
+        if let NetlinkPayload::Error(e) = reply.payload {
+            return match e.code {
+                Some(_) => Err(LinkError::Netlink {
+                    what,
+                    source: Box::new(rtnetlink::Error::NetlinkError(e)),
+                }),
+                None => Ok(()),
+            };
+        }
     }
 }
 

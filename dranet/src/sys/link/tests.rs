@@ -196,3 +196,32 @@ fn attach_spec_detaches_ebpf_only_when_asked() {
     assert!(!spec(r#"{"interface":{}}"#));
     assert!(!spec("{}"));
 }
+
+/// A private netns (only `lo`, index 1), held by the returned handle.
+fn private_netns() -> Netns {
+    std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .expect("unshare(CLONE_NEWNET): run as root");
+        Netns::open_path(std::path::Path::new("/proc/thread-self/ns/net")).expect("open the new netns")
+    })
+    .join()
+    .expect("netns thread")
+}
+
+#[tokio::test]
+async fn a_blocking_newlink_is_applied_and_its_kernel_error_comes_back() {
+    let ns = private_netns();
+    let mut m = LinkMessage::default();
+    m.header.index = 1;
+    m.attributes.push(LinkAttribute::Mtu(1280));
+    newlink_blocking(&ns, m, "set lo's MTU").unwrap();
+    let nl = Netlink::in_netns(&ns).await.unwrap();
+    let lo = nl.link_by_index(1).await.unwrap().expect("lo");
+    assert!(lo.attributes.contains(&LinkAttribute::Mtu(1280)), "{lo:?}");
+    // No link at that index: the kernel's ENODEV, not a hang or a silent success.
+    let mut m = LinkMessage::default();
+    m.header.index = 4242;
+    m.attributes.push(LinkAttribute::Mtu(1280));
+    let e = newlink_blocking(&ns, m, "set a missing link's MTU").unwrap_err();
+    assert_eq!(e.errno(), Some(libc::ENODEV), "{e:?}");
+}
