@@ -150,37 +150,36 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     // change needs that). One RTNL round trip less per device, each of which queues behind
     // the other returns' moves. A snapshot MAC we cannot parse is left to the restore, which
     // reports it once the device is home.
-    let mut msg = settings_diff(pod_index, snap, &snapshot_of(&m, &[])).unwrap_or_else(|_| {
-        let mut bare = LinkMessage::default();
-        bare.header.index = pod_index;
-        bare
-    });
-    msg.attributes
-        .insert(0, LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
-    msg.attributes.insert(1, LinkAttribute::IfName(name.clone()));
+    let settings = settings_diff(pod_index, snap, &snapshot_of(&m, &[])).ok();
     // Back at its own host ifindex when that is free (it is, unless something asked for it).
     let at_index = (!index_taken?).then_some(snap.ifindex);
-    if let Some(i) = at_index {
+    let move_msg = |with_settings: bool| {
+        let mut msg = settings.clone().filter(|_| with_settings).unwrap_or_else(|| {
+            let mut bare = LinkMessage::default();
+            bare.header.index = pod_index;
+            bare
+        });
         msg.attributes
-            .push(LinkAttribute::NewIfIndex(i32::try_from(i).unwrap_or(0)));
-    }
-    moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
-    const MOVE: &str = "move back to the host netns";
-    let sent = match req.move_from {
-        Some(ns) => {
-            let ns = ns.try_clone()?;
-            off_async(MOVE, move || newlink_blocking(&ns, msg, MOVE))
-                .await
-                .and_then(|r| r)
+            .insert(0, LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
+        msg.attributes.insert(1, LinkAttribute::IfName(name.clone()));
+        if let Some(i) = at_index {
+            msg.attributes
+                .push(LinkAttribute::NewIfIndex(i32::try_from(i).unwrap_or(0)));
         }
-        None => req.pod_nl.newlink(msg, MOVE).await,
+        msg
     };
+    moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
+    let mut sent = send_move(req, move_msg(true)).await;
+    let with_settings = settings.as_ref().is_some_and(|s| !s.attributes.is_empty());
+    if sent.is_err() && with_settings && still_in_pod(req, snap, pod_index).await {
+        // The kernel checks a request's attributes before it moves anything: a setting it
+        // refuses must not keep the device in the pod. Move it bare; the restore then applies
+        // the settings, and reports the one refused, with the device home.
+        sent = send_move(req, move_msg(false)).await;
+    }
     if let Err(e) = sent {
         // Still in the pod: the error stands (the caller retries).
-        if find_in_pod(req.pod_nl, snap, Some(pod_index), req.pod_ifname)
-            .await
-            .is_ok_and(|m| m.is_some())
-        {
+        if still_in_pod(req, snap, pod_index).await {
             return Err(e);
         }
         // It moved anyway: it is in the host under the name we asked for.
@@ -207,6 +206,27 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     let m = m?.ok_or(LinkError::NotFound(name))?;
     let offloads = offloads.and_then(|(i, f)| (i == m.header.index).then_some(f));
     restore_moved(req.host_nl, &m, snap, host_busy, offloads).await
+}
+
+/// Sends the move home: from a pool thread with `req.move_from`, else over `req.pod_nl`.
+async fn send_move(req: &DetachRequest<'_>, msg: LinkMessage) -> Result<(), LinkError> {
+    const MOVE: &str = "move back to the host netns";
+    match req.move_from {
+        Some(ns) => {
+            let ns = ns.try_clone()?;
+            off_async(MOVE, move || newlink_blocking(&ns, msg, MOVE))
+                .await
+                .and_then(|r| r)
+        }
+        None => req.pod_nl.newlink(msg, MOVE).await,
+    }
+}
+
+/// Whether the device is still in the pod at `pod_index` (a lookup that fails counts as no).
+async fn still_in_pod(req: &DetachRequest<'_>, snap: &LinkSnapshot, pod_index: u32) -> bool {
+    find_in_pod(req.pod_nl, snap, Some(pod_index), req.pod_ifname)
+        .await
+        .is_ok_and(|m| m.is_some())
 }
 
 /// The host link of the device a move just brought home under `name` (the move renamed it in

@@ -225,3 +225,50 @@ async fn a_blocking_newlink_is_applied_and_its_kernel_error_comes_back() {
     let e = newlink_blocking(&ns, m, "set a missing link's MTU").unwrap_err();
     assert_eq!(e.errno(), Some(libc::ENODEV), "{e:?}");
 }
+
+/// The kernel checks a request's attributes before it moves anything (`validate_linkmsg`): a
+/// restore setting it refuses (here a GRO limit over `GRO_MAX_SIZE`) must not keep the device
+/// in the pod. It comes home under its host name, and the refused setting is the error.
+#[tokio::test]
+async fn a_refused_setting_in_the_move_does_not_keep_the_device_in_the_pod() {
+    let (host, pod) = (private_netns(), private_netns());
+    let (host_nl, pod_nl) = (
+        Netlink::in_netns(&host).await.unwrap(),
+        Netlink::in_netns(&pod).await.unwrap(),
+    );
+    pod_nl
+        .handle()
+        .link()
+        .add(rtnetlink::LinkVeth::new("d0", "d1").build())
+        .execute()
+        .await
+        .unwrap();
+    let index = pod_nl.link_by_name("d0").await.unwrap().expect("d0").header.index;
+    let mut snap = snapshot_index(&pod_nl, index).await.unwrap().expect("snapshot");
+    snap.name = "h0".into();
+    snap.gro_max_size = Some(600_000);
+    let req = DetachRequest {
+        pod_nl: &pod_nl,
+        host_nl: &host_nl,
+        host: &host,
+        snap: &snap,
+        pod_ifindex: Some(index),
+        pod_ifname: "d0",
+        move_from: None,
+    };
+    let r = detach(&req, &mut None).await;
+    assert!(
+        matches!(&r, Err(e) if e.errno() == Some(libc::EINVAL)),
+        "the refused GRO limit is the error: {r:?}"
+    );
+    assert!(
+        pod_nl.link_by_index(index).await.unwrap().is_none(),
+        "still in the pod"
+    );
+    let home = host_nl
+        .link_by_name("h0")
+        .await
+        .unwrap()
+        .expect("home under its host name");
+    assert_eq!(home.header.index, index);
+}
