@@ -116,19 +116,12 @@ pub struct DetachRequest<'a> {
 /// it. `moved_at` gets CLOCK_MONOTONIC ns (if still `None`) when the move is sent.
 pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Result<Returned, LinkError> {
     let snap = req.snap;
-    // Every lookup at once (two sockets, two netns): the device in the pod, its host name and
-    // its host ifindex in the host. Two round trips less before the move, which is the rescue's
-    // reaction time, and each of them waits for RTNL behind the other returns' moves.
-    let (in_pod, in_host, index_taken) = futures::join!(
+    // Both lookups at once (two sockets, two netns): the device in the pod, and its host name
+    // in the host. A round trip less before the move, which is the rescue's reaction time,
+    // and each of them waits for RTNL behind the other returns' moves.
+    let (in_pod, in_host) = futures::join!(
         find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname),
         req.host_nl.link_by_name(&snap.name),
-        async {
-            if snap.ifindex > 0 {
-                req.host_nl.link_by_index(snap.ifindex).await.map(|m| m.is_some())
-            } else {
-                Ok(true)
-            }
-        }
     );
     let Some(m) = in_pod? else {
         // Not in the pod: it never left the host (an attach that failed before its move), it
@@ -150,11 +143,14 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     // change needs that). One RTNL round trip less per device, each of which queues behind
     // the other returns' moves. A snapshot MAC we cannot parse is left to the restore, which
     // reports it once the device is home.
-    let settings = settings_diff(pod_index, snap, &snapshot_of(&m, &[])).ok();
-    // Back at its own host ifindex when that is free (it is, unless something asked for it).
-    let at_index = (!index_taken?).then_some(snap.ifindex);
-    let move_msg = |with_settings: bool| {
-        let mut msg = settings.clone().filter(|_| with_settings).unwrap_or_else(|| {
+    let settings = settings_diff(pod_index, snap, &snapshot_of(&m, &[]))
+        .ok()
+        .filter(|s| !s.attributes.is_empty());
+    // Back at its own host ifindex (free unless something asked for it; not looked up first:
+    // if it is taken the kernel refuses the move, see below).
+    let own_index = (snap.ifindex > 0).then_some(snap.ifindex);
+    let move_msg = |full: bool| {
+        let mut msg = settings.clone().filter(|_| full).unwrap_or_else(|| {
             let mut bare = LinkMessage::default();
             bare.header.index = pod_index;
             bare
@@ -162,7 +158,7 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
         msg.attributes
             .insert(0, LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
         msg.attributes.insert(1, LinkAttribute::IfName(name.clone()));
-        if let Some(i) = at_index {
+        if let Some(i) = own_index.filter(|_| full) {
             msg.attributes
                 .push(LinkAttribute::NewIfIndex(i32::try_from(i).unwrap_or(0)));
         }
@@ -170,12 +166,18 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     };
     moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
     let mut sent = send_move(req, move_msg(true)).await;
-    let with_settings = settings.as_ref().is_some_and(|s| !s.attributes.is_empty());
-    if sent.is_err() && with_settings && still_in_pod(req, snap, pod_index).await {
-        // The kernel checks a request's attributes before it moves anything: a setting it
-        // refuses must not keep the device in the pod. Move it bare; the restore then applies
-        // the settings, and reports the one refused, with the device home.
+    let mut at_index = own_index;
+    if sent.is_err()
+        && (settings.is_some() || own_index.is_some())
+        && still_in_pod(req, snap, pod_index).await
+    {
+        // The kernel checks a request before it moves anything (its attributes in
+        // `validate_linkmsg`, the new index in `dev_index_reserve`): a setting it refuses, or
+        // the old index taken by another link, must not keep the device in the pod. Move it
+        // bare, to a new index; the restore then applies the settings, and reports the one
+        // refused, with the device home.
         sent = send_move(req, move_msg(false)).await;
+        at_index = None;
     }
     if let Err(e) = sent {
         // Still in the pod: the error stands (the caller retries).

@@ -272,3 +272,55 @@ async fn a_refused_setting_in_the_move_does_not_keep_the_device_in_the_pod() {
         .expect("home under its host name");
     assert_eq!(home.header.index, index);
 }
+
+/// The move asks for the device's old host ifindex without looking first; when another link
+/// holds it, the kernel refuses the move before moving anything, and the device comes home
+/// bare, at a new index, under its host name.
+#[tokio::test]
+async fn a_taken_host_ifindex_does_not_keep_the_device_in_the_pod() {
+    let (host, pod) = (private_netns(), private_netns());
+    let (host_nl, pod_nl) = (
+        Netlink::in_netns(&host).await.unwrap(),
+        Netlink::in_netns(&pod).await.unwrap(),
+    );
+    pod_nl
+        .handle()
+        .link()
+        .add(rtnetlink::LinkVeth::new("d0", "d1").build())
+        .execute()
+        .await
+        .unwrap();
+    let index = pod_nl.link_by_name("d0").await.unwrap().expect("d0").header.index;
+    let mut snap = snapshot_index(&pod_nl, index).await.unwrap().expect("snapshot");
+    snap.name = "h0".into();
+    // Another link at that index in the host.
+    host_nl
+        .handle()
+        .link()
+        .add(rtnetlink::LinkVeth::new("x0", "x1").index(index).build())
+        .execute()
+        .await
+        .unwrap();
+    let req = DetachRequest {
+        pod_nl: &pod_nl,
+        host_nl: &host_nl,
+        host: &host,
+        snap: &snap,
+        pod_ifindex: Some(index),
+        pod_ifname: "d0",
+        move_from: None,
+    };
+    assert_eq!(detach(&req, &mut None).await.unwrap(), Returned::Restored);
+    assert!(
+        pod_nl.link_by_index(index).await.unwrap().is_none(),
+        "still in the pod"
+    );
+    let home = host_nl
+        .link_by_name("h0")
+        .await
+        .unwrap()
+        .expect("home under its host name");
+    assert_ne!(home.header.index, index);
+    let x0 = host_nl.link_by_name("x0").await.unwrap().expect("x0 untouched");
+    assert_eq!(x0.header.index, index);
+}
