@@ -226,11 +226,17 @@ async fn a_blocking_newlink_is_applied_and_its_kernel_error_comes_back() {
     assert_eq!(e.errno(), Some(libc::ENODEV), "{e:?}");
 }
 
-/// The kernel checks a request's attributes before it moves anything (`validate_linkmsg`): a
-/// restore setting it refuses (here a GRO limit over `GRO_MAX_SIZE`) must not keep the device
-/// in the pod. It comes home under its host name, and the refused setting is the error.
-#[tokio::test]
-async fn a_refused_setting_in_the_move_does_not_keep_the_device_in_the_pod() {
+/// A device out in a pod: veth `d0` (peer `d1`) made in a private "pod" netns, and its
+/// snapshot as if its host name were `h0`; the "host" is a private netns too.
+struct Away {
+    host: Netns,
+    host_nl: Netlink,
+    pod_nl: Netlink,
+    index: u32,
+    snap: LinkSnapshot,
+}
+
+async fn device_away() -> Away {
     let (host, pod) = (private_netns(), private_netns());
     let (host_nl, pod_nl) = (
         Netlink::in_netns(&host).await.unwrap(),
@@ -246,6 +252,27 @@ async fn a_refused_setting_in_the_move_does_not_keep_the_device_in_the_pod() {
     let index = pod_nl.link_by_name("d0").await.unwrap().expect("d0").header.index;
     let mut snap = snapshot_index(&pod_nl, index).await.unwrap().expect("snapshot");
     snap.name = "h0".into();
+    Away {
+        host,
+        host_nl,
+        pod_nl,
+        index,
+        snap,
+    }
+}
+
+/// The kernel checks a request's attributes before it moves anything (`validate_linkmsg`): a
+/// restore setting it refuses (here a GRO limit over `GRO_MAX_SIZE`) must not keep the device
+/// in the pod. It comes home under its host name, and the refused setting is the error.
+#[tokio::test]
+async fn a_refused_setting_in_the_move_does_not_keep_the_device_in_the_pod() {
+    let Away {
+        host,
+        host_nl,
+        pod_nl,
+        index,
+        mut snap,
+    } = device_away().await;
     snap.gro_max_size = Some(600_000);
     let req = DetachRequest {
         pod_nl: &pod_nl,
@@ -278,21 +305,13 @@ async fn a_refused_setting_in_the_move_does_not_keep_the_device_in_the_pod() {
 /// bare, at a new index, under its host name.
 #[tokio::test]
 async fn a_taken_host_ifindex_does_not_keep_the_device_in_the_pod() {
-    let (host, pod) = (private_netns(), private_netns());
-    let (host_nl, pod_nl) = (
-        Netlink::in_netns(&host).await.unwrap(),
-        Netlink::in_netns(&pod).await.unwrap(),
-    );
-    pod_nl
-        .handle()
-        .link()
-        .add(rtnetlink::LinkVeth::new("d0", "d1").build())
-        .execute()
-        .await
-        .unwrap();
-    let index = pod_nl.link_by_name("d0").await.unwrap().expect("d0").header.index;
-    let mut snap = snapshot_index(&pod_nl, index).await.unwrap().expect("snapshot");
-    snap.name = "h0".into();
+    let Away {
+        host,
+        host_nl,
+        pod_nl,
+        index,
+        snap,
+    } = device_away().await;
     // Another link at that index in the host.
     host_nl
         .handle()
