@@ -385,7 +385,7 @@ impl Ctx {
     /// `Base::Drain`: pods `HOOKS_IN_FLIGHT` at a time, the drain figure. `Base::Hol`: one pod
     /// after the other, the newcomer's figure only: its bare attach then queues behind the least
     /// RTNL work a drain can put ahead of it (one pod's requests and the kernel's netns
-    /// teardowns), not behind 8 pods' moves, which dranet's 2 return lanes never queue.
+    /// teardowns), not behind 8 pods' moves, more than dranet's return lanes ever queue.
     async fn baseline_round(&self, order: Order, base: Base, newcomer: bool, f: &mut Figures) -> Result<()> {
         let width = match base {
             Base::Drain => HOOKS_IN_FLIGHT,
