@@ -352,3 +352,53 @@ async fn the_ring_is_read_on_a_raised_reactor_whose_threads_run_normally() -> Re
     drop(fd);
     Ok(())
 }
+
+/// The ring buffer is read late (a loaded node: the reactor thread waits for a core) while the
+/// rtnetlink monitor keeps up, so the netns's death (`nsid_removed`) is handled before its
+/// umount record is decoded. The umount still carries the identity of the netns it unmounted:
+/// found by `dranet trace` in CI, where the `--json` umount line came out with `"netns": null`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_ring_reader_still_labels_the_umount_of_a_netns_that_died() -> Result<()> {
+    root_or_skip!("a_late_ring_reader_still_labels_the_umount_of_a_netns_that_died");
+    let (mut ns, veth, _ifindex, id) = pod_with_veth("late")?;
+    let w = Watcher::start(WatcherOptions {
+        learn_dirs: true,
+        prefixes: dranet::watch::DEFAULT_PREFIXES
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+        ring_reader_delay: Some(Duration::from_millis(1500)),
+        ..WatcherOptions::default()
+    })
+    .await?;
+    if !probe_active(&w, "umount") {
+        anyhow::bail!("the umount probe is not active: {:?}", w.status());
+    }
+    let mut sub = w.subscribe();
+    sh(&["ip", "link", "set", &veth.b, "netns", &ns.name])?;
+    ns.remove_crio_style()?;
+    let path = ns.path.display().to_string();
+    let evs = collect(
+        &mut sub,
+        Duration::from_secs(8),
+        |e| matches!(&e.kind, EventKind::NetnsUnmounted { path: p, .. } if *p == path),
+    )
+    .await;
+    let removed = evs
+        .iter()
+        .find(|e| matches!(e.kind, EventKind::NsidRemoved { .. }))
+        .context("no nsid_removed: the netns did not die")?;
+    assert!(
+        matches!(removed.kind, EventKind::NsidRemoved { netns: Some(n), .. } if n == id),
+        "{removed:?}"
+    );
+    let umount = evs
+        .iter()
+        .find(|e| matches!(&e.kind, EventKind::NetnsUnmounted { path: p, .. } if *p == path))
+        .context("no umount event")?;
+    assert!(
+        matches!(umount.kind, EventKind::NetnsUnmounted { netns: Some(n), .. } if n == id),
+        "{umount:?}"
+    );
+    Ok(())
+}

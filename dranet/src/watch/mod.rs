@@ -17,11 +17,11 @@ mod nsfs;
 pub mod reactor;
 pub mod rtnl;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::broadcast;
@@ -107,19 +107,45 @@ impl Default for WatcherOptions {
     }
 }
 
+/// How long the paths of a dead netns still label events. Ring-buffer records are labelled
+/// when they are read, and on a loaded node that can be after rtnetlink reported the death
+/// (`nsid_removed`): the umount that started the teardown must still name its netns.
+const DEAD_PATHS_KEPT: Duration = Duration::from_secs(10);
+/// At most this many dead netns keep their paths (a drain of many pods within the grace).
+const DEAD_KEPT_MAX: usize = 1024;
+
 /// Identities the watcher knows, to label events.
 #[derive(Default)]
 struct Known {
     paths: HashMap<String, NetnsId>,
     inodes: HashMap<u64, NetnsId>,
     nsids: HashMap<i32, NetnsId>,
+    /// Dead netns whose paths are kept for [`DEAD_PATHS_KEPT`], oldest first.
+    dead: VecDeque<(Instant, NetnsId)>,
 }
 
 impl Known {
-    fn forget(&mut self, id: NetnsId) {
-        self.paths.retain(|_, v| *v != id);
+    /// `id` died at `now`. Its nsid and inode go at once (the kernel reuses both at once; a
+    /// cookie never comes back); its paths stay for [`DEAD_PATHS_KEPT`] unless a new netns is
+    /// learned on them first.
+    fn forget(&mut self, id: NetnsId, now: Instant) {
         self.inodes.retain(|_, v| *v != id);
         self.nsids.retain(|_, v| *v != id);
+        if self.paths.values().any(|v| *v == id) {
+            self.dead.push_back((now, id));
+        }
+        self.expire(now);
+    }
+
+    /// Drops the paths of netns dead for longer than the grace, or beyond the bound.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(at, id)) = self.dead.front() {
+            if now.saturating_duration_since(at) < DEAD_PATHS_KEPT && self.dead.len() <= DEAD_KEPT_MAX {
+                break;
+            }
+            self.dead.pop_front();
+            self.paths.retain(|_, v| *v != id);
+        }
     }
 }
 
@@ -147,6 +173,7 @@ impl Shared {
 
     fn learn(&self, path: &str, id: NetnsId) {
         if let Ok(mut k) = self.known.write() {
+            k.expire(Instant::now());
             for p in spellings(path) {
                 k.paths.insert(p, id);
             }
@@ -163,7 +190,7 @@ impl Shared {
             EventKind::NsidRemoved { nsid, netns } => {
                 *netns = lookup(*nsid);
                 if let (Some(id), Ok(mut k)) = (*netns, self.known.write()) {
-                    k.forget(id);
+                    k.forget(id, Instant::now());
                 }
             }
             _ => {}
@@ -671,5 +698,62 @@ mod released_tests {
         }
         assert_eq!(seen.0.len(), ReleasedCookies::KEEP);
         assert!(!seen.is_duplicate(&released(42)));
+    }
+}
+
+#[cfg(test)]
+mod known_tests {
+    use super::*;
+
+    const OLD: NetnsId = NetnsId { cookie: 1, inode: 7 };
+    const NEW: NetnsId = NetnsId { cookie: 2, inode: 7 };
+
+    fn known_with(path: &str, id: NetnsId) -> Known {
+        let mut k = Known::default();
+        k.paths.insert(path.to_owned(), id);
+        k.inodes.insert(id.inode, id);
+        k.nsids.insert(3, id);
+        k
+    }
+
+    #[test]
+    fn a_dead_netns_keeps_its_paths_for_the_grace_only() {
+        let t0 = Instant::now();
+        let mut k = known_with("/run/netns/a", OLD);
+        k.forget(OLD, t0);
+        // Inode and nsid are reused by the kernel at once: gone now.
+        assert!(k.inodes.is_empty() && k.nsids.is_empty());
+        // The path still names the dead netns for a late ring-buffer record...
+        k.expire(t0 + DEAD_PATHS_KEPT - Duration::from_millis(1));
+        assert_eq!(k.paths.get("/run/netns/a"), Some(&OLD));
+        // ... and not after the grace.
+        k.expire(t0 + DEAD_PATHS_KEPT);
+        assert!(k.paths.is_empty() && k.dead.is_empty());
+    }
+
+    #[test]
+    fn a_new_netns_on_the_path_is_not_forgotten_with_the_old() {
+        let t0 = Instant::now();
+        let mut k = known_with("/run/netns/a", OLD);
+        k.forget(OLD, t0);
+        k.paths.insert("/run/netns/a".into(), NEW);
+        k.expire(t0 + DEAD_PATHS_KEPT);
+        assert_eq!(k.paths.get("/run/netns/a"), Some(&NEW));
+    }
+
+    #[test]
+    fn dead_netns_kept_are_bounded() {
+        let t0 = Instant::now();
+        let mut k = Known::default();
+        for i in 0..(DEAD_KEPT_MAX as u64 + 10) {
+            let id = NetnsId {
+                cookie: i + 1,
+                inode: i,
+            };
+            k.paths.insert(format!("/run/netns/p{i}"), id);
+            k.forget(id, t0);
+        }
+        assert_eq!(k.dead.len(), DEAD_KEPT_MAX);
+        assert_eq!(k.paths.len(), DEAD_KEPT_MAX);
     }
 }
