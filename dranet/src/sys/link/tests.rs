@@ -261,43 +261,49 @@ async fn device_away() -> Away {
     }
 }
 
+impl Away {
+    /// The return of `d0` home as `h0`, found in the pod by its ifindex.
+    fn request(&self) -> DetachRequest<'_> {
+        DetachRequest {
+            pod_nl: &self.pod_nl,
+            host_nl: &self.host_nl,
+            host: &self.host,
+            snap: &self.snap,
+            pod_ifindex: Some(self.index),
+            pod_ifname: "d0",
+            move_from: None,
+        }
+    }
+
+    /// The device after its return: gone from the pod, in the host under its host name.
+    async fn home(&self) -> LinkMessage {
+        assert!(
+            self.pod_nl.link_by_index(self.index).await.unwrap().is_none(),
+            "still in the pod"
+        );
+        self.host_nl
+            .link_by_name("h0")
+            .await
+            .unwrap()
+            .expect("home under its host name")
+    }
+}
+
 /// The kernel checks a request's attributes before it moves anything (`validate_linkmsg`): a
 /// restore setting it refuses (here a GRO limit over `GRO_MAX_SIZE`) must not keep the device
 /// in the pod. It comes home under its host name, and the refused setting is the error.
 #[tokio::test]
 async fn a_refused_setting_in_the_move_does_not_keep_the_device_in_the_pod() {
-    let Away {
-        host,
-        host_nl,
-        pod_nl,
-        index,
-        mut snap,
-    } = device_away().await;
-    snap.gro_max_size = Some(600_000);
-    let req = DetachRequest {
-        pod_nl: &pod_nl,
-        host_nl: &host_nl,
-        host: &host,
-        snap: &snap,
-        pod_ifindex: Some(index),
-        pod_ifname: "d0",
-        move_from: None,
-    };
+    let mut away = device_away().await;
+    away.snap.gro_max_size = Some(600_000);
+    let req = away.request();
     let r = detach(&req, &mut None).await;
     assert!(
         matches!(&r, Err(e) if e.errno() == Some(libc::EINVAL)),
         "the refused GRO limit is the error: {r:?}"
     );
-    assert!(
-        pod_nl.link_by_index(index).await.unwrap().is_none(),
-        "still in the pod"
-    );
-    let home = host_nl
-        .link_by_name("h0")
-        .await
-        .unwrap()
-        .expect("home under its host name");
-    assert_eq!(home.header.index, index);
+    let home = away.home().await;
+    assert_eq!(home.header.index, away.index);
 }
 
 /// The move asks for the device's old host ifindex without looking first; when another link
@@ -305,41 +311,25 @@ async fn a_refused_setting_in_the_move_does_not_keep_the_device_in_the_pod() {
 /// bare, at a new index, under its host name.
 #[tokio::test]
 async fn a_taken_host_ifindex_does_not_keep_the_device_in_the_pod() {
-    let Away {
-        host,
-        host_nl,
-        pod_nl,
-        index,
-        snap,
-    } = device_away().await;
+    let away = device_away().await;
+    let index = away.index;
     // Another link at that index in the host.
-    host_nl
+    away.host_nl
         .handle()
         .link()
         .add(rtnetlink::LinkVeth::new("x0", "x1").index(index).build())
         .execute()
         .await
         .unwrap();
-    let req = DetachRequest {
-        pod_nl: &pod_nl,
-        host_nl: &host_nl,
-        host: &host,
-        snap: &snap,
-        pod_ifindex: Some(index),
-        pod_ifname: "d0",
-        move_from: None,
-    };
+    let req = away.request();
     assert_eq!(detach(&req, &mut None).await.unwrap(), Returned::Restored);
-    assert!(
-        pod_nl.link_by_index(index).await.unwrap().is_none(),
-        "still in the pod"
-    );
-    let home = host_nl
-        .link_by_name("h0")
+    let home = away.home().await;
+    assert_ne!(home.header.index, index);
+    let x0 = away
+        .host_nl
+        .link_by_name("x0")
         .await
         .unwrap()
-        .expect("home under its host name");
-    assert_ne!(home.header.index, index);
-    let x0 = host_nl.link_by_name("x0").await.unwrap().expect("x0 untouched");
+        .expect("x0 untouched");
     assert_eq!(x0.header.index, index);
 }
