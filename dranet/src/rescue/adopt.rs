@@ -103,12 +103,13 @@ impl Engine {
                 path: path.to_owned(),
             });
         }
-        let pod_nl = Netlink::in_netns(&netns)
-            .await
-            .map_err(|source| RescueError::PodNetlink {
-                pod: sb.uid.clone(),
-                source,
-            })?;
+        let (pod_nl, pod_socket) =
+            Netlink::in_netns_kept(&netns, None)
+                .await
+                .map_err(|source| RescueError::PodNetlink {
+                    pod: sb.uid.clone(),
+                    source,
+                })?;
         let links = pod_nl.links().await.map_err(|source| RescueError::PodNetlink {
             pod: sb.uid.clone(),
             source,
@@ -173,11 +174,14 @@ impl Engine {
         {
             warn!(pod = sb.uid, error = %crate::telemetry::chain(&e), "cannot watch the adopted netns");
         }
+        // One connection at a time on the kept socket: this one goes before a return can
+        // take the pin and make its own.
+        drop(pod_nl);
         self.inner.live_put(
             &key,
             Live {
                 pin,
-                netlink: Some(pod_nl),
+                socket: Some(pod_socket),
             },
         );
         info!(pod = sb.uid, sandbox = sb.sandbox, devices = ?names, ?unidentified,

@@ -11,7 +11,7 @@ use super::activity::ActivityKind;
 use super::{AttachOutcome, Engine, Live, RescueError};
 use crate::plan::DevicePlan;
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason, pod_key};
-use crate::sys::link::{self, AttachSpec, LinkError, Netlink};
+use crate::sys::link::{self, AttachSpec, LinkError, Netlink, PodSocket};
 use crate::sys::netns::{Netns, Pin};
 use crate::sys::rdma::NetnsMode;
 
@@ -30,6 +30,8 @@ pub struct PodRef<'a> {
 struct Staged {
     host_nl: Netlink,
     pod_nl: Netlink,
+    /// `pod_nl`'s socket, kept for the sandbox's return once the attach is done.
+    pod_socket: PodSocket,
     records: Vec<DeviceRecord>,
     specs: Vec<AttachSpec>,
 }
@@ -116,10 +118,10 @@ impl Engine {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let pod_nl = self
+        let (pod_nl, pod_socket) = self
             .link_op(
                 "rtnetlink in the pod netns",
-                Netlink::in_netns_on(
+                Netlink::in_netns_kept(
                     netns,
                     self.inner
                         .watcher
@@ -151,6 +153,7 @@ impl Engine {
         Ok(Staged {
             host_nl,
             pod_nl,
+            pod_socket,
             records,
             specs,
         })
@@ -210,35 +213,32 @@ impl Engine {
         let Staged {
             host_nl,
             pod_nl,
+            pod_socket,
             records,
             specs,
         } = staged;
         let live = Live {
             pin,
-            netlink: Some(pod_nl),
+            socket: Some(pod_socket),
         };
         let pod_id = live.pin.netns().id();
         let mut names = Vec::with_capacity(plan.len());
         let mut placed = Vec::with_capacity(plan.len());
         for (i, d) in plan.iter().enumerate() {
             let place = records[i].at.map_or(0, |a| a.ifindex);
-            let attached = match &live.netlink {
-                Some(pod_nl) => {
-                    self.link_op(
-                        "moving the device into the pod",
-                        link::attach(
-                            &host_nl,
-                            pod_nl,
-                            live.pin.netns(),
-                            &records[i].snapshot,
-                            &specs[i],
-                            place,
-                        ),
-                    )
-                    .await
-                }
-                None => Err(LinkError::NoPodNetlink),
-            };
+            let attached = self
+                .link_op(
+                    "moving the device into the pod",
+                    link::attach(
+                        &host_nl,
+                        &pod_nl,
+                        live.pin.netns(),
+                        &records[i].snapshot,
+                        &specs[i],
+                        place,
+                    ),
+                )
+                .await;
             let attached = match attached {
                 Ok(index) => {
                     placed.push(DeviceAt {
@@ -254,6 +254,9 @@ impl Engine {
                 }),
             };
             if let Err(err) = attached {
+                // The rollback makes its own connection on the kept socket: this one goes
+                // first (two would read each other's answers).
+                drop(pod_nl);
                 self.roll_back(pod.uid, key, i, &placed, live, &err).await?;
                 return Err(err);
             }

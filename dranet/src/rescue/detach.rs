@@ -125,7 +125,7 @@ impl Engine {
     /// from the live set, or re-opened), and the record marked `Returning`.
     ///
     /// A hook's return waits until `Returning` is on disk before moving anything. A rescue only
-    /// stages it: the save of the first device's new state (which waits) carries it. A crash in
+    /// stages it: the return's last save (which waits) carries it. A crash in
     /// between leaves the record `Attached`, and the restart's reconcile returns the devices all
     /// the same: the runtime's path no longer names the netns, so it is not re-adopted. Waiting
     /// here would put the checkpoint thread's wake-up and `fsync` before the first move: ms on a
@@ -165,21 +165,31 @@ impl Engine {
     /// Phase 2: rtnetlink inside the pod netns (the live one, or a new socket through the pin);
     /// `None` without a netns: the devices are repaired in the host instead.
     async fn pod_netlink(&self, uid: &str, key: &str, live: Option<&Live>) -> Option<Netlink> {
-        match live {
-            Some(Live {
-                netlink: Some(nl), ..
-            }) => Some(nl.clone()),
-            Some(Live { pin, netlink: None }) => match self
-                .link_op("rtnetlink in the pod netns", Netlink::in_netns(pin.netns()))
-                .await
-            {
-                Ok(nl) => Some(nl),
+        let live = live?;
+        // On the kept socket (no thread hop into the netns), its task on the rescue reactor as
+        // the attach's was; else (none kept, or it fails) a new socket through the pin.
+        if let Some(socket) = &live.socket {
+            let rt = self
+                .inner
+                .watcher
+                .as_ref()
+                .and_then(crate::watch::Watcher::reactor);
+            match socket.connect(rt) {
+                Ok(nl) => return Some(nl),
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
-                    None
+                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "the kept pod netlink socket failed; opening a new one");
                 }
-            },
-            None => None,
+            }
+        }
+        match self
+            .link_op("rtnetlink in the pod netns", Netlink::in_netns(live.pin.netns()))
+            .await
+        {
+            Ok(nl) => Some(nl),
+            Err(e) => {
+                warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
+                None
+            }
         }
     }
 
@@ -271,13 +281,17 @@ impl Engine {
                 return Ok(DeviceReturn::Failed(failed));
             }
         };
-        self.update(|cp| {
+        // Staged, not awaited: the return's last save ([`Engine::finish_return`], or the
+        // failure's) carries it to disk. A crash before that leaves the device `InPod` or
+        // `Returning` on disk with the pin still held, and the restart's reconcile returns the
+        // sandbox again: the device is no longer in the pod, so it is found in the host by its
+        // identity and restored (`find_and_repair`), which is what this save records.
+        self.stage_update(|cp| {
             if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                 dev.state = state;
                 dev.at = None;
             }
-        })
-        .await?;
+        })?;
         Ok(if failed.is_empty() {
             ret
         } else {
@@ -328,7 +342,7 @@ impl Engine {
         if let Some(p) = pin_path {
             match Pin::reopen(p) {
                 // The pin must still hold the netns the record attached to.
-                Ok(pin) if pin.netns().id() == id => return Some(Live { pin, netlink: None }),
+                Ok(pin) if pin.netns().id() == id => return Some(Live { pin, socket: None }),
                 Ok(pin) => {
                     warn!(sandbox = key, pin = %p.display(), found = %pin.netns().id(), expected = %id, "pin holds another netns; ignoring it");
                 }
@@ -355,7 +369,7 @@ impl Engine {
                 {
                     warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record the new pin");
                 }
-                Some(Live { pin, netlink: None })
+                Some(Live { pin, socket: None })
             }
             Err(e) => {
                 warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot pin the netns again");
@@ -371,8 +385,8 @@ impl Engine {
         live: Option<Live>,
         reason: ReturnReason,
     ) -> Result<(), RescueError> {
-        if let Some(Live { pin, netlink }) = live {
-            drop(netlink);
+        if let Some(Live { pin, socket }) = live {
+            drop(socket);
             // The umount waits for an RCU grace period: up to 0.66 s on a loaded node (`perf
             // sched`, `cargo xtask bench --only loaded`). Never on the reactor, where it held up
             // every later event, nor on an async worker.

@@ -43,7 +43,7 @@ use tracing::{debug, info, warn};
 
 use crate::plan::{ClaimPlan, DevicePlan, PodPlan};
 use crate::state::{Checkpoint, LoadSource, PodPhase, ReturnReason, StateError, StateLock, Store, Writer};
-use crate::sys::link::{LinkError, Netlink};
+use crate::sys::link::{LinkError, Netlink, PodSocket};
 use crate::sys::netns::{Netns, NetnsError, Pin};
 use crate::sys::rdma::{KernelRdma, RdmaOps};
 use crate::watch::{Subscription, Watcher};
@@ -202,8 +202,9 @@ impl Default for EngineOptions {
 /// A pod whose netns holds our devices, as the running process holds it.
 struct Live {
     pin: Pin,
-    /// rtnetlink inside the pod netns, opened at attach and kept for a fast detach.
-    netlink: Option<Netlink>,
+    /// An rtnetlink socket inside the pod netns, opened at attach and kept idle for a fast
+    /// detach (a connection is made on it then: no thread hop into the netns).
+    socket: Option<PodSocket>,
 }
 
 struct Inner {
@@ -476,6 +477,17 @@ impl Engine {
     pub async fn durable(&self) -> Result<(), RescueError> {
         let generation = self.inner.writer.staged();
         self.inner.writer.durable(generation).await?;
+        Ok(())
+    }
+
+    /// Applies `f` to the checkpoint and hands the save to the writer thread without waiting
+    /// for it: for changes a crash may lose because the restart's reconcile finds the same
+    /// truth in the kernel (a device already home, a record of a sandbox that is gone). A later
+    /// [`Engine::update`] makes it durable too (the writer saves in order).
+    fn stage_update(&self, f: impl FnOnce(&mut Checkpoint)) -> Result<(), RescueError> {
+        let mut cp = self.cp();
+        f(&mut cp);
+        self.inner.writer.stage(&cp)?;
         Ok(())
     }
 

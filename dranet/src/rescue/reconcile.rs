@@ -103,7 +103,7 @@ impl Engine {
                 .get(key)
                 .and_then(|r| r.pin.clone())
                 .and_then(|p| Pin::reopen(&p).ok());
-            self.finish_return(key, live.map(|pin| Live { pin, netlink: None }), why)
+            self.finish_return(key, live.map(|pin| Live { pin, socket: None }), why)
                 .await?;
             return Ok(false);
         }
@@ -137,7 +137,7 @@ impl Engine {
         let alive = Netns::open_path(&path).is_ok_and(|ns| ns.id() == id) && pin.netns().id() == id;
         if !alive {
             // Keep the pin for the detach that follows.
-            self.inner.live_put(key, Live { pin, netlink: None });
+            self.inner.live_put(key, Live { pin, socket: None });
             return false;
         }
         if let Some(w) = &self.inner.watcher
@@ -145,7 +145,7 @@ impl Engine {
         {
             warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot watch the re-adopted netns");
         }
-        self.inner.live_put(key, Live { pin, netlink: None });
+        self.inner.live_put(key, Live { pin, socket: None });
         info!(sandbox = key, netns = %id, "pod still running: re-adopted");
         // The runtime may have removed the path between our check and the watch: re-check.
         if !path.exists() {

@@ -215,10 +215,12 @@ impl Engine {
             return Ok(false);
         }
         let id = self.cp().pods.get(key).map(|r| r.netns);
-        self.update(|cp| {
+        // Staged, not awaited (the next save carries it): a crash that loses it leaves a
+        // record with every device home and no pin, of a sandbox the runtime no longer has,
+        // which the restart's Synchronize or sweep drops again.
+        self.stage_update(|cp| {
             cp.pods.remove(key);
-        })
-        .await?;
+        })?;
         if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
             w.unwatch_netns(id);
         }

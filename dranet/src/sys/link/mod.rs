@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use futures::TryStreamExt;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
@@ -80,8 +80,6 @@ pub enum LinkError {
     InvalidRoute(String),
     #[error("interface name {0:?} is already taken in the pod netns")]
     NameTaken(String),
-    #[error("no rtnetlink socket inside the pod netns")]
-    NoPodNetlink,
     #[error("{0}: the blocking task failed")]
     Blocking(&'static str),
     #[error(transparent)]
@@ -145,6 +143,24 @@ impl Netlink {
     pub async fn in_netns_on(netns: &Netns, rt: Option<&tokio::runtime::Handle>) -> Result<Self, LinkError> {
         let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
             .map_err(LinkError::Socket)?;
+        Ok(Self::on_socket(fd, rt))
+    }
+
+    /// [`Netlink::in_netns_on`], and the same socket kept idle for later connections
+    /// ([`PodSocket::connect`]): what the engine keeps for each sandbox it put devices in.
+    pub async fn in_netns_kept(
+        netns: &Netns,
+        rt: Option<&tokio::runtime::Handle>,
+    ) -> Result<(Self, PodSocket), LinkError> {
+        let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
+            .map_err(LinkError::Socket)?;
+        let kept = fd.try_clone().map_err(LinkError::Socket)?;
+        Ok((Self::on_socket(fd, rt), PodSocket { fd: kept }))
+    }
+
+    /// A connection on the netlink socket `fd`, its task spawned on `rt` (default: the
+    /// caller's runtime).
+    fn on_socket(fd: OwnedFd, rt: Option<&tokio::runtime::Handle>) -> Self {
         let raw = fd.into_raw_fd();
         // The socket registers with the I/O driver of the runtime entered here.
         let entered = rt.map(tokio::runtime::Handle::enter);
@@ -157,7 +173,7 @@ impl Netlink {
             None => drop(tokio::spawn(conn)),
         }
         drop(entered);
-        Ok(Self { handle })
+        Self { handle }
     }
 
     /// The raw handle (for the watcher and tests).
@@ -225,6 +241,39 @@ impl Netlink {
             }
         }
         Ok(())
+    }
+}
+
+/// An rtnetlink socket opened inside a pod's netns and kept idle: no connection task, no
+/// buffers (a connection's reader alone takes 64 KiB, held for as long as the pod runs), one fd.
+/// It keeps the return path free of a thread hop into the netns: [`PodSocket::connect`] makes a
+/// connection on it when one is needed. One connection at a time: the caller drops one before
+/// it makes the next (two would read each other's answers).
+#[derive(Debug)]
+pub struct PodSocket {
+    fd: OwnedFd,
+}
+
+impl PodSocket {
+    /// A connection on this socket, its task on `rt` (default: the caller's runtime). Answers
+    /// an earlier connection left unread (a request it gave up on) are discarded first.
+    pub fn connect(&self, rt: Option<&tokio::runtime::Handle>) -> Result<Netlink, LinkError> {
+        let fd = self.fd.try_clone().map_err(LinkError::Socket)?;
+        discard_pending(&fd);
+        Ok(Netlink::on_socket(fd, rt))
+    }
+}
+
+/// Reads and drops what is queued on the non-blocking netlink socket `fd` (at most 1,024
+/// messages: the queue is bounded by the socket's receive buffer anyway).
+fn discard_pending(fd: &OwnedFd) {
+    let mut buf = [0u8; 1024];
+    for _ in 0..1024 {
+        // A message longer than `buf` is truncated, and the rest of it dropped (datagram).
+        match nix::sys::socket::recv(fd.as_raw_fd(), &mut buf, nix::sys::socket::MsgFlags::MSG_DONTWAIT) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
     }
 }
 

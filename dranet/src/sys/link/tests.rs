@@ -333,3 +333,37 @@ async fn a_taken_host_ifindex_does_not_keep_the_device_in_the_pod() {
         .expect("x0 untouched");
     assert_eq!(x0.header.index, index);
 }
+
+/// The socket kept for a sandbox outlives its connections: a new connection on it gets its own
+/// answers, even when an earlier one left answers unread (a request it gave up on). Those are
+/// discarded, not taken for the new connection's: every connection numbers its requests from 1.
+#[tokio::test]
+async fn a_kept_pod_socket_serves_a_new_connection_after_unread_answers() {
+    let ns = private_netns();
+    let (first, kept) = Netlink::in_netns_kept(&ns, None).await.unwrap();
+    assert!(first.link_by_index(1).await.unwrap().is_some(), "lo");
+    drop(first);
+    // The first connection's task sees its handle gone and ends (it would read what follows).
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // Link dumps (each answered with `lo`) under the sequence numbers the next connection uses,
+    // sent and never read.
+    for seq in 1..=4u32 {
+        let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetLink(LinkMessage::default()));
+        req.header.flags = NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP;
+        req.header.sequence_number = seq;
+        req.finalize();
+        let mut buf = vec![0u8; req.buffer_len()];
+        req.serialize(&mut buf);
+        nix::sys::socket::send(kept.fd.as_raw_fd(), &buf, nix::sys::socket::MsgFlags::empty()).unwrap();
+    }
+    let nl = kept.connect(None).unwrap();
+    for _ in 0..4 {
+        // No link 4242: the answer is ENODEV (None), never a stale dump's `lo`.
+        assert!(nl.link_by_index(4242).await.unwrap().is_none());
+        assert_eq!(nl.link_by_index(1).await.unwrap().expect("lo").header.index, 1);
+    }
+    drop(nl);
+    // And again, on the same kept socket.
+    let again = kept.connect(None).unwrap();
+    assert!(again.link_by_index(4242).await.unwrap().is_none());
+}
