@@ -66,6 +66,13 @@ pub enum LinkError {
     },
     #[error("opening an rtnetlink socket")]
     Socket(#[source] std::io::Error),
+    #[error("netlink {what}: {step}")]
+    Transport {
+        what: &'static str,
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("netlink {what}: undecodable reply: {reason}")]
     Reply { what: &'static str, reason: String },
     #[error(transparent)]
@@ -289,7 +296,9 @@ pub(crate) fn newlink_blocking(netns: &Netns, msg: LinkMessage, what: &'static s
     // SAFETY: `fd` is an owned netlink socket just released from its OwnedFd; the Socket takes
     // over its ownership and closes it on drop.
     let sock = unsafe { netlink_sys::Socket::from_raw_fd(fd.into_raw_fd()) };
-    sock.set_non_blocking(false).map_err(LinkError::Socket)?;
+    let io = |step| move |source| LinkError::Transport { what, step, source };
+    sock.set_non_blocking(false)
+        .map_err(io("making the socket blocking"))?;
     let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
     req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
     req.header.sequence_number = 1;
@@ -297,14 +306,14 @@ pub(crate) fn newlink_blocking(netns: &Netns, msg: LinkMessage, what: &'static s
     let mut bytes = vec![0u8; req.buffer_len()];
     req.serialize(&mut bytes);
     sock.send_to(&bytes, &netlink_sys::SocketAddr::new(0, 0), 0)
-        .map_err(LinkError::Socket)?;
+        .map_err(io("sending the request"))?;
     // The kernel has answered by the time the send returns: the ack (an error quotes the
     // request back) is already queued.
     let mut buf = vec![0u8; bytes.len() + 4096];
     loop {
         let n = sock
             .recv(&mut &mut buf[..], libc::MSG_DONTWAIT)
-            .map_err(LinkError::Socket)?;
+            .map_err(io("reading the answer"))?;
         let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(buf.get(..n).unwrap_or_default())
             .map_err(|e| LinkError::Reply {
                 what,
