@@ -130,14 +130,10 @@ fn nl_err(what: &'static str) -> impl Fn(rtnetlink::Error) -> InventoryError {
 }
 
 async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
-    // Each link's message becomes its (much smaller) record as it arrives: a node's links'
-    // decoded messages (stats, per-family config) are MBs held at once otherwise, on every
-    // rescan, and the heap keeps what such peaks fragment.
-    let mut records: Vec<LinkRecord> = handle
+    let links: Vec<LinkMessage> = handle
         .link()
         .get()
         .execute()
-        .map_ok(|m| link_record(&m))
         .try_collect()
         .await
         .map_err(nl_err("link dump"))?;
@@ -182,6 +178,7 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
         .await
         .map_err(nl_err("neighbour dump"))?;
 
+    let mut records: Vec<LinkRecord> = links.iter().map(link_record).collect();
     let mut by_index: BTreeMap<u32, (Vec<String>, Vec<String>)> = BTreeMap::new();
     for a in &addrs {
         if let Some((ip, cidr)) = address_cidr(a)
