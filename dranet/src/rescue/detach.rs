@@ -281,8 +281,8 @@ impl Engine {
                 return Ok(DeviceReturn::Failed(failed));
             }
         };
-        // Staged, not awaited: the return's last save ([`Engine::finish_return`], or the
-        // failure's) carries it to disk. A crash before that leaves the device `InPod` or
+        // Staged, not awaited: the writer saves it right after, and the return's last save
+        // ([`Engine::finish_return`]) waits for it. A crash before that leaves the device `InPod` or
         // `Returning` on disk with the pin still held, and the restart's reconcile returns the
         // sandbox again: the device is no longer in the pod, so it is found in the host by its
         // identity and restored (`find_and_repair`), which is what this save records.
