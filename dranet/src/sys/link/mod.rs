@@ -141,26 +141,19 @@ impl Netlink {
 
     /// rtnetlink inside `netns`: the socket is created on a thread inside it.
     pub async fn in_netns(netns: &Netns) -> Result<Self, LinkError> {
-        Self::in_netns_on(netns, None).await
+        Ok(Self::on_socket(route_socket_in(netns)?, None))
     }
 
     /// [`Netlink::in_netns`] with the socket's I/O (its connection task) on the runtime `rt`
-    /// (default: the caller's). The engine puts a pod's socket on the rescue reactor, so a
-    /// rescue's requests in the pod are answered without an async worker.
-    pub async fn in_netns_on(netns: &Netns, rt: Option<&tokio::runtime::Handle>) -> Result<Self, LinkError> {
-        let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
-            .map_err(LinkError::Socket)?;
-        Ok(Self::on_socket(fd, rt))
-    }
-
-    /// [`Netlink::in_netns_on`], and the same socket kept idle for later connections
-    /// ([`PodSocket::connect`]): what the engine keeps for each sandbox it put devices in.
+    /// (default: the caller's), and the same socket kept idle for later connections
+    /// ([`PodSocket::connect`]): what the engine keeps for each sandbox it put devices in. The
+    /// engine puts a pod's connections on the rescue reactor, so a rescue's requests in the
+    /// pod are answered without an async worker.
     pub async fn in_netns_kept(
         netns: &Netns,
         rt: Option<&tokio::runtime::Handle>,
     ) -> Result<(Self, PodSocket), LinkError> {
-        let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
-            .map_err(LinkError::Socket)?;
+        let fd = route_socket_in(netns)?;
         let kept = fd.try_clone().map_err(LinkError::Socket)?;
         Ok((Self::on_socket(fd, rt), PodSocket { fd: kept }))
     }
@@ -284,6 +277,11 @@ fn discard_pending(fd: &OwnedFd) {
     }
 }
 
+/// A non-blocking rtnetlink socket created inside `netns` (on its worker thread).
+fn route_socket_in(netns: &Netns) -> Result<OwnedFd, LinkError> {
+    crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?.map_err(LinkError::Socket)
+}
+
 /// One `RTM_NEWLINK` modifying an existing link of `netns`, sent from the calling thread on a
 /// socket of its own and answered before it returns: for the blocking pool. The kernel runs a
 /// netlink request in its sender's context, so a netns move's wait for RTNL and its RCU grace
@@ -291,8 +289,7 @@ fn discard_pending(fd: &OwnedFd) {
 /// the runtime thread that drives a pod's socket, and two returns' moves queue on RTNL side by
 /// side instead of one behind the other on that thread.
 pub(crate) fn newlink_blocking(netns: &Netns, msg: LinkMessage, what: &'static str) -> Result<(), LinkError> {
-    let fd = crate::sys::netns::socket_in(netns, netlink_sys::constants::NETLINK_ROUTE)?
-        .map_err(LinkError::Socket)?;
+    let fd = route_socket_in(netns)?;
     // SAFETY: `fd` is an owned netlink socket just released from its OwnedFd; the Socket takes
     // over its ownership and closes it on drop.
     let sock = unsafe { netlink_sys::Socket::from_raw_fd(fd.into_raw_fd()) };
