@@ -106,38 +106,6 @@ impl Publisher for AnyPublisher {
     }
 }
 
-/// Device lookup for Prepare: a device missing from the last scan (it came home from a pod a
-/// moment ago, or appeared since) triggers one immediate rescan, on the blocking pool (a full
-/// scan reads sysfs and rtnetlink: never on an async worker), instead of a failed claim.
-struct RescanOnMiss {
-    inventory: SharedInventory,
-    opts: Arc<ScanOptions>,
-}
-
-impl crate::dra::DeviceLookup for RescanOnMiss {
-    fn device(&self, name: &str) -> Option<Device> {
-        self.inventory.get(name)
-    }
-
-    fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let opts = self.opts.clone();
-            match tokio::task::spawn_blocking(move || crate::inventory::scan(&opts)).await {
-                Ok(Ok(devs)) => {
-                    // Devices in pods keep their entries: merge, do not replace.
-                    let mut all = self.inventory.snapshot();
-                    all.retain(|d| !devs.iter().any(|n| n.name == d.name));
-                    all.extend(devs);
-                    all.sort_by(|a, b| a.name.cmp(&b.name));
-                    self.inventory.replace(all);
-                }
-                Ok(Err(e)) => warn!(error = %crate::telemetry::chain(&e), "inventory rescan"),
-                Err(e) => warn!(error = %crate::telemetry::chain(&e), "inventory rescan task"),
-            }
-        })
-    }
-}
-
 /// The runtime side running, the kubelet side's pieces ready to start.
 pub struct RuntimeSide {
     sides: Sides,
@@ -274,10 +242,11 @@ async fn start_kubelet_side(
         args.driver_name.clone(),
         args.node_name.clone(),
         claims,
-        Arc::new(RescanOnMiss {
-            inventory,
-            opts: scan_opts,
-        }),
+        // A device missing from the last scan (it came home from a pod a moment ago, or
+        // appeared since) triggers a rescan on the blocking pool, shared by concurrent misses.
+        Arc::new(crate::dra::RescanOnMiss::new(inventory, move || {
+            crate::inventory::scan(&scan_opts)
+        })),
         Arc::new(engine.clone()),
     )
     .with_reporter(sides.reporter.clone())

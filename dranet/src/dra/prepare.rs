@@ -76,14 +76,25 @@ pub trait DeviceLookup: Send + Sync + 'static {
 pub type Offloads = (Features, BTreeMap<String, bool>);
 
 /// A [`SharedInventory`] that rescans once when a device is missing.
+///
+/// Misses come in storms: a drained node refilled prepares every new pod's claims at once, and
+/// each misses the devices that came home a moment before the publisher's debounced rescan.
+/// Rescans are therefore single-flight: a miss waits for a scan that *started after it* (its
+/// device may have come home while an earlier scan ran) and shares it with every miss that came
+/// while that one waited. At most one scan runs, and a storm of N misses costs two scans.
 pub struct RescanOnMiss {
     inventory: SharedInventory,
     scan: Arc<dyn Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync>,
+    /// Scans started so far (numbered from 1).
+    started: std::sync::atomic::AtomicU64,
+    /// The number of the last scan that succeeded; held while a scan runs.
+    done: tokio::sync::Mutex<u64>,
 }
 
 impl RescanOnMiss {
-    /// `scan` is blocking (it runs on the blocking pool) and its result replaces the
-    /// inventory's devices.
+    /// `scan` is blocking (it runs on the blocking pool) and sees the host. Its devices replace
+    /// those of the same name; entries it did not see (devices in pods, kept for the slices)
+    /// stay.
     pub fn new(
         inventory: SharedInventory,
         scan: impl Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync + 'static,
@@ -91,7 +102,23 @@ impl RescanOnMiss {
         Self {
             inventory,
             scan: Arc::new(scan),
+            started: std::sync::atomic::AtomicU64::new(0),
+            done: tokio::sync::Mutex::new(0),
         }
+    }
+
+    fn merge(&self, scanned: Vec<Device>) {
+        let seen: std::collections::BTreeSet<&str> = scanned.iter().map(|d| d.name.as_str()).collect();
+        let mut all: Vec<Device> = self
+            .inventory
+            .current()
+            .iter()
+            .filter(|d| !seen.contains(d.name.as_str()))
+            .cloned()
+            .collect();
+        all.extend(scanned);
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        self.inventory.replace(all);
     }
 }
 
@@ -101,11 +128,20 @@ impl DeviceLookup for RescanOnMiss {
     }
 
     fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
+        use std::sync::atomic::Ordering;
         Box::pin(async move {
+            // Scans numbered up to `before` may have started before this miss.
+            let before = self.started.load(Ordering::SeqCst);
+            let mut done = self.done.lock().await;
+            if *done > before {
+                return;
+            }
+            let number = self.started.fetch_add(1, Ordering::SeqCst) + 1;
             let scan = self.scan.clone();
             match tokio::task::spawn_blocking(move || scan()).await {
                 Ok(Ok(devices)) => {
-                    self.inventory.replace(devices);
+                    self.merge(devices);
+                    *done = number;
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %crate::telemetry::chain(&e), "rescan for a missing device failed")

@@ -637,6 +637,64 @@ async fn missing_device_triggers_one_rescan() {
     assert_eq!(scans.load(Ordering::SeqCst), 2);
 }
 
+/// A node drained and refilled: every Prepare of the new pods misses the devices that came home
+/// a moment ago. Their rescans must share one scan, not run one each (16 concurrent full scans
+/// of a 500-link host held 100-230 MB of decoded link messages at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_share_one_rescan() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let scans = Arc::new(AtomicUsize::new(0));
+    let s2 = scans.clone();
+    let lookup = Arc::new(RescanOnMiss::new(SharedInventory::default(), move || {
+        s2.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        Ok(vec![Device {
+            name: "late0".into(),
+            ifname: Some("late0".into()),
+            ..Device::default()
+        }])
+    }));
+    let waiters: Vec<_> = (0..16)
+        .map(|_| {
+            let l = lookup.clone();
+            tokio::spawn(async move {
+                l.refresh().await;
+                l.device("late0").is_some()
+            })
+        })
+        .collect();
+    for w in waiters {
+        assert!(w.await.unwrap(), "every waiter sees the device after its refresh");
+    }
+    // The first miss scans; misses that came while it ran need a scan started after them: at
+    // most one more.
+    let n = scans.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&n), "{n} scans for 16 concurrent misses");
+    // A miss after all that scans again (the device may have gone since).
+    lookup.refresh().await;
+    assert_eq!(scans.load(Ordering::SeqCst), n + 1);
+}
+
+/// Devices in pods are kept for the slices (`held`); a rescan on a miss sees only the host, so
+/// it merges its devices in instead of replacing the list.
+#[tokio::test]
+async fn a_rescan_on_a_miss_keeps_entries_it_did_not_see() {
+    let inv = SharedInventory::new(vec![Device {
+        name: "inpod0".into(),
+        held: true,
+        ..Device::default()
+    }]);
+    let lookup = RescanOnMiss::new(inv.clone(), || {
+        Ok(vec![Device {
+            name: "home0".into(),
+            ..Device::default()
+        }])
+    });
+    lookup.refresh().await;
+    let names: Vec<String> = inv.snapshot().into_iter().map(|d| d.name).collect();
+    assert_eq!(names, ["home0", "inpod0"]);
+}
+
 #[tokio::test]
 async fn claim_without_our_devices_stores_no_plan() {
     let (p, claims, rec) = setup();
