@@ -42,6 +42,8 @@ pub enum InventoryError {
     },
     #[error("rtnetlink {what} failed: {detail}")]
     Netlink { what: &'static str, detail: String },
+    #[error("reading the links")]
+    Links(#[source] crate::sys::rtnl::DumpError),
     #[error("the scan thread panicked")]
     Thread,
     #[error("invalid CEL filter {expr:?}: {detail}")]

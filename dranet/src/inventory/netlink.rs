@@ -130,13 +130,11 @@ fn nl_err(what: &'static str) -> impl Fn(rtnetlink::Error) -> InventoryError {
 }
 
 async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
-    let links: Vec<LinkMessage> = handle
-        .link()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl_err("link dump"))?;
+    // Each link message becomes its record as it is decoded (a decoded message is ~25 KiB: all
+    // of them at once was the scan's whole peak). This thread is the scan's own: the blocking
+    // dump holds no async worker.
+    let mut records: Vec<LinkRecord> =
+        crate::sys::rtnl::each_link(|m| Some(link_record(m))).map_err(InventoryError::Links)?;
     let addrs: Vec<AddressMessage> = handle
         .address()
         .get()
@@ -178,7 +176,6 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
         .await
         .map_err(nl_err("neighbour dump"))?;
 
-    let mut records: Vec<LinkRecord> = links.iter().map(link_record).collect();
     let mut by_index: BTreeMap<u32, (Vec<String>, Vec<String>)> = BTreeMap::new();
     for a in &addrs {
         if let Some((ip, cidr)) = address_cidr(a)

@@ -3,8 +3,9 @@
 //! [`Handle`].
 
 use futures::channel::mpsc::UnboundedReceiver;
-use netlink_packet_core::NetlinkMessage;
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::link::{LinkAttribute, LinkExtentMask, LinkMessage};
 use netlink_sys::{AsyncSocket, SocketAddr};
 pub use rtnetlink::{Handle, MulticastGroup};
 
@@ -31,4 +32,217 @@ pub fn monitor(
         conn.socket_mut().socket_ref().set_rx_buf_sz(bytes)?;
     }
     Ok((conn, handle, messages))
+}
+
+/// How a blocking dump failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    #[error("{what}: {step}")]
+    Io {
+        what: &'static str,
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: undecodable answer: {reason}")]
+    Decode { what: &'static str, reason: String },
+    #[error("{what}: the kernel refused the dump: {source}")]
+    Refused {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A blocking dump's receive waits at most this long for the kernel's next datagram.
+const DUMP_RECV_TIMEOUT_SECS: libc::time_t = 10;
+/// A dump interrupted by link changes (`NLM_F_DUMP_INTR`) is started over at most this often;
+/// the last one's result is kept if every attempt was interrupted.
+const DUMP_ATTEMPTS: u32 = 3;
+
+/// Every link of the calling thread's netns, each decoded on its own and handed to `map` before
+/// the next is decoded: the dump's transient memory is one datagram and one decoded message,
+/// not every message at once. A decoded link with its `IFLA_AF_SPEC` and attribute vector
+/// takes ~25 KiB of heap (the attribute enum is a few hundred bytes), so collecting a 1,024-link
+/// dump first held ~25 MiB for a moment, which the allocator then kept fragmented. The IPv6
+/// and ICMPv6 statistics of `IFLA_AF_SPEC` are not asked for (`RTEXT_FILTER_SKIP_STATS`):
+/// nobody reads them, and the kernel sums them per CPU for every link.
+///
+/// Blocking: for a thread of its own (the inventory scan's), never an async worker. A dump the
+/// kernel marks interrupted (links changed during it) is started over, up to [`DUMP_ATTEMPTS`]
+/// times.
+pub fn each_link<T>(mut map: impl FnMut(&LinkMessage) -> Option<T>) -> Result<Vec<T>, DumpError> {
+    const WHAT: &str = "link dump";
+    let io = |step| {
+        move |source| DumpError::Io {
+            what: WHAT,
+            step,
+            source,
+        }
+    };
+    let mut sock = netlink_sys::Socket::new(netlink_sys::constants::NETLINK_ROUTE)
+        .map_err(io("opening an rtnetlink socket"))?;
+    sock.bind_auto().map_err(io("binding the socket"))?;
+    crate::sys::ethtool::set_rcv_timeout(&sock, DUMP_RECV_TIMEOUT_SECS)
+        .map_err(io("setting a receive timeout"))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = Vec::new();
+    for attempt in 1..=DUMP_ATTEMPTS {
+        out.clear();
+        let mut msg = LinkMessage::default();
+        msg.attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetLink(msg));
+        req.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        req.header.sequence_number = attempt;
+        req.finalize();
+        let mut bytes = vec![0u8; req.buffer_len()];
+        req.serialize(&mut bytes);
+        sock.send_to(&bytes, &SocketAddr::new(0, 0), 0)
+            .map_err(io("sending the request"))?;
+        let interrupted = read_dump(&sock, &mut buf, attempt, &mut |m| {
+            if let Some(t) = map(m) {
+                out.push(t);
+            }
+        })?;
+        if !interrupted {
+            return Ok(out);
+        }
+    }
+    // Links changing all the time: the last dump stands (a rescan follows their events).
+    tracing::debug!(
+        attempts = DUMP_ATTEMPTS,
+        "link dump interrupted every time; keeping the last"
+    );
+    Ok(out)
+}
+
+/// Reads one dump's answers (sequence `seq`) up to its `NLMSG_DONE`, decoding one message at a
+/// time. Returns whether the kernel marked any of them interrupted.
+fn read_dump(
+    sock: &netlink_sys::Socket,
+    buf: &mut [u8],
+    seq: u32,
+    each: &mut dyn FnMut(&LinkMessage),
+) -> Result<bool, DumpError> {
+    const WHAT: &str = "link dump";
+    let mut interrupted = false;
+    loop {
+        let n = sock.recv(&mut &mut buf[..], 0).map_err(|source| DumpError::Io {
+            what: WHAT,
+            step: "reading the answer",
+            source,
+        })?;
+        let mut rest = buf.get(..n).unwrap_or_default();
+        while !rest.is_empty() {
+            let msg =
+                NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest).map_err(|e| DumpError::Decode {
+                    what: WHAT,
+                    reason: e.to_string(),
+                })?;
+            // Messages are 4-byte aligned in a datagram; a length below the header's would
+            // never advance.
+            let len = usize::try_from(msg.header.length).unwrap_or(usize::MAX);
+            if len < 16 {
+                return Err(DumpError::Decode {
+                    what: WHAT,
+                    reason: format!("message length {len}"),
+                });
+            }
+            rest = rest.get(len.next_multiple_of(4)..).unwrap_or_default();
+            if msg.header.sequence_number != seq {
+                continue;
+            }
+            interrupted |= msg.header.flags & NLM_F_DUMP_INTR != 0;
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(interrupted),
+                NetlinkPayload::Error(e) => {
+                    return Err(DumpError::Refused {
+                        what: WHAT,
+                        source: e.to_io(),
+                    });
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) => each(&m),
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::TryStreamExt;
+    use netlink_packet_route::link::{AfSpecInet6, AfSpecUnspec};
+
+    /// The per-CPU-summed IPv6 and ICMPv6 statistics in `IFLA_AF_SPEC`, which
+    /// `RTEXT_FILTER_SKIP_STATS` leaves out (the link's own `IFLA_STATS64` stays).
+    fn has_inet6_stats(m: &LinkMessage) -> bool {
+        m.attributes.iter().any(|a| match a {
+            LinkAttribute::AfSpecUnspec(specs) => specs.iter().any(|s| match s {
+                AfSpecUnspec::Inet6(v) => v
+                    .iter()
+                    .any(|x| matches!(x, AfSpecInet6::Stats(_) | AfSpecInet6::Icmp6Stats(_))),
+                _ => false,
+            }),
+            _ => false,
+        })
+    }
+    use rtnetlink::LinkVeth;
+
+    /// A dump of more links than one datagram carries (the kernel packs ~32 KiB per datagram):
+    /// every link comes back exactly once, decoded, and without the statistics nobody reads.
+    /// Runs in a private netns on its own thread (it dies with the thread).
+    #[test]
+    fn a_link_dump_spanning_many_datagrams_is_read_whole_without_statistics() {
+        const N: usize = 300;
+        let seen = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("unshare(CLONE_NEWNET): run as root");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (conn, handle) = connect().unwrap();
+                let task = tokio::spawn(conn);
+                for i in (0..N).step_by(2) {
+                    let (a, b) = (format!("dd{i}"), format!("dd{}", i + 1));
+                    handle
+                        .link()
+                        .add(LinkVeth::new(&a, &b).build())
+                        .execute()
+                        .await
+                        .unwrap();
+                }
+                // The same links through rtnetlink, with statistics: the dump is many datagrams.
+                let full: Vec<LinkMessage> = handle.link().get().execute().try_collect().await.unwrap();
+                assert_eq!(full.len(), N + 1);
+                assert!(full.iter().all(has_inet6_stats), "a plain dump carries them");
+                task.abort();
+            });
+            each_link(|m| {
+                let name = m.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                });
+                Some((m.header.index, name, has_inet6_stats(m)))
+            })
+            .unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen.len(), N + 1, "lo and {N} veths");
+        let names: std::collections::BTreeSet<String> =
+            seen.iter().filter_map(|(_, n, _)| n.clone()).collect();
+        assert_eq!(names.len(), N + 1, "each link once");
+        for i in 0..N {
+            assert!(names.contains(&format!("dd{i}")), "dd{i}");
+        }
+        assert!(names.contains("lo"));
+        assert!(
+            seen.iter().all(|(_, _, stats)| !stats),
+            "statistics were not asked for"
+        );
+    }
 }

@@ -581,7 +581,7 @@ impl Ethtool {
     }
 
     fn with_socket(sock: netlink_sys::Socket) -> Result<Self, EthtoolError> {
-        set_rcv_timeout(&sock).map_err(EthtoolError::Socket)?;
+        set_rcv_timeout(&sock, 5).map_err(EthtoolError::Socket)?;
         let mut me = Self {
             sock,
             family: 0,
@@ -806,10 +806,11 @@ pub struct Restored {
     pub private_flags: BTreeMap<String, bool>,
 }
 
-fn set_rcv_timeout(sock: &netlink_sys::Socket) -> std::io::Result<()> {
+/// Bounds every blocking receive on `sock` to `secs` seconds (then `EAGAIN`).
+pub(crate) fn set_rcv_timeout(sock: &netlink_sys::Socket, secs: libc::time_t) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let tv = libc::timeval {
-        tv_sec: 5,
+        tv_sec: secs,
         tv_usec: 0,
     };
     // SAFETY: SO_RCVTIMEO reads a `timeval` of the given size from a live local; the fd is an
