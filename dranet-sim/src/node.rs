@@ -105,6 +105,10 @@ impl Node {
             }
         }
         let mut cmd = Command::new(&bin);
+        // As the image runs it (deploy/Dockerfile); a caller's own GLIBC_TUNABLES wins.
+        if std::env::var_os("GLIBC_TUNABLES").is_none() {
+            cmd.env("GLIBC_TUNABLES", dranet::sys::os::MALLOC_TUNABLES);
+        }
         let node_args = self.opts.node_args.clone().unwrap_or_else(|| {
             [
                 "--node-name",

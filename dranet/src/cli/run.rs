@@ -147,6 +147,12 @@ pub fn main(args: &RunArgs) -> ExitCode {
     if !arenas_capped {
         warn!("cannot cap the malloc arenas: the idle RSS may stay at its peak");
     }
+    if !crate::sys::os::malloc_tunables_set() {
+        info!(
+            recommended = crate::sys::os::MALLOC_TUNABLES,
+            "GLIBC_TUNABLES lacks the image's malloc tunables: after a burst of pods the RSS stays a few MiB above where it was"
+        );
+    }
     // Before any thread or socket: every fd the hard limit allows, so the default soft limit
     // (often 1024) is not what a burst of connections or pods exhausts first.
     match crate::listen::raise_nofile_limit() {

@@ -149,6 +149,28 @@ pub fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<Asyn
 /// workers without lock contention; the reactor and the blocking pool share them.
 pub const MALLOC_ARENAS: i32 = 2;
 
+/// The glibc tunables the daemon's image sets (`GLIBC_TUNABLES`, read by glibc at exec, so
+/// not settable from inside the process): no per-thread cache (`tcache`) and no fast bins.
+/// Both keep freed chunks out of the arena's free lists, where they would coalesce, so after a
+/// burst of pods the chunks each thread cached pinned pages that `malloc_trim` cannot return.
+/// Measured by `dranet-bench --only churn` (256 pods, 3 rounds): the RSS growth per round was
+/// +3.1..+3.9 MiB with the defaults, +1.5 MiB without tcache alone, no better with `mxfast=0`
+/// alone, and -0.3..+1.4 MiB (p50 under 0.3) with both; the churn rate was unchanged.
+pub const MALLOC_TUNABLES: &str = "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0";
+
+/// Whether this process runs with every tunable of [`MALLOC_TUNABLES`] (always `true` off
+/// glibc, where they mean nothing).
+#[must_use]
+pub fn malloc_tunables_set() -> bool {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        return true;
+    }
+    let set = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    MALLOC_TUNABLES
+        .split(':')
+        .all(|want| set.split(':').any(|have| have == want))
+}
+
 /// Caps the malloc arenas at [`MALLOC_ARENAS`]. Call before the first thread is spawned (the cap
 /// applies to arenas created after it). Returns whether the allocator took it (always `false`
 /// off glibc).
@@ -207,5 +229,19 @@ mod arena_tests {
     #[test]
     fn glibc_takes_the_arena_cap() {
         assert!(super::cap_malloc_arenas(), "mallopt(M_ARENA_MAX) refused");
+    }
+}
+
+#[cfg(test)]
+mod tunables_tests {
+    /// The image sets exactly the tunables the daemon checks for (and the harness runs it with).
+    #[test]
+    fn the_image_sets_the_malloc_tunables() {
+        let dockerfile = include_str!("../../../deploy/Dockerfile");
+        let line = format!("ENV GLIBC_TUNABLES={}", super::MALLOC_TUNABLES);
+        assert!(
+            dockerfile.lines().any(|l| l == line),
+            "deploy/Dockerfile lacks {line:?}"
+        );
     }
 }
