@@ -387,6 +387,9 @@ impl Engine {
     ) -> Result<(), RescueError> {
         if let Some(Live { pin, socket }) = live {
             drop(socket);
+            // The pod's netlink socket and snapshots go now, and RemovePodSandbox may come
+            // much later: after a burst of returns, hand the freed heap back.
+            crate::heap::after_burst();
             // The umount waits for an RCU grace period: up to 0.66 s on a loaded node (`perf
             // sched`, `cargo xtask bench --only loaded`). Never on the reactor, where it held up
             // every later event, nor on an async worker.

@@ -225,6 +225,8 @@ impl Engine {
             w.unwatch_netns(id);
         }
         self.inner.metrics.records_dropped.inc();
+        // What the sandbox held is free now; after a burst of removals, hand it back.
+        crate::heap::after_burst();
         info!(sandbox = key, why, "sandbox record dropped");
         Ok(true)
     }

@@ -1,0 +1,167 @@
+//! Handing freed heap back to the kernel after a burst of work.
+//!
+//! glibc returns an arena's free pages only from the top of its heap; pages freed in the middle
+//! stay resident until `malloc_trim`. A burst of pods (256 attached, then all gone) leaves
+//! several MiB so, and nothing else would trim them: a pod's removal changes no link, so no
+//! inventory scan (which trims after itself) follows it. [`after_burst`] asks for one trim once
+//! the burst has settled, from any thread, without blocking the caller.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A trim waits until no burst asked for one for this long...
+pub const SETTLE: Duration = Duration::from_millis(250);
+/// ...or this long after the first ask, under a steady stream of them.
+pub const MAX_DELAY: Duration = Duration::from_secs(2);
+
+/// The daemon's heap.
+static HEAP: Debounced = Debounced::new(crate::sys::os::release_freed_heap);
+
+/// Work that freed much of the heap just ended: trim once the asks settle ([`SETTLE`], at most
+/// [`MAX_DELAY`] after the first). Cheap: an atomic store, and a thread per settled burst.
+pub fn after_burst() {
+    HEAP.ask();
+}
+
+/// How many trims [`after_burst`] has led to.
+#[must_use]
+pub fn trims() -> u64 {
+    HEAP.done.load(Ordering::SeqCst)
+}
+
+/// Runs `action` on a thread of its own once asks settle.
+struct Debounced {
+    action: fn(),
+    /// A thread is scheduled to run the action.
+    pending: AtomicBool,
+    /// When the latest ask came (ms, CLOCK_MONOTONIC).
+    last_ask: AtomicU64,
+    done: AtomicU64,
+}
+
+fn clock_ms() -> u64 {
+    crate::sys::os::monotonic_ns() / 1_000_000
+}
+
+impl Debounced {
+    const fn new(action: fn()) -> Self {
+        Self {
+            action,
+            pending: AtomicBool::new(false),
+            last_ask: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+        }
+    }
+
+    fn ask(&'static self) {
+        self.last_ask.store(clock_ms(), Ordering::SeqCst);
+        if !self.claim() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("dranet-trim".into())
+            .spawn(move || self.run());
+        if let Err(e) = spawned {
+            self.pending.store(false, Ordering::SeqCst);
+            tracing::debug!(error = %e, "no thread to trim the heap with");
+        }
+    }
+
+    fn claim(&self) -> bool {
+        self.pending
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    fn run(&self) {
+        let settle = u64::try_from(SETTLE.as_millis()).unwrap_or(u64::MAX);
+        let max = u64::try_from(MAX_DELAY.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            let first = clock_ms();
+            loop {
+                let now = clock_ms();
+                let quiet_at = self.last_ask.load(Ordering::SeqCst).saturating_add(settle);
+                let deadline = quiet_at.min(first.saturating_add(max));
+                if now >= deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(deadline - now));
+            }
+            let started = clock_ms();
+            (self.action)();
+            self.done.fetch_add(1, Ordering::SeqCst);
+            self.pending.store(false, Ordering::SeqCst);
+            // An ask that came while the action ran saw `pending` set and left it to this
+            // thread: go round again (unless a new ask already started a thread of its own).
+            let asked_meanwhile = self.last_ask.load(Ordering::SeqCst) >= started;
+            if !asked_meanwhile || !self.claim() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nothing() {}
+
+    /// Asks in a burst make one run, after the burst settles; a later burst makes another.
+    #[test]
+    fn a_burst_of_asks_runs_once_after_it_settles() {
+        static D: Debounced = Debounced::new(nothing);
+        let runs = || D.done.load(Ordering::SeqCst);
+        let mut last = std::time::Instant::now();
+        let mut widest = Duration::ZERO;
+        for _ in 0..5 {
+            D.ask();
+            widest = widest.max(last.elapsed());
+            last = std::time::Instant::now();
+            std::thread::sleep(Duration::from_millis(40));
+        }
+        // (A loaded machine may stretch a 40 ms sleep past the settle time: then the burst
+        // was two.)
+        if widest + last.elapsed() < SETTLE {
+            assert_eq!(runs(), 0, "not while the burst goes on");
+        }
+        wait_for(|| runs() >= 1);
+        let after_first = runs();
+        std::thread::sleep(SETTLE * 2);
+        assert_eq!(runs(), after_first, "one burst, no further run");
+        D.ask();
+        wait_for(|| runs() > after_first);
+    }
+
+    fn wait_for(ok: impl Fn() -> bool) {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !ok() {
+            assert!(std::time::Instant::now() < until, "no run within 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A steady stream of asks still runs, [`MAX_DELAY`] after its first.
+    #[test]
+    fn a_steady_stream_of_asks_runs_by_the_max_delay() {
+        static D: Debounced = Debounced::new(nothing);
+        let until = std::time::Instant::now() + MAX_DELAY + SETTLE * 2;
+        while std::time::Instant::now() < until {
+            D.ask();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            D.done.load(Ordering::SeqCst) >= 1,
+            "no run in {:?} of asks",
+            MAX_DELAY + SETTLE * 2
+        );
+    }
+
+    /// The daemon's own trims the heap (glibc's `malloc_trim`) without trouble.
+    #[test]
+    fn the_heap_is_trimmed_after_a_burst() {
+        let before = trims();
+        after_burst();
+        wait_for(|| trims() > before);
+    }
+}
