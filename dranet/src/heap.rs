@@ -3,8 +3,9 @@
 //! glibc returns an arena's free pages only from the top of its heap; pages freed in the middle
 //! stay resident until `malloc_trim`. A burst of pods (256 attached, then all gone) leaves
 //! several MiB so, and nothing else would trim them: a pod's removal changes no link, so no
-//! inventory scan (which trims after itself) follows it. [`after_burst`] asks for one trim once
-//! the burst has settled, from any thread, without blocking the caller.
+//! inventory scan (which trims right after itself, once per debounced scan) follows it.
+//! [`after_burst`] asks for one trim once the burst has settled, from any thread, without
+//! blocking the caller.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

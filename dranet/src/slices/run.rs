@@ -169,9 +169,9 @@ pub async fn publish_loop<P, S, D>(
                 handle.force.store(true, Ordering::SeqCst);
             }
         }
-        // What the scan and the build allocated is free now: hand it back once scans settle.
+        // What the scan and the build allocated is free now: hand it back (off the workers).
         drop(devices);
-        crate::heap::after_burst();
+        let _ = tokio::task::spawn_blocking(crate::sys::os::release_freed_heap).await;
     }
 }
 
