@@ -81,7 +81,8 @@ pub type Offloads = (Features, BTreeMap<String, bool>);
 /// each misses the devices that came home a moment before the publisher's debounced rescan.
 /// Rescans are therefore single-flight: a miss waits for a scan that *started after it* (its
 /// device may have come home while an earlier scan ran) and shares it with every miss that came
-/// while that one waited. At most one scan runs, and a storm of N misses costs two scans.
+/// while that one waited. At most one scan runs at a time, and a storm of N misses costs at
+/// most two.
 pub struct RescanOnMiss {
     inventory: SharedInventory,
     scan: Arc<dyn Fn() -> Result<Vec<Device>, InventoryError> + Send + Sync>,
