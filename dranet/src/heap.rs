@@ -109,17 +109,7 @@ mod tests {
     fn a_burst_of_asks_runs_once_after_it_settles() {
         static D: Debounced = Debounced::new(nothing);
         let runs = || D.done.load(Ordering::SeqCst);
-        let mut last = std::time::Instant::now();
-        let mut widest = Duration::ZERO;
-        for _ in 0..5 {
-            D.ask();
-            widest = widest.max(last.elapsed());
-            last = std::time::Instant::now();
-            std::thread::sleep(Duration::from_millis(40));
-        }
-        // (A loaded machine may stretch a 40 ms sleep past the settle time: then the burst
-        // was two.)
-        if widest + last.elapsed() < SETTLE {
+        if ask_every(&D, Duration::from_millis(40), Duration::from_millis(200)) {
             assert_eq!(runs(), 0, "not while the burst goes on");
         }
         wait_for(|| runs() >= 1);
@@ -128,6 +118,22 @@ mod tests {
         assert_eq!(runs(), after_first, "one burst, no further run");
         D.ask();
         wait_for(|| runs() > after_first);
+    }
+
+    /// Asks every `gap` for `lasting`; returns whether no pause between asks, up to now,
+    /// reached [`SETTLE`] (a loaded machine may stretch a sleep past it: then the asks were
+    /// two bursts, and a run in between is right).
+    fn ask_every(d: &'static Debounced, gap: Duration, lasting: Duration) -> bool {
+        let until = std::time::Instant::now() + lasting;
+        let mut last = std::time::Instant::now();
+        let mut widest = Duration::ZERO;
+        while std::time::Instant::now() < until {
+            d.ask();
+            widest = widest.max(last.elapsed());
+            last = std::time::Instant::now();
+            std::thread::sleep(gap);
+        }
+        widest.max(last.elapsed()) < SETTLE
     }
 
     fn wait_for(ok: impl Fn() -> bool) {
@@ -143,16 +149,7 @@ mod tests {
     fn a_steady_stream_of_asks_runs_once_when_it_ends() {
         static D: Debounced = Debounced::new(nothing);
         let runs = || D.done.load(Ordering::SeqCst);
-        let until = std::time::Instant::now() + SETTLE * 6;
-        let mut widest = Duration::ZERO;
-        let mut last = std::time::Instant::now();
-        while std::time::Instant::now() < until {
-            D.ask();
-            widest = widest.max(last.elapsed());
-            last = std::time::Instant::now();
-            std::thread::sleep(Duration::from_millis(30));
-        }
-        if widest + last.elapsed() < SETTLE {
+        if ask_every(&D, Duration::from_millis(30), SETTLE * 6) {
             assert_eq!(runs(), 0, "not while the asks go on");
         }
         wait_for(|| runs() >= 1);
