@@ -92,13 +92,7 @@ pub fn each_link<T>(mut map: impl FnMut(&LinkMessage) -> Option<T>) -> Result<Ve
         let mut msg = LinkMessage::default();
         msg.attributes
             .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
-        let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetLink(msg));
-        req.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        req.header.sequence_number = attempt;
-        req.finalize();
-        let mut bytes = vec![0u8; req.buffer_len()];
-        req.serialize(&mut bytes);
-        sock.send_to(&bytes, &SocketAddr::new(0, 0), 0)
+        send_request(&sock, RouteNetlinkMessage::GetLink(msg), NLM_F_DUMP, attempt)
             .map_err(io("sending the request"))?;
         let interrupted = read_dump(&sock, &mut buf, attempt, &mut |m| {
             if let Some(t) = map(m) {
@@ -133,23 +127,8 @@ fn read_dump(
             step: "reading the answer",
             source,
         })?;
-        let mut rest = buf.get(..n).unwrap_or_default();
-        while !rest.is_empty() {
-            let msg =
-                NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest).map_err(|e| DumpError::Decode {
-                    what: WHAT,
-                    reason: e.to_string(),
-                })?;
-            // Messages are 4-byte aligned in a datagram; a length below the header's would
-            // never advance.
-            let len = usize::try_from(msg.header.length).unwrap_or(usize::MAX);
-            if len < 16 {
-                return Err(DumpError::Decode {
-                    what: WHAT,
-                    reason: format!("message length {len}"),
-                });
-            }
-            rest = rest.get(len.next_multiple_of(4)..).unwrap_or_default();
+        for msg in messages(buf.get(..n).unwrap_or_default()) {
+            let msg = msg.map_err(|reason| DumpError::Decode { what: WHAT, reason })?;
             if msg.header.sequence_number != seq {
                 continue;
             }
@@ -167,6 +146,47 @@ fn read_dump(
             }
         }
     }
+}
+
+/// Sends `payload` as one request (`NLM_F_REQUEST` and `flags`, sequence `seq`) to the kernel on
+/// a socket of the fence's own; returns the request's length.
+pub(crate) fn send_request(
+    sock: &netlink_sys::Socket,
+    payload: RouteNetlinkMessage,
+    flags: u16,
+    seq: u32,
+) -> std::io::Result<usize> {
+    let mut req = NetlinkMessage::from(payload);
+    req.header.flags = NLM_F_REQUEST | flags;
+    req.header.sequence_number = seq;
+    req.finalize();
+    let mut bytes = vec![0u8; req.buffer_len()];
+    req.serialize(&mut bytes);
+    sock.send_to(&bytes, &SocketAddr::new(0, 0), 0)?;
+    Ok(bytes.len())
+}
+
+/// The messages the kernel packed into one datagram, decoded one at a time (4-byte aligned);
+/// an undecodable one ends the iteration with its reason.
+pub(crate) fn messages(
+    mut rest: &[u8],
+) -> impl Iterator<Item = Result<NetlinkMessage<RouteNetlinkMessage>, String>> + '_ {
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let decoded = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest).map_err(|e| e.to_string());
+        // A length below the header's would never advance.
+        let len = decoded
+            .as_ref()
+            .map_or(0, |m| usize::try_from(m.header.length).unwrap_or(0));
+        if len < 16 {
+            rest = &[];
+            return Some(decoded.and_then(|_| Err(format!("message length {len}"))));
+        }
+        rest = rest.get(len.next_multiple_of(4)..).unwrap_or_default();
+        Some(decoded)
+    })
 }
 
 #[cfg(test)]

@@ -296,34 +296,26 @@ pub(crate) fn newlink_blocking(netns: &Netns, msg: LinkMessage, what: &'static s
     let io = |step| move |source| LinkError::Transport { what, step, source };
     sock.set_non_blocking(false)
         .map_err(io("making the socket blocking"))?;
-    let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
-    req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
-    req.header.sequence_number = 1;
-    req.finalize();
-    let mut bytes = vec![0u8; req.buffer_len()];
-    req.serialize(&mut bytes);
-    sock.send_to(&bytes, &netlink_sys::SocketAddr::new(0, 0), 0)
+    let len = crate::sys::rtnl::send_request(&sock, RouteNetlinkMessage::NewLink(msg), NLM_F_ACK, 1)
         .map_err(io("sending the request"))?;
     // The kernel has answered by the time the send returns: the ack (an error quotes the
     // request back) is already queued.
-    let mut buf = vec![0u8; bytes.len() + 4096];
+    let mut buf = vec![0u8; len + 4096];
     loop {
         let n = sock
             .recv(&mut &mut buf[..], libc::MSG_DONTWAIT)
             .map_err(io("reading the answer"))?;
-        let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(buf.get(..n).unwrap_or_default())
-            .map_err(|e| LinkError::Reply {
-                what,
-                reason: e.to_string(),
-            })?;
-        if let NetlinkPayload::Error(e) = reply.payload {
-            return match e.code {
-                Some(_) => Err(LinkError::Netlink {
-                    what,
-                    source: Box::new(rtnetlink::Error::NetlinkError(e)),
-                }),
-                None => Ok(()),
-            };
+        for reply in crate::sys::rtnl::messages(buf.get(..n).unwrap_or_default()) {
+            let reply = reply.map_err(|reason| LinkError::Reply { what, reason })?;
+            if let NetlinkPayload::Error(e) = reply.payload {
+                return match e.code {
+                    Some(_) => Err(LinkError::Netlink {
+                        what,
+                        source: Box::new(rtnetlink::Error::NetlinkError(e)),
+                    }),
+                    None => Ok(()),
+                };
+            }
         }
     }
 }
