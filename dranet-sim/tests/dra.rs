@@ -940,14 +940,20 @@ async fn link_events_drive_debounced_rescans() {
         "a scan saw the link before its rename: {seen:?}"
     );
     assert_eq!(seen.len() - before, 1, "{seen:?}");
-    let published = publisher.read_all().unwrap();
-    let names: Vec<&str> = published[0]
-        .spec
-        .devices
-        .iter()
-        .map(|d| d.name.as_str())
-        .collect();
-    assert_eq!(names, want);
+    // The scan is recorded as it returns; its slices are written after it: wait for them too
+    // (under load the write can lag the scan).
+    let published = || -> Vec<String> {
+        publisher.read_all().unwrap().first().map_or_else(Vec::new, |s| {
+            s.spec.devices.iter().map(|d| d.name.clone()).collect()
+        })
+    };
+    if wait_for_blocking("the renamed link published", Duration::from_secs(10), || {
+        published() == want
+    })
+    .is_err()
+    {
+        panic!("published {:?}, want {want:?}", published());
+    }
 
     // A burst: 20 pairs in one batch.
     tokio::time::sleep(Duration::from_millis(600)).await;
