@@ -20,6 +20,12 @@ pub fn unique(tag: &str) -> String {
     format!("{tag}{}{n}", radix36(std::process::id()))
 }
 
+/// The tag [`unique`] puts after its prefix in the names of process `pid`'s objects.
+#[must_use]
+pub fn unique_tag_of(pid: u32) -> String {
+    radix36(pid)
+}
+
 fn radix36(mut v: u32) -> String {
     let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut out = Vec::new();

@@ -548,9 +548,11 @@ async fn crio_order_rescue_brings_host_ip_sysctls_back_too() -> Result<()> {
     ns.remove_crio_style()?;
     // Wait for the whole rescue, not for one of its writes: the sysctls are restored one after
     // the other, so seeing rp_filter back says nothing about accept_ra yet (CI saw exactly that).
-    wait_for("the rescue done and its record dropped", Duration::from_secs(10), || {
-        e.counters().rescued_by_teardown == 1 && e.checkpoint().pods.is_empty()
-    })
+    wait_for(
+        "the rescue done and its record dropped",
+        Duration::from_secs(10),
+        || e.counters().rescued_by_teardown == 1 && e.checkpoint().pods.is_empty(),
+    )
     .await?;
     assert!(host_has(&nic.name));
     assert_eq!(sysctl_of(None, "ipv4", &nic.name, "rp_filter")?, 2);

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use dranet_sim::kernel::{sh, unique};
+use dranet_sim::kernel::{sh, unique, unique_tag_of};
 
 use crate::baseline::Dev;
 use crate::latency::HOST_MTU;
@@ -106,5 +106,113 @@ impl Drop for Fleet {
             del.push_str(&format!("link del {p}\n"));
         }
         let _ = ip_batch(None, &del);
+    }
+}
+
+/// What [`sweep_stale`] removed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub links: Vec<String>,
+    pub netns: Vec<String>,
+}
+
+/// Removes what killed bench runs left behind: a `Fleet`'s or `PodNetns`' guard does not run
+/// when the process is killed, and CI runs killed mid-bench once left 640 veths in the host.
+/// Only the bench's own objects are touched: host links named `drb*`/`drc*` and
+/// `/run/netns/drbench-*`, each named by [`unique`] after the pid of the bench that made it; an
+/// object whose name carries the tag of a live `dranet-bench` process (this one included) is kept.
+pub fn sweep_stale() -> Result<Swept> {
+    let live = live_bench_tags()?;
+    let ours = |rest: &str| live.iter().any(|t| rest.starts_with(t.as_str()));
+    let mut swept = Swept::default();
+    for e in std::fs::read_dir("/sys/class/net")? {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        let rest = name.strip_prefix("drb").or_else(|| name.strip_prefix("drc"));
+        if rest.is_some_and(|r| !r.is_empty() && !ours(r)) {
+            swept.links.push(name);
+        }
+    }
+    let netns_dir = std::path::Path::new("/run/netns");
+    if netns_dir.is_dir() {
+        for e in std::fs::read_dir(netns_dir)? {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            // drbench-<tag>-<pid base36><seq>: the tag may hold dashes, the unique part cannot.
+            let rest = name.strip_prefix("drbench-").and_then(|r| r.rsplit('-').next());
+            if rest.is_some_and(|r| !r.is_empty() && !ours(r)) {
+                swept.netns.push(name);
+            }
+        }
+    }
+    if !swept.links.is_empty() {
+        // Deleting one end of a pair deletes the other, so the batch meets names already gone:
+        // -force goes on past them (and then fails). What counts is that none is left.
+        let del: String = swept.links.iter().map(|l| format!("link del {l}\n")).collect();
+        let _ = ip_batch(None, &del);
+        let left: Vec<&String> = swept
+            .links
+            .iter()
+            .filter(|l| std::path::Path::new("/sys/class/net").join(l).exists())
+            .collect();
+        if !left.is_empty() {
+            bail!("stale bench links could not be deleted: {left:?}");
+        }
+    }
+    for n in &swept.netns {
+        let path = netns_dir.join(n);
+        let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
+        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    }
+    Ok(swept)
+}
+
+/// The [`unique`] tags of every running `dranet-bench`.
+fn live_bench_tags() -> Result<Vec<String>> {
+    let mut tags = vec![unique_tag_of(std::process::id())];
+    for e in std::fs::read_dir("/proc")? {
+        let Ok(pid) = e?.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim_end() == "dranet-bench" {
+            tags.push(unique_tag_of(pid));
+        }
+    }
+    Ok(tags)
+}
+
+#[cfg(test)]
+mod tests {
+    use dranet_sim::kernel::{PodNetns, Veth, require_root, unique_tag_of};
+
+    use super::*;
+
+    /// Above any pid_max (2^22): never a live process.
+    const DEAD_PID: u32 = (1 << 22) + 1;
+
+    #[test]
+    fn the_sweep_removes_a_dead_benchs_objects_and_keeps_a_live_ones() -> Result<()> {
+        if !require_root("the_sweep_removes_a_dead_benchs_objects_and_keeps_a_live_ones")? {
+            return Ok(());
+        }
+        let dead = unique_tag_of(DEAD_PID);
+        // Guards for both, so a failing sweep leaves nothing either.
+        let stale = Veth::create(&format!("drb{dead}0"), &format!("drc{dead}0"))?;
+        let stale_ns = PodNetns::create(&format!("drbench-x-y-{dead}0"))?;
+        let live = Veth::create(&unique("drb"), &unique("drc"))?;
+        let live_ns = PodNetns::create(&unique("drbench-x-"))?;
+        let swept = sweep_stale()?;
+        let here = |n: &str| std::path::Path::new("/sys/class/net").join(n).exists();
+        assert!(!here(&stale.a) && !here(&stale.b), "{swept:?}");
+        assert!(swept.links.contains(&stale.a), "{swept:?}");
+        assert_eq!(
+            swept.netns.iter().filter(|n| **n == stale_ns.name).count(),
+            1,
+            "{swept:?}"
+        );
+        assert!(!stale_ns.path.exists());
+        assert!(here(&live.a) && here(&live.b), "{swept:?}");
+        assert!(live_ns.path.exists());
+        assert!(!swept.links.contains(&live.a) && !swept.netns.contains(&live_ns.name));
+        Ok(())
     }
 }

@@ -91,6 +91,14 @@ fn want(args: &Args, part: &str) -> bool {
 
 async fn bench(args: &Args) -> Result<()> {
     let started = Instant::now();
+    let swept = fleet::sweep_stale()?;
+    if swept != fleet::Swept::default() {
+        eprintln!(
+            "removed what killed bench runs left: {} links, {} netns",
+            swept.links.len(),
+            swept.netns.len()
+        );
+    }
     let rounds = args.rounds.unwrap_or(if args.quick { 8 } else { 60 });
     let mut rows = Vec::new();
     if want(args, "rescue") {
