@@ -148,6 +148,13 @@ fn read_dump(
     }
 }
 
+/// A request carrying `payload`, with `NLM_F_REQUEST` and `flags`; the sender numbers it.
+pub(crate) fn request(payload: RouteNetlinkMessage, flags: u16) -> NetlinkMessage<RouteNetlinkMessage> {
+    let mut req = NetlinkMessage::from(payload);
+    req.header.flags = NLM_F_REQUEST | flags;
+    req
+}
+
 /// Sends `payload` as one request (`NLM_F_REQUEST` and `flags`, sequence `seq`) to the kernel on
 /// a socket of the fence's own; returns the request's length.
 pub(crate) fn send_request(
@@ -156,8 +163,7 @@ pub(crate) fn send_request(
     flags: u16,
     seq: u32,
 ) -> std::io::Result<usize> {
-    let mut req = NetlinkMessage::from(payload);
-    req.header.flags = NLM_F_REQUEST | flags;
+    let mut req = request(payload, flags);
     req.header.sequence_number = seq;
     req.finalize();
     let mut bytes = vec![0u8; req.buffer_len()];

@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use futures::TryStreamExt;
-use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{NLM_F_ACK, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Prop};
@@ -226,21 +226,28 @@ impl Netlink {
 
     /// Sends one RTM_NEWLINK modifying an existing link (no NLM_F_CREATE/EXCL: `do_setlink`).
     async fn newlink(&self, msg: LinkMessage, what: &'static str) -> Result<(), LinkError> {
-        let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
-        req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        let req = crate::sys::rtnl::request(RouteNetlinkMessage::NewLink(msg), NLM_F_ACK);
         let mut h = self.handle.clone();
         let mut resp = h.request(req).map_err(nl(what))?;
         while let Some(m) = futures::StreamExt::next(&mut resp).await {
-            if let NetlinkPayload::Error(e) = m.payload
-                && e.code.is_some()
-            {
-                return Err(LinkError::Netlink {
-                    what,
-                    source: Box::new(rtnetlink::Error::NetlinkError(e)),
-                });
+            if let Some(done) = ack_of(what, m.payload) {
+                return done;
             }
         }
         Ok(())
+    }
+}
+
+/// What an answer to an `NLM_F_ACK` request says: `Some` for the ack (`Ok`) or the kernel's
+/// error; `None` for anything else. Both ways of sending an RTM_NEWLINK read their answer here.
+fn ack_of(what: &'static str, payload: NetlinkPayload<RouteNetlinkMessage>) -> Option<Result<(), LinkError>> {
+    match payload {
+        NetlinkPayload::Error(e) if e.code.is_some() => Some(Err(LinkError::Netlink {
+            what,
+            source: Box::new(rtnetlink::Error::NetlinkError(e)),
+        })),
+        NetlinkPayload::Error(_) => Some(Ok(())),
+        _ => None,
     }
 }
 
@@ -307,14 +314,8 @@ pub(crate) fn newlink_blocking(netns: &Netns, msg: LinkMessage, what: &'static s
             .map_err(io("reading the answer"))?;
         for reply in crate::sys::rtnl::messages(buf.get(..n).unwrap_or_default()) {
             let reply = reply.map_err(|reason| LinkError::Reply { what, reason })?;
-            if let NetlinkPayload::Error(e) = reply.payload {
-                return match e.code {
-                    Some(_) => Err(LinkError::Netlink {
-                        what,
-                        source: Box::new(rtnetlink::Error::NetlinkError(e)),
-                    }),
-                    None => Ok(()),
-                };
+            if let Some(done) = ack_of(what, reply.payload) {
+                return done;
             }
         }
     }

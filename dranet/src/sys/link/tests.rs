@@ -348,8 +348,10 @@ async fn a_kept_pod_socket_serves_a_new_connection_after_unread_answers() {
     // Link dumps (each answered with `lo`) under the sequence numbers the next connection uses,
     // sent and never read.
     for seq in 1..=4u32 {
-        let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetLink(LinkMessage::default()));
-        req.header.flags = NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP;
+        let mut req = crate::sys::rtnl::request(
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            netlink_packet_core::NLM_F_DUMP,
+        );
         req.header.sequence_number = seq;
         req.finalize();
         let mut buf = vec![0u8; req.buffer_len()];
