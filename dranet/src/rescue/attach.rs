@@ -73,12 +73,16 @@ impl Engine {
         // still in an older sandbox of this pod, or on their way home from it, go home first.
         self.return_other_sandboxes(pod.uid, &key, &netns).await?;
         self.check_free(pod.uid, &plan)?;
+        let mut times = Phases::start(started);
         let staged = self.stage_attach(pod.uid, &plan, &netns).await?;
+        times.staged = times.lap();
         let pin = self
             .write_ahead(&pod, &key, netns_path, netns, &staged.records)
             .await?;
+        times.written = times.lap();
         let moved = self.move_devices(&pod, &key, &plan, staged, pin).await?;
-        self.finish_attach(&pod, &key, netns_path, moved, started).await
+        times.moved = times.lap();
+        self.finish_attach(&pod, &key, netns_path, moved, times).await
     }
 
     /// Opens the sandbox's netns at `netns_path`; the host's own is refused.
@@ -277,8 +281,9 @@ impl Engine {
         key: &str,
         netns_path: &Path,
         (moved, live): (Moved, Live),
-        started: std::time::Instant,
+        mut times: Phases,
     ) -> Result<AttachOutcome, RescueError> {
+        let started = times.started;
         let pod_id = live.pin.netns().id();
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(netns_path, pod_id, live.pin.netns().as_fd()).await
@@ -309,7 +314,20 @@ impl Engine {
                 took_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
             },
         );
-        info!(pod = pod.uid, sandbox = pod.sandbox, netns = %pod_id, devices = ?names, "devices attached");
+        let finished = times.lap();
+        info!(
+            pod = pod.uid,
+            sandbox = pod.sandbox,
+            netns = %pod_id,
+            devices = ?names,
+            took_ms = ms(started.elapsed()),
+            before_ms = ms(times.before),
+            snapshot_ms = ms(times.staged),
+            write_ahead_ms = ms(times.written),
+            move_ms = ms(times.moved),
+            finish_ms = ms(finished),
+            "devices attached"
+        );
         Ok(AttachOutcome::Attached { devices: names })
     }
 
@@ -516,4 +534,70 @@ async fn pod_indices(pod_nl: &Netlink, records: &[DeviceRecord]) -> Result<Vec<u
         out.push(pick);
     }
     Ok(out)
+}
+
+/// How long each phase of an attach took, from the hook's arrival: logged with "devices
+/// attached", so a slow attach says where its time went (on a draining node, the first RTNL
+/// request of the snapshot waits for the moves queued ahead of it).
+struct Phases {
+    started: std::time::Instant,
+    last: std::time::Instant,
+    before: std::time::Duration,
+    staged: std::time::Duration,
+    written: std::time::Duration,
+    moved: std::time::Duration,
+}
+
+impl Phases {
+    /// From the hook's arrival `started` to now: the pod's lock, the checks and the return of
+    /// an older sandbox's devices are `before`.
+    fn start(started: std::time::Instant) -> Self {
+        let now = std::time::Instant::now();
+        Self {
+            started,
+            last: now,
+            before: now.duration_since(started),
+            staged: std::time::Duration::ZERO,
+            written: std::time::Duration::ZERO,
+            moved: std::time::Duration::ZERO,
+        }
+    }
+
+    /// The time since the last lap (or the start).
+    fn lap(&mut self) -> std::time::Duration {
+        let now = std::time::Instant::now();
+        let d = now.duration_since(self.last);
+        self.last = now;
+        d
+    }
+}
+
+/// A duration in ms with 0.1 ms precision, for logs.
+fn ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e4).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_phases_of_an_attach_add_up_to_its_time() {
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_millis(5));
+        let mut p = Phases::start(started);
+        std::thread::sleep(Duration::from_millis(10));
+        p.staged = p.lap();
+        p.written = p.lap();
+        std::thread::sleep(Duration::from_millis(3));
+        p.moved = p.lap();
+        let total = started.elapsed();
+        assert!(p.before >= Duration::from_millis(5), "{:?}", p.before);
+        assert!(p.staged >= Duration::from_millis(10), "{:?}", p.staged);
+        assert!(p.written < p.staged, "{:?} {:?}", p.written, p.staged);
+        assert!(p.moved >= Duration::from_millis(3), "{:?}", p.moved);
+        assert!(p.before + p.staged + p.written + p.moved <= total);
+        assert!((ms(Duration::from_micros(12_345)) - 12.3).abs() < 1e-9);
+    }
 }
