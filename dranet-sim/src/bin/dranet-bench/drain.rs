@@ -547,17 +547,20 @@ pub fn cpu_ms(pid: u32) -> Result<f64> {
 }
 
 /// `rounds` alternating rounds of dranet and the baseline in each order (plus one warm-up
-/// round each).
+/// round each); with `newcomer`, the CRI-O order runs `hol_rounds` if that is more: the hol
+/// figure is one sample a round, and its p99 over five swung 0.75–1.81 between runs.
 pub async fn run(
     cx: &Ctx,
     orders: &[Order],
     rounds: usize,
+    hol_rounds: usize,
     warm_up: bool,
     newcomer: bool,
 ) -> Result<Vec<(Order, Figures)>> {
     let mut out = Vec::new();
     for &order in orders {
         let nc = newcomer && order == Order::Crio;
+        let rounds = if nc { rounds.max(hol_rounds) } else { rounds };
         let baseline = async |f: &mut Figures| -> Result<()> {
             cx.baseline_round(order, Base::Drain, nc, f).await?;
             if nc {

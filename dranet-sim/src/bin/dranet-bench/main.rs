@@ -273,7 +273,7 @@ async fn footprint_rows() -> Result<Vec<Row>> {
 }
 
 async fn drain_rows(args: &Args) -> Result<Vec<Row>> {
-    let (pods, rounds) = if args.quick { (16, 1) } else { (64, 5) };
+    let (pods, rounds, hol_rounds) = if args.quick { (16, 1, 1) } else { (64, 5, 10) };
     let drain = want(args, "drain");
     let hol = want(args, "hol");
     let orders: &[drain::Order] = if drain {
@@ -283,7 +283,7 @@ async fn drain_rows(args: &Args) -> Result<Vec<Row>> {
     };
     eprintln!("drain: {pods} pods x 2 devices ...");
     let cx = drain::Ctx::start(pods, listener::Listener::start()?).await?;
-    let figs = drain::run(&cx, orders, rounds, !args.quick, hol).await?;
+    let figs = drain::run(&cx, orders, rounds, hol_rounds, !args.quick, hol).await?;
     let mut rows = Vec::new();
     for (order, f) in &figs {
         let name = order.name();
