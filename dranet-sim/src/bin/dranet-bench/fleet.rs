@@ -125,10 +125,11 @@ pub fn sweep_stale() -> Result<Swept> {
     let live = live_bench_tags()?;
     let ours = |rest: &str| live.iter().any(|t| rest.starts_with(t.as_str()));
     let mut swept = Swept::default();
-    for e in std::fs::read_dir("/sys/class/net")? {
-        let name = e?.file_name().to_string_lossy().into_owned();
+    // The bench's own shape only: a veth, named by `unique` (lower-case base 36 and digits).
+    let tag = |r: &str| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase());
+    for name in host_veths()? {
         let rest = name.strip_prefix("drb").or_else(|| name.strip_prefix("drc"));
-        if rest.is_some_and(|r| !r.is_empty() && !ours(r)) {
+        if rest.is_some_and(|r| tag(r) && !ours(r)) {
             swept.links.push(name);
         }
     }
@@ -138,7 +139,7 @@ pub fn sweep_stale() -> Result<Swept> {
             let name = e?.file_name().to_string_lossy().into_owned();
             // drbench-<tag>-<pid base36><seq>: the tag may hold dashes, the unique part cannot.
             let rest = name.strip_prefix("drbench-").and_then(|r| r.rsplit('-').next());
-            if rest.is_some_and(|r| !r.is_empty() && !ours(r)) {
+            if rest.is_some_and(|r| tag(r) && !ours(r)) {
                 swept.netns.push(name);
             }
         }
@@ -163,6 +164,24 @@ pub fn sweep_stale() -> Result<Swept> {
         std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
     }
     Ok(swept)
+}
+
+/// The names of the host's veth links (`ip -d -o link`: one line per link, the kind among its
+/// words; the name is the second word, `name@peer:`).
+fn host_veths() -> Result<Vec<String>> {
+    let out = sh(&["ip", "-d", "-o", "link", "show"])?;
+    Ok(out
+        .lines()
+        .filter(|l| l.split_whitespace().any(|w| w == "veth"))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .map(|w| {
+            w.trim_end_matches(':')
+                .split('@')
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect())
 }
 
 /// The [`unique`] tags of every running `dranet-bench`.
@@ -200,6 +219,8 @@ mod tests {
         let stale_ns = PodNetns::create(&format!("drbench-x-y-{dead}0"))?;
         let live = Veth::create(&unique("drb"), &unique("drc"))?;
         let live_ns = PodNetns::create(&unique("drbench-x-"))?;
+        // Named like a dead bench's, but not a veth: not the bench's, kept.
+        let bridge = Bridge::create(&format!("drb{dead}1"))?;
         let swept = sweep_stale()?;
         let here = |n: &str| std::path::Path::new("/sys/class/net").join(n).exists();
         assert!(!here(&stale.a) && !here(&stale.b), "{swept:?}");
@@ -213,6 +234,22 @@ mod tests {
         assert!(here(&live.a) && here(&live.b), "{swept:?}");
         assert!(live_ns.path.exists());
         assert!(!swept.links.contains(&live.a) && !swept.netns.contains(&live_ns.name));
+        assert!(here(&bridge.0) && !swept.links.contains(&bridge.0), "{swept:?}");
         Ok(())
+    }
+
+    struct Bridge(String);
+
+    impl Bridge {
+        fn create(name: &str) -> Result<Self> {
+            sh(&["ip", "link", "add", name, "type", "bridge"])?;
+            Ok(Self(name.to_owned()))
+        }
+    }
+
+    impl Drop for Bridge {
+        fn drop(&mut self) {
+            let _ = sh(&["ip", "link", "del", &self.0]);
+        }
     }
 }
