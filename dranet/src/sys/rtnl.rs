@@ -216,6 +216,41 @@ mod tests {
     }
     use rtnetlink::LinkVeth;
 
+    fn bytes_of(payload: RouteNetlinkMessage, seq: u32) -> Vec<u8> {
+        let mut req = request(payload, 0);
+        req.header.sequence_number = seq;
+        req.finalize();
+        let mut b = vec![0u8; req.buffer_len()];
+        req.serialize(&mut b);
+        b
+    }
+
+    /// A datagram's messages come out one by one; a message whose length is below a header's
+    /// is an error that ends the walk (it would never advance).
+    #[test]
+    fn a_datagram_is_walked_message_by_message_and_a_bad_length_ends_it() {
+        let mut link = LinkMessage::default();
+        link.attributes.push(LinkAttribute::IfName("abcde".into()));
+        let mut dgram = bytes_of(RouteNetlinkMessage::NewLink(link), 7);
+        dgram.extend(bytes_of(RouteNetlinkMessage::GetLink(LinkMessage::default()), 8));
+        let seqs: Vec<u32> = messages(&dgram)
+            .map(|m| m.map(|m| m.header.sequence_number))
+            .collect::<Result<_, _>>()
+            .unwrap_or_default();
+        assert_eq!(seqs, [7, 8]);
+
+        let mut bad = bytes_of(RouteNetlinkMessage::GetLink(LinkMessage::default()), 9);
+        let good = bad.len();
+        bad.extend(bytes_of(RouteNetlinkMessage::GetLink(LinkMessage::default()), 10));
+        // The second message's nlmsg_len (its first 4 bytes) says 8.
+        bad[good..good + 4].copy_from_slice(&8u32.to_ne_bytes());
+        let out: Vec<_> = messages(&bad).collect();
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(out[0].as_ref().is_ok_and(|m| m.header.sequence_number == 9));
+        assert!(out[1].is_err(), "{out:?}");
+        assert!(messages(&[]).next().is_none());
+    }
+
     /// A dump of more links than one datagram carries (the kernel packs ~32 KiB per datagram):
     /// every link comes back exactly once, decoded, and without the statistics nobody reads.
     /// Runs in a private netns on its own thread (it dies with the thread).
