@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use dranet_sim::kernel::{sh, unique, unique_tag_of};
+use dranet_sim::kernel::{dranet_bin, sh, unique, unique_tag_of};
 
 use crate::baseline::Dev;
 use crate::latency::HOST_MTU;
@@ -112,6 +112,8 @@ impl Drop for Fleet {
 /// What [`sweep_stale`] removed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Swept {
+    /// Pids of `dranet run` daemons whose node was left (their devices brought home first).
+    pub daemons: Vec<u32>,
     pub links: Vec<String>,
     pub netns: Vec<String>,
 }
@@ -121,10 +123,17 @@ pub struct Swept {
 /// Only the bench's own objects are touched: host links named `drb*`/`drc*` and
 /// `/run/netns/drbench-*`, each named by [`unique`] after the pid of the bench that made it; an
 /// object whose name carries the tag of a live `dranet-bench` process (this one included) is kept.
+///
+/// First the `dranet run` daemons such a run left (see [`orphaned_daemons`]): while one runs, its
+/// pins keep the pod netns of its devices alive, so the veths in them would outlive the sweep.
 pub fn sweep_stale() -> Result<Swept> {
     let live = live_bench_tags()?;
     let ours = |rest: &str| live.iter().any(|t| rest.starts_with(t.as_str()));
     let mut swept = Swept::default();
+    for o in orphaned_daemons()? {
+        stop_orphan(&o)?;
+        swept.daemons.push(o.pid);
+    }
     // The bench's own shape only: a veth, named by `unique` (lower-case base 36 and digits).
     let tag = |r: &str| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase());
     for name in host_veths()? {
@@ -166,6 +175,111 @@ pub fn sweep_stale() -> Result<Swept> {
     Ok(swept)
 }
 
+/// A `dranet run` started by a [`dranet_sim::node::Node`] whose process is gone.
+#[derive(Debug)]
+struct Orphan {
+    pid: u32,
+    /// Its `--state-dir`, inside the node's directory `<tmp>/dranet-node-<pid tag><seq>`.
+    state_dir: PathBuf,
+}
+
+/// The `dranet run` daemons whose node's process is gone. A `Node` names its directory
+/// `<tmp>/dranet-node-<tag>` after its own pid and is the daemon's parent; when it is killed, its
+/// daemon goes on (reparented to init or a subreaper), holding its pins. Only a daemon whose
+/// `--state-dir` lies in such a directory, and whose parent is not the process the name carries,
+/// counts: a node's live daemon, or one with any other state dir (a real node's `/run/dranet`),
+/// is never touched.
+fn orphaned_daemons() -> Result<Vec<Orphan>> {
+    let tmp = std::env::temp_dir();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc")? {
+        let Ok(pid) = e?.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim_end() != "dranet" {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.get(1) != Some(&&b"run"[..]) {
+            continue;
+        }
+        let Some(state_dir) = args
+            .windows(2)
+            .find(|w| w[0] == b"--state-dir")
+            .map(|w| PathBuf::from(String::from_utf8_lossy(w[1]).into_owned()))
+        else {
+            continue;
+        };
+        let Some(node_dir) = state_dir.parent() else {
+            continue;
+        };
+        let Some(rest) = node_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("dranet-node-"))
+        else {
+            continue;
+        };
+        if node_dir.parent() != Some(tmp.as_path()) {
+            continue;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let Some(ppid) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if ppid != 1 && rest.starts_with(&unique_tag_of(ppid)) {
+            continue;
+        }
+        found.push(Orphan { pid, state_dir });
+    }
+    Ok(found)
+}
+
+/// Stops an orphaned daemon (SIGKILL: nobody is left to answer its hooks), brings the devices of
+/// its pins home (`dranet release-all`), and removes its node's directory.
+fn stop_orphan(o: &Orphan) -> Result<()> {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(o.pid)?);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Gone, or a zombie its new parent has not reaped yet.
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", o.pid))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+            .unwrap_or(false)
+    };
+    while running() {
+        if std::time::Instant::now() > until {
+            bail!("the orphaned dranet {} did not stop", o.pid);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = std::process::Command::new(dranet_bin()?)
+        .arg("release-all")
+        .arg("--state-dir")
+        .arg(&o.state_dir)
+        .args(["--lock-wait-seconds", "5"])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "dranet release-all --state-dir {} (the orphaned dranet {}): {}",
+            o.state_dir.display(),
+            o.pid,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    if let Some(node_dir) = o.state_dir.parent() {
+        std::fs::remove_dir_all(node_dir).with_context(|| format!("removing {}", node_dir.display()))?;
+    }
+    Ok(())
+}
+
 /// The names of the host's veth links (`ip -d -o link`: one line per link, the kind among its
 /// words; the name is the second word, `name@peer:`).
 fn host_veths() -> Result<Vec<String>> {
@@ -201,6 +315,9 @@ fn live_bench_tags() -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+    use std::process::{Command, Stdio};
+
     use dranet_sim::kernel::{PodNetns, Veth, require_root, unique_tag_of};
 
     use super::*;
@@ -208,11 +325,17 @@ mod tests {
     /// Above any pid_max (2^22): never a live process.
     const DEAD_PID: u32 = (1 << 22) + 1;
 
+    /// The sweeps of two tests must not stop the same orphan at once.
+    static ONE_SWEEP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn the_sweep_removes_a_dead_benchs_objects_and_keeps_a_live_ones() -> Result<()> {
         if !require_root("the_sweep_removes_a_dead_benchs_objects_and_keeps_a_live_ones")? {
             return Ok(());
         }
+        let _one = ONE_SWEEP
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let dead = unique_tag_of(DEAD_PID);
         // Guards for both, so a failing sweep leaves nothing either.
         let stale = Veth::create(&format!("drb{dead}0"), &format!("drc{dead}0"))?;
@@ -236,6 +359,106 @@ mod tests {
         assert!(!swept.links.contains(&live.a) && !swept.netns.contains(&live_ns.name));
         assert!(here(&bridge.0) && !swept.links.contains(&bridge.0), "{swept:?}");
         Ok(())
+    }
+
+    /// A killed bench's node left its `dranet run` behind (reparented, still running): the sweep
+    /// stops it and removes its node's directory. A live node's daemon (this process's) stays.
+    #[test]
+    fn the_sweep_stops_a_dead_nodes_daemon_and_keeps_a_live_ones() -> Result<()> {
+        if !require_root("the_sweep_stops_a_dead_nodes_daemon_and_keeps_a_live_ones")? {
+            return Ok(());
+        }
+        let _one = ONE_SWEEP
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tmp = std::env::temp_dir();
+        let dead_dir = Dir(tmp.join(format!("dranet-node-{}0", unique_tag_of(DEAD_PID))));
+        let live_dir = Dir(tmp.join(unique("dranet-node-")));
+        let bin = dranet_bin()?;
+        let args = |d: &Path| -> Vec<std::ffi::OsString> {
+            let mut a: Vec<std::ffi::OsString> =
+                ["run", "--node-name", "sweep-test", "--filter", "", "--no-probes"]
+                    .map(Into::into)
+                    .to_vec();
+            for (flag, sub) in [
+                ("--state-dir", "state"),
+                ("--kubelet-root-dir", "kubelet"),
+                ("--nri-socket", "nri.sock"),
+                ("--slices-dir", "slices"),
+                ("--claims-dir", "claims"),
+            ] {
+                a.push(flag.into());
+                a.push(d.join(sub).into());
+            }
+            a.extend(["--bind-address", "127.0.0.1:0"].map(Into::into));
+            a
+        };
+        // Started by a shell that exits at once: the daemon lives on without it, as when the
+        // bench that started it is killed.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(r#""$0" "$@" >/dev/null 2>&1 & echo $!"#)
+            .arg(&bin)
+            .args(args(&dead_dir.0))
+            .output()?;
+        let orphan: u32 = String::from_utf8_lossy(&out.stdout).trim().parse()?;
+        let _orphan = Killed(orphan);
+        let live = Command::new(&bin)
+            .args(args(&live_dir.0))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut live = Child(live);
+        // Both up: each has made its state dir.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !(dead_dir.0.join("state").is_dir() && live_dir.0.join("state").is_dir()) {
+            assert!(std::time::Instant::now() < until, "the daemons did not start");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let swept = sweep_stale()?;
+        assert!(swept.daemons.contains(&orphan), "{swept:?}");
+        assert!(!swept.daemons.contains(&live.0.id()), "{swept:?}");
+        assert!(!alive(orphan), "the orphan still runs");
+        assert!(!dead_dir.0.exists(), "the dead node's directory is left");
+        assert!(live.0.try_wait()?.is_none(), "the live node's daemon was stopped");
+        assert!(live_dir.0.join("state").is_dir());
+        live.0.kill()?;
+        Ok(())
+    }
+
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+            .unwrap_or(false)
+    }
+
+    struct Killed(u32);
+
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            if alive(self.0) {
+                let _ = sh(&["kill", "-9", &self.0.to_string()]);
+            }
+        }
+    }
+
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Removed last (declared first): after the daemons are gone.
+    struct Dir(PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     struct Bridge(String);

@@ -94,7 +94,8 @@ async fn bench(args: &Args) -> Result<()> {
     let swept = fleet::sweep_stale()?;
     if swept != fleet::Swept::default() {
         eprintln!(
-            "removed what killed bench runs left: {} links, {} netns",
+            "removed what killed bench runs left: {} daemons, {} links, {} netns",
+            swept.daemons.len(),
             swept.links.len(),
             swept.netns.len()
         );
