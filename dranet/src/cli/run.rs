@@ -194,9 +194,10 @@ pub const POOL_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(
 /// after their last job and ask for a heap trim as they go ([`crate::heap::after_burst`]).
 ///
 /// A burst of pods (256 through one NRI connection) runs its kernel work on some 16 pool threads.
-/// While they live, what they touched stays resident; after they leave, nothing else would trim
-/// it on an idle node (the trims follow inventory scans, and a pod's removal changes no link):
-/// churn left the RSS 2.2 MiB up for good. Now it is handed back about 1.3 s after the burst.
+/// While they live, what they touched stays resident; after they leave, nothing else trims it on
+/// an idle node (the trims follow inventory scans, and a pod's removal changes no link): churn
+/// left the RSS 2.2 MiB up until the next link change. Now it comes down about 1.3 s after the
+/// burst.
 pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
