@@ -192,14 +192,7 @@ struct Orphan {
 fn orphaned_daemons() -> Result<Vec<Orphan>> {
     let tmp = std::env::temp_dir();
     let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc")? {
-        let Ok(pid) = e?.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim_end() != "dranet" {
-            continue;
-        }
+    for pid in pids_of("dranet")? {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
         if args.get(1) != Some(&&b"run"[..]) {
@@ -247,14 +240,7 @@ fn stop_orphan(o: &Orphan) -> Result<()> {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(o.pid)?);
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    // Gone, or a zombie its new parent has not reaped yet.
-    let running = || {
-        std::fs::read_to_string(format!("/proc/{}/stat", o.pid))
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
-            .unwrap_or(false)
-    };
-    while running() {
+    while running(o.pid) {
         if std::time::Instant::now() > until {
             bail!("the orphaned dranet {} did not stop", o.pid);
         }
@@ -301,16 +287,31 @@ fn host_veths() -> Result<Vec<String>> {
 /// The [`unique`] tags of every running `dranet-bench`.
 fn live_bench_tags() -> Result<Vec<String>> {
     let mut tags = vec![unique_tag_of(std::process::id())];
+    tags.extend(pids_of("dranet-bench")?.into_iter().map(unique_tag_of));
+    Ok(tags)
+}
+
+/// The processes whose command name (`/proc/PID/comm`) is `comm`.
+fn pids_of(comm: &str) -> Result<Vec<u32>> {
+    let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc")? {
         let Ok(pid) = e?.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim_end() == "dranet-bench" {
-            tags.push(unique_tag_of(pid));
+        let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if c.trim_end() == comm {
+            pids.push(pid);
         }
     }
-    Ok(tags)
+    Ok(pids)
+}
+
+/// Whether `pid` runs: not gone, and not a zombie its parent has yet to reap.
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -418,7 +419,7 @@ mod tests {
         let swept = sweep_stale()?;
         assert!(swept.daemons.contains(&orphan), "{swept:?}");
         assert!(!swept.daemons.contains(&live.0.id()), "{swept:?}");
-        assert!(!alive(orphan), "the orphan still runs");
+        assert!(!running(orphan), "the orphan still runs");
         assert!(!dead_dir.0.exists(), "the dead node's directory is left");
         assert!(live.0.try_wait()?.is_none(), "the live node's daemon was stopped");
         assert!(live_dir.0.join("state").is_dir());
@@ -426,18 +427,11 @@ mod tests {
         Ok(())
     }
 
-    fn alive(pid: u32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
-            .unwrap_or(false)
-    }
-
     struct Killed(u32);
 
     impl Drop for Killed {
         fn drop(&mut self) {
-            if alive(self.0) {
+            if running(self.0) {
                 let _ = sh(&["kill", "-9", &self.0.to_string()]);
             }
         }
