@@ -8,6 +8,8 @@
 //! blocking the caller. Never during the burst: a trim holds each arena's lock while it walks
 //! the free chunks, which would stall the allocations of a drain's hooks.
 
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -21,6 +23,27 @@ static HEAP: Debounced = Debounced::new(crate::sys::os::release_freed_heap);
 /// atomic store, and a thread per burst.
 pub fn after_burst() {
     HEAP.ask();
+}
+
+/// Below this capacity a table is kept whatever it holds (too small to matter).
+const SPARSE_MIN: usize = 32;
+
+/// Gives back the table of a map that holds a quarter or less of its capacity (it grew with a
+/// burst of pods that are gone), keeping room for twice what it holds. Call it after removals:
+/// a table kept at the burst's size is live heap that pins its pages, and the burst's small
+/// allocations around it, in the arena for good. Amortised O(1): after a shrink the map must
+/// lose half of what it holds again before the next one.
+pub fn shrink_sparse<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
+    if map.capacity() > SPARSE_MIN && map.len().saturating_mul(4) <= map.capacity() {
+        map.shrink_to(map.len().saturating_mul(2));
+    }
+}
+
+/// [`shrink_sparse`] for a queue.
+pub fn shrink_sparse_queue<T>(q: &mut VecDeque<T>) {
+    if q.capacity() > SPARSE_MIN && q.len().saturating_mul(4) <= q.capacity() {
+        q.shrink_to(q.len().saturating_mul(2));
+    }
 }
 
 /// How many trims [`after_burst`] has led to.
@@ -153,6 +176,38 @@ mod tests {
             assert_eq!(runs(), 0, "not while the asks go on");
         }
         wait_for(|| runs() >= 1);
+    }
+
+    /// A map that grew with a burst gives its table back once a quarter or less of it is used,
+    /// and not before; a small one is left alone.
+    #[test]
+    fn a_map_that_grew_with_a_burst_shrinks_once_it_is_sparse() {
+        let mut m: HashMap<u32, [u8; 64]> = (0..256).map(|i| (i, [0; 64])).collect();
+        let grown = m.capacity();
+        m.retain(|k, _| *k < 150);
+        shrink_sparse(&mut m);
+        // (Removals leave tombstones, which `capacity` does not count: compare loosely.)
+        assert!(
+            m.capacity() >= 256,
+            "150 of {grown}: not sparse yet, {} kept",
+            m.capacity()
+        );
+        m.retain(|k, _| *k < 8);
+        shrink_sparse(&mut m);
+        assert!(
+            m.capacity() < grown / 8,
+            "8 left of {grown}: {} kept",
+            m.capacity()
+        );
+        assert_eq!(m.len(), 8);
+        let mut small: HashMap<u32, u32> = HashMap::with_capacity(SPARSE_MIN / 2);
+        let cap = small.capacity();
+        shrink_sparse(&mut small);
+        assert_eq!(small.capacity(), cap, "a small map is left alone");
+        let mut q: VecDeque<u32> = (0..256).collect();
+        q.truncate(3);
+        shrink_sparse_queue(&mut q);
+        assert!(q.capacity() < 32, "{}", q.capacity());
     }
 
     /// The daemon's own trims the heap (glibc's `malloc_trim`) without trouble.

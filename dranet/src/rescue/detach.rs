@@ -20,7 +20,10 @@ impl Inner {
     }
 
     pub(super) fn live_take(&self, key: &str) -> Option<Live> {
-        super::lock(&self.live).remove(key)
+        let mut live = super::lock(&self.live);
+        let taken = live.remove(key);
+        crate::heap::shrink_sparse(&mut live);
+        taken
     }
 }
 

@@ -714,6 +714,7 @@ impl Engine {
         let mut locks = lock(&self.inner.locks);
         if locks.get(pod_uid).is_some_and(|m| Arc::strong_count(m) == 1) {
             locks.remove(pod_uid);
+            crate::heap::shrink_sparse(&mut locks);
         }
     }
 

@@ -195,6 +195,8 @@ fn diff_into(last: &mut OnDisk, cp: &Checkpoint) -> Result<Delta, StateError> {
         }
         keep
     });
+    crate::heap::shrink_sparse(&mut last.plans);
+    crate::heap::shrink_sparse(&mut last.pods);
     Ok(Delta { files, full: false })
 }
 

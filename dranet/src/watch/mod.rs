@@ -110,7 +110,7 @@ impl Default for WatcherOptions {
 /// How long the paths of a dead netns still label events. Ring-buffer records are labelled
 /// when they are read, and on a loaded node that can be after rtnetlink reported the death
 /// (`nsid_removed`): the umount that started the teardown must still name its netns.
-const DEAD_PATHS_KEPT: Duration = Duration::from_secs(10);
+pub const DEAD_PATHS_KEPT: Duration = Duration::from_secs(10);
 /// At most this many dead netns keep their paths (a drain of many pods within the grace).
 const DEAD_KEPT_MAX: usize = 1024;
 
@@ -131,10 +131,17 @@ impl Known {
     fn forget(&mut self, id: NetnsId, now: Instant) {
         self.inodes.retain(|_, v| *v != id);
         self.nsids.retain(|_, v| *v != id);
+        crate::heap::shrink_sparse(&mut self.inodes);
+        crate::heap::shrink_sparse(&mut self.nsids);
         if self.paths.values().any(|v| *v == id) {
             self.dead.push_back((now, id));
         }
         self.expire(now);
+    }
+
+    /// When the oldest dead netns's paths are due to go.
+    fn next_expiry(&self) -> Option<Instant> {
+        self.dead.front().map(|(at, _)| *at + DEAD_PATHS_KEPT)
     }
 
     /// Drops the paths of netns dead for longer than the grace, or beyond the bound.
@@ -146,6 +153,8 @@ impl Known {
             self.dead.pop_front();
             self.paths.retain(|_, v| *v != id);
         }
+        crate::heap::shrink_sparse(&mut self.paths);
+        crate::heap::shrink_sparse_queue(&mut self.dead);
     }
 }
 
@@ -155,6 +164,8 @@ struct Shared {
     bpf: Mutex<Option<maps::Watched>>,
     prefixes: Vec<String>,
     rtnl: tokio::sync::Mutex<Option<crate::sys::rtnl::Handle>>,
+    /// A netns died and its paths are kept for the grace: wakes [`expire_dead`].
+    died: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -191,6 +202,7 @@ impl Shared {
                 *netns = lookup(*nsid);
                 if let (Some(id), Ok(mut k)) = (*netns, self.known.write()) {
                     k.forget(id, Instant::now());
+                    self.died.notify_one();
                 }
             }
             _ => {}
@@ -263,6 +275,7 @@ impl Watcher {
             bpf: Mutex::new(None),
             prefixes: opts.prefixes.clone(),
             rtnl: tokio::sync::Mutex::new(None),
+            died: tokio::sync::Notify::new(),
         });
         let mut w = Watcher {
             shared,
@@ -283,6 +296,7 @@ impl Watcher {
         crate::sys::os::release_freed_heap();
         w.start_rtnl(opts.rtnl_rcvbuf, opts.rtnl_reader_delay).await?;
         w.start_inotify(&opts, !unlink_probe);
+        w.tasks.push(tokio::spawn(expire_dead(Arc::clone(&w.shared))));
         Ok(w)
     }
 
@@ -625,6 +639,29 @@ impl ReleasedCookies {
     }
 }
 
+/// Drops the paths of dead netns once their grace is over, also when no later death or new netns
+/// comes to do it: after a drain, the drained pods' path strings would otherwise stay until the
+/// next pod, scattered through the heap the drain's pods used. When the last of them went, the
+/// heap is trimmed (their pages are in the middle of the heap, which only a trim gives back).
+async fn expire_dead(shared: Arc<Shared>) {
+    loop {
+        let next = shared.known.read().ok().and_then(|k| k.next_expiry());
+        match next {
+            Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+            None => shared.died.notified().await,
+        }
+        let all_gone = shared.known.write().is_ok_and(|mut k| {
+            let had = k.dead.len();
+            // The timer's clock (the same as `Instant::now()` outside paused-time tests).
+            k.expire(tokio::time::Instant::now().into_std());
+            had > 0 && k.dead.is_empty()
+        });
+        if all_gone {
+            crate::heap::after_burst();
+        }
+    }
+}
+
 /// Turns increases of the probes' dropped-event count (ring buffer full) into `Lost` events.
 async fn poll_lost(lost: maps::LostCounter, shared: Arc<Shared>) {
     let mut seen = 0u64;
@@ -739,6 +776,69 @@ mod known_tests {
         k.paths.insert("/run/netns/a".into(), NEW);
         k.expire(t0 + DEAD_PATHS_KEPT);
         assert_eq!(k.paths.get("/run/netns/a"), Some(&NEW));
+    }
+
+    /// The paths of the last pods of a drain go after the grace even though no later event
+    /// comes, and the grown tables are given back.
+    #[tokio::test(start_paused = true)]
+    async fn a_drains_dead_paths_go_after_the_grace_with_no_further_event() {
+        let (tx, _) = broadcast::channel(16);
+        let shared = Arc::new(Shared {
+            tx,
+            known: RwLock::new(Known::default()),
+            bpf: Mutex::new(None),
+            prefixes: Vec::new(),
+            rtnl: tokio::sync::Mutex::new(None),
+            died: tokio::sync::Notify::new(),
+        });
+        let trims = crate::heap::trims();
+        let task = tokio::spawn(expire_dead(Arc::clone(&shared)));
+        let t0 = tokio::time::Instant::now().into_std();
+        {
+            let mut k = shared
+                .known
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for i in 0..256u64 {
+                let id = NetnsId {
+                    cookie: i + 1,
+                    inode: i,
+                };
+                k.paths.insert(format!("/run/netns/p{i}"), id);
+                k.inodes.insert(i, id);
+                k.forget(id, t0);
+            }
+            assert_eq!(k.paths.len(), 256, "kept for the grace");
+        }
+        shared.died.notify_one();
+        tokio::time::sleep(DEAD_PATHS_KEPT - Duration::from_millis(10)).await;
+        let left = |s: &Shared| {
+            s.known
+                .read()
+                .map(|k| (k.paths.len(), k.paths.capacity(), k.inodes.capacity()))
+                .unwrap_or_default()
+        };
+        assert_eq!(left(&shared).0, 256, "not before the grace");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (paths, paths_cap, inodes_cap) = left(&shared);
+        assert_eq!(
+            paths, 0,
+            "gone after the grace, with no event after the last death"
+        );
+        assert!(
+            paths_cap <= 32 && inodes_cap <= 32,
+            "tables kept: {paths_cap}, {inodes_cap}"
+        );
+        task.abort();
+        // The trim runs on a thread of its own, on the real clock.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while crate::heap::trims() == trims {
+            assert!(
+                std::time::Instant::now() < until,
+                "no heap trim after the last dead path went"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]
