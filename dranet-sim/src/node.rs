@@ -69,6 +69,9 @@ pub struct Node {
     sessions: u64,
 }
 
+/// How long the daemon's thread count must hold still for [`Node::daemon_idle_rss_kib`].
+pub const IDLE_FOR: Duration = Duration::from_millis(1500);
+
 impl Node {
     /// Starts the runtime harness, then `dranet run`, registers it with the kubelet simulator
     /// and waits until the runtime saw it register.
@@ -338,6 +341,36 @@ impl Node {
             last = n;
         }
         Ok(if same >= 5 { last } else { lowest })
+    }
+
+    /// The daemon's thread count (`Threads:` of `/proc/PID/status`).
+    pub fn daemon_threads(&self) -> Result<usize> {
+        let pid = self.child.as_ref().context("daemon not running")?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .context("Threads")
+    }
+
+    /// The daemon's RSS (KiB) once it is idle after a burst: its fds settled
+    /// ([`Node::daemon_fds_settled`]), then its thread count unchanged for [`IDLE_FOR`] (or, if it
+    /// never holds still within 8 s, whatever it is then). A burst's blocking-pool threads leave
+    /// 1 s after their last job and a heap trim follows them 250 ms later; a reading before that
+    /// measures the burst's transient, not what the daemon keeps.
+    pub async fn daemon_idle_rss_kib(&self) -> Result<u64> {
+        self.daemon_fds_settled().await?;
+        let start = std::time::Instant::now();
+        let (mut last, mut since) = (self.daemon_threads()?, std::time::Instant::now());
+        while since.elapsed() < IDLE_FOR && start.elapsed() < Duration::from_secs(8) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let n = self.daemon_threads()?;
+            if n != last {
+                (last, since) = (n, std::time::Instant::now());
+            }
+        }
+        self.daemon_rss_kib()
     }
 
     /// What the daemon's fds point at, by kind (`socket`, `anon_inode:[eventfd]`, a path...),

@@ -2,8 +2,10 @@
 //! the daemon's one NRI connection with 8 hooks in flight (RunPodSandbox; then StopPodSandbox,
 //! the netns removed, RemovePodSandbox: containerd order); claims prepared before and
 //! unprepared after the timed part. Baseline: the same attaches and detaches by direct
-//! rtnetlink, 8 at a time, each pod's netns removed and let go after its detach. Also the daemon's RSS after all pods are gone against before (after
-//! a warm-up of 8 pods, so first-use allocations are not counted as growth).
+//! rtnetlink, 8 at a time, each pod's netns removed and let go after its detach. Also the
+//! daemon's RSS after all pods are gone against before (after a warm-up of 8 pods, so first-use
+//! allocations are not counted as growth), both read with the daemon idle: its burst threads
+//! gone and the watcher's grace for dead netns paths over.
 use std::fs::File;
 use std::time::{Duration, Instant};
 
@@ -198,10 +200,19 @@ impl Ctx {
         Ok(devs.len() as f64 / took.as_secs_f64())
     }
 
-    /// The daemon's RSS once its fds are settled (nothing in flight), KiB.
+    /// The daemon's RSS once it is idle (nothing in flight, the burst's threads gone), KiB.
     async fn rss(&self) -> Result<u64> {
-        self.node.daemon_fds_settled().await?;
-        self.node.daemon_rss_kib()
+        self.node.daemon_idle_rss_kib().await
+    }
+
+    /// The daemon's RSS after a round whose dranet part ended at `ended`: once it is idle, and
+    /// no sooner than the watcher's grace for the dead netns's paths
+    /// ([`dranet::watch::DEAD_PATHS_KEPT`]: they still label late events until then, and go
+    /// after). In the rounds where the baseline runs second its 6–7 s count toward that.
+    async fn rss_after(&self, ended: Instant) -> Result<u64> {
+        let due = ended + dranet::watch::DEAD_PATHS_KEPT + Duration::from_millis(500);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+        self.rss().await
     }
 }
 
@@ -215,17 +226,18 @@ pub async fn run(cx: &Ctx, rounds: usize) -> Result<Figures> {
     for r in 0..rounds {
         eprintln!("churn, {} pods, round {}/{rounds} ...", all.len(), r + 1);
         let before = cx.rss().await?;
-        let (rate, base) = if r % 2 == 0 {
+        let (rate, base, ended) = if r % 2 == 0 {
             let a = cx.dranet_round(all, &mut f).await?;
-            (a, cx.baseline_round(all).await?)
+            let ended = Instant::now();
+            (a, cx.baseline_round(all).await?, ended)
         } else {
             let b = cx.baseline_round(all).await?;
-            (cx.dranet_round(all, &mut f).await?, b)
+            (cx.dranet_round(all, &mut f).await?, b, Instant::now())
         };
         f.rate.push(rate);
         f.base_rate.push(base);
         f.rss_before.push(before);
-        f.rss_after.push(cx.rss().await?);
+        f.rss_after.push(cx.rss_after(ended).await?);
     }
     Ok(f)
 }
