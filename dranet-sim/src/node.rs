@@ -345,13 +345,19 @@ impl Node {
 
     /// The daemon's thread count (`Threads:` of `/proc/PID/status`).
     pub fn daemon_threads(&self) -> Result<usize> {
+        self.daemon_status_field("Threads:")
+    }
+
+    /// A number from the daemon's `/proc/PID/status` (`field` with its colon; a `kB` unit is
+    /// dropped).
+    fn daemon_status_field<T: std::str::FromStr>(&self, field: &str) -> Result<T> {
         let pid = self.child.as_ref().context("daemon not running")?.id();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
         status
             .lines()
-            .find_map(|l| l.strip_prefix("Threads:"))
-            .and_then(|v| v.trim().parse().ok())
-            .context("Threads")
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .with_context(|| format!("{field} in /proc/{pid}/status"))
     }
 
     /// The daemon's RSS (KiB) once it is idle after a burst: its fds settled
@@ -408,13 +414,7 @@ impl Node {
 
     /// Resident memory of the daemon, KiB.
     pub fn daemon_rss_kib(&self) -> Result<u64> {
-        let pid = self.child.as_ref().context("daemon not running")?.id();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .context("VmRSS")
+        self.daemon_status_field("VmRSS:")
     }
 
     /// The daemon's process id, while it runs.
