@@ -329,14 +329,24 @@ mod tests {
     /// The sweeps of two tests must not stop the same orphan at once.
     static ONE_SWEEP: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    /// For a sweep test: `None` without root (outside CI; under `CI=true` it fails), else the
+    /// turn to sweep, held for the test.
+    fn sweep_turn(test: &str) -> Result<Option<std::sync::MutexGuard<'static, ()>>> {
+        if !require_root(test)? {
+            return Ok(None);
+        }
+        Ok(Some(
+            ONE_SWEEP
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ))
+    }
+
     #[test]
     fn the_sweep_removes_a_dead_benchs_objects_and_keeps_a_live_ones() -> Result<()> {
-        if !require_root("the_sweep_removes_a_dead_benchs_objects_and_keeps_a_live_ones")? {
+        let Some(_turn) = sweep_turn("the_sweep_removes_a_dead_benchs_objects_and_keeps_a_live_ones")? else {
             return Ok(());
-        }
-        let _one = ONE_SWEEP
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        };
         let dead = unique_tag_of(DEAD_PID);
         // Guards for both, so a failing sweep leaves nothing either.
         let stale = Veth::create(&format!("drb{dead}0"), &format!("drc{dead}0"))?;
@@ -366,12 +376,9 @@ mod tests {
     /// stops it and removes its node's directory. A live node's daemon (this process's) stays.
     #[test]
     fn the_sweep_stops_a_dead_nodes_daemon_and_keeps_a_live_ones() -> Result<()> {
-        if !require_root("the_sweep_stops_a_dead_nodes_daemon_and_keeps_a_live_ones")? {
+        let Some(_turn) = sweep_turn("the_sweep_stops_a_dead_nodes_daemon_and_keeps_a_live_ones")? else {
             return Ok(());
-        }
-        let _one = ONE_SWEEP
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        };
         let tmp = std::env::temp_dir();
         let dead_dir = Dir(tmp.join(format!("dranet-node-{}0", unique_tag_of(DEAD_PID))));
         let live_dir = Dir(tmp.join(unique("dranet-node-")));
