@@ -3,7 +3,6 @@
 //! drop and file-tree builders, netlink byte builders, a poll with a deadline, and plan sinks standing in for the rescue engine behind
 //! `Preparer` (dranet-sim's root tests use these through `dranet_sim::fixtures`).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -12,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use crate::dra::PlanSink;
-use crate::plan::{ClaimPlan, DevicePlan, PodPlan};
+use crate::plan::{ClaimPlan, DevicePlan};
 use crate::state::{DeviceRecord, DeviceState};
 use crate::sys::link::LinkSnapshot;
 
@@ -154,13 +153,13 @@ pub fn device_record(device: &str, state: DeviceState) -> DeviceRecord {
 /// removed, as the engine does; records every removal in order.
 #[derive(Default)]
 pub struct RecordingSink {
-    plans: Mutex<BTreeMap<String, PodPlan>>,
+    plans: Mutex<crate::plan::Plans>,
     removed: Mutex<Vec<String>>,
 }
 
 impl RecordingSink {
     /// The plans held now.
-    pub fn plans(&self) -> MutexGuard<'_, BTreeMap<String, PodPlan>> {
+    pub fn plans(&self) -> MutexGuard<'_, crate::plan::Plans> {
         self.plans.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

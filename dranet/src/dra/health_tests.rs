@@ -26,7 +26,8 @@ fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
             phase: PodPhase::Attached,
             devices: devices.iter().map(|(d, s)| device_record(d, *s)).collect(),
             recovered: None,
-        },
+        }
+        .into(),
     );
     cp
 }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::NetworkConfig;
+use crate::state::Shared;
 
 /// A claim reference as kubelet passes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -79,7 +80,8 @@ pub struct ClaimPlan {
 
 /// The plans of every prepared pod by pod UID. A pod's plan is the union of its claims' devices,
 /// ordered by claim UID (then as planned); the functions below are the only merge of claims.
-pub type Plans = std::collections::BTreeMap<String, PodPlan>;
+/// Each plan is shared with the checkpoint writer's copy until it changes ([`Shared`]).
+pub type Plans = std::collections::BTreeMap<String, Shared<PodPlan>>;
 
 /// The devices stored now for claim `claim_uid` (empty when none).
 #[must_use]
@@ -102,11 +104,14 @@ pub fn set_claim(plans: &mut Plans, claim: ClaimPlan) -> Vec<String> {
     if claim.devices.is_empty() && !plans.contains_key(&claim.pod_uid) {
         return emptied;
     }
-    let plan = plans.entry(claim.pod_uid.clone()).or_insert_with(|| PodPlan {
-        pod_uid: claim.pod_uid.clone(),
-        pod_namespace: String::new(),
-        pod_name: String::new(),
-        devices: Vec::new(),
+    let plan = plans.entry(claim.pod_uid.clone()).or_insert_with(|| {
+        PodPlan {
+            pod_uid: claim.pod_uid.clone(),
+            pod_namespace: String::new(),
+            pod_name: String::new(),
+            devices: Vec::new(),
+        }
+        .into()
     });
     plan.pod_namespace = claim.pod_namespace;
     plan.pod_name = claim.pod_name;
@@ -162,8 +167,12 @@ fn remove_claim_from(
 /// The entries a change of claim `claim_uid` (stored for pod `pod_uid`) can touch, as they are
 /// now (`None`: absent), for [`put_back`].
 #[must_use]
-pub fn entries_of(plans: &Plans, claim_uid: &str, pod_uid: Option<&str>) -> Vec<(String, Option<PodPlan>)> {
-    let mut out: Vec<(String, Option<PodPlan>)> = plans
+pub fn entries_of(
+    plans: &Plans,
+    claim_uid: &str,
+    pod_uid: Option<&str>,
+) -> Vec<(String, Option<Shared<PodPlan>>)> {
+    let mut out: Vec<(String, Option<Shared<PodPlan>>)> = plans
         .iter()
         .filter(|(uid, p)| {
             Some(uid.as_str()) == pod_uid || p.devices.iter().any(|d| d.claim.uid == claim_uid)
@@ -179,7 +188,7 @@ pub fn entries_of(plans: &Plans, claim_uid: &str, pod_uid: Option<&str>) -> Vec<
 }
 
 /// Restores entries taken by [`entries_of`] (a change that could not be saved).
-pub fn put_back(plans: &mut Plans, entries: Vec<(String, Option<PodPlan>)>) {
+pub fn put_back(plans: &mut Plans, entries: Vec<(String, Option<Shared<PodPlan>>)>) {
     for (uid, plan) in entries {
         match plan {
             Some(p) => plans.insert(uid, p),

@@ -151,7 +151,8 @@ impl Engine {
                     phase: PodPhase::Attached,
                     devices: found,
                     recovered: None,
-                },
+                }
+                .into(),
             );
         })
         .await?;

@@ -188,7 +188,8 @@ impl Engine {
                     phase: PodPhase::Attaching,
                     devices: records.to_vec(),
                     recovered: None,
-                },
+                }
+                .into(),
             );
         })
         .await?;

@@ -75,10 +75,9 @@ fn pod_by_path_or_id<'a>(cp: &'a Checkpoint, ev: &LifecycleEvent) -> Option<&'a 
     let path = ev.path().map(normalize_path);
     // The identity wins over the path: a path can name a newer netns by now.
     if let Some(id) = id {
-        return cp.pods.values().filter(|p| attached(p)).find(|p| p.netns == id);
+        return cp.records().filter(|p| attached(p)).find(|p| p.netns == id);
     }
-    cp.pods
-        .values()
+    cp.records()
         .filter(|p| attached(p))
         .find(|p| path.is_some_and(|path| p.netns_path.to_str().map(normalize_path) == Some(path)))
 }
@@ -87,11 +86,10 @@ fn pod_by_path_or_id<'a>(cp: &'a Checkpoint, ev: &LifecycleEvent) -> Option<&'a 
 fn returned_by_path_or_id<'a>(cp: &'a Checkpoint, ev: &LifecycleEvent) -> Option<&'a PodRecord> {
     let returned = |p: &&PodRecord| matches!(p.phase, PodPhase::Returned(_)) && p.pin.is_none();
     if let Some(id) = ev.netns() {
-        return cp.pods.values().filter(returned).find(|p| p.netns == id);
+        return cp.records().filter(returned).find(|p| p.netns == id);
     }
     let path = ev.path().map(normalize_path)?;
-    cp.pods
-        .values()
+    cp.records()
         .filter(returned)
         .find(|p| p.netns_path.to_str().map(normalize_path) == Some(path))
 }
@@ -175,7 +173,7 @@ fn moved_device(
     from: crate::sys::netns::NetnsId,
     to: crate::sys::netns::NetnsId,
 ) -> Vec<Action> {
-    for pod in cp.pods.values() {
+    for pod in cp.records() {
         for d in pod.devices.iter().filter(|d| out(d.state)) {
             if d.at.is_some_and(|a| a.ifindex == ifindex && a.netns == from) {
                 return vec![Action::Moved {
@@ -212,7 +210,7 @@ fn returned_device(
     parent: Option<&str>,
     kind: Option<&str>,
 ) -> Vec<Action> {
-    for pod in cp.pods.values() {
+    for pod in cp.records() {
         for d in pod.devices.iter().filter(|d| out(d.state)) {
             let s = &d.snapshot;
             if s.identified && s.kind.as_deref() != kind {

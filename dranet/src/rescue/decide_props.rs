@@ -126,7 +126,7 @@ fn random_checkpoint(r: &mut Rng) -> Checkpoint {
                 .collect(),
             recovered: None,
         };
-        cp.pods.insert(rec.key(), rec);
+        cp.pods.insert(rec.key(), rec.into());
     }
     cp
 }

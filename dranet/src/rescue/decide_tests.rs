@@ -54,7 +54,8 @@ fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
                 rebuilt: false,
             }],
             recovered: None,
-        },
+        }
+        .into(),
     );
     cp
 }

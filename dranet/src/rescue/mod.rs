@@ -369,7 +369,7 @@ impl Engine {
     /// A copy of one sandbox's record.
     #[must_use]
     pub fn pod_record(&self, key: &str) -> Option<crate::state::PodRecord> {
-        self.cp().pods.get(key).cloned()
+        self.cp().record(key).cloned()
     }
 
     #[must_use]

@@ -137,7 +137,7 @@ impl Engine {
             "record rebuilt from the pin: its devices come home at teardown, but their state before the attach is unknown: they come home up, without addresses, with their permanent MAC, under the name shown; MTU, alias, offloads and IP sysctls are not restored"
         );
         self.update(|cp| {
-            cp.pods.insert(key.clone(), record);
+            cp.pods.insert(key.clone(), record.into());
         })
         .await?;
         drop(pin);
@@ -246,21 +246,18 @@ impl Engine {
     ) -> Result<bool, RescueError> {
         let unnamed = |r: &PodRecord| r.pod_uid.is_empty() && r.recovered.is_some();
         let by_id = pod_key("", sandbox);
-        let exists = self.cp().pods.get(&by_id).is_some_and(unnamed)
-            || self.cp().pods.values().any(|r| unnamed(r) && owns(r));
+        let exists = self.cp().record(&by_id).is_some_and(unnamed)
+            || self.cp().records().any(|r| unnamed(r) && owns(r));
         if !exists {
             return Ok(false);
         }
         let _rebuilt = self.own("").await;
         let from = {
             let cp = self.cp();
-            if cp.pods.get(&by_id).is_some_and(unnamed) {
+            if cp.record(&by_id).is_some_and(unnamed) {
                 Some(by_id)
             } else {
-                cp.pods
-                    .values()
-                    .find(|r| unnamed(r) && owns(r))
-                    .map(PodRecord::key)
+                cp.records().find(|r| unnamed(r) && owns(r)).map(PodRecord::key)
             }
         };
         let Some(from) = from else {

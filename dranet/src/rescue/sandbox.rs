@@ -88,7 +88,7 @@ impl Engine {
         owns: impl Fn(&PodRecord) -> bool,
     ) -> Result<bool, RescueError> {
         let legacy = pod_key(uid, "");
-        let hit = self.cp().pods.get(&legacy).is_some_and(owns);
+        let hit = self.cp().record(&legacy).is_some_and(owns);
         if !hit {
             return Ok(false);
         }
@@ -174,7 +174,7 @@ impl Engine {
         for (uid, key) in gone {
             {
                 let _owner = self.own(&uid).await;
-                let out = self.cp().pods.get(&key).is_some_and(PodRecord::has_devices_out);
+                let out = self.cp().record(&key).is_some_and(PodRecord::has_devices_out);
                 if out {
                     info!(
                         pod = uid,

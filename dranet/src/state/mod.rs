@@ -5,7 +5,9 @@
 //! **Format 3: one file per record.** Every plan and every sandbox record is a small JSON file of
 //! its own in `<state-dir>/checkpoint/` (`plan_<pod-uid>.json`, `pod_<pod-uid>_<sandbox-id>.json`,
 //! [`plan_file_name`], [`pod_file_name`]; `{"version":3,"plan":{..}}` / `{"version":3,"pod":{..}}`). A save writes
-//! only the records that changed since the last one ([`Writer`] keeps what it staged last): each
+//! only the records that changed since the last one ([`Writer`] keeps what it staged last, sharing
+//! every record with the engine's checkpoint until the engine writes to it, [`Shared`], so an
+//! unchanged record costs one pointer compare): each
 //! goes to a temp file of its own (`tmp.<pid>.<n>`), is `fsync`ed, the file it replaces is kept as
 //! `<name>.prev` (a hard link renamed into place), the temp file is renamed over it; a removed
 //! record loses its `.prev`, then its file; then the directory is `fsync`ed once. A save of one
@@ -53,6 +55,7 @@
 
 mod disk;
 mod lock;
+mod shared;
 mod store;
 mod writer;
 
@@ -68,6 +71,7 @@ use crate::sys::link::LinkSnapshot;
 use crate::sys::netns::NetnsId;
 
 pub use lock::StateLock;
+pub use shared::Shared;
 pub use store::{LoadSource, Loaded, Store};
 pub use writer::Writer;
 
@@ -305,20 +309,31 @@ pub struct Checkpoint {
     pub version: u32,
     /// Prepared plans by pod UID (from NodePrepareResources).
     #[serde(default)]
-    pub plans: BTreeMap<String, PodPlan>,
+    pub plans: BTreeMap<String, Shared<PodPlan>>,
     /// Sandboxes with devices attached or recently returned, by [`pod_key`].
     #[serde(default)]
-    pub pods: BTreeMap<String, PodRecord>,
+    pub pods: BTreeMap<String, Shared<PodRecord>>,
 }
 
 impl Checkpoint {
+    /// The sandbox record under `key` ([`pod_key`]).
+    #[must_use]
+    pub fn record(&self, key: &str) -> Option<&PodRecord> {
+        self.pods.get(key).map(|r| &**r)
+    }
+
+    /// Every sandbox record, in key order.
+    pub fn records(&self) -> impl Iterator<Item = &PodRecord> {
+        self.pods.values().map(|r| &**r)
+    }
+
     /// The records of every sandbox of pod `uid`.
     pub fn records_of<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = &'a PodRecord> + 'a {
         let from = pod_key(uid, "");
         self.pods
             .range(from..)
             .take_while(move |(_, r)| r.pod_uid == uid)
-            .map(|(_, r)| r)
+            .map(|(_, r)| &**r)
     }
 
     /// The keys of every sandbox record of pod `uid`.

@@ -14,19 +14,21 @@ use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 use super::{
-    Checkpoint, FILE, FORMAT_VERSION, PodRecord, RECORDS_DIR, Record, StateError, decode, decode_record,
-    encode_plan, encode_pod, plan_file_name, pod_file_name,
+    Checkpoint, FILE, FORMAT_VERSION, PodRecord, RECORDS_DIR, Record, Shared, StateError, decode,
+    decode_record, encode_plan, encode_pod, plan_file_name, pod_file_name,
 };
 use crate::plan::PodPlan;
 
 /// Temp files of this process get a sequence number: two writes never share one.
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// The records as their files on disk hold them: what a save compares against.
+/// The records as their files on disk hold them: what a save compares against. It shares every
+/// record that did not change since with the engine's checkpoint ([`Shared`]), so it costs the
+/// handles, not a second copy, and an unchanged record compares by pointer.
 #[derive(Debug, Default)]
 pub(super) struct OnDisk {
-    plans: HashMap<String, PodPlan>,
-    pods: HashMap<String, PodRecord>,
+    plans: HashMap<String, Shared<PodPlan>>,
+    pods: HashMap<String, Shared<PodRecord>>,
 }
 
 impl OnDisk {
@@ -147,57 +149,100 @@ impl Differ {
         }
         res
     }
+
+    /// How many records of `cp` the last value kept is the very same record of (not a copy).
+    #[cfg(test)]
+    pub(super) fn shared_with(&self, cp: &Checkpoint) -> usize {
+        let Some(last) = &self.last else { return 0 };
+        let plans = cp
+            .plans
+            .iter()
+            .filter(|(k, p)| last.plans.get(*k).is_some_and(|o| Shared::same(o, p)));
+        let pods = cp
+            .pods
+            .iter()
+            .filter(|(k, r)| last.pods.get(*k).is_some_and(|o| Shared::same(o, r)));
+        plans.count() + pods.count()
+    }
 }
 
 fn diff_into(last: &mut OnDisk, cp: &Checkpoint) -> Result<Delta, StateError> {
     let mut files: BTreeMap<String, Option<Vec<u8>>> = BTreeMap::new();
-    for (uid, plan) in &cp.plans {
-        let old = last.plans.get(uid);
-        if old == Some(plan) {
-            continue;
-        }
-        let name = plan_file_name(&plan.pod_uid);
-        if let Some(old) = old.map(|p| plan_file_name(&p.pod_uid))
-            && old != name
-        {
-            files.entry(old).or_insert(None);
-        }
-        files.insert(name, Some(encode_plan(plan)?));
-        last.plans.insert(uid.clone(), plan.clone());
-    }
-    last.plans.retain(|uid, plan| {
-        let keep = cp.plans.contains_key(uid);
-        if !keep {
-            files.entry(plan_file_name(&plan.pod_uid)).or_insert(None);
-        }
-        keep
-    });
-    for (key, r) in &cp.pods {
-        let old = last.pods.get(key);
-        if old == Some(r) {
-            continue;
-        }
-        let name = pod_file_name(&r.pod_uid, &r.sandbox_id);
-        if let Some(old) = old.map(|o| pod_file_name(&o.pod_uid, &o.sandbox_id))
-            && old != name
-        {
-            files.entry(old).or_insert(None);
-        }
-        files.insert(name, Some(encode_pod(r)?));
-        last.pods.insert(key.clone(), r.clone());
-    }
-    last.pods.retain(|key, r| {
-        let keep = cp.pods.contains_key(key);
-        if !keep {
-            files
-                .entry(pod_file_name(&r.pod_uid, &r.sandbox_id))
-                .or_insert(None);
-        }
-        keep
-    });
-    crate::heap::shrink_sparse(&mut last.plans);
-    crate::heap::shrink_sparse(&mut last.pods);
+    diff_table(
+        &mut last.plans,
+        &cp.plans,
+        &mut files,
+        |p| plan_file_name(&p.pod_uid),
+        encode_plan,
+    )?;
+    diff_table(
+        &mut last.pods,
+        &cp.pods,
+        &mut files,
+        |r| pod_file_name(&r.pod_uid, &r.sandbox_id),
+        encode_pod,
+    )?;
     Ok(Delta { files, full: false })
+}
+
+/// One table of the diff: every record of `now` that is not unchanged in `last` is encoded into
+/// `files` under its file name (a record whose file name changed also removes its old file), and
+/// every record `last` has and `now` does not is removed. `last` ends as `now`. Unchanged records
+/// cost a lookup and a pointer compare; the removal pass runs only when something was removed.
+fn diff_table<T: PartialEq>(
+    last: &mut HashMap<String, Shared<T>>,
+    now: &BTreeMap<String, Shared<T>>,
+    files: &mut BTreeMap<String, Option<Vec<u8>>>,
+    file_name: impl Fn(&T) -> String,
+    encode: impl Fn(&T) -> Result<Vec<u8>, StateError>,
+) -> Result<(), StateError> {
+    let before = last.len();
+    let mut kept = 0;
+    for (key, rec) in now {
+        let old = match last.get_mut(key) {
+            Some(old) => {
+                kept += 1;
+                if unchanged(old, rec) {
+                    continue;
+                }
+                Some(file_name(old))
+            }
+            None => None,
+        };
+        let name = file_name(rec);
+        if let Some(old) = old
+            && old != name
+        {
+            files.entry(old).or_insert(None);
+        }
+        files.insert(name, Some(encode(rec)?));
+        last.insert(key.clone(), rec.clone());
+    }
+    if kept < before {
+        last.retain(|key, rec| {
+            let keep = now.contains_key(key);
+            if !keep {
+                files.entry(file_name(rec)).or_insert(None);
+            }
+            keep
+        });
+        crate::heap::shrink_sparse(last);
+    }
+    Ok(())
+}
+
+/// Whether the writer's copy `old` still holds what `new` holds: the same record (nothing wrote to
+/// it since: one pointer compare), or an equal one, which becomes the same one so that the next
+/// save compares it by pointer too.
+fn unchanged<T: PartialEq>(old: &mut Shared<T>, new: &Shared<T>) -> bool {
+    if Shared::same(old, new) {
+        return true;
+    }
+    if **old == **new {
+        *old = new.clone();
+        return true;
+    }
+    false
 }
 
 /// What reading `checkpoint/` found.
@@ -221,12 +266,14 @@ impl Scan {
     fn insert(&mut self, record: Record, own_file: bool) {
         match record {
             Record::Plan(p) => {
+                let p = Shared::new(p);
                 if own_file {
                     self.on_disk.plans.insert(p.pod_uid.clone(), p.clone());
                 }
                 self.cp.plans.insert(p.pod_uid.clone(), p);
             }
             Record::Pod(r) => {
+                let r = Shared::new(r);
                 if own_file {
                     self.on_disk.pods.insert(r.key(), r.clone());
                 }

@@ -24,7 +24,8 @@ fn sample() -> Checkpoint {
             pod_namespace: "ns".into(),
             pod_name: "p".into(),
             devices: vec![],
-        },
+        }
+        .into(),
     );
     cp.pods.insert(
         "uid-1/sb-1".into(),
@@ -42,7 +43,8 @@ fn sample() -> Checkpoint {
             phase: PodPhase::Returned(ReturnReason::NetnsTeardown),
             devices: vec![],
             recovered: None,
-        },
+        }
+        .into(),
     );
     cp
 }
@@ -150,7 +152,7 @@ fn records_of_a_pod_are_its_sandboxes_only() {
 }
 
 fn record(uid: &str, sandbox: &str) -> PodRecord {
-    let mut r = sample().pods["uid-1/sb-1"].clone();
+    let mut r = sample().record("uid-1/sb-1").unwrap().clone();
     r.pod_uid = uid.into();
     r.sandbox_id = sandbox.into();
     r
@@ -167,22 +169,22 @@ fn records_with_unsafe_ids_make_the_checkpoint_invalid() {
         ("uid-1", ".h"),
     ] {
         let mut cp = sample();
-        cp.pods.insert(pod_key(uid, sb), record(uid, sb));
+        cp.pods.insert(pod_key(uid, sb), record(uid, sb).into());
         let bytes = serde_json::to_vec(&cp).unwrap();
         let err = decode(&bytes, Path::new("x")).unwrap_err();
         assert!(matches!(err, StateError::Invalid { .. }), "{uid:?} {sb:?}: {err}");
     }
     // A rebuilt record (no pod UID yet) and a format-1 one (no sandbox id) are fine.
     let mut cp = sample();
-    cp.pods.insert(pod_key("", "sb-2"), record("", "sb-2"));
-    cp.pods.insert(pod_key("uid-2", ""), record("uid-2", ""));
+    cp.pods.insert(pod_key("", "sb-2"), record("", "sb-2").into());
+    cp.pods.insert(pod_key("uid-2", ""), record("uid-2", "").into());
     assert_eq!(
         decode(&serde_json::to_vec(&cp).unwrap(), Path::new("x")).unwrap(),
         cp
     );
     // Two records of one sandbox under different keys: one would be lost.
     let mut cp = sample();
-    cp.pods.insert("other".into(), record("uid-1", "sb-1"));
+    cp.pods.insert("other".into(), record("uid-1", "sb-1").into());
     let err = decode(&serde_json::to_vec(&cp).unwrap(), Path::new("x")).unwrap_err();
     assert!(matches!(err, StateError::Invalid { .. }), "{err}");
 }
@@ -205,7 +207,7 @@ fn saves_keep_the_previous_generation_and_leave_no_temp_files() {
     s.save(&second).unwrap();
     assert_eq!(s.load().unwrap(), second);
     let prev = decode_record(&fs::read(&pod_prev).unwrap(), &pod_prev).unwrap();
-    assert_eq!(prev, Record::Pod(first.pods["uid-1/sb-1"].clone()));
+    assert_eq!(prev, Record::Pod(first.record("uid-1/sb-1").unwrap().clone()));
     assert!(!d.join("checkpoint/plan_uid-1.json").exists());
     let left: Vec<String> = fs::read_dir(d.join("checkpoint"))
         .unwrap()
@@ -503,8 +505,8 @@ async fn a_save_of_one_changed_record_among_500_writes_only_that_record() {
     for i in 0..500 {
         let uid = format!("uid-{i:03}");
         let r = big_record(&uid, &format!("sb-{i:03}"), 2);
-        cp.pods.insert(r.key(), r);
-        cp.plans.insert(uid.clone(), plan_of(&uid));
+        cp.pods.insert(r.key(), r.into());
+        cp.plans.insert(uid.clone(), plan_of(&uid).into());
     }
     s.save(&cp).unwrap();
     let total: u64 = files_of(&s.records_dir()).values().map(|f| f.1).sum();
@@ -560,7 +562,7 @@ fn the_differ_hands_out_only_changed_records() {
     let mut cp = sample();
     for i in 0..500 {
         let r = big_record(&format!("uid-{i}"), "sb", 2);
-        cp.pods.insert(r.key(), r);
+        cp.pods.insert(r.key(), r.into());
     }
     let first = differ.diff(&cp).unwrap();
     assert!(first.full && first.files.len() == 502, "{}", first.files.len());
@@ -573,7 +575,7 @@ fn the_differ_hands_out_only_changed_records() {
     assert!(bytes > 4 << 10 && bytes < 16 << 10, "{bytes}");
     assert_eq!(
         decode_record(one.files["pod_uid-3_sb.json"].as_deref().unwrap(), Path::new("x")).unwrap(),
-        Record::Pod(cp.pods["uid-3/sb"].clone())
+        Record::Pod(cp.record("uid-3/sb").unwrap().clone())
     );
     // A record renamed in place (a rebuilt record's pod UID filled in) moves to its new file.
     let mut r = cp.pods.remove("uid-4/sb").unwrap();
@@ -608,6 +610,34 @@ fn the_differ_hands_out_only_changed_records() {
     full.files.insert("y".into(), Some(b"2".to_vec()));
     a.then(full);
     assert!(a.full && !a.files.contains_key("x"));
+}
+
+/// A save compares an unchanged record by pointer, not field by field: the writer's copy of what
+/// is on disk is the engine's records themselves until one is written to (copy on write). A
+/// record written to parts from the copy (the copy keeps the old value for the diff); an equal
+/// record put in its place is shared again after one compare.
+#[test]
+fn the_writers_copy_is_the_engines_records_until_one_changes() {
+    let mut differ = store::Differ::default();
+    let mut cp = sample();
+    for i in 0..500 {
+        let r = big_record(&format!("uid-{i}"), "sb", 2);
+        cp.pods.insert(r.key(), r.into());
+    }
+    let all = cp.pods.len() + cp.plans.len();
+    differ.diff(&cp).unwrap();
+    assert_eq!(differ.shared_with(&cp), all);
+    cp.pods.get_mut("uid-3/sb").unwrap().devices[1].state = DeviceState::Returning;
+    assert_eq!(differ.shared_with(&cp), all - 1);
+    let one = differ.diff(&cp).unwrap();
+    assert_eq!(one.files.keys().collect::<Vec<_>>(), ["pod_uid-3_sb.json"]);
+    assert_eq!(differ.shared_with(&cp), all);
+    // A write of the same values (a copy, not the same record): no file, and shared again.
+    let copy = cp.record("uid-4/sb").unwrap().clone();
+    cp.pods.insert("uid-4/sb".into(), copy.into());
+    assert_eq!(differ.shared_with(&cp), all - 1);
+    assert!(differ.diff(&cp).unwrap().files.is_empty());
+    assert_eq!(differ.shared_with(&cp), all);
 }
 
 /// The format-3 files, byte for byte: their names, `{"version":3,"plan"|"pod":..}` and a
@@ -730,8 +760,8 @@ fn a_record_file_that_does_not_load_falls_back_to_its_prev_then_is_left_out() {
 }
 
 fn cp_insert(cp: &mut Checkpoint, r: PodRecord) {
-    cp.plans.insert(r.pod_uid.clone(), plan_of(&r.pod_uid));
-    cp.pods.insert(r.key(), r);
+    cp.plans.insert(r.pod_uid.clone(), plan_of(&r.pod_uid).into());
+    cp.pods.insert(r.key(), r.into());
 }
 
 /// A format-2 `state.json` (what dranet wrote before record files) loads as it always did and
@@ -824,8 +854,8 @@ fn crash_state(n: u64) -> Checkpoint {
         r.name = format!("v{}", (n + i) / 5);
         let mut p = plan_of(&uid);
         p.pod_name = format!("v{}", (n + 2 * i) / 5);
-        cp.plans.insert(uid, p);
-        cp.pods.insert(r.key(), r);
+        cp.plans.insert(uid, p.into());
+        cp.pods.insert(r.key(), r.into());
     }
     cp
 }

@@ -76,7 +76,7 @@ async fn big_checkpoint(side: &Side, d: &Devices, records: usize) -> Result<Chec
     side.engine.set_plan(d.plan(&uid))?;
     side.engine.attach_pod(pod(&uid), &ns.path).await?;
     let cp = side.engine.checkpoint();
-    let rec = cp.pods.get(&pod_key(&uid, &uid)).context("no record")?.clone();
+    let rec = cp.record(&pod_key(&uid, &uid)).context("no record")?.clone();
     let plan = cp.plans.get(&uid).context("no plan")?.clone();
     side.engine.detach_pod(&uid, ReturnReason::Hook).await?;
     side.forget(&uid).await?;
@@ -113,7 +113,7 @@ async fn big_checkpoint(side: &Side, d: &Devices, records: usize) -> Result<Chec
             dp.host_ifname = Some(format!("fl{i}x{j}"));
             dp.permanent_mac = Some(format!("02:fe:{:02x}:{:02x}:00:{j:02x}", i / 256, i % 256));
         }
-        big.pods.insert(pod_key(&u, &u), r);
+        big.pods.insert(pod_key(&u, &u), r.into());
         big.plans.insert(u, p);
     }
     Ok(big)

@@ -380,7 +380,7 @@ fn checkpoint_rows(f: &checkpoint::Figures) -> Vec<Row> {
         Some(&f.save_empty),
     );
     let w = w.note(format!(
-        "one save as the engine's writer does it on every update (one record changed: stage = compare every record with its last value, encode the changed one, then its file written + fsync + rename, dir fsync, awaited), tmpfs; baseline: a checkpoint of 1 record; {:.1} MiB of records",
+        "one save as the engine's writer does it on every update (one record changed: stage = every record compared with its last value (by pointer unless written to since), the changed one encoded, then its file written + fsync + rename, dir fsync, awaited), tmpfs; baseline: a checkpoint of 1 record; {:.1} MiB of records",
         f.bytes as f64 / 1048576.0
     ));
     vec![a, w]
