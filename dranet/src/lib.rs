@@ -43,6 +43,7 @@ pub mod rbac;
 pub mod ready;
 pub mod report;
 pub mod rescue;
+pub mod shared;
 pub mod slices;
 pub mod state;
 pub mod sys;

@@ -349,8 +349,12 @@ where
         let located = eng.with_checkpoint(|cp| Located::of(cp, None));
         hub.observe_scan_located(devs.iter().map(|d| d.name.as_str()), located);
         let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let devs: DeviceList = Arc::new(keep_devices_in_pods(devs, &eng, &held, &last));
-        *last = devs.clone();
+        let devs = keep_devices_in_pods(devs, &eng, &held, &last);
+        // An unchanged scan is the last list itself: nothing of it is allocated again.
+        if *devs != **last {
+            *last = Arc::new(devs);
+        }
+        let devs: DeviceList = last.clone();
         Ok(devs)
     };
     let publishing = publish_loop(

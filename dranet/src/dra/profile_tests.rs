@@ -27,14 +27,14 @@ fn inventory() -> SharedInventory {
             name: "pci-0000-17-00-0".into(),
             ifname: Some("ens1".into()),
             pci_address: Some("0000:17:00.0".into()),
-            attributes: attrs("b8:3f:d2:00:00:01", "0000:17:00.0"),
+            attributes: attrs("b8:3f:d2:00:00:01", "0000:17:00.0").into(),
             ..Device::default()
         },
         Device {
             name: "pci-0000-17-00-1".into(),
             ifname: Some("ens2".into()),
             pci_address: Some("0000:17:00.1".into()),
-            attributes: attrs("b8:3f:d2:00:00:02", "0000:17:00.1"),
+            attributes: attrs("b8:3f:d2:00:00:02", "0000:17:00.1").into(),
             ..Device::default()
         },
     ])

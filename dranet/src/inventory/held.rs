@@ -13,19 +13,22 @@
 //! The window it cannot cover: a device prepared, moved and dranet restarted before any scan saw
 //! it home (scans follow link events within a second).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::{AttrValue, Device};
+use crate::shared::Shared;
 
 /// The file in the state dir.
 pub const HELD_FILE: &str = "published-devices.json";
 const FORMAT: u32 = 1;
 
-type Attributes = BTreeMap<String, AttrValue>;
+/// Shared with the devices' entries in the scans ([`Shared`]).
+type Attributes = Shared<BTreeMap<String, AttrValue>>;
 
 #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
 struct FileFormat {
@@ -58,7 +61,15 @@ pub enum HeldError {
 pub struct HeldAttributes {
     path: Option<PathBuf>,
     saved: BTreeMap<String, Attributes>,
+    /// The map each device had before its attributes last changed or it left the scan, for
+    /// [`EARLIER_KEPT`]: a device whose attributes go back to it (a veth whose peer went into a
+    /// pod and came back, a link that went down and up, a device moved away by another tool and
+    /// back) gets that map again rather than a fresh copy.
+    earlier: HashMap<String, (Attributes, Instant)>,
 }
+
+/// How long [`HeldAttributes`] keeps a device's map from before a change (longer than a drain).
+pub const EARLIER_KEPT: Duration = Duration::from_secs(120);
 
 /// Which devices matter now (from the checkpoint).
 #[derive(Clone, Debug, Default)]
@@ -112,6 +123,7 @@ impl HeldAttributes {
         Self {
             path: Some(path),
             saved,
+            earlier: HashMap::new(),
         }
     }
 
@@ -121,17 +133,63 @@ impl HeldAttributes {
         Self::default()
     }
 
+    /// Gives each device of `devs` whose attributes equal those of its entry in `last` (by name)
+    /// that entry's map, or the map it had before it last changed or left when they are back to
+    /// that. Remembers the map of a device that changes or leaves (for [`EARLIER_KEPT`] from
+    /// `now`).
+    fn reuse_unchanged(&mut self, devs: &mut [Device], last: &[Device], now: Instant) {
+        self.earlier
+            .retain(|_, (_, since)| now.saturating_duration_since(*since) < EARLIER_KEPT);
+        let by_name: HashMap<&str, &Attributes> =
+            last.iter().map(|d| (d.name.as_str(), &d.attributes)).collect();
+        for d in devs.iter_mut() {
+            let prev = by_name.get(d.name.as_str());
+            if let Some(prev) = prev
+                && **prev == d.attributes
+            {
+                d.attributes = (*prev).clone();
+                continue;
+            }
+            match self.earlier.get(&d.name) {
+                Some((before, _)) if *before == d.attributes => {
+                    d.attributes = before.clone();
+                    self.earlier.remove(&d.name);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(prev) = prev {
+                        self.earlier.insert(d.name.clone(), ((*prev).clone(), now));
+                    }
+                }
+            }
+        }
+        let seen: HashSet<&str> = devs.iter().map(|d| d.name.as_str()).collect();
+        for d in last.iter().filter(|d| !seen.contains(d.name.as_str())) {
+            self.earlier
+                .entry(d.name.clone())
+                .or_insert_with(|| (d.attributes.clone(), now));
+        }
+        crate::heap::shrink_sparse(&mut self.earlier);
+    }
+
     /// The kept attributes of `name`.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&BTreeMap<String, AttrValue>> {
-        self.saved.get(name)
+        self.saved.get(name).map(|a| &**a)
     }
 
     /// Merges the kept attributes into a scan: each device that is out gets the attributes of
     /// its last published entry (in `last`, else the file) where the scan has none, or is
     /// published as it was when the scan does not see it. Then the file is brought up to date
     /// for every tracked device (a write error is logged). Returns the devices sorted by name.
+    ///
+    /// A device whose attributes are those of its entry in `last` gets that entry's map itself
+    /// ([`Shared`]), as does a device back home from a pod whose attributes are unchanged (its
+    /// entry in `last` was published from the map it had before it left). So a rescan allocates
+    /// a device's attributes only when they change: during a drain, a fresh copy would be placed
+    /// among the pods' short-lived memory and keep those pages from being given back after it.
     pub fn apply(&mut self, mut devs: Vec<Device>, held: &Held, last: &[Device]) -> Vec<Device> {
+        self.reuse_unchanged(&mut devs, last, Instant::now());
         let last_of = |name: &str| last.iter().find(|d| d.name == name);
         let mut keep: BTreeMap<String, Attributes> = BTreeMap::new();
         for name in &held.tracked {
@@ -143,8 +201,8 @@ impl HeldAttributes {
                     .or_else(|| self.saved.get(name).cloned());
                 match (idx, prev) {
                     (Some(i), Some(prev)) => {
-                        for (k, v) in prev {
-                            devs[i].attributes.entry(k).or_insert(v);
+                        for (k, v) in prev.iter() {
+                            devs[i].attributes.entry(k.clone()).or_insert_with(|| v.clone());
                         }
                     }
                     (None, Some(prev)) => {
@@ -265,6 +323,66 @@ mod tests {
 
     fn by_name(devs: &[Device]) -> BTreeMap<&str, &Attributes> {
         devs.iter().map(|d| (d.name.as_str(), &d.attributes)).collect()
+    }
+
+    /// A rescan allocates a device's attributes only when they change: an unchanged device keeps
+    /// the map of the last scan, a device back home from a pod with the attributes it left with
+    /// gets back the map it had before it left (which was published for it meanwhile), and so
+    /// does a device whose attributes flap back, or that left the scan and came back.
+    #[test]
+    fn an_unchanged_or_returning_device_keeps_its_attribute_map() {
+        let mut h = HeldAttributes::in_memory();
+        let scan = |a: &str| {
+            vec![
+                dev("a", &[("dra.net/ifName", a)]),
+                dev("b", &[("dra.net/ifName", "b")]),
+            ]
+        };
+        let none = held(&[], &[]);
+        let first = h.apply(scan("a"), &none, &[]);
+        let second = h.apply(scan("a"), &none, &first);
+        assert_eq!(second, first);
+        assert!(Shared::same(&second[0].attributes, &first[0].attributes));
+        assert!(Shared::same(&second[1].attributes, &first[1].attributes));
+        // b goes into a pod: the scan does not see it; it stays published, held, with its map.
+        let third = h.apply(
+            vec![dev("a", &[("dra.net/ifName", "a")])],
+            &held(&["b"], &["b"]),
+            &second,
+        );
+        assert!(third[1].held && Shared::same(&third[1].attributes, &first[1].attributes));
+        // b is home, unchanged: the scan's fresh map gives way to the one it had.
+        let fourth = h.apply(scan("a"), &held(&["b"], &[]), &third);
+        assert!(!fourth[1].held && Shared::same(&fourth[1].attributes, &first[1].attributes));
+        // A device that changed gets its new map.
+        let fifth = h.apply(scan("a2"), &none, &fourth);
+        assert!(!Shared::same(&fifth[0].attributes, &first[0].attributes));
+        assert_eq!(
+            fifth[0].attributes["dra.net/ifName"],
+            AttrValue::String("a2".into())
+        );
+        assert!(Shared::same(&fifth[1].attributes, &first[1].attributes));
+        // a goes back to what it was (a flap, a veth's peer back from a pod): its first map again.
+        let sixth = h.apply(scan("a"), &none, &fifth);
+        assert!(Shared::same(&sixth[0].attributes, &first[0].attributes));
+        // b leaves the scan untracked (moved by another tool), then comes back unchanged.
+        let seventh = h.apply(vec![dev("a", &[("dra.net/ifName", "a")])], &none, &sixth);
+        assert_eq!(seventh.len(), 1);
+        let eighth = h.apply(scan("a"), &none, &seventh);
+        assert!(Shared::same(&eighth[1].attributes, &first[1].attributes));
+        // Not after EARLIER_KEPT: the map from before a change is let go.
+        let changed_at = Instant::now();
+        let mut ninth = scan("a3");
+        h.reuse_unchanged(&mut ninth, &eighth, changed_at);
+        assert_eq!(h.earlier.len(), 1);
+        let mut tenth = scan("a");
+        h.reuse_unchanged(&mut tenth, &ninth, changed_at + EARLIER_KEPT);
+        assert!(!Shared::same(&tenth[0].attributes, &first[0].attributes));
+        assert!(
+            h.earlier
+                .values()
+                .all(|(m, _)| !Shared::same(m, &first[0].attributes))
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub use pciids::{PciIds, PciIdsSource};
 pub use sysfs::{PciInfo, RdmaInfo, Sysfs, is_pci_address, pci_address_of};
 
 use crate::plan::CharDevice;
+use crate::shared::Shared;
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -149,7 +150,8 @@ pub const MAX_ATTRIBUTES: usize = 32;
 pub struct Device {
     /// DNS label: the ifname, `net-<base32>` or `pci-dddd-bb-dd-f`.
     pub name: String,
-    pub attributes: BTreeMap<String, AttrValue>,
+    /// Shared with earlier scans' entries of the device while it is unchanged ([`Shared`]).
+    pub attributes: Shared<BTreeMap<String, AttrValue>>,
     /// Host netdev name (none for RDMA-only devices).
     pub ifname: Option<String>,
     pub pci_address: Option<String>,

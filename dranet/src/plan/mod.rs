@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::NetworkConfig;
-use crate::state::Shared;
+use crate::shared::Shared;
 
 /// A claim reference as kubelet passes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -26,6 +26,7 @@ pub use run::{
 };
 
 use crate::inventory::{AttrValue, Device};
+use crate::shared::Shared;
 
 /// Upstream's driver name.
 pub const DEFAULT_DRIVER: &str = "dra.net";
@@ -132,8 +133,13 @@ pub struct ResourcePool {
 #[serde(rename_all = "camelCase")]
 pub struct SliceDevice {
     pub name: String,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub attributes: BTreeMap<String, AttrValue>,
+    /// The inventory's own map while the device is unchanged ([`Shared`]), not a copy.
+    #[serde(default, skip_serializing_if = "no_attributes")]
+    pub attributes: Shared<BTreeMap<String, AttrValue>>,
+}
+
+fn no_attributes(a: &Shared<BTreeMap<String, AttrValue>>) -> bool {
+    a.is_empty()
 }
 
 /// `ResourceSliceSpec`.
@@ -243,9 +249,9 @@ impl InventoryDiff {
 #[must_use]
 pub fn diff(old: &[Device], new: &[Device]) -> InventoryDiff {
     let o: BTreeMap<&str, &BTreeMap<String, AttrValue>> =
-        old.iter().map(|d| (d.name.as_str(), &d.attributes)).collect();
+        old.iter().map(|d| (d.name.as_str(), &*d.attributes)).collect();
     let n: BTreeMap<&str, &BTreeMap<String, AttrValue>> =
-        new.iter().map(|d| (d.name.as_str(), &d.attributes)).collect();
+        new.iter().map(|d| (d.name.as_str(), &*d.attributes)).collect();
     let mut out = InventoryDiff::default();
     for (name, attrs) in &n {
         match o.get(name) {

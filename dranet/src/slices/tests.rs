@@ -17,7 +17,8 @@ fn devices(n: usize) -> Vec<Device> {
                 ("dra.net/mtu".to_owned(), AttrValue::Int(1500)),
                 ("dra.net/rdma".to_owned(), AttrValue::Bool(false)),
                 ("dra.net/fw".to_owned(), AttrValue::Version("1.2.3".into())),
-            ]),
+            ])
+            .into(),
             ..Device::default()
         })
         .collect()

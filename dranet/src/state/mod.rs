@@ -55,7 +55,6 @@
 
 mod disk;
 mod lock;
-mod shared;
 mod store;
 mod writer;
 
@@ -70,8 +69,8 @@ use crate::plan::PodPlan;
 use crate::sys::link::LinkSnapshot;
 use crate::sys::netns::NetnsId;
 
+pub use crate::shared::Shared;
 pub use lock::StateLock;
-pub use shared::Shared;
 pub use store::{LoadSource, Loaded, Store};
 pub use writer::Writer;
 

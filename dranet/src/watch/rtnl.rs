@@ -26,10 +26,46 @@ pub enum RtnlError {
 }
 
 /// A host link the monitor knows.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct KnownLink {
-    name: String,
+    name: IfName,
     up: bool,
+}
+
+/// A link name kept inline (a kernel link name is at most 15 bytes: IFNAMSIZ with its NUL). The
+/// table holds one per host link for the daemon's life; heap copies, made again each time a
+/// device comes back from a pod, would sit among a drain's short-lived memory and keep those
+/// pages from being given back after it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct IfName {
+    len: u8,
+    bytes: [u8; 15],
+}
+
+impl IfName {
+    /// `name`, cut to 15 bytes at a character boundary (the kernel never sends a longer one).
+    fn new(name: &str) -> Self {
+        let mut len = name.len().min(15);
+        while !name.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0; 15];
+        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+        Self {
+            len: len as u8,
+            bytes,
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for IfName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
 }
 
 /// The monitor's view of host links, used to tell new links from changes and to name deletions.
@@ -102,7 +138,7 @@ impl LinkTable {
             RouteNetlinkMessage::NewLink(m) => {
                 let info = link_info(m);
                 let known = KnownLink {
-                    name: info.name.clone(),
+                    name: IfName::new(&info.name),
                     up: info.up,
                 };
                 match self.links.insert(info.ifindex, known) {
@@ -115,11 +151,13 @@ impl LinkTable {
                         parent: info.parent,
                         kind: info.kind,
                     }),
-                    Some(old) if old.name != info.name || old.up != info.up => Some(EventKind::LinkChanged {
-                        ifindex: info.ifindex,
-                        name: info.name,
-                        up: info.up,
-                    }),
+                    Some(old) if old.name.as_str() != info.name || old.up != info.up => {
+                        Some(EventKind::LinkChanged {
+                            ifindex: info.ifindex,
+                            name: info.name,
+                            up: info.up,
+                        })
+                    }
                     Some(_) => None,
                 }
             }
@@ -127,7 +165,7 @@ impl LinkTable {
                 let info = link_info(m);
                 let old = self.links.remove(&info.ifindex);
                 let name = if info.name.is_empty() {
-                    old.map(|o| o.name).unwrap_or_default()
+                    old.map(|o| o.name.as_str().to_owned()).unwrap_or_default()
                 } else {
                     info.name
                 };
@@ -161,7 +199,7 @@ impl LinkTable {
         self.links.insert(
             info.ifindex,
             KnownLink {
-                name: info.name,
+                name: IfName::new(&info.name),
                 up: info.up,
             },
         );
@@ -374,5 +412,30 @@ mod tests {
         del.header.index = 9;
         let ev = t.handle(&RouteNetlinkMessage::DelLink(del));
         assert!(matches!(ev, Some(EventKind::LinkDeleted { ifindex: 9, ref name }) if name == "veth9"));
+        // A rename to a name of the full 15 bytes, then one byte different: both seen.
+        t.seed(&link(10, "a", true, vec![]));
+        let ev = t.handle(&RouteNetlinkMessage::NewLink(link(
+            10,
+            "abcdefghijklmno",
+            true,
+            vec![],
+        )));
+        assert!(matches!(ev, Some(EventKind::LinkChanged { ref name, .. }) if name == "abcdefghijklmno"));
+        let ev = t.handle(&RouteNetlinkMessage::NewLink(link(
+            10,
+            "abcdefghijklmnp",
+            true,
+            vec![],
+        )));
+        assert!(matches!(ev, Some(EventKind::LinkChanged { .. })));
+    }
+
+    #[test]
+    fn a_link_name_is_kept_inline_up_to_15_bytes() {
+        assert_eq!(IfName::new("abcdefghijklmno").as_str(), "abcdefghijklmno");
+        assert_eq!(IfName::new("").as_str(), "");
+        // Never longer than the kernel's 15 bytes; cut at a character boundary.
+        assert_eq!(IfName::new("abcdefghijklmnop").as_str(), "abcdefghijklmno");
+        assert_eq!(IfName::new("abcdefghijklmn\u{e9}").as_str(), "abcdefghijklmn");
     }
 }

@@ -1,8 +1,11 @@
-//! [`Shared`]: a checkpoint record that the engine's checkpoint and the writer's copy of what is
-//! on disk hold together. Reading it is free; the first write through it clones the record (copy
-//! on write), so the two copies part exactly where a record changed. Equality starts with
-//! identity: a save compares two unchanged records by pointer, not field by field, so a save of
-//! one changed record in a checkpoint of 500 looks at 500 pointers, not at 4 MiB of snapshots.
+//! [`Shared`]: a value that several long-lived copies hold together: a checkpoint record (the
+//! engine's checkpoint and the writer's copy of what is on disk), a device's attributes (the
+//! inventory, the last published list and the kept attributes of devices in pods). Reading it is
+//! free; the first write through it clones the value (copy on write), so the copies part exactly
+//! where one changed. Equality starts with identity: a save compares two unchanged records by
+//! pointer, not field by field, so a save of one changed record in a checkpoint of 500 looks at
+//! 500 pointers, not at 4 MiB of snapshots. And a long-lived value is allocated once, not again
+//! by every rebuild that finds it unchanged (see `inventory::HeldAttributes::apply`).
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -10,7 +13,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A record shared between copies of the checkpoint until one of them writes to it.
+/// A value shared between copies until one of them writes to it.
 pub struct Shared<T>(Arc<T>);
 
 impl<T> Shared<T> {
@@ -37,6 +40,12 @@ impl<T: Clone> Shared<T> {
 impl<T> From<T> for Shared<T> {
     fn from(value: T) -> Self {
         Self::new(value)
+    }
+}
+
+impl<A, T: FromIterator<A>> FromIterator<A> for Shared<T> {
+    fn from_iter<I: IntoIterator<Item = A>>(iter: I) -> Self {
+        Self::new(iter.into_iter().collect())
     }
 }
 
