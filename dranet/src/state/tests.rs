@@ -554,16 +554,22 @@ async fn a_save_of_one_changed_record_among_500_writes_only_that_record() {
     fs::remove_dir_all(&d).unwrap();
 }
 
+/// [`sample`] and `n` big sandbox records (`uid-<i>/sb`, 2 devices with full snapshots).
+fn sample_with_big_records(n: usize) -> Checkpoint {
+    let mut cp = sample();
+    for i in 0..n {
+        let r = big_record(&format!("uid-{i}"), "sb", 2);
+        cp.pods.insert(r.key(), r.into());
+    }
+    cp
+}
+
 /// What a stage hands the writer thread: exactly the records that changed since the last stage
 /// (encoded), removals as such, a first stage without a known disk state as a full save.
 #[test]
 fn the_differ_hands_out_only_changed_records() {
     let mut differ = store::Differ::default();
-    let mut cp = sample();
-    for i in 0..500 {
-        let r = big_record(&format!("uid-{i}"), "sb", 2);
-        cp.pods.insert(r.key(), r.into());
-    }
+    let mut cp = sample_with_big_records(500);
     let first = differ.diff(&cp).unwrap();
     assert!(first.full && first.files.len() == 502, "{}", first.files.len());
     let none = differ.diff(&cp).unwrap();
@@ -619,11 +625,7 @@ fn the_differ_hands_out_only_changed_records() {
 #[test]
 fn the_writers_copy_is_the_engines_records_until_one_changes() {
     let mut differ = store::Differ::default();
-    let mut cp = sample();
-    for i in 0..500 {
-        let r = big_record(&format!("uid-{i}"), "sb", 2);
-        cp.pods.insert(r.key(), r.into());
-    }
+    let mut cp = sample_with_big_records(500);
     let all = cp.pods.len() + cp.plans.len();
     differ.diff(&cp).unwrap();
     assert_eq!(differ.shared_with(&cp), all);
