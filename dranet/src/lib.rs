@@ -50,4 +50,5 @@ pub mod sys;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
+pub mod text;
 pub mod watch;

@@ -29,14 +29,6 @@ impl<T> Shared<T> {
     }
 }
 
-impl<T: Clone> Shared<T> {
-    /// The record itself (cloned only when another copy still shares it).
-    #[must_use]
-    pub fn into_inner(self) -> T {
-        Arc::unwrap_or_clone(self.0)
-    }
-}
-
 impl<T> From<T> for Shared<T> {
     fn from(value: T) -> Self {
         Self::new(value)

@@ -455,11 +455,7 @@ impl DeviceAttributeSource for CloudSlot {
 
 /// A string attribute (cut to the API's 64 bytes).
 fn string(v: &str) -> AttrValue {
-    let mut end = v.len().min(crate::inventory::MAX_ATTRIBUTE_LEN);
-    while !v.is_char_boundary(end) {
-        end -= 1;
-    }
-    AttrValue::String(v[..end].to_owned())
+    AttrValue::String(crate::text::cut_at_char(v, crate::inventory::MAX_ATTRIBUTE_LEN).to_owned())
 }
 
 /// `--profile-provider` (upstream's values; default `cloud`).

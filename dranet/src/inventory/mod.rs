@@ -470,11 +470,7 @@ fn set_link(d: &mut Device, l: &LinkRecord, is_virtual: bool, sriov: sysfs::Netd
 
 /// Cuts a string to at most [`MAX_ATTRIBUTE_LEN`] bytes on a char boundary.
 fn truncate(s: &str) -> String {
-    let mut end = s.len().min(MAX_ATTRIBUTE_LEN);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
+    crate::text::cut_at_char(s, MAX_ATTRIBUTE_LEN).to_owned()
 }
 
 /// One scan's devices, shared rather than copied: the inventory, the slice controller's last

@@ -623,13 +623,8 @@ impl Event {
 }
 
 fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
+    let cut = crate::text::cut_at_char(&s, max).len();
+    s.truncate(cut);
     s
 }
 

@@ -45,14 +45,11 @@ struct IfName {
 impl IfName {
     /// `name`, cut to 15 bytes at a character boundary (the kernel never sends a longer one).
     fn new(name: &str) -> Self {
-        let mut len = name.len().min(15);
-        while !name.is_char_boundary(len) {
-            len -= 1;
-        }
+        let kept = crate::text::cut_at_char(name, 15).as_bytes();
         let mut bytes = [0; 15];
-        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+        bytes[..kept.len()].copy_from_slice(kept);
         Self {
-            len: len as u8,
+            len: kept.len() as u8,
             bytes,
         }
     }
