@@ -206,6 +206,10 @@ struct State {
 
 struct Inner {
     state: Mutex<State>,
+    /// Held while a request is served (authorized, routed, recorded) and while tests read
+    /// objects or the log: an object is never seen before the request that wrote it is logged,
+    /// as with the real server, which answers a write before anyone can read it back.
+    serving: Mutex<()>,
     started: Instant,
     seq: AtomicU64,
     conns: AtomicU64,
@@ -217,6 +221,12 @@ struct Inner {
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn serving(&self) -> MutexGuard<'_, ()> {
+        self.serving
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -263,6 +273,7 @@ impl ApiServer {
         let addr = listener.local_addr()?;
         let inner = Arc::new(Inner {
             state: Mutex::default(),
+            serving: Mutex::default(),
             started: Instant::now(),
             seq: AtomicU64::new(0),
             conns: AtomicU64::new(0),
@@ -351,6 +362,7 @@ impl ApiServer {
     /// The object stored at `path`.
     #[must_use]
     pub fn get(&self, path: &str) -> Option<Value> {
+        let _serving = self.inner.serving();
         self.inner.lock().objects.get(&normalize(path)).cloned()
     }
 
@@ -362,6 +374,7 @@ impl ApiServer {
     /// Objects whose path starts with `prefix`, by path.
     #[must_use]
     pub fn objects_under(&self, prefix: &str) -> Vec<(String, Value)> {
+        let _serving = self.inner.serving();
         self.inner
             .lock()
             .objects
@@ -374,6 +387,7 @@ impl ApiServer {
     /// Every request so far, in arrival order.
     #[must_use]
     pub fn requests(&self) -> Vec<Recorded> {
+        let _serving = self.inner.serving();
         self.inner.lock().log.clone()
     }
 
@@ -556,6 +570,7 @@ fn record_checked(
 
 /// Serves one request: `None` to leave it hanging.
 fn handle(inner: &Inner, conn: u64, req: &HttpRequest) -> Option<(u16, Value)> {
+    let _serving = inner.serving();
     let (raw_path, raw_query) = req.path_and_query();
     let path = percent_decode(raw_path, false);
     let fault = fault_for(&inner.lock(), &path);
@@ -1374,6 +1389,55 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The real API server has answered a write before its client (or anyone) can read the
+    /// object back, and tests read this log as "what was asked of the server". So an object is
+    /// never visible before the request that made it is in the log.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_object_is_never_visible_before_its_request_is_recorded() {
+        let api = Arc::new(ApiServer::start().await.unwrap());
+        let path = "/api/v1/namespaces/ns/events";
+        let n = 100;
+        let mut raw = Vec::new();
+        for i in 0..n {
+            let body = format!(
+                r#"{{"apiVersion":"v1","kind":"Event","metadata":{{"name":"e{i}","namespace":"ns"}},"reason":"R","type":"Normal","involvedObject":{{"kind":"Pod","name":"p","namespace":"ns"}}}}"#
+            );
+            raw.extend_from_slice(
+                format!(
+                    "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a, st) = (api.clone(), stop.clone());
+        let poller = std::thread::spawn(move || {
+            let mut early = Vec::new();
+            while !st.load(Ordering::Relaxed) {
+                let seen = a.objects_under(&format!("{path}/")).len();
+                let logged = a.requests_to("POST", path).len();
+                if seen > logged {
+                    early.push((seen, logged));
+                }
+            }
+            early
+        });
+        let got = roundtrip(api.addr(), &raw, n).await;
+        stop.store(true, Ordering::Relaxed);
+        let early = poller.join().unwrap();
+        assert!(
+            got.iter().all(|(c, _)| *c == 201),
+            "{:?}",
+            got.iter().map(|g| g.0).collect::<Vec<_>>()
+        );
+        assert_eq!(api.requests_to("POST", path).len(), n);
+        assert!(
+            early.is_empty(),
+            "objects visible before their request was logged: {early:?}"
+        );
     }
 
     #[tokio::test]
