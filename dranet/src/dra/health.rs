@@ -25,7 +25,7 @@
 //! checkpoint as it stands. Streams are plain futures polled by the gRPC server: a caller that
 //! goes away drops its stream, and no task is left behind.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -36,6 +36,7 @@ use tonic::{Request, Response, Status};
 
 use super::proto::{health_v1, health_v1alpha1};
 use crate::rescue::activity::{Activity, ActivityKind};
+use crate::shared::Shared;
 use crate::state::{Checkpoint, DeviceState};
 
 /// gRPC service name of health v1 as kubelet lists it in `supported_versions` (kubelet after
@@ -115,8 +116,6 @@ struct State {
     failed: BTreeMap<String, String>,
     /// Home, but under a temporary name (its own was taken): device → that name.
     name_busy: BTreeMap<String, String>,
-    /// The last list, to keep `since` of unchanged entries.
-    last: BTreeMap<String, DeviceHealth>,
     /// Gone for good since (unix s): dropped once that is [`HealthOptions::gone_grace`] ago.
     gone_since: BTreeMap<String, i64>,
 }
@@ -125,7 +124,9 @@ struct Inner {
     pool: String,
     opts: HealthOptions,
     state: Mutex<State>,
-    tx: watch::Sender<Arc<Vec<DeviceHealth>>>,
+    /// The list as last published, sorted by device; an unchanged entry is kept (with its
+    /// `since`) by the next list rather than allocated again.
+    tx: watch::Sender<Arc<Vec<Shared<DeviceHealth>>>>,
 }
 
 /// Device health of one pool; cheap to clone.
@@ -185,7 +186,7 @@ impl HealthHub {
     /// The list as it stands.
     #[must_use]
     pub fn current(&self) -> Vec<DeviceHealth> {
-        self.inner.tx.borrow().as_ref().clone()
+        self.inner.tx.borrow().iter().map(|d| (**d).clone()).collect()
     }
 
     /// Open `NodeWatchResources` streams right now.
@@ -203,7 +204,14 @@ impl HealthHub {
     /// [`HealthHub::observe_scan`] with what it needs of the checkpoint already taken.
     pub fn observe_scan_located<'a>(&self, host: impl IntoIterator<Item = &'a str>, located: Located) {
         let mut st = self.state();
-        st.host = host.into_iter().map(str::to_owned).collect();
+        // In place: a scan that finds the same devices allocates nothing that outlives it.
+        let host: HashSet<&str> = host.into_iter().collect();
+        st.host.retain(|d| host.contains(d.as_str()));
+        for d in host {
+            if !st.host.contains(d) {
+                st.host.insert(d.to_owned());
+            }
+        }
         locate(&mut st, located);
         // Whatever is home again is settled, whoever brought it back.
         let home: Vec<String> = st
@@ -346,10 +354,14 @@ impl HealthHub {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Recomputes the list and sends it when it changed.
+    /// Recomputes the list and sends it when it changed. An entry whose health and message are
+    /// those of the last list is that entry itself (its `since` kept): the hub publishes on
+    /// every activity of a burst of pods, and a fresh copy of every device's entry each time
+    /// would be long-lived memory placed among the pods' short-lived memory.
     fn publish(&self, mut st: MutexGuard<'_, State>) {
         let now = (self.inner.opts.clock)();
         let grace = i64::try_from(self.inner.opts.gone_grace.as_secs()).unwrap_or(i64::MAX);
+        let last = self.inner.tx.borrow().clone();
         let mut list = Vec::with_capacity(st.known.len());
         let mut gone = BTreeMap::new();
         let mut pruned = Vec::new();
@@ -366,15 +378,18 @@ impl HealthHub {
                 }
                 Verdict::Is(healthy, message) => (healthy, message),
             };
-            let since = match st.last.get(d) {
-                Some(p) if p.healthy == healthy && p.message == message => p.since,
-                _ => now,
-            };
-            list.push(DeviceHealth {
-                device: d.clone(),
-                healthy,
-                message,
-                since,
+            let before = last
+                .binary_search_by(|e| e.device.as_str().cmp(d))
+                .ok()
+                .and_then(|i| last.get(i));
+            list.push(match before {
+                Some(p) if p.healthy == healthy && p.message == message => p.clone(),
+                _ => Shared::new(DeviceHealth {
+                    device: d.clone(),
+                    healthy,
+                    message,
+                    since: now,
+                }),
             });
         }
         // Anything no longer gone starts a fresh grace the next time it goes.
@@ -384,7 +399,6 @@ impl HealthHub {
                 "device gone for good: dropped from the health list");
             st.known.remove(d);
         }
-        st.last = list.iter().map(|d| (d.device.clone(), d.clone())).collect();
         drop(st);
         self.inner.tx.send_if_modified(|cur| {
             if cur.as_slice() == list.as_slice() {
@@ -462,16 +476,32 @@ impl Located {
 
 /// Devices in pods per the checkpoint; every device seen becomes known.
 fn locate(st: &mut State, located: Located) {
-    st.in_pod = located.in_pod;
-    st.name_busy = located.name_busy;
-    let seen: Vec<String> = st
+    update_in_place(&mut st.in_pod, located.in_pod);
+    update_in_place(&mut st.name_busy, located.name_busy);
+    let new: Vec<String> = st
         .host
         .iter()
         .chain(st.in_pod.keys())
         .chain(st.name_busy.keys())
+        .filter(|d| !st.known.contains(*d))
         .cloned()
         .collect();
-    st.known.extend(seen);
+    st.known.extend(new);
+}
+
+/// Makes `into` equal to `from`, keeping the entries it already has: only what changed is
+/// moved into the long-lived map.
+fn update_in_place(into: &mut BTreeMap<String, String>, from: BTreeMap<String, String>) {
+    into.retain(|k, _| from.contains_key(k));
+    for (k, v) in from {
+        match into.get_mut(&k) {
+            Some(old) if *old == v => {}
+            Some(old) => *old = v,
+            None => {
+                into.insert(k, v);
+            }
+        }
+    }
 }
 
 /// The message of a device gone for good (missing, in no pod, nothing pending).
@@ -512,7 +542,7 @@ fn judge(st: &State, d: &str) -> Verdict {
 pub trait HealthResponse: Send + 'static {
     /// The gRPC service name as listed in `supported_versions`.
     const SERVICE: &'static str;
-    fn from_list(list: &[DeviceHealth], pool: &str, timeout_secs: i64) -> Self;
+    fn from_list(list: &[Shared<DeviceHealth>], pool: &str, timeout_secs: i64) -> Self;
 }
 
 /// [`HealthResponse`] and the `DRAResourceHealth` server of the health API module `$m`.
@@ -521,7 +551,7 @@ macro_rules! health_api {
         impl HealthResponse for $m::NodeWatchResourcesResponse {
             const SERVICE: &'static str = $service;
 
-            fn from_list(list: &[DeviceHealth], pool: &str, timeout_secs: i64) -> Self {
+            fn from_list(list: &[Shared<DeviceHealth>], pool: &str, timeout_secs: i64) -> Self {
                 let devices = list
                     .iter()
                     .map(|d| $m::DeviceHealth {

@@ -51,6 +51,45 @@ fn health(hub: &HealthHub, device: &str) -> (bool, String) {
     (d.healthy, d.message)
 }
 
+/// The hub publishes on every scan and every activity of a burst of pods: an entry that did
+/// not change is the last list's entry itself, and the hub's own tables keep their entries, so
+/// a burst leaves no fresh copy of every device among the pods' short-lived memory.
+#[test]
+fn an_unchanged_device_keeps_its_health_entry_across_publishes() {
+    let hub = HealthHub::new("node-a");
+    hub.observe_scan(["eth1", "eth2", "eth3"], &Checkpoint::default());
+    let first = hub.inner.tx.borrow().clone();
+    let host_names: Vec<*const u8> = hub.state().host.iter().map(|d| d.as_ptr()).collect();
+
+    // eth1 goes into a pod; eth2 and eth3 stay where they are.
+    let cp = checkpoint(&[("eth1", DeviceState::InPod)]);
+    hub.observe_scan(["eth2", "eth3"], &cp);
+    let second = hub.inner.tx.borrow().clone();
+    assert_eq!(second.len(), 3);
+    assert!(!Shared::same(&first[0], &second[0]), "eth1 changed");
+    assert!(Shared::same(&first[1], &second[1]), "eth2 unchanged");
+    assert!(Shared::same(&first[2], &second[2]), "eth3 unchanged");
+    let in_pod_name = hub.state().in_pod.get("eth1").map(|p| p.as_ptr());
+
+    // The same scan and the same checkpoint again: nothing is made anew, not even the list.
+    hub.observe_activity(
+        &activity(ActivityKind::Attached {
+            devices: vec!["eth1".into()],
+            took_us: 1,
+        }),
+        &cp,
+    );
+    hub.observe_scan(["eth2", "eth3"], &cp);
+    let third = hub.inner.tx.borrow().clone();
+    assert!(Arc::ptr_eq(&second, &third));
+    let st = hub.state();
+    assert_eq!(st.in_pod.get("eth1").map(|p| p.as_ptr()), in_pod_name);
+    assert!(
+        st.host.iter().all(|d| host_names.contains(&d.as_ptr())),
+        "the host set keeps its names"
+    );
+}
+
 #[test]
 fn host_pod_missing_and_back() {
     let hub = HealthHub::new("node-a");
@@ -441,7 +480,7 @@ fn both_versions_carry_the_same_list_on_the_wire() {
     let cp = checkpoint(&[("eth2", DeviceState::InPod)]);
     hub.observe_scan(["eth1"], &cp);
     hub.observe_scan(["eth1"], &Checkpoint::default());
-    let list = hub.current();
+    let list = hub.inner.tx.borrow().clone();
     let a = pb::NodeWatchResourcesResponse::from_list(&list, "node-a", 30);
     let b = v1::NodeWatchResourcesResponse::from_list(&list, "node-a", 30);
     assert_eq!(a.devices.len(), 2);
