@@ -48,6 +48,12 @@ impl<T> Clone for Shared<T> {
     }
 }
 
+impl<T> std::borrow::Borrow<T> for Shared<T> {
+    fn borrow(&self) -> &T {
+        &self.0
+    }
+}
+
 impl<T> Deref for Shared<T> {
     type Target = T;
     fn deref(&self) -> &T {

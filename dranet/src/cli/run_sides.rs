@@ -23,6 +23,7 @@ use crate::inventory::{Device, DeviceList, ScanOptions, SharedInventory};
 use crate::ready::Readiness;
 use crate::report::Reporter;
 use crate::rescue::Engine;
+use crate::shared::Shared;
 use crate::slices::{Publisher, RescanHandle, SliceController, link_events, publish_loop};
 
 /// Running sides, stopped on shutdown.
@@ -466,8 +467,8 @@ fn keep_devices_in_pods(
     devs: Vec<Device>,
     engine: &Engine,
     held: &std::sync::Mutex<crate::inventory::HeldAttributes>,
-    last: &[Device],
-) -> Vec<Device> {
+    last: &[Shared<Device>],
+) -> Vec<Shared<Device>> {
     let which = engine.with_checkpoint(crate::inventory::Held::from_checkpoint);
     held.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -480,7 +481,7 @@ async fn scan(
     engine: &Engine,
     held: &std::sync::Mutex<crate::inventory::HeldAttributes>,
     health: &HealthHub,
-) -> anyhow::Result<Vec<Device>> {
+) -> anyhow::Result<Vec<Shared<Device>>> {
     let o = opts.clone();
     let devs = tokio::task::spawn_blocking(move || crate::inventory::scan(&o)).await??;
     let located = engine.with_checkpoint(|cp| Located::of(cp, None));

@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 use super::profiles::{NoProviders, Providers};
 use crate::inventory::{Device, DeviceIds, InventoryError, SharedInventory};
 use crate::plan::{ClaimPlan, ClaimRef, DevicePlan};
+use crate::shared::Shared;
 
 /// The plan store Prepare writes to: the rescue engine, which checkpoints the plans (the NRI
 /// hooks attach what it holds). It is the one owner of the plans and of their per-pod merge
@@ -110,16 +111,16 @@ impl RescanOnMiss {
 
     fn merge(&self, scanned: Vec<Device>) {
         let seen: std::collections::BTreeSet<&str> = scanned.iter().map(|d| d.name.as_str()).collect();
-        let mut all: Vec<Device> = self
+        let mut all: Vec<Shared<Device>> = self
             .inventory
             .current()
             .iter()
             .filter(|d| !seen.contains(d.name.as_str()))
             .cloned()
             .collect();
-        all.extend(scanned);
+        all.extend(scanned.into_iter().map(Shared::new));
         all.sort_by(|a, b| a.name.cmp(&b.name));
-        self.inventory.replace(all);
+        self.inventory.replace(Arc::new(all));
     }
 }
 

@@ -61,11 +61,71 @@ pub enum HeldError {
 pub struct HeldAttributes {
     path: Option<PathBuf>,
     saved: BTreeMap<String, Attributes>,
-    /// The map each device had before its attributes last changed or it left the scan, for
-    /// [`EARLIER_KEPT`]: a device whose attributes go back to it (a veth whose peer went into a
-    /// pod and came back, a link that went down and up, a device moved away by another tool and
-    /// back) gets that map again rather than a fresh copy.
-    earlier: HashMap<String, (Attributes, Instant)>,
+    /// Each device's attribute map from before it last changed or left the scan.
+    attributes: Earlier<BTreeMap<String, AttrValue>>,
+    /// Each device's published entry from before it last changed or left the scan.
+    devices: Earlier<Device>,
+}
+
+/// For each device, the value (its attribute map, its whole entry) it had before it last changed
+/// or left the scan, for [`EARLIER_KEPT`]: a device that goes back to it (a veth whose peer went
+/// into a pod and came back, a link that went down and up, a device moved away by another tool
+/// and back) gets that value again rather than a fresh copy.
+#[derive(Debug)]
+struct Earlier<T> {
+    kept: HashMap<String, (Shared<T>, Instant)>,
+}
+
+impl<T> Default for Earlier<T> {
+    fn default() -> Self {
+        Self { kept: HashMap::new() }
+    }
+}
+
+impl<T: PartialEq> Earlier<T> {
+    fn expire(&mut self, now: Instant) {
+        self.kept
+            .retain(|_, (_, since)| now.saturating_duration_since(*since) < EARLIER_KEPT);
+        crate::heap::shrink_sparse(&mut self.kept);
+    }
+
+    /// What to publish instead of `new`, the rescanned value of `name`: `prev`, its value in
+    /// the last scan, when they are equal, else its value from before it last changed or left
+    /// when `new` is back to that. None: `new` is new, and `prev` is remembered (from `now`).
+    fn share(
+        &mut self,
+        name: &str,
+        new: &Shared<T>,
+        prev: Option<&Shared<T>>,
+        now: Instant,
+    ) -> Option<Shared<T>> {
+        if let Some(prev) = prev
+            && prev == new
+        {
+            return Some(prev.clone());
+        }
+        match self.kept.get(name) {
+            Some((before, _)) if before == new => {
+                let before = before.clone();
+                self.kept.remove(name);
+                Some(before)
+            }
+            Some(_) => None,
+            None => {
+                if let Some(prev) = prev {
+                    self.kept.insert(name.to_owned(), (prev.clone(), now));
+                }
+                None
+            }
+        }
+    }
+
+    /// `name`, last published as `prev`, is not in the scan.
+    fn left(&mut self, name: &str, prev: &Shared<T>, now: Instant) {
+        self.kept
+            .entry(name.to_owned())
+            .or_insert_with(|| (prev.clone(), now));
+    }
 }
 
 /// How long [`HeldAttributes`] keeps a device's map from before a change (longer than a drain).
@@ -123,7 +183,7 @@ impl HeldAttributes {
         Self {
             path: Some(path),
             saved,
-            earlier: HashMap::new(),
+            ..Self::default()
         }
     }
 
@@ -137,39 +197,45 @@ impl HeldAttributes {
     /// that entry's map, or the map it had before it last changed or left when they are back to
     /// that. Remembers the map of a device that changes or leaves (for [`EARLIER_KEPT`] from
     /// `now`).
-    fn reuse_unchanged(&mut self, devs: &mut [Device], last: &[Device], now: Instant) {
-        self.earlier
-            .retain(|_, (_, since)| now.saturating_duration_since(*since) < EARLIER_KEPT);
+    fn reuse_unchanged(&mut self, devs: &mut [Device], last: &[Shared<Device>], now: Instant) {
+        self.attributes.expire(now);
         let by_name: HashMap<&str, &Attributes> =
             last.iter().map(|d| (d.name.as_str(), &d.attributes)).collect();
         for d in devs.iter_mut() {
-            let prev = by_name.get(d.name.as_str());
-            if let Some(prev) = prev
-                && **prev == d.attributes
-            {
-                d.attributes = (*prev).clone();
-                continue;
-            }
-            match self.earlier.get(&d.name) {
-                Some((before, _)) if *before == d.attributes => {
-                    d.attributes = before.clone();
-                    self.earlier.remove(&d.name);
-                }
-                Some(_) => {}
-                None => {
-                    if let Some(prev) = prev {
-                        self.earlier.insert(d.name.clone(), ((*prev).clone(), now));
-                    }
-                }
+            let prev = by_name.get(d.name.as_str()).copied();
+            if let Some(kept) = self.attributes.share(&d.name, &d.attributes, prev, now) {
+                d.attributes = kept;
             }
         }
         let seen: HashSet<&str> = devs.iter().map(|d| d.name.as_str()).collect();
         for d in last.iter().filter(|d| !seen.contains(d.name.as_str())) {
-            self.earlier
-                .entry(d.name.clone())
-                .or_insert_with(|| (d.attributes.clone(), now));
+            self.attributes.left(&d.name, &d.attributes, now);
         }
-        crate::heap::shrink_sparse(&mut self.earlier);
+    }
+
+    /// The published list: each device whose entry equals its entry in `last`, or the entry it
+    /// had before it last changed or left, is that entry itself, with its strings and lists.
+    fn share_unchanged(
+        &mut self,
+        devs: Vec<Device>,
+        last: &[Shared<Device>],
+        now: Instant,
+    ) -> Vec<Shared<Device>> {
+        self.devices.expire(now);
+        let by_name: HashMap<&str, &Shared<Device>> = last.iter().map(|d| (d.name.as_str(), d)).collect();
+        let out: Vec<Shared<Device>> = devs
+            .into_iter()
+            .map(|d| {
+                let new = Shared::new(d);
+                let prev = by_name.get(new.name.as_str()).copied();
+                self.devices.share(&new.name, &new, prev, now).unwrap_or(new)
+            })
+            .collect();
+        let seen: HashSet<&str> = out.iter().map(|d| d.name.as_str()).collect();
+        for d in last.iter().filter(|d| !seen.contains(d.name.as_str())) {
+            self.devices.left(&d.name, d, now);
+        }
+        out
     }
 
     /// The kept attributes of `name`.
@@ -183,13 +249,20 @@ impl HeldAttributes {
     /// published as it was when the scan does not see it. Then the file is brought up to date
     /// for every tracked device (a write error is logged). Returns the devices sorted by name.
     ///
-    /// A device whose attributes are those of its entry in `last` gets that entry's map itself
-    /// ([`Shared`]), as does a device back home from a pod whose attributes are unchanged (its
-    /// entry in `last` was published from the map it had before it left). So a rescan allocates
-    /// a device's attributes only when they change: during a drain, a fresh copy would be placed
-    /// among the pods' short-lived memory and keep those pages from being given back after it.
-    pub fn apply(&mut self, mut devs: Vec<Device>, held: &Held, last: &[Device]) -> Vec<Device> {
-        self.reuse_unchanged(&mut devs, last, Instant::now());
+    /// A device whose entry is its entry in `last` is published as that entry itself
+    /// ([`Shared`]), as is a device back home from a pod whose entry is unchanged (its entry in
+    /// `last` was published from the one it had before it left); a device that changed keeps
+    /// its attribute map when that did not. So a rescan allocates a device only when it
+    /// changes: during a drain, a fresh copy would be placed among the pods' short-lived memory
+    /// and keep those pages from being given back after it.
+    pub fn apply(
+        &mut self,
+        mut devs: Vec<Device>,
+        held: &Held,
+        last: &[Shared<Device>],
+    ) -> Vec<Shared<Device>> {
+        let now = Instant::now();
+        self.reuse_unchanged(&mut devs, last, now);
         let last_of = |name: &str| last.iter().find(|d| d.name == name);
         let mut keep: BTreeMap<String, Attributes> = BTreeMap::new();
         for name in &held.tracked {
@@ -206,10 +279,13 @@ impl HeldAttributes {
                         }
                     }
                     (None, Some(prev)) => {
-                        let mut d = last_of(name).cloned().unwrap_or_else(|| Device {
-                            name: name.clone(),
-                            ..Device::default()
-                        });
+                        let mut d = last_of(name).map_or_else(
+                            || Device {
+                                name: name.clone(),
+                                ..Device::default()
+                            },
+                            |d| (**d).clone(),
+                        );
                         d.attributes = prev;
                         d.held = true;
                         devs.push(d);
@@ -238,7 +314,7 @@ impl HeldAttributes {
                     "cannot keep the attributes of devices in pods across a restart");
             }
         }
-        devs
+        self.share_unchanged(devs, last, now)
     }
 }
 
@@ -321,7 +397,11 @@ mod tests {
         }
     }
 
-    fn by_name(devs: &[Device]) -> BTreeMap<&str, &Attributes> {
+    fn plain(devs: &[Shared<Device>]) -> Vec<Device> {
+        devs.iter().map(|d| (**d).clone()).collect()
+    }
+
+    fn by_name(devs: &[Shared<Device>]) -> BTreeMap<&str, &Attributes> {
         devs.iter().map(|d| (d.name.as_str(), &d.attributes)).collect()
     }
 
@@ -374,15 +454,49 @@ mod tests {
         let changed_at = Instant::now();
         let mut ninth = scan("a3");
         h.reuse_unchanged(&mut ninth, &eighth, changed_at);
-        assert_eq!(h.earlier.len(), 1);
+        assert_eq!(h.attributes.kept.len(), 1);
         let mut tenth = scan("a");
+        let ninth: Vec<Shared<Device>> = ninth.into_iter().map(Shared::new).collect();
         h.reuse_unchanged(&mut tenth, &ninth, changed_at + EARLIER_KEPT);
         assert!(!Shared::same(&tenth[0].attributes, &first[0].attributes));
         assert!(
-            h.earlier
+            h.attributes
+                .kept
                 .values()
                 .all(|(m, _)| !Shared::same(m, &first[0].attributes))
         );
+    }
+
+    /// A rescan publishes an unchanged device as the last scan's entry itself (its strings and
+    /// lists too), a device that changed as a new entry, and a device that went back to what it
+    /// was, or came home from a pod unchanged, as the entry it had before.
+    #[test]
+    fn an_unchanged_or_returning_device_keeps_its_whole_entry() {
+        let mut h = HeldAttributes::in_memory();
+        let none = held(&[], &[]);
+        let scan = |mtu: u32| {
+            vec![
+                Device {
+                    mtu: Some(mtu),
+                    ..dev("a", &[])
+                },
+                dev("b", &[("dra.net/ifName", "b")]),
+            ]
+        };
+        let first = h.apply(scan(1500), &none, &[]);
+        let second = h.apply(scan(1500), &none, &first);
+        assert!(Shared::same(&first[0], &second[0]) && Shared::same(&first[1], &second[1]));
+        let third = h.apply(scan(9000), &none, &second);
+        assert!(!Shared::same(&first[0], &third[0]));
+        assert_eq!(third[0].mtu, Some(9000));
+        assert!(Shared::same(&first[1], &third[1]));
+        let fourth = h.apply(scan(1500), &none, &third);
+        assert!(Shared::same(&first[0], &fourth[0]), "a is back to its first entry");
+        // b goes into a pod: published held while out, then home with its first entry.
+        let out = h.apply(vec![scan(1500).remove(0)], &held(&["b"], &["b"]), &fourth);
+        assert!(out[1].held && Shared::same(&first[0], &out[0]));
+        let back = h.apply(scan(1500), &held(&["b"], &[]), &out);
+        assert!(!back[1].held && Shared::same(&first[1], &back[1]));
     }
 
     #[test]
@@ -400,7 +514,7 @@ mod tests {
         let mut h = HeldAttributes::load(&dir);
         let live = vec![dummy.clone(), other.clone(), full_pci.clone()];
         let out = h.apply(live.clone(), &held(&["pci-0000-17-00-0", "dummy0"], &[]), &[]);
-        assert_eq!(out, live);
+        assert_eq!(plain(&out), live);
         let file: FileFormat = serde_json::from_slice(&std::fs::read(dir.join(HELD_FILE)).unwrap()).unwrap();
         assert_eq!(
             file.devices.keys().collect::<Vec<_>>(),
@@ -419,7 +533,7 @@ mod tests {
         assert_eq!(got["dummy0"], &dummy.attributes);
         assert_eq!(got["eth9"], &other.attributes);
         // Published, but Prepare does not take a device the scan did not see.
-        let inv = crate::inventory::SharedInventory::new(out.clone());
+        let inv = crate::inventory::SharedInventory::new(plain(&out));
         assert!(inv.get("dummy0").is_none());
         assert!(
             inv.get("pci-0000-17-00-0").is_some(),
@@ -442,7 +556,7 @@ mod tests {
 
         // Home and unprepared: nothing kept, the file empties.
         let out = h.apply(vec![other.clone()], &Held::default(), &[]);
-        assert_eq!(out, vec![other]);
+        assert_eq!(plain(&out), vec![other]);
         let file: FileFormat = serde_json::from_slice(&std::fs::read(dir.join(HELD_FILE)).unwrap()).unwrap();
         assert!(file.devices.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
@@ -456,7 +570,7 @@ mod tests {
         std::fs::write(dir.join(HELD_FILE), b"{not json").unwrap();
         let mut h = HeldAttributes::load(&dir);
         assert!(h.get("dummy0").is_none());
-        let last = [dev("dummy0", &[("dra.net/mtu", "9000")])];
+        let last: [Shared<Device>; 1] = [dev("dummy0", &[("dra.net/mtu", "9000")]).into()];
         let out = h.apply(Vec::new(), &held(&["dummy0"], &["dummy0"]), &last);
         assert_eq!(out[0].attributes, last[0].attributes);
         assert!(out[0].held);

@@ -475,8 +475,37 @@ fn truncate(s: &str) -> String {
 
 /// One scan's devices, shared rather than copied: the inventory, the slice controller's last
 /// published set and the held-attributes memory hold the same list (1,024 devices are about
-/// 0.8 MiB each copy).
-pub type DeviceList = Arc<Vec<Device>>;
+/// 0.8 MiB each copy), and a device unchanged since an earlier scan is that scan's entry
+/// ([`HeldAttributes::apply`]).
+pub type DeviceList = Arc<Vec<Shared<Device>>>;
+
+/// A [`DeviceList`] of `devices`.
+pub fn list_of<D: Into<Shared<Device>>>(devices: impl IntoIterator<Item = D>) -> DeviceList {
+    Arc::new(devices.into_iter().map(Into::into).collect())
+}
+
+/// What a scan gives: a list of devices, shared or not.
+pub trait IntoDeviceList {
+    fn into_list(self) -> DeviceList;
+}
+
+impl IntoDeviceList for DeviceList {
+    fn into_list(self) -> DeviceList {
+        self
+    }
+}
+
+impl IntoDeviceList for Vec<Shared<Device>> {
+    fn into_list(self) -> DeviceList {
+        Arc::new(self)
+    }
+}
+
+impl IntoDeviceList for Vec<Device> {
+    fn into_list(self) -> DeviceList {
+        list_of(self)
+    }
+}
 
 /// The latest inventory, shared between the publisher and Prepare.
 #[derive(Clone, Debug, Default)]
@@ -488,13 +517,13 @@ impl SharedInventory {
     #[must_use]
     pub fn new(devices: Vec<Device>) -> Self {
         Self {
-            devices: Arc::new(RwLock::new(Arc::new(devices))),
+            devices: Arc::new(RwLock::new(list_of(devices))),
         }
     }
 
     /// Replaces the devices; returns true when they changed.
-    pub fn replace(&self, devices: impl Into<DeviceList>) -> bool {
-        let devices = devices.into();
+    pub fn replace(&self, devices: impl IntoDeviceList) -> bool {
+        let devices = devices.into_list();
         let mut g = match self.devices.write() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -506,7 +535,7 @@ impl SharedInventory {
 
     #[must_use]
     pub fn snapshot(&self) -> Vec<Device> {
-        self.current().as_ref().clone()
+        self.current().iter().map(|d| (**d).clone()).collect()
     }
 
     /// The current list itself (no copy).
@@ -525,7 +554,9 @@ impl SharedInventory {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        g.iter().find(|d| d.name == name && !d.held).cloned()
+        g.iter()
+            .find(|d| d.name == name && !d.held)
+            .map(|d| (**d).clone())
     }
 }
 

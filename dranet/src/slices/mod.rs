@@ -11,6 +11,7 @@ mod kube_api;
 mod published;
 mod run;
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
@@ -178,22 +179,22 @@ pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
 /// always at least one slice, possibly empty, so the pool exists), all with `generation` and
 /// the same `resourceSliceCount`.
 #[must_use]
-pub fn build_slices(
+pub fn build_slices<D: Borrow<Device>>(
     driver: &str,
     node: &str,
     generation: i64,
     owner: Option<&OwnerReference>,
-    devices: &[Device],
+    devices: &[D],
 ) -> Vec<ResourceSlice> {
     let lists = devices
         .iter()
-        .any(|d| d.attributes.values().any(AttrValue::is_list));
+        .any(|d| device(d).attributes.values().any(AttrValue::is_list));
     let per_slice = if lists {
         MAX_DEVICES_PER_SLICE_WITH_LISTS
     } else {
         MAX_DEVICES_PER_SLICE
     };
-    let chunks: Vec<&[Device]> = if devices.is_empty() {
+    let chunks: Vec<&[D]> = if devices.is_empty() {
         vec![&[]]
     } else {
         devices.chunks(per_slice).collect()
@@ -221,8 +222,8 @@ pub fn build_slices(
                 devices: chunk
                     .iter()
                     .map(|d| SliceDevice {
-                        name: d.name.clone(),
-                        attributes: d.attributes.clone(),
+                        name: device(d).name.clone(),
+                        attributes: device(d).attributes.clone(),
                     })
                     .collect(),
             },
@@ -245,13 +246,22 @@ impl InventoryDiff {
     }
 }
 
+/// A device of a list of devices or of shared ones.
+fn device<D: Borrow<Device>>(d: &D) -> &Device {
+    d.borrow()
+}
+
 /// Compares published views (name + attributes) of two inventories.
 #[must_use]
-pub fn diff(old: &[Device], new: &[Device]) -> InventoryDiff {
-    let o: BTreeMap<&str, &BTreeMap<String, AttrValue>> =
-        old.iter().map(|d| (d.name.as_str(), &*d.attributes)).collect();
-    let n: BTreeMap<&str, &BTreeMap<String, AttrValue>> =
-        new.iter().map(|d| (d.name.as_str(), &*d.attributes)).collect();
+pub fn diff<A: Borrow<Device>, B: Borrow<Device>>(old: &[A], new: &[B]) -> InventoryDiff {
+    let o: BTreeMap<&str, &BTreeMap<String, AttrValue>> = old
+        .iter()
+        .map(|d| (device(d).name.as_str(), &*device(d).attributes))
+        .collect();
+    let n: BTreeMap<&str, &BTreeMap<String, AttrValue>> = new
+        .iter()
+        .map(|d| (device(d).name.as_str(), &*device(d).attributes))
+        .collect();
     let mut out = InventoryDiff::default();
     for (name, attrs) in &n {
         match o.get(name) {
@@ -338,7 +348,7 @@ impl<P: Publisher> SliceController<P> {
 
     /// Publishes `devices` if they differ from the last published set (or nothing was
     /// published yet); returns whether it published.
-    pub async fn update(&mut self, devices: &[Device]) -> Result<bool, SliceError> {
+    pub async fn update<D: Borrow<Device>>(&mut self, devices: &[D]) -> Result<bool, SliceError> {
         if self.unchanged(devices) {
             return Ok(false);
         }
@@ -359,15 +369,16 @@ impl<P: Publisher> SliceController<P> {
     }
 
     /// `devices` are the last published set.
-    fn unchanged(&self, devices: &[Device]) -> bool {
+    fn unchanged<D: Borrow<Device>>(&self, devices: &[D]) -> bool {
         self.last
             .as_ref()
             .is_some_and(|last| diff(last, devices).is_empty())
     }
 
     /// Publishes unconditionally (e.g. after kubelet re-registration wiped the slices).
-    pub async fn publish(&mut self, devices: &[Device]) -> Result<(), SliceError> {
-        self.publish_shared(&std::sync::Arc::new(devices.to_vec())).await
+    pub async fn publish<D: Borrow<Device>>(&mut self, devices: &[D]) -> Result<(), SliceError> {
+        let list = crate::inventory::list_of(devices.iter().map(|d| device(d).clone()));
+        self.publish_shared(&list).await
     }
 
     /// [`Self::publish`] of a shared list.

@@ -83,7 +83,7 @@ pub async fn publish_loop<P, S, D>(
 ) where
     P: Publisher,
     S: Fn() -> Result<D, InventoryError> + Send + Sync + 'static,
-    D: Into<crate::inventory::DeviceList> + Send + 'static,
+    D: crate::inventory::IntoDeviceList + Send + 'static,
 {
     let scan = Arc::new(scan);
     let mut last_scan: Option<Instant> = None;
@@ -127,7 +127,7 @@ pub async fn publish_loop<P, S, D>(
             m.scanned(started.elapsed().as_secs_f64());
         }
         let devices = match scanned {
-            Ok(Ok(d)) => d.into(),
+            Ok(Ok(d)) => d.into_list(),
             Ok(Err(e)) => {
                 tracing::warn!(error = %crate::telemetry::chain(&e), "inventory scan failed");
                 continue;

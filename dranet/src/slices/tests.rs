@@ -116,7 +116,7 @@ async fn the_published_list_is_kept_shared_not_copied() {
     let publisher = DirPublisher::new(dir.path(), "dra.net", "node-a");
     let mut ctl = SliceController::new(publisher, "dra.net", "node-a");
     let inventory = crate::inventory::SharedInventory::default();
-    let list: crate::inventory::DeviceList = std::sync::Arc::new(devices(130));
+    let list: crate::inventory::DeviceList = crate::inventory::list_of(devices(130));
     inventory.replace(list.clone());
     assert!(ctl.update_shared(&list).await.unwrap());
     let kept = ctl.last.as_ref().expect("the last published set");
@@ -127,7 +127,7 @@ async fn the_published_list_is_kept_shared_not_copied() {
     assert!(std::sync::Arc::ptr_eq(&inventory.current(), &list));
     // An equal list from the next scan publishes nothing.
     assert!(
-        !ctl.update_shared(&std::sync::Arc::new(devices(130)))
+        !ctl.update_shared(&crate::inventory::list_of(devices(130)))
             .await
             .unwrap()
     );
