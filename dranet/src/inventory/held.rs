@@ -102,6 +102,11 @@ impl<T: PartialEq> Earlier<T> {
         if let Some(prev) = prev
             && prev == new
         {
+            // What was kept is this value again (a device home from a pod, published meanwhile
+            // from the map it left with): nothing to go back to.
+            if self.kept.get(name).is_some_and(|(before, _)| before == new) {
+                self.kept.remove(name);
+            }
             return Some(prev.clone());
         }
         match self.kept.get(name) {
@@ -497,6 +502,9 @@ mod tests {
         assert!(out[1].held && Shared::same(&first[0], &out[0]));
         let back = h.apply(scan(1500), &held(&["b"], &[]), &out);
         assert!(!back[1].held && Shared::same(&first[1], &back[1]));
+        // Nothing is kept once everything is back to what it was.
+        assert!(h.devices.kept.is_empty(), "{:?}", h.devices.kept.keys());
+        assert!(h.attributes.kept.is_empty(), "{:?}", h.attributes.kept.keys());
     }
 
     #[test]
