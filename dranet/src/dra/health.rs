@@ -25,6 +25,7 @@
 //! checkpoint as it stands. Streams are plain futures polled by the gRPC server: a caller that
 //! goes away drops its stream, and no task is left behind.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -36,7 +37,6 @@ use tonic::{Request, Response, Status};
 
 use super::proto::{health_v1, health_v1alpha1};
 use crate::rescue::activity::{Activity, ActivityKind};
-use crate::shared::Shared;
 use crate::state::{Checkpoint, DeviceState};
 
 /// gRPC service name of health v1 as kubelet lists it in `supported_versions` (kubelet after
@@ -90,13 +90,17 @@ impl std::fmt::Debug for HealthOptions {
     }
 }
 
-/// The health of one device.
+/// A device's name, allocated once when the hub first sees the device: the hub's tables and
+/// every list it publishes hold the same one.
+pub type Name = Arc<str>;
+
+/// The health of one device. Cloning it allocates nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceHealth {
-    pub device: String,
+    pub device: Name,
     pub healthy: bool,
     /// Why (shown in the pod status by kubelet).
-    pub message: String,
+    pub message: Arc<str>,
     /// Unix time (s) of the last change of `healthy` or `message`.
     pub since: i64,
 }
@@ -105,9 +109,9 @@ pub struct DeviceHealth {
 #[derive(Debug, Default)]
 struct State {
     /// Every device seen in the host or in a pod since start.
-    known: BTreeSet<String>,
+    known: BTreeSet<Name>,
     /// In the host inventory at the last scan.
-    host: BTreeSet<String>,
+    host: BTreeSet<Name>,
     /// In a pod, per the checkpoint: device → `namespace/name`.
     in_pod: BTreeMap<String, String>,
     /// The rescue engine is bringing these home: device → pod.
@@ -117,16 +121,29 @@ struct State {
     /// Home, but under a temporary name (its own was taken): device → that name.
     name_busy: BTreeMap<String, String>,
     /// Gone for good since (unix s): dropped once that is [`HealthOptions::gone_grace`] ago.
-    gone_since: BTreeMap<String, i64>,
+    gone_since: BTreeMap<Name, i64>,
+}
+
+impl State {
+    /// The hub's one copy of the name `d` (it becomes known).
+    fn name(&mut self, d: &str) -> Name {
+        if let Some(n) = self.known.get(d) {
+            return n.clone();
+        }
+        let n: Name = d.into();
+        self.known.insert(n.clone());
+        n
+    }
 }
 
 struct Inner {
     pool: String,
     opts: HealthOptions,
     state: Mutex<State>,
-    /// The list as last published, sorted by device; an unchanged entry is kept (with its
-    /// `since`) by the next list rather than allocated again.
-    tx: watch::Sender<Arc<Vec<Shared<DeviceHealth>>>>,
+    /// The list as last published, sorted by device.
+    tx: watch::Sender<Arc<Vec<DeviceHealth>>>,
+    /// The messages that name no pod, allocated once.
+    fixed: [Arc<str>; 2],
 }
 
 /// Device health of one pool; cheap to clone.
@@ -172,6 +189,7 @@ impl HealthHub {
                 opts,
                 state: Mutex::new(State::default()),
                 tx: watch::channel(Arc::new(Vec::new())).0,
+                fixed: [HOME_MESSAGE.into(), GONE_MESSAGE.into()],
             }),
         }
     }
@@ -186,7 +204,7 @@ impl HealthHub {
     /// The list as it stands.
     #[must_use]
     pub fn current(&self) -> Vec<DeviceHealth> {
-        self.inner.tx.borrow().iter().map(|d| (**d).clone()).collect()
+        self.inner.tx.borrow().as_ref().clone()
     }
 
     /// Open `NodeWatchResources` streams right now.
@@ -206,10 +224,11 @@ impl HealthHub {
         let mut st = self.state();
         // In place: a scan that finds the same devices allocates nothing that outlives it.
         let host: HashSet<&str> = host.into_iter().collect();
-        st.host.retain(|d| host.contains(d.as_str()));
+        st.host.retain(|d| host.contains(&**d));
         for d in host {
             if !st.host.contains(d) {
-                st.host.insert(d.to_owned());
+                let n = st.name(d);
+                st.host.insert(n);
             }
         }
         locate(&mut st, located);
@@ -218,7 +237,7 @@ impl HealthHub {
             .returning
             .keys()
             .chain(st.failed.keys())
-            .filter(|d| st.host.contains(*d) && !st.in_pod.contains_key(*d))
+            .filter(|d| st.host.contains(d.as_str()) && !st.in_pod.contains_key(*d))
             .cloned()
             .collect();
         for d in home {
@@ -271,7 +290,7 @@ impl HealthHub {
                     None => out,
                 };
                 for d in hit {
-                    st.known.insert(d.clone());
+                    st.name(&d);
                     st.returning.remove(&d);
                     st.failed.insert(
                         d,
@@ -286,7 +305,8 @@ impl HealthHub {
                     st.returning.remove(d);
                     st.failed.remove(d);
                     if *state == DeviceState::Home {
-                        st.host.insert(d.clone());
+                        let n = st.name(d);
+                        st.host.insert(n);
                     }
                 }
             }
@@ -355,9 +375,11 @@ impl HealthHub {
     }
 
     /// Recomputes the list and sends it when it changed. An entry whose health and message are
-    /// those of the last list is that entry itself (its `since` kept): the hub publishes on
-    /// every activity of a burst of pods, and a fresh copy of every device's entry each time
-    /// would be long-lived memory placed among the pods' short-lived memory.
+    /// those of the last list is that entry again (its `since` kept), and an entry allocates
+    /// nothing of its own (the names are the hub's, the messages that name no pod are made
+    /// once): the hub publishes on every activity of a burst of pods, and fresh names and
+    /// messages each time would be long-lived memory placed among the pods' short-lived
+    /// memory, keeping those pages from being given back after the burst.
     fn publish(&self, mut st: MutexGuard<'_, State>) {
         let now = (self.inner.opts.clock)();
         let grace = i64::try_from(self.inner.opts.gone_grace.as_secs()).unwrap_or(i64::MAX);
@@ -374,22 +396,22 @@ impl HealthHub {
                         continue;
                     }
                     gone.insert(d.clone(), since);
-                    (false, GONE_MESSAGE.to_owned())
+                    (false, Cow::Borrowed(GONE_MESSAGE))
                 }
                 Verdict::Is(healthy, message) => (healthy, message),
             };
             let before = last
-                .binary_search_by(|e| e.device.as_str().cmp(d))
+                .binary_search_by(|e| (*e.device).cmp(&**d))
                 .ok()
                 .and_then(|i| last.get(i));
             list.push(match before {
-                Some(p) if p.healthy == healthy && p.message == message => p.clone(),
-                _ => Shared::new(DeviceHealth {
+                Some(p) if p.healthy == healthy && *p.message == *message => p.clone(),
+                _ => DeviceHealth {
                     device: d.clone(),
                     healthy,
-                    message,
+                    message: self.message(message),
                     since: now,
-                }),
+                },
             });
         }
         // Anything no longer gone starts a fresh grace the next time it goes.
@@ -408,6 +430,22 @@ impl HealthHub {
                 true
             }
         });
+    }
+}
+
+impl HealthHub {
+    /// `m` as an entry's message: one made at start when it names no pod.
+    fn message(&self, m: Cow<'static, str>) -> Arc<str> {
+        match m {
+            Cow::Borrowed(s) => self
+                .inner
+                .fixed
+                .iter()
+                .find(|f| ***f == *s)
+                .cloned()
+                .unwrap_or_else(|| s.into()),
+            Cow::Owned(s) => s.into(),
+        }
     }
 }
 
@@ -478,13 +516,13 @@ impl Located {
 fn locate(st: &mut State, located: Located) {
     update_in_place(&mut st.in_pod, located.in_pod);
     update_in_place(&mut st.name_busy, located.name_busy);
-    let new: Vec<String> = st
-        .host
-        .iter()
-        .chain(st.in_pod.keys())
+    // (The host's are known already.)
+    let new: Vec<Name> = st
+        .in_pod
+        .keys()
         .chain(st.name_busy.keys())
-        .filter(|d| !st.known.contains(*d))
-        .cloned()
+        .filter(|d| !st.known.contains(d.as_str()))
+        .map(|d| Name::from(d.as_str()))
         .collect();
     st.known.extend(new);
 }
@@ -506,31 +544,33 @@ fn update_in_place(into: &mut BTreeMap<String, String>, from: BTreeMap<String, S
 
 /// The message of a device gone for good (missing, in no pod, nothing pending).
 const GONE_MESSAGE: &str = "missing from the host network namespace and not attached to any pod";
+/// The message of a device in the host.
+const HOME_MESSAGE: &str = "in the host network namespace";
 
 enum Verdict {
     /// (healthy, message).
-    Is(bool, String),
+    Is(bool, Cow<'static, str>),
     /// Missing from the host, in no pod, nothing pending: unhealthy, then dropped.
     Gone,
 }
 
 fn judge(st: &State, d: &str) -> Verdict {
     if let Some(m) = st.failed.get(d) {
-        return Verdict::Is(false, m.clone());
+        return Verdict::Is(false, m.clone().into());
     }
     if let Some(m) = st.returning.get(d) {
-        return Verdict::Is(false, m.clone());
+        return Verdict::Is(false, m.clone().into());
     }
     if let Some(pod) = st.in_pod.get(d) {
-        return Verdict::Is(true, format!("attached to pod {pod}"));
+        return Verdict::Is(true, format!("attached to pod {pod}").into());
     }
     if st.host.contains(d) {
-        return Verdict::Is(true, "in the host network namespace".to_owned());
+        return Verdict::Is(true, HOME_MESSAGE.into());
     }
     if let Some(temp) = st.name_busy.get(d) {
         return Verdict::Is(
             false,
-            format!("back in the host as {temp}: its own name is taken (see dranet status)"),
+            format!("back in the host as {temp}: its own name is taken (see dranet status)").into(),
         );
     }
     Verdict::Gone
@@ -542,7 +582,7 @@ fn judge(st: &State, d: &str) -> Verdict {
 pub trait HealthResponse: Send + 'static {
     /// The gRPC service name as listed in `supported_versions`.
     const SERVICE: &'static str;
-    fn from_list(list: &[Shared<DeviceHealth>], pool: &str, timeout_secs: i64) -> Self;
+    fn from_list(list: &[DeviceHealth], pool: &str, timeout_secs: i64) -> Self;
 }
 
 /// [`HealthResponse`] and the `DRAResourceHealth` server of the health API module `$m`.
@@ -551,13 +591,13 @@ macro_rules! health_api {
         impl HealthResponse for $m::NodeWatchResourcesResponse {
             const SERVICE: &'static str = $service;
 
-            fn from_list(list: &[Shared<DeviceHealth>], pool: &str, timeout_secs: i64) -> Self {
+            fn from_list(list: &[DeviceHealth], pool: &str, timeout_secs: i64) -> Self {
                 let devices = list
                     .iter()
                     .map(|d| $m::DeviceHealth {
                         device: Some($m::DeviceIdentifier {
                             pool_name: pool.to_owned(),
-                            device_name: d.device.clone(),
+                            device_name: d.device.to_string(),
                         }),
                         health: if d.healthy {
                             $m::HealthStatus::Healthy
@@ -566,7 +606,7 @@ macro_rules! health_api {
                         } as i32,
                         last_updated_time: d.since,
                         health_check_timeout_seconds: timeout_secs,
-                        message: d.message.clone(),
+                        message: d.message.to_string(),
                     })
                     .collect();
                 Self { devices }

@@ -46,29 +46,36 @@ fn health(hub: &HealthHub, device: &str) -> (bool, String) {
     let d = hub
         .current()
         .into_iter()
-        .find(|d| d.device == device)
+        .find(|d| &*d.device == device)
         .unwrap_or_else(|| panic!("{device} not listed: {:?}", hub.current()));
-    (d.healthy, d.message)
+    (d.healthy, d.message.to_string())
 }
 
-/// The hub publishes on every scan and every activity of a burst of pods: an entry that did
-/// not change is the last list's entry itself, and the hub's own tables keep their entries, so
-/// a burst leaves no fresh copy of every device among the pods' short-lived memory.
+/// The hub publishes on every scan and every activity of a burst of pods: an entry allocates
+/// nothing of its own (the names are the hub's, the messages that name no pod are made once),
+/// an entry that did not change is the last list's, and the hub's own tables keep their
+/// entries, so a burst leaves no fresh copy of every device among the pods' short-lived memory.
 #[test]
 fn an_unchanged_device_keeps_its_health_entry_across_publishes() {
     let hub = HealthHub::new("node-a");
     hub.observe_scan(["eth1", "eth2", "eth3"], &Checkpoint::default());
     let first = hub.inner.tx.borrow().clone();
     let host_names: Vec<*const u8> = hub.state().host.iter().map(|d| d.as_ptr()).collect();
+    let home_message = first[0].message.clone();
+    assert!(first.iter().all(|e| Arc::ptr_eq(&e.message, &home_message)));
 
     // eth1 goes into a pod; eth2 and eth3 stay where they are.
     let cp = checkpoint(&[("eth1", DeviceState::InPod)]);
     hub.observe_scan(["eth2", "eth3"], &cp);
     let second = hub.inner.tx.borrow().clone();
     assert_eq!(second.len(), 3);
-    assert!(!Shared::same(&first[0], &second[0]), "eth1 changed");
-    assert!(Shared::same(&first[1], &second[1]), "eth2 unchanged");
-    assert!(Shared::same(&first[2], &second[2]), "eth3 unchanged");
+    assert_eq!(&*second[0].message, "attached to pod ns/pod-a");
+    assert_eq!(second[1..], first[1..], "eth2 and eth3 unchanged, since too");
+    assert!(second[1..].iter().all(|e| Arc::ptr_eq(&e.message, &home_message)));
+    let same_names = |a: &[DeviceHealth], b: &[DeviceHealth]| {
+        a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(&a.device, &b.device))
+    };
+    assert!(same_names(&first, &second), "the names are the hub's");
     let in_pod_name = hub.state().in_pod.get("eth1").map(|p| p.as_ptr());
 
     // The same scan and the same checkpoint again: nothing is made anew, not even the list.
@@ -82,11 +89,26 @@ fn an_unchanged_device_keeps_its_health_entry_across_publishes() {
     hub.observe_scan(["eth2", "eth3"], &cp);
     let third = hub.inner.tx.borrow().clone();
     assert!(Arc::ptr_eq(&second, &third));
+    assert_eq!(hub.state().in_pod.get("eth1").map(|p| p.as_ptr()), in_pod_name);
+
+    // eth1 comes home: back in the host set under the hub's name, with the one home message.
+    let home = checkpoint(&[("eth1", DeviceState::Home)]);
+    hub.observe_activity(
+        &activity(ActivityKind::Returned {
+            reason: "test".into(),
+            devices: vec!["eth1".into()],
+            took_us: 1,
+        }),
+        &home,
+    );
+    hub.observe_scan(["eth1", "eth2", "eth3"], &home);
+    let fourth = hub.inner.tx.borrow().clone();
+    assert!(fourth.iter().all(|e| Arc::ptr_eq(&e.message, &home_message)));
+    assert!(same_names(&first, &fourth));
     let st = hub.state();
-    assert_eq!(st.in_pod.get("eth1").map(|p| p.as_ptr()), in_pod_name);
     assert!(
-        st.host.iter().all(|d| host_names.contains(&d.as_ptr())),
-        "the host set keeps its names"
+        st.host.iter().map(|d| d.as_ptr()).eq(host_names.iter().copied()),
+        "the host set holds the names it had"
     );
 }
 
@@ -307,7 +329,7 @@ fn hub_with_clock(grace: Duration, start: i64) -> (HealthHub, Arc<AtomicI64>) {
 }
 
 fn listed(hub: &HealthHub) -> Vec<String> {
-    hub.current().into_iter().map(|d| d.device).collect()
+    hub.current().into_iter().map(|d| d.device.to_string()).collect()
 }
 
 #[test]
@@ -316,14 +338,14 @@ fn a_device_gone_for_good_is_unhealthy_for_the_grace_then_dropped_and_healthy_wh
     hub.observe_scan(["eth1", "eth2"], &Checkpoint::default());
     // eth2 disappears at t0.
     hub.observe_scan(["eth1"], &Checkpoint::default());
-    let d = hub.current().into_iter().find(|d| d.device == "eth2").unwrap();
+    let d = hub.current().into_iter().find(|d| &*d.device == "eth2").unwrap();
     assert!(!d.healthy && d.message.contains("missing from the host"), "{d:?}");
     assert_eq!(d.since, 1_000_000);
 
     // One second short of the grace: still listed, unhealthy, `since` unchanged.
     t.store(1_000_299, Ordering::SeqCst);
     hub.refresh();
-    let d = hub.current().into_iter().find(|d| d.device == "eth2").unwrap();
+    let d = hub.current().into_iter().find(|d| &*d.device == "eth2").unwrap();
     assert!(!d.healthy);
     assert_eq!(d.since, 1_000_000, "the time it went missing");
     // Scans in between do not restart the grace.
@@ -343,7 +365,7 @@ fn a_device_gone_for_good_is_unhealthy_for_the_grace_then_dropped_and_healthy_wh
 
     // It comes back: listed again, healthy, since now.
     hub.observe_scan(["eth1", "eth2"], &Checkpoint::default());
-    let d = hub.current().into_iter().find(|d| d.device == "eth2").unwrap();
+    let d = hub.current().into_iter().find(|d| &*d.device == "eth2").unwrap();
     assert!(d.healthy, "{d:?}");
     assert_eq!(d.since, 1_009_000);
 
@@ -411,7 +433,11 @@ fn devices_in_a_pod_or_with_work_pending_are_never_dropped() {
     t.store(10_000, Ordering::SeqCst);
     hub.observe_scan([], &later);
     hub.refresh();
-    let got: Vec<(String, bool)> = hub.current().into_iter().map(|d| (d.device, d.healthy)).collect();
+    let got: Vec<(String, bool)> = hub
+        .current()
+        .into_iter()
+        .map(|d| (d.device.to_string(), d.healthy))
+        .collect();
     assert_eq!(
         got,
         [

@@ -496,7 +496,10 @@ mod tests {
         assert_eq!(third[0].mtu, Some(9000));
         assert!(Shared::same(&first[1], &third[1]));
         let fourth = h.apply(scan(1500), &none, &third);
-        assert!(Shared::same(&first[0], &fourth[0]), "a is back to its first entry");
+        assert!(
+            Shared::same(&first[0], &fourth[0]),
+            "a is back to its first entry"
+        );
         // b goes into a pod: published held while out, then home with its first entry.
         let out = h.apply(vec![scan(1500).remove(0)], &held(&["b"], &["b"]), &fourth);
         assert!(out[1].held && Shared::same(&first[0], &out[0]));
