@@ -484,7 +484,7 @@ pub fn list_of<D: Into<Shared<Device>>>(devices: impl IntoIterator<Item = D>) ->
     Arc::new(devices.into_iter().map(Into::into).collect())
 }
 
-/// What a scan gives: a list of devices, shared or not.
+/// What a scan gives: the shared list itself, or plain devices (tests, the simulator).
 pub trait IntoDeviceList {
     fn into_list(self) -> DeviceList;
 }
@@ -492,12 +492,6 @@ pub trait IntoDeviceList {
 impl IntoDeviceList for DeviceList {
     fn into_list(self) -> DeviceList {
         self
-    }
-}
-
-impl IntoDeviceList for Vec<Shared<Device>> {
-    fn into_list(self) -> DeviceList {
-        Arc::new(self)
     }
 }
 
