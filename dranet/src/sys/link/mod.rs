@@ -18,10 +18,10 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use futures::TryStreamExt;
 use netlink_packet_core::{NLM_F_ACK, NetlinkPayload};
-use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Prop};
 use netlink_packet_route::route::RouteScope;
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use crate::config::RouteConfig;
@@ -223,12 +223,24 @@ impl Netlink {
             .map_err(nl("dump links"))
     }
 
-    /// The addresses of link `index`: the kernel filters on a strict socket
+    /// The addresses of link `index`, IPv4 then IPv6: the kernel filters on a strict socket
     /// ([`Netlink::host`]); on any other the dump is of every link, filtered here.
+    ///
+    /// One dump per family: the kernel answers each under RCU (`RTNL_FLAG_DUMP_UNLOCKED`, Linux
+    /// ≥ 6.10), while a dump of every family (`AF_UNSPEC`: `rtnl_dump_all`) holds RTNL, so an
+    /// attach's snapshot waited behind every move in flight (`perf` of the churn bench:
+    /// `rtnl_dumpit` among the daemon's RTNL waits). A kernel without a family's own handler
+    /// answers with every family; only the asked one is kept.
     async fn addresses(&self, index: u32) -> Result<Vec<AddressMessage>, LinkError> {
-        let mut req = self.handle.address().get().set_link_index_filter(index);
-        req.message_mut().header.index = index;
-        req.execute().try_collect().await.map_err(nl("dump addresses"))
+        let mut out = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut req = self.handle.address().get().set_link_index_filter(index);
+            req.message_mut().header.index = index;
+            req.message_mut().header.family = family;
+            let got: Vec<AddressMessage> = req.execute().try_collect().await.map_err(nl("dump addresses"))?;
+            out.extend(got.into_iter().filter(|m| m.header.family == family));
+        }
+        Ok(out)
     }
 
     /// Sends one RTM_NEWLINK modifying an existing link (no NLM_F_CREATE/EXCL: `do_setlink`).

@@ -190,20 +190,29 @@ pub async fn snapshot(nl: &Netlink, name: &str) -> Result<LinkSnapshot, LinkErro
         .link_by_name(name)
         .await?
         .ok_or_else(|| LinkError::NotFound(name.to_owned()))?;
-    let addrs = nl.addresses(m.header.index).await?;
-    let mut s = snapshot_of(&m, &addrs);
+    let index = m.header.index;
+    // The addresses, features and private flags at once: the two ethtool reads each wait for
+    // RTNL (behind every move in flight during a drain), on sockets of their own, so side by
+    // side; the address dumps need no RTNL.
+    let features = super::off_async("reading offloads", move || {
+        Ethtool::open().and_then(|mut e| e.features(&Dev::Index(index)))
+    });
+    let flags = super::off_async("reading private flags", move || {
+        Ethtool::open().and_then(|mut e| e.private_flags(&Dev::Index(index)))
+    });
+    let (addrs, features, flags) = futures::join!(nl.addresses(index), features, flags);
+    let mut s = snapshot_of(&m, &addrs?);
     // Not in `snapshot_of`: device lookups by MAC call that for every link.
     s.sysctls = sysctl::of_link(&m);
-    let index = s.ifindex;
-    match super::off_async("reading offloads", move || host_offloads(&Dev::Index(index))).await? {
-        Ok((features, flags)) => {
+    match (features?, flags?) {
+        (Ok(features), Ok(flags)) => {
             s.features = features.changeable_wanted();
             s.private_flags = flags;
         }
         // A kernel without ethtool netlink: nothing to snapshot (nor to apply: a config that
         // asks for offloads fails at Prepare and at attach).
-        Err(EthtoolError::NoFamily) => {}
-        Err(e) => return Err(e.into()),
+        (Err(EthtoolError::NoFamily), _) | (_, Err(EthtoolError::NoFamily)) => {}
+        (Err(e), _) | (_, Err(e)) => return Err(e.into()),
     }
     Ok(s)
 }

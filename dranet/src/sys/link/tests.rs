@@ -372,9 +372,10 @@ async fn a_kept_pod_socket_serves_a_new_connection_after_unread_answers() {
 
 /// [`Netlink::host`] checks get requests strictly, so an address dump of one link is answered
 /// with that link's addresses alone, by the kernel: not every address of the host, decoded and
-/// dropped here (thousands per attach on a node with 1,024 devices). Run on a thread in a
-/// private netns, where `host` makes its socket. The link dump and lookups it sends pass the
-/// strict checks too.
+/// dropped here (thousands per attach on a node with 1,024 devices). [`Netlink::addresses`]
+/// asks per family (dumps the kernel answers without RTNL) and brings both, once each. Run on a
+/// thread in a private netns, where `host` makes its socket. The link dump and lookups it sends
+/// pass the strict checks too.
 #[test]
 fn the_host_socket_is_answered_one_links_addresses_not_every_one() {
     use futures::TryStreamExt as _;
@@ -404,6 +405,13 @@ fn the_host_socket_is_answered_one_links_addresses_not_every_one() {
                     .await
                     .unwrap();
             }
+            // And one IPv6 address on a0: the per-family dumps bring both families.
+            nl.handle()
+                .address()
+                .add(a, "fd00:9::1".parse().unwrap(), 64)
+                .execute()
+                .await
+                .unwrap();
             let dump = |nl: &Netlink| {
                 let mut req = nl.handle().address().get();
                 req.message_mut().header.index = a;
@@ -412,19 +420,25 @@ fn the_host_socket_is_answered_one_links_addresses_not_every_one() {
             let got = dump(&nl).await.unwrap();
             assert_eq!(
                 got.len(),
-                2,
+                3,
                 "the kernel answered with other links' addresses: {got:?}"
             );
             assert!(got.iter().all(|m| m.header.index == a), "{got:?}");
-            assert_eq!(nl.addresses(a).await.unwrap().len(), 2);
+            let mine = nl.addresses(a).await.unwrap();
+            let families: Vec<_> = mine.iter().map(|m| m.header.family).collect();
+            assert_eq!(
+                families,
+                [AddressFamily::Inet, AddressFamily::Inet, AddressFamily::Inet6],
+                "IPv4 then IPv6, each once"
+            );
             assert_eq!(nl.addresses(b).await.unwrap().len(), 1);
             assert_eq!(nl.links().await.unwrap().len(), 3, "lo, a0, b0");
             // A socket without strict checking is answered with every address: the filter
             // above is the strict check's.
             let here = Netns::open_path(std::path::Path::new("/proc/thread-self/ns/net")).unwrap();
             let plain = Netlink::in_netns(&here).await.unwrap();
-            assert_eq!(dump(&plain).await.unwrap().len(), 3);
-            assert_eq!(plain.addresses(a).await.unwrap().len(), 2, "filtered here");
+            assert_eq!(dump(&plain).await.unwrap().len(), 4);
+            assert_eq!(plain.addresses(a).await.unwrap().len(), 3, "filtered here");
         });
     })
     .join()
