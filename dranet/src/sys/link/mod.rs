@@ -229,7 +229,9 @@ impl Netlink {
     /// One dump per family: the kernel answers each under RCU (`RTNL_FLAG_DUMP_UNLOCKED`, Linux
     /// ≥ 6.10), while a dump of every family (`AF_UNSPEC`: `rtnl_dump_all`) holds RTNL, so an
     /// attach's snapshot waited behind every move in flight (`perf` of the churn bench:
-    /// `rtnl_dumpit` among the daemon's RTNL waits). A kernel without a family's own handler
+    /// `rtnl_dumpit` among the daemon's RTNL waits). Before 6.10 each family's dump holds RTNL
+    /// too; the snapshot runs them beside its two ethtool reads, so it waits for RTNL at most
+    /// twice in a row there (three times before). A kernel without a family's own handler
     /// answers with every family; only the asked one is kept.
     async fn addresses(&self, index: u32) -> Result<Vec<AddressMessage>, LinkError> {
         let mut out = Vec::new();
