@@ -11,6 +11,10 @@ Writes each rendering's manifests to OUT/<name>/ and checks:
     its values shows in the rendering;
   * rbac/serviceAccount/deviceClass off: no ClusterRole, ServiceAccount or DeviceClass, and the
     DaemonSet uses the named ServiceAccount;
+  * the probes (startup and liveness on /healthz, readiness on /readyz) follow bindAddress: its
+    port, and its host unless it is every interface (loopback too, IPv6 without brackets);
+    --bind-address in extraArgs and a ServiceMonitor on a loopback bind are refused; OnDelete
+    renders no rollingUpdate; NOTES.txt renders;
   * the schema refuses wrong values; every `.Values.x` a template reads is in values.yaml or the
     schema, and every key of values.yaml is read by a template;
   * `helm lint --strict` passes;
@@ -31,6 +35,9 @@ def fail(msg):
     failures.append(msg)
 
 
+notes = {}
+
+
 def render(name, values, namespace="kube-system"):
     with helm.Chart.load(str(CHART)) as c:
         c.validate_schema(values)
@@ -41,6 +48,10 @@ def render(name, values, namespace="kube-system"):
     text = ""
     for path in sorted(m):
         body = m[path]
+        if path.endswith("NOTES.txt"):
+            # Shown by `helm install`, not a manifest (`helm template` leaves it out too).
+            notes[name] = body
+            continue
         if not body.strip():
             continue
         (d / pathlib.Path(path).name).write_text(body)
@@ -51,6 +62,54 @@ def render(name, values, namespace="kube-system"):
 
 def kinds(docs, kind):
     return [x for x in docs if x.get("kind") == kind]
+
+
+def render_fails(values, needle):
+    """The chart refuses `values` at render time with a message containing `needle`."""
+    try:
+        with helm.Chart.load(str(CHART)) as c:
+            c.validate_schema(values)
+            c.render(values, name="dranet", namespace="kube-system")
+    except helm.HelmError as e:
+        if needle not in str(e):
+            fail(f"chart with {values}: refused, but not for {needle!r}: {e}")
+        return
+    fail(f"chart with {values}: rendered, expected a refusal ({needle!r})")
+
+
+def probes(ctr):
+    """(path, port, host) of the startup, liveness and readiness probes."""
+    got = {}
+    for k in ("startupProbe", "livenessProbe", "readinessProbe"):
+        g = (ctr.get(k) or {}).get("httpGet") or {}
+        got[k] = (g.get("path"), g.get("port"), g.get("host"))
+    return got
+
+
+def check_pod(what, ds, port, host=None):
+    """Probes on /healthz (startup, liveness) and /readyz (readiness) at port/host; hostPath types:
+    nothing under /sys is type-checked, `Directory` only for kubelet's plugin dirs; on a node
+    the old pod exits before the new one starts."""
+    pod = ds["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    want = {"startupProbe": ("/healthz", port, host), "livenessProbe": ("/healthz", port, host),
+            "readinessProbe": ("/readyz", port, host)}
+    if probes(ctr) != want:
+        fail(f"{what}: probes {probes(ctr)}, want {want}")
+    if ctr["ports"][0]["containerPort"] != port:
+        fail(f"{what}: containerPort {ctr['ports'][0]['containerPort']}, want {port}")
+    for v in pod["volumes"]:
+        hp = v.get("hostPath")
+        if not hp:
+            continue
+        t = hp.get("type") or ""
+        if hp["path"].startswith(("/sys/", "/proc/")) and t:
+            fail(f"{what}: hostPath {hp['path']} has type {t!r}: a node without it could not start the pod")
+        if t == "Directory" and not hp["path"].endswith(("/plugins", "/plugins_registry")):
+            fail(f"{what}: hostPath {hp['path']} is type Directory; only kubelet's plugin dirs are mandatory")
+    ru = ds["spec"]["updateStrategy"].get("rollingUpdate") or {}
+    if ds["spec"]["updateStrategy"]["type"] == "RollingUpdate" and ru.get("maxSurge") not in (0, "0", "0%"):
+        fail(f"{what}: updateStrategy {ds['spec']['updateStrategy']} lets two pods share a node")
 
 
 def leaf_paths(v, prefix=""):
@@ -82,6 +141,17 @@ if ds["spec"]["template"]["spec"].get("tolerations") != [{"operator": "Exists"}]
 for k in ("ClusterRole", "ClusterRoleBinding", "ServiceAccount", "DeviceClass"):
     if not kinds(docs, k):
         fail(f"chart: no {k} with default values")
+for k in ("Service", "ServiceMonitor"):
+    if kinds(docs, k):
+        fail(f"chart: a {k} with default values (serviceMonitor.enabled is false)")
+check_pod("chart (defaults)", ds, 9177)
+if "--bind-address=:9177" not in ds["spec"]["template"]["spec"]["containers"][0]["args"]:
+    fail("chart (defaults): not --bind-address=:9177")
+if ds["spec"]["updateStrategy"] != {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}:
+    fail(f"chart (defaults): updateStrategy {ds['spec']['updateStrategy']}")
+for needle in ("rollout status ds/dranet", "/proxy/readyz", "release-all --state-dir /run/dranet"):
+    if needle not in notes.get("default", ""):
+        fail(f"NOTES.txt (defaults) lacks {needle!r}")
 
 # 2. Every value set.
 allv = yaml.safe_load((CHART / "ci/all-values.yaml").read_text())
@@ -121,7 +191,10 @@ expect = {
     "extraVolumes": pod["volumes"][-1] == allv["extraVolumes"][0],
     "extraVolumeMounts": ctr["volumeMounts"][-1] == allv["extraVolumeMounts"][0],
     "logLevel": {"name": "RUST_LOG", "value": allv["logLevel"]} in ctr["env"],
-    "metricsPort": ctr["ports"][0]["containerPort"] == 19177 and ctr["readinessProbe"]["httpGet"]["port"] == 19177,
+    "metricsPort, bindAddress": ctr["ports"][0]["containerPort"] == 19177
+        and probes(ctr)["readinessProbe"] == ("/readyz", 19177, "192.0.2.10"),
+    "updateStrategy": ds["spec"]["updateStrategy"] == allv["updateStrategy"],
+    "extraEnv": ctr["env"][-2:] == allv["extraEnv"],
     "kubeletRootDir": any(v.get("hostPath", {}).get("path") == "/var/lib/k0s/kubelet/plugins" for v in pod["volumes"]),
     "nriSocket": any(v.get("hostPath", {}).get("path") == "/run/containerd/nri" for v in pod["volumes"]),
     "stateDir": any(v.get("hostPath", {}).get("path") == "/run/netdrv" for v in pod["volumes"]),
@@ -131,14 +204,27 @@ expect = {
 }
 args = ctr["args"]
 for a in ["--driver-name=net.example.com", "--kubelet-root-dir=/var/lib/k0s/kubelet",
-          "--nri-socket=/run/containerd/nri/nri.sock", "--state-dir=/run/netdrv", "--bind-address=:19177",
+          "--nri-socket=/run/containerd/nri/nri.sock", "--state-dir=/run/netdrv",
           "--log-format=text", "--v=4", "--filter=", "--inventory-min-poll-interval=2s",
           "--inventory-max-poll-interval=1m30s", "--move-ib-interfaces=false",
           "--feature-gates=PersistentResourceSliceAttributes=true", "--pci-rebind",
           "--health-gone-grace-seconds=120", "--db-path=/var/run/dranet/dranet.db",
           "--inventory-poll-burst=5", "--cloud-provider-hint=NONE", "--profile-provider=none",
-          "--webhook-url=unix:///run/webhook.sock", "--no-probes"]:
+          "--webhook-url=unix:///run/webhook.sock", "--no-probes", "--bind-address=192.0.2.10:19177"]:
     expect[f"arg {a}"] = a in args
+check_pod("chart (ci/all-values.yaml)", ds, 19177, "192.0.2.10")
+svc, sm = (kinds(docs, "Service") or [{}])[0], (kinds(docs, "ServiceMonitor") or [{}])[0]
+smv = allv["serviceMonitor"]
+ep = ((sm.get("spec") or {}).get("endpoints") or [{}])[0]
+expect["serviceMonitor (Service)"] = svc.get("spec", {}).get("clusterIP") == "None" \
+    and svc["spec"]["selector"] == ds["spec"]["selector"]["matchLabels"] \
+    and svc["spec"]["ports"][0]["port"] == 19177 and svc["spec"]["ports"][0]["name"] == "metrics"
+expect["serviceMonitor (selects the Service)"] = bool(sm) and all(
+    svc["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+expect["serviceMonitor.labels"] = bool(sm) and sm["metadata"]["labels"].get("release") == "prometheus"
+expect["serviceMonitor endpoint"] = ep.get("port") == "metrics" and ep.get("path") == "/metrics" \
+    and ep.get("interval") == smv["interval"] and ep.get("scrapeTimeout") == smv["scrapeTimeout"] \
+    and ep.get("metricRelabelings") == smv["metricRelabelings"]
 for what, ok in expect.items():
     if not ok:
         fail(f"chart with ci/all-values.yaml: {what} not rendered as set")
@@ -153,11 +239,43 @@ for k in ("ClusterRole", "ClusterRoleBinding", "ServiceAccount", "DeviceClass"):
 if kinds(docs, "DaemonSet")[0]["spec"]["template"]["spec"]["serviceAccountName"] != "existing-sa":
     fail("chart: serviceAccount.create=false does not use serviceAccount.name")
 
+# 3b. The bind address, as the probes see it.
+for values, port, host in [({"metricsPort": 19200}, 19200, None),
+                           ({"bindAddress": "127.0.0.1:9300"}, 9300, "127.0.0.1"),
+                           ({"bindAddress": "[::1]:9301"}, 9301, "::1"),
+                           ({"bindAddress": "[::]:9302"}, 9302, None),
+                           ({"bindAddress": "0.0.0.0:9303"}, 9303, None)]:
+    name = "bind-" + str(port)
+    text, docs = render(name, values)
+    ds = kinds(docs, "DaemonSet")[0]
+    check_pod(f"chart with {values}", ds, port, host)
+    want = "--bind-address=" + (values.get("bindAddress") or f":{port}")
+    if want not in ds["spec"]["template"]["spec"]["containers"][0]["args"]:
+        fail(f"chart with {values}: no {want}")
+if "curl -s http://127.0.0.1:9300/readyz" not in notes.get("bind-9300", ""):
+    fail("NOTES.txt with a loopback bind does not say to curl it on the node")
+if "curl -s http://[::1]:9301/readyz" not in notes.get("bind-9301", ""):
+    fail("NOTES.txt with an IPv6 loopback bind does not bracket the address")
+render_fails({"extraArgs": ["--bind-address=127.0.0.1:9177"]}, "set the bindAddress value")
+render_fails({"extraArgs": ["-bind-address", "127.0.0.1:9177"]}, "set the bindAddress value")
+render_fails({"bindAddress": "127.0.0.1:9177", "serviceMonitor": {"enabled": True}}, "cannot scrape")
+render_fails({"bindAddress": ":70000"}, "must be 1-65535")
+text, docs = render("ondelete", {"updateStrategy": {"type": "OnDelete"}})
+if kinds(docs, "DaemonSet")[0]["spec"]["updateStrategy"] != {"type": "OnDelete"}:
+    fail("chart: updateStrategy.type=OnDelete does not render alone")
+text, docs = render("no-deviceclass", {"deviceClass": {"create": False}})
+if "No DeviceClass created" not in notes.get("no-deviceclass", ""):
+    fail("NOTES.txt with deviceClass.create=false does not say claims need a DeviceClass")
+
 # 4. The schema refuses wrong values.
 for bad in [{"tolerations": "all"}, {"image": {"repository": "x", "pullPolicy": "Sometimes"}},
             {"bogus": 1}, {"metricsPort": 0}, {"args": {"inventoryMinPollInterval": "2 seconds"}},
             {"args": {"unknownArg": True}}, {"driverName": "Not_A_DNS_Name"},
-            {"logVerbosity": "high"}, {"args": {"featureGates": "Foo"}}]:
+            {"logVerbosity": "high"}, {"args": {"featureGates": "Foo"}},
+            {"bindAddress": "9177"}, {"bindAddress": "localhost"}, {"bindAddress": "::1:9177"},
+            {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}},
+            {"updateStrategy": {"type": "Recreate"}}, {"extraEnv": [{"value": "x"}]},
+            {"serviceMonitor": {"enabled": "yes"}}, {"serviceMonitor": {"interval": "30 seconds"}}]:
     with helm.Chart.load(str(CHART)) as c:
         try:
             c.validate_schema(bad)
@@ -190,8 +308,9 @@ plain = yaml.safe_load(open("deploy/daemonset.yaml"))
 if plain["spec"]["selector"] != {"matchLabels": {"app": "dranet"}} or plain["metadata"]["name"] != "dranet" \
         or plain["metadata"]["namespace"] != "kube-system":
     fail("deploy/daemonset.yaml: not upstream's kube-system/dranet with selector app: dranet")
+check_pod("deploy/daemonset.yaml", plain, 9177)
 
 if failures:
     print("\n".join("chart: " + f for f in failures), file=sys.stderr)
     sys.exit(1)
-print(f"chart: rendered with helm {helm.helm_sdk_version()} (defaults, every value set, objects off); schema, lint and value references checked")
+print(f"chart: rendered with helm {helm.helm_sdk_version()} (defaults, every value set, objects off, bind addresses); schema, probes, hostPaths, lint and value references checked")
