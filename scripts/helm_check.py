@@ -149,7 +149,7 @@ if "--bind-address=:9177" not in ds["spec"]["template"]["spec"]["containers"][0]
     fail("chart (defaults): not --bind-address=:9177")
 if ds["spec"]["updateStrategy"] != {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}:
     fail(f"chart (defaults): updateStrategy {ds['spec']['updateStrategy']}")
-for needle in ("rollout status ds/dranet", "/proxy/readyz", "release-all --state-dir /run/dranet"):
+for needle in ("rollout status ds/dranet", "/proxy/readyz", "dranet status --state-dir /run/dranet"):
     if needle not in notes.get("default", ""):
         fail(f"NOTES.txt (defaults) lacks {needle!r}")
 
