@@ -6,7 +6,11 @@
 #                     llvm-22-dev libpolly-22-dev (for bpf-linker), bpftool, iproute2, build-essential,
 #                     dnsmasq-base (the DHCP server of the DHCP client tests; the binary only, no
 #                     system service that would start and take port 53), pci.ids (the PCI name
-#                     database the inventory reads, as in the image; its tests check it in CI)
+#                     database the inventory reads, as in the image; its tests check it in CI),
+#                     strace (the test that embedded mode dials nothing off the machine),
+#                     runc and containernetworking-plugins (bridge, host-local, loopback) for the
+#                     real-containerd suite (containerd itself: `cargo xtask runtimes`, unpacked
+#                     under target/runtimes/, never installed system-wide)
 #   bpf-linker      : 0.13.0 built against LLVM 22 (same LLVM as Debian's rustc 1.96)
 #
 # Knobs: BPF_LINKER_VERSION (0.13.0), BPF_LINKER_ROOT (cargo install --root, default ~/.cargo),
@@ -21,7 +25,7 @@ SUDO=""
 log() { printf '[install-toolchain] %s\n' "$*" >&2; }
 
 packages=(rustc-web cargo-web rust-web-src llvm-22-dev libpolly-22-dev bpftool iproute2 build-essential
-  pkg-config kmod util-linux dnsmasq-base pci.ids)
+  pkg-config kmod util-linux dnsmasq-base pci.ids runc containernetworking-plugins strace)
 # shellcheck disable=SC2206
 [ -n "${EXTRA_PACKAGES:-}" ] && packages+=(${EXTRA_PACKAGES})
 

@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod build_ebpf;
 mod demo;
+mod e2e;
+mod runtimes;
 mod soak;
 mod vm;
 
@@ -25,6 +27,10 @@ enum Job {
     Bench(bench::Options),
     /// Build the eBPF programs (dranet-ebpf) for bpfel-unknown-none with Debian's rustc 1.96.
     BuildEbpf(build_ebpf::Options),
+    /// A real runtime's end-to-end suite alone: `--runtime containerd` runs
+    /// dranet-sim/tests/containerd.rs against Debian's containerd 1.7 and 2.x; ends with
+    /// `N passed, M failed`.
+    E2e(e2e::Options),
     /// Set-up on a fresh machine, then dranet's main job: one pod life cycle in a runtime's order.
     Demo(demo::Options),
     /// The model-based life-cycle soak against the real daemon (root): `--lifecycles N --seed S`.
@@ -33,6 +39,9 @@ enum Job {
     VmTest(vm::Options),
     /// Install the toolchain (Debian packages, bpf-linker); idempotent.
     InstallToolchain,
+    /// Fetch containerd of Debian trixie (1.7) and sid (2.x) into target/runtimes/ (private apt,
+    /// signed index, no system-wide install); idempotent. Prints the exact versions.
+    Runtimes(runtimes::Options),
     /// Everything the tests need (toolchain, eBPF object), then the whole test suite (needs root).
     Test {
         /// Extra arguments for `cargo test`.
@@ -47,9 +56,11 @@ fn main() -> Result<()> {
         Job::Bench(opts) => bench::run_bench(&opts),
         Job::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Job::Demo(opts) => demo::run_demo(&opts),
+        Job::E2e(opts) => e2e::run(&opts),
         Job::Soak(opts) => soak::run_soak(&opts),
         Job::VmTest(opts) => vm::run_vm_test(&opts),
         Job::InstallToolchain => install_toolchain(),
+        Job::Runtimes(opts) => runtimes::fetch(&opts).map(|_| ()),
         Job::Test { args } => test(&args),
     }
 }
@@ -77,6 +88,7 @@ fn install_toolchain() -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     install_toolchain()?;
     build_ebpf::run(&build_ebpf::Options::default())?;
+    runtimes::fetch(&runtimes::Options::default())?;
     run(Command::new(env!("CARGO"))
         .current_dir(root())
         .args(["test", "--workspace", "--exclude", "dranet-ebpf", "--locked"])
