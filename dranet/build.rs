@@ -31,8 +31,61 @@ fn protos_under(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn main() -> Result<()> {
+    revision();
     ebpf_object()?;
     protos()
+}
+
+/// `DRANET_REVISION` and `DRANET_RUSTC` for the binary (`dranet --version`, the start-up line,
+/// `dranet_build_info`): the revision is `$DRANET_REVISION` when set (a Docker build without
+/// `.git` passes it as a build argument), else `git rev-parse --short=12 HEAD`, else `unknown`.
+/// The script reruns when HEAD or the branch it names moves, so the revision stays right.
+fn revision() {
+    println!("cargo:rerun-if-env-changed=DRANET_REVISION");
+    let from_env = std::env::var("DRANET_REVISION")
+        .ok()
+        .filter(|r| !r.trim().is_empty());
+    let rev = from_env.unwrap_or_else(|| git_revision().unwrap_or_else(|| "unknown".to_owned()));
+    println!("cargo:rustc-env=DRANET_REVISION={}", rev.trim());
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let rustc = command_output(std::process::Command::new(rustc).arg("--version"))
+        .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=DRANET_RUSTC={rustc}");
+}
+
+fn command_output(cmd: &mut std::process::Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    let s = String::from_utf8(out.stdout).ok()?;
+    (out.status.success() && !s.trim().is_empty()).then(|| s.trim().to_owned())
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")?;
+    command_output(std::process::Command::new("git").arg("-C").arg(dir).args(args))
+}
+
+fn git_revision() -> Option<String> {
+    let rev = git(&["rev-parse", "--short=12", "HEAD"])?;
+    // Rerun when HEAD moves: HEAD itself (a checkout), the branch it names (a commit), and
+    // packed-refs (a branch packed away). Only existing files: a missing one reruns every build.
+    let git_dir = git(&["rev-parse", "--absolute-git-dir"]);
+    let common =
+        git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]).or_else(|| git_dir.clone());
+    let mut watch = Vec::new();
+    if let Some(d) = &git_dir {
+        watch.push(Path::new(d).join("HEAD"));
+    }
+    if let Some(c) = &common {
+        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            watch.push(Path::new(c).join(branch));
+        }
+        watch.push(Path::new(c).join("packed-refs"));
+    }
+    for p in watch.iter().filter(|p| p.is_file()) {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
+    Some(rev)
 }
 
 fn ebpf_object() -> Result<()> {

@@ -58,8 +58,11 @@ impl Endpoints for Fixed {
         Err("kubelet has not registered the DRA plugin".into())
     }
 
-    fn metrics(&self) -> String {
-        "# TYPE dranet_up gauge\ndranet_up 1\n# EOF\n".into()
+    fn metrics(&self, format: crate::http::MetricsFormat) -> String {
+        match format {
+            crate::http::MetricsFormat::OpenMetrics => "# TYPE dranet_up gauge\ndranet_up 1\n# EOF\n".into(),
+            crate::http::MetricsFormat::Text004 => "# TYPE dranet_up gauge\ndranet_up 1\n".into(),
+        }
     }
 }
 

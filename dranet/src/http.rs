@@ -1,5 +1,6 @@
 //! The daemon's HTTP endpoint: `GET /healthz` and `GET /readyz` (200 when ready, 503 with the
-//! reason otherwise) and `GET /metrics` (Prometheus text format), served by hyper (HTTP/1.1,
+//! reason otherwise) and `GET /metrics` (Prometheus text format 0.0.4, or OpenMetrics when the
+//! scraper's `Accept` names `application/openmetrics-text`), served by hyper (HTTP/1.1,
 //! keep-alive).
 //!
 //! The port is reachable from every pod on the node network by default (`0.0.0.0:9177`, as
@@ -30,6 +31,7 @@ use tokio::net::TcpListener;
 use tracing::debug;
 
 use crate::listen::{Accepted, Incoming};
+pub use crate::telemetry::metrics::Format as MetricsFormat;
 
 /// Errors of the HTTP endpoint.
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +52,8 @@ pub trait Endpoints: Send + Sync + 'static {
     fn ready(&self) -> Result<(), String> {
         self.health()
     }
-    /// The metrics exposition (OpenMetrics text).
-    fn metrics(&self) -> String;
+    /// The metrics exposition in `format`.
+    fn metrics(&self, format: MetricsFormat) -> String;
 }
 
 /// Limits of the endpoint.
@@ -217,13 +219,21 @@ fn respond(req: &Request<Body>, ep: &dyn Endpoints) -> Response<Full<Bytes>> {
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
         },
         "/metrics" => {
-            let mut r = text(StatusCode::OK, ep.metrics());
-            r.headers_mut().insert(
+            let accept = req
+                .headers()
+                .get_all(header::ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect::<Vec<_>>()
+                .join(",");
+            let format = MetricsFormat::negotiate((!accept.is_empty()).then_some(accept.as_str()));
+            let mut r = text(StatusCode::OK, ep.metrics(format));
+            let h = r.headers_mut();
+            h.insert(
                 header::CONTENT_TYPE,
-                header::HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
+                header::HeaderValue::from_static(format.content_type()),
             );
+            h.insert(header::VARY, header::HeaderValue::from_static("Accept"));
             r
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
@@ -333,8 +343,9 @@ mod tests {
         fn health(&self) -> Result<(), String> {
             self.0.clone()
         }
-        fn metrics(&self) -> String {
-            "# EOF\n".into()
+        fn metrics(&self, format: MetricsFormat) -> String {
+            let reg = crate::telemetry::metrics::registry();
+            crate::telemetry::metrics::encode(&reg, format).unwrap()
         }
     }
 
@@ -356,7 +367,11 @@ mod tests {
         );
         let r = get("GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
         assert!(r.starts_with("HTTP/1.1 503 ") && r.ends_with("starting\n"), "{r}");
-        let r = get("GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n", true).await;
+        let r = get(
+            "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text\r\n\r\n",
+            true,
+        )
+        .await;
         assert!(
             r.contains("application/openmetrics-text") && r.ends_with("# EOF\n"),
             "{r}"
@@ -452,5 +467,73 @@ mod tests {
         }
         let r = healthz(addr).await;
         assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    }
+
+    fn header<'a>(r: &'a str, name: &str) -> Option<&'a str> {
+        r.split("\r\n\r\n").next()?.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    fn body(r: &str) -> &str {
+        r.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+    }
+
+    /// `/metrics` speaks the text format 0.0.4 unless the scraper names OpenMetrics in
+    /// `Accept` (Prometheus' own header), byte for byte over the wire.
+    #[tokio::test]
+    async fn metrics_negotiate_text_0_0_4_or_openmetrics() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        for (accept, openmetrics) in [
+            (None, false),
+            (Some("text/plain"), false),
+            (Some("text/plain;version=0.0.4"), false),
+            (Some("*/*"), false),
+            (Some("application/openmetrics-text;q=0"), false),
+            (Some("application/openmetrics-text"), true),
+            (Some(prometheus), true),
+        ] {
+            let raw = match accept {
+                Some(a) => format!("GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {a}\r\n\r\n"),
+                None => "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".to_owned(),
+            };
+            let r = get(&raw, true).await;
+            assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+            let b = body(&r);
+            assert_eq!(header(&r, "vary"), Some("Accept"), "{r}");
+            if openmetrics {
+                assert_eq!(
+                    header(&r, "content-type"),
+                    Some("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                    "{accept:?}"
+                );
+                assert!(b.ends_with("# EOF\n"), "{b}");
+                assert!(b.contains("# TYPE process_cpu_seconds counter\n"), "{b}");
+                assert!(b.contains("# TYPE dranet_build info\n"), "{b}");
+            } else {
+                assert_eq!(
+                    header(&r, "content-type"),
+                    Some("text/plain; version=0.0.4; charset=utf-8"),
+                    "{accept:?}"
+                );
+                assert!(!b.contains("# EOF"), "{b}");
+                assert!(!b.contains("# UNIT"), "{b}");
+                // 0.0.4 names a counter's family by its sample (`_total`), and has no info type.
+                assert!(b.contains("# TYPE process_cpu_seconds_total counter\n"), "{b}");
+                assert!(b.contains("# HELP process_cpu_seconds_total "), "{b}");
+                assert!(b.contains("# TYPE dranet_build_info gauge\n"), "{b}");
+                assert!(!b.contains(" info\n"), "{b}");
+            }
+            assert!(b.contains("\nprocess_cpu_seconds_total "), "{b}");
+            assert!(
+                b.contains(&format!(
+                    "dranet_build_info{{version=\"{}\",revision=\"{}\"}} 1\n",
+                    crate::telemetry::version::VERSION,
+                    crate::telemetry::version::REVISION
+                )),
+                "{b}"
+            );
+        }
     }
 }

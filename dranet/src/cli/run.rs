@@ -118,12 +118,11 @@ impl Endpoints for Status {
         self.readiness.ready()
     }
 
-    fn metrics(&self) -> String {
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+    fn metrics(&self, format: crate::http::MetricsFormat) -> String {
+        crate::telemetry::metrics::encode(&self.registry, format).unwrap_or_else(|e| {
             warn!(error = %crate::telemetry::chain(&e), "encoding metrics");
-        }
-        out
+            String::new()
+        })
     }
 }
 
@@ -268,7 +267,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
     readiness.set_met(crate::ready::ENGINE);
-    let mut registry = Registry::default();
+    let mut registry = crate::telemetry::metrics::registry();
     engine.metrics().register(&mut registry);
     crate::listen::metrics().register(&mut registry);
     probes.register(&mut registry);

@@ -112,6 +112,7 @@ pub struct RuntimeSide {
     sides: Sides,
     late: Arc<LateSink>,
     slice_metrics: crate::slices::SliceMetrics,
+    dra_metrics: crate::dra::DraMetrics,
 }
 
 /// Registers every metric and starts the runtime (NRI) side: nothing here touches the API
@@ -139,14 +140,17 @@ pub async fn start_runtime(
         allocations: crate::adoption::AllocationsCell::default(),
     };
     let slice_metrics = crate::slices::SliceMetrics::default();
+    let dra_metrics = crate::dra::DraMetrics::default();
     if !args.no_dra {
         slice_metrics.register(registry);
+        dra_metrics.register(registry);
     }
     super::run_nri::start(args, engine, registry, &mut sides).await?;
     Ok(RuntimeSide {
         sides,
         late,
         slice_metrics,
+        dra_metrics,
     })
 }
 
@@ -159,6 +163,7 @@ pub async fn start_kubelet(args: &RunArgs, engine: &Engine, runtime: RuntimeSide
         mut sides,
         late,
         slice_metrics,
+        dra_metrics,
     } = runtime;
     if args.no_dra {
         return Ok(sides);
@@ -173,7 +178,16 @@ pub async fn start_kubelet(args: &RunArgs, engine: &Engine, runtime: RuntimeSide
         ApiMode::Embedded { .. } => None,
         ApiMode::Kube => Some(kube_client_retrying(args, &readiness).await),
     };
-    start_kubelet_side(args, engine, &mut sides, mode, kube, late, slice_metrics).await?;
+    start_kubelet_side(
+        args,
+        engine,
+        &mut sides,
+        mode,
+        kube,
+        late,
+        (slice_metrics, dra_metrics),
+    )
+    .await?;
     Ok(sides)
 }
 
@@ -187,7 +201,7 @@ async fn start_kubelet_side(
     mode: ApiMode,
     kube: Option<kube::Client>,
     late: Arc<LateSink>,
-    slice_metrics: crate::slices::SliceMetrics,
+    (slice_metrics, dra_metrics): (crate::slices::SliceMetrics, crate::dra::DraMetrics),
 ) -> anyhow::Result<()> {
     let readiness = sides.readiness.clone();
     let inventory = SharedInventory::new(Vec::new());
@@ -251,7 +265,8 @@ async fn start_kubelet_side(
         Arc::new(engine.clone()),
     )
     .with_reporter(sides.reporter.clone())
-    .with_providers(Arc::new(providers));
+    .with_providers(Arc::new(providers))
+    .with_metrics(dra_metrics);
     start_plugin(args, sides, Arc::new(preparer), health, rescan).await
 }
 

@@ -10,7 +10,8 @@
 //! * [`rtnl`] — host rtnetlink connections (requests and multicast monitors);
 //! * [`packet`] — the `AF_PACKET` socket of the DHCPv4 exchange;
 //! * [`os`] — the rest of the process's syscalls: the monotonic clock, `flock`, `RLIMIT_NOFILE`,
-//!   errno classification, bpffs mounts, returning freed heap to the kernel.
+//!   errno classification, bpffs mounts, returning freed heap to the kernel;
+//! * [`process`] — this process's CPU, memory and fds from procfs (the `process_*` metrics).
 //!
 //! `dranet/clippy.toml` disallows the kernel entry points (`setns`, netlink sockets, `libc`
 //! syscalls, mounts) everywhere in the crate; this module alone allows them.
@@ -24,5 +25,6 @@ pub mod netns;
 pub mod os;
 pub mod packet;
 pub mod probes;
+pub mod process;
 pub mod rdma;
 pub mod rtnl;

@@ -1,11 +1,12 @@
-//! Telemetry: log set-up ([`log`]), the one way an error is written out ([`chain`]), and every
-//! metric family dranet exports ([`metrics`]).
+//! Telemetry: log set-up ([`log`]), the one way an error is written out ([`chain`]), every
+//! metric family dranet exports ([`metrics`]) and what this binary is ([`version`]).
 //!
 //! Error types keep their cause out of their own message (`#[source]` only), so an error is
 //! written once, where it is handled, as its whole chain: `what failed: why: why…`.
 
 pub mod log;
 pub mod metrics;
+pub mod version;
 
 use std::error::Error;
 use std::fmt;

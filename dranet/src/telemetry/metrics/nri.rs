@@ -1,5 +1,6 @@
 //! Prometheus metrics of the NRI plugin: hook calls, errors and latency by hook, registrations
-//! and connection losses.
+//! and connection losses (`dranet_nri_registrations_total`, `dranet_nri_connection_losses_total`;
+//! before the `dranet_` prefix they were `nri_*`, never in a release, so not kept as aliases).
 
 use std::time::Instant;
 
@@ -81,12 +82,12 @@ impl NriMetrics {
             self.latency.clone(),
         );
         registry.register(
-            "nri_registrations",
+            "dranet_nri_registrations",
             "Successful NRI registrations",
             self.registrations.clone(),
         );
         registry.register(
-            "nri_connection_losses",
+            "dranet_nri_connection_losses",
             "NRI connections lost or failed (each one is retried)",
             self.connection_losses.clone(),
         );
