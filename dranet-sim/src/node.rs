@@ -124,7 +124,10 @@ impl Node {
             .map(str::to_owned)
             .to_vec()
         });
+        // No cloud detection: tests never reach off the machine. First, so a caller's own hint
+        // (a later one) wins.
         cmd.arg("run")
+            .arg("--cloud-provider-hint=NONE")
             .args(node_args)
             .arg("--state-dir")
             .arg(self.state_dir())

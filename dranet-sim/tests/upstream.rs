@@ -41,7 +41,7 @@ async fn dranet_run_starts_with_upstreams_daemonset_and_chart_args() -> Result<(
     .await
     .context("dranet run with upstream's arguments did not start")?;
     let addr = format!("127.0.0.1:{port}");
-    // Healthy once the NRI connection is seen (the daemon polls it every 200 ms).
+    // Healthy once the engine runs (the NRI connection counts for /readyz only).
     let start = std::time::Instant::now();
     let mut last = http_get(&addr, "/healthz").await?;
     while last.0 != 200 && start.elapsed() < Duration::from_secs(10) {

@@ -1,11 +1,14 @@
 //! Health and readiness of `dranet run`, as named conditions with reasons.
 //!
-//! * `/healthz` (liveness, startup) is about the node: it is OK while devices are protected,
-//!   that is the rescue engine runs (checkpoint loaded, start-up reconcile done) and, unless
-//!   `--no-nri`, the NRI plugin is connected to the runtime. The API server plays no part.
-//! * `/readyz` adds what the cluster sees: kubelet registered the DRA plugin, the ResourceSlices
-//!   are published, the last ResourceClaim read worked. A condition that is not met says why
-//!   (`ResourceSlices not published: 403 Forbidden: cannot patch resourceslices...`).
+//! * `/healthz` (liveness, startup) is about the daemon itself: it is OK while the rescue engine
+//!   runs (checkpoint loaded, start-up reconcile done, pins held, events followed). Neither the
+//!   runtime nor the API server plays a part: restarting dranet fixes neither a runtime with NRI
+//!   off nor an API outage, and a restart loop would hide the cause from `kubectl logs`.
+//! * `/readyz` adds what the node and the cluster see: registered with the runtime's NRI socket
+//!   (unless `--no-nri`), kubelet registered the DRA plugin, the ResourceSlices are published,
+//!   the last ResourceClaim read worked. A condition that is not met says why
+//!   (`nri: cannot connect to the NRI socket /var/run/nri/nri.sock: ...; is NRI enabled ...`,
+//!   `slices: ResourceSlices not published: 403 Forbidden: ...`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -23,7 +26,7 @@ pub const SLICES: &str = "slices";
 pub const CLAIMS: &str = "claims";
 
 /// The conditions `/healthz` needs; every other one counts for `/readyz` only.
-const LIVENESS: &[&str] = &[ENGINE, NRI];
+const LIVENESS: &[&str] = &[ENGINE];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Condition {
@@ -124,13 +127,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn health_needs_engine_and_nri_only_readiness_needs_all() {
+    fn health_needs_the_engine_only_readiness_needs_all() {
         let r = Readiness::new();
         assert_eq!(r.health(), Err("engine: starting".into()));
         r.set_met(ENGINE);
         r.expect(NRI, "not connected to the runtime's NRI socket");
         r.expect(SLICES, "not published yet");
-        assert!(r.health().unwrap_err().contains("nri: not connected"));
+        assert_eq!(
+            r.health(),
+            Ok(()),
+            "a runtime with NRI off does not make dranet unhealthy"
+        );
+        assert!(r.ready().unwrap_err().contains("nri: not connected"));
         r.set_met(NRI);
         assert_eq!(r.health(), Ok(()));
         r.set_unmet(

@@ -29,6 +29,11 @@ pub struct ReleaseAllArgs {
 
 pub fn main(args: &ReleaseAllArgs) -> ExitCode {
     super::init_logging(false, "info");
+    // A typo must not create a state dir (and report "nothing to release").
+    if let Err(why) = super::existing_state_dir(&args.state_dir) {
+        eprintln!("dranet release-all: {why}");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

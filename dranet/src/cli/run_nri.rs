@@ -1,7 +1,6 @@
 //! The NRI side of `dranet run`: the plugin, with the rescue engine behind its hooks.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tracing::{error, info};
@@ -37,8 +36,16 @@ pub async fn start(
         name: args.nri_plugin_name.clone(),
         index: args.nri_plugin_index.clone(),
         metrics: metrics.clone(),
+        readiness: Some(sides.readiness.clone()),
         ..PluginConfig::default()
     };
+    sides.readiness.expect(
+        crate::ready::NRI,
+        format!(
+            "not registered with the runtime's NRI socket {} yet",
+            cfg.socket.display()
+        ),
+    );
     let (tx, rx) = tokio::sync::watch::channel(false);
     info!(socket = %cfg.socket.display(), name = cfg.name, index = cfg.index, "NRI plugin starting");
     sides.nri_task = Some(tokio::spawn(async move {
@@ -47,17 +54,5 @@ pub async fn start(
         }
     }));
     sides.nri_stop = Some(tx);
-    let r = sides.readiness.clone();
-    r.expect(crate::ready::NRI, "not connected to the runtime's NRI socket yet");
-    sides.tasks.push(tokio::spawn(async move {
-        loop {
-            if metrics.connected() {
-                r.set_met(crate::ready::NRI);
-            } else {
-                r.set_unmet(crate::ready::NRI, "not connected to the runtime's NRI socket");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }));
     Ok(())
 }

@@ -232,6 +232,7 @@ async fn start_kubelet_side(
     info!(devices = devices.len(), "inventory");
     let devices: DeviceList = Arc::new(devices);
     inventory.replace(devices.clone());
+    let in_cluster = matches!(mode, ApiMode::Kube);
     let (publisher, claims, sink) = api_endpoints(args, &mode, kube, &readiness)?;
     late.set(sink);
     let adoption = adoption_input(args, sides, publisher.clone(), claims.clone());
@@ -251,6 +252,7 @@ async fn start_kubelet_side(
             devices,
             slices,
             adoption,
+            in_cluster,
         },
     );
     let preparer = Preparer::new(
@@ -329,6 +331,9 @@ struct InventoryParts<A> {
     slices: SliceController<AnyPublisher>,
     /// Runs before the first publish.
     adoption: A,
+    /// A cluster (kubeconfig or in-cluster config), not embedded mode: only then is the cloud
+    /// detected.
+    in_cluster: bool,
 }
 
 /// Starts the publish loop (after adoption's input), the link-event listener, health following
@@ -354,6 +359,7 @@ where
         devices,
         slices,
         adoption,
+        in_cluster,
     } = parts;
     let rescan = RescanHandle::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -399,9 +405,17 @@ where
     )));
     // The cloud's metadata is read off the start path; its attributes join at the next scan.
     let r = rescan.clone();
+    let mut cloud = args
+        .upstream
+        .cloud_options(&args.sysfs, args.cloud_metadata_endpoint.clone());
+    if !in_cluster && cloud.hint == crate::cloud::Hint::Detect {
+        // A node without a cluster has no cloud to find, and nothing may leave the machine
+        // unless a cluster (or an operator) says so: embedded mode detects no cloud.
+        info!("embedded mode: no cloud detection (pass --cloud-provider-hint to read a cloud's metadata)");
+        cloud.hint = crate::cloud::Hint::None;
+    }
     sides.tasks.push(tokio::spawn(crate::cloud::run_providers(
-        args.upstream
-            .cloud_options(&args.sysfs, args.cloud_metadata_endpoint.clone()),
+        cloud,
         args.upstream.profile_choice(),
         providers,
         move || r.request_rescan(),

@@ -20,6 +20,10 @@ pub struct StatusArgs {
 /// Read only (it takes no lock: it works beside a running daemon). A checkpoint that does not
 /// load is reported, and what loads shown instead: each record from its file or its `.prev`.
 pub fn main(args: &StatusArgs) -> ExitCode {
+    if let Err(why) = super::existing_state_dir(&args.state_dir) {
+        eprintln!("dranet status: {why}");
+        return ExitCode::FAILURE;
+    }
     let store = match Store::open(&args.state_dir) {
         Ok(s) => s,
         Err(e) => {

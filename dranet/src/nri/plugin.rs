@@ -50,6 +50,14 @@ pub const EVENTS: i32 = event_bit(pb::Event::RunPodSandbox)
     | event_bit(pb::Event::RemovePodSandbox)
     | event_bit(pb::Event::CreateContainer);
 
+/// What an operator does when the runtime's NRI socket is not there: NRI is off in the runtime
+/// (containerd 1.7's default), or the socket is not mounted into dranet's container.
+pub const ENABLE_NRI_HINT: &str = "is NRI enabled in the container runtime? containerd 1.7: set `disable = false` under [plugins.\"io.containerd.nri.v1.nri\"] in /etc/containerd/config.toml (on by default from containerd 2.0); CRI-O: `enable_nri = true` under [crio.nri] (on by default from CRI-O 1.30); then restart the runtime. The socket's directory must be mounted into dranet's container (the DaemonSet mounts /var/run/nri)";
+
+/// How often the "NRI socket unreachable" warning repeats while the runtime stays unreachable
+/// (the first failure is a WARN at once; the retries in between are debug lines).
+pub const UNREACHABLE_WARN_EVERY: Duration = Duration::from_secs(300);
+
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
@@ -99,6 +107,9 @@ pub struct PluginConfig {
     pub request_timeout: Duration,
     /// Where the plugin counts its hook calls (clone one registered with [`NriMetrics::register`]).
     pub metrics: NriMetrics,
+    /// Where the plugin says whether it is registered with the runtime ([`crate::ready::NRI`]),
+    /// and why not: set as the connection comes and goes, no polling.
+    pub readiness: Option<crate::ready::Readiness>,
 }
 
 impl Default for PluginConfig {
@@ -111,6 +122,7 @@ impl Default for PluginConfig {
             registration_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
             metrics: NriMetrics::default(),
+            readiness: None,
         }
     }
 }
@@ -171,6 +183,7 @@ pub async fn run<H: PodHooks>(
     }
     let mut inherited = inherited_socket()?;
     let mut backoff = BACKOFF_START;
+    let mut warned: Option<std::time::Instant> = None;
     loop {
         if *shutdown.borrow() {
             return Ok(());
@@ -192,10 +205,35 @@ pub async fn run<H: PodHooks>(
             Ok(SessionEnd::Shutdown) => return Ok(()),
             Ok(SessionEnd::Lost(why)) => {
                 warn!(reason = %why, "NRI connection lost; reconnecting");
+                if let Some(r) = &cfg.readiness {
+                    r.set_unmet(
+                        crate::ready::NRI,
+                        format!("NRI connection lost ({why}); reconnecting"),
+                    );
+                }
                 backoff = BACKOFF_START;
             }
             Err(e) => {
-                debug!(error = %crate::telemetry::chain(&e), retry_in = ?backoff, "NRI connection attempt failed")
+                let unreachable = matches!(e, NriError::Connect { .. });
+                let reason = if unreachable {
+                    format!("{}; {ENABLE_NRI_HINT}", crate::telemetry::chain(&e))
+                } else {
+                    crate::telemetry::chain(&e).to_string()
+                };
+                if let Some(r) = &cfg.readiness {
+                    r.set_unmet(crate::ready::NRI, reason.clone());
+                }
+                if unreachable && warned.is_none_or(|t| t.elapsed() >= UNREACHABLE_WARN_EVERY) {
+                    warned = Some(std::time::Instant::now());
+                    warn!(
+                        socket = %cfg.socket.display(),
+                        error = %crate::telemetry::chain(&e),
+                        hint = ENABLE_NRI_HINT,
+                        "cannot reach the runtime's NRI socket: pods get no devices until dranet registers; retrying"
+                    );
+                } else {
+                    debug!(error = %crate::telemetry::chain(&e), retry_in = ?backoff, "NRI connection attempt failed");
+                }
             }
         }
         cfg.metrics.connection_losses.inc();
@@ -275,6 +313,9 @@ async fn session<H: PodHooks>(
     };
     cfg.metrics.registrations.inc();
     cfg.metrics.connected.store(true, Ordering::Relaxed);
+    if let Some(r) = &cfg.readiness {
+        r.set_met(crate::ready::NRI);
+    }
     if let Some((name, version)) = runtime {
         info!(runtime = %name, version = %version, plugin = %cfg.name, index = %cfg.index, "NRI plugin registered");
     }

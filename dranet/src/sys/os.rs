@@ -232,6 +232,15 @@ mod arena_tests {
     }
 }
 
+/// The machine's host name (`uname -n`), as kubelet names a node by default: lower case, without
+/// surrounding blanks. `None` when the kernel's answer is empty or not UTF-8.
+#[must_use]
+pub fn node_hostname() -> Option<String> {
+    let h = nix::unistd::gethostname().ok()?.into_string().ok()?;
+    let h = h.trim().to_lowercase();
+    (!h.is_empty()).then_some(h)
+}
+
 #[cfg(test)]
 mod tunables_tests {
     /// The image sets exactly the tunables the daemon checks for (and the harness runs it with).
