@@ -11,6 +11,11 @@
 //!   PATH where the script puts it, runtime packages the script installs (so CI installs them on
 //!   that release at every run), and, on a host of that release, every package known to apt.
 
+#![expect(
+    clippy::expect_used,
+    reason = "test helpers panic on a manifest they cannot read, like the tests"
+)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -375,10 +380,12 @@ fn apt_known(names: &[&String]) -> Vec<String> {
     for line in text.lines() {
         if !line.starts_with(' ') {
             current = line.strip_suffix(':').map(str::to_owned);
-        } else if let (Some(name), Some((key, value))) = (&current, line.trim().split_once(": ")) {
-            if (key == "Installed" || key == "Candidate") && value != "(none)" && !known.contains(name) {
-                known.push(name.clone());
-            }
+        } else if let (Some(name), Some((key, value))) = (&current, line.trim().split_once(": "))
+            && (key == "Installed" || key == "Candidate")
+            && value != "(none)"
+            && !known.contains(name)
+        {
+            known.push(name.clone());
         }
     }
     known
