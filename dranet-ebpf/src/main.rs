@@ -43,9 +43,9 @@ static CONFIG: Config = Config::empty();
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
-/// `[0]` = events dropped because `EVENTS` was full, per CPU. User space sums and polls it and
-/// turns an increase into a `Lost` event (then a reconcile): a dropped teardown signal must not
-/// go unnoticed.
+/// `[0]` = events dropped because `EVENTS` was full, per CPU. User space sums it after each batch
+/// it reads from `EVENTS` (a full buffer wakes it) and turns an increase into a `Lost` event (then
+/// a reconcile): a dropped teardown signal must not go unnoticed.
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dranet::sys::netns::NetnsId;
-use dranet::watch::{EventKind, LifecycleEvent, ProbeState, Subscription, Tier, Watcher, WatcherOptions};
+use dranet::watch::{
+    EventKind, LifecycleEvent, ProbeState, Source, Subscription, Tier, Watcher, WatcherOptions,
+};
 use dranet_sim::kernel::{PodNetns, Veth, identity, sh, unique};
 use dranet_sim::root_or_skip;
 
@@ -400,5 +402,54 @@ async fn a_late_ring_reader_still_labels_the_umount_of_a_netns_that_died() -> Re
         matches!(umount.kind, EventKind::NetnsUnmounted { netns: Some(n), .. } if n == id),
         "{umount:?}"
     );
+    Ok(())
+}
+
+/// The probes drop events while the ring buffer is full (a reader that is late: a loaded node).
+/// The loss is reported as a `Lost` event from the probes (which the engine answers with a
+/// reconcile: `rescue::decide`), found when the reader drains the full buffer: the daemon polls
+/// no counter on an idle node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_ring_buffer_is_reported_as_lost_without_a_poll() -> Result<()> {
+    root_or_skip!("a_full_ring_buffer_is_reported_as_lost_without_a_poll");
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Dir(std::path::PathBuf::from(format!(
+        "/run/dranet-lost-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&dir.0)?;
+    let w = Watcher::start(WatcherOptions {
+        prefixes: vec![format!("{}/", dir.0.display())],
+        ring_reader_delay: Some(Duration::from_millis(1500)),
+        ..WatcherOptions::default()
+    })
+    .await?;
+    if !probe_active(&w, "unlink") {
+        anyhow::bail!("the unlink probe is not active: {:?}", w.status());
+    }
+    let mut sub = w.subscribe();
+    // Far more unlinks under the watched prefix than the 256 KiB ring buffer holds.
+    for i in 0..6000 {
+        let f = dir.0.join(i.to_string());
+        std::fs::File::create(&f)?;
+        std::fs::remove_file(&f)?;
+    }
+    let probe_lost =
+        |e: &LifecycleEvent| e.source == Source::Probe && matches!(e.kind, EventKind::Lost { .. });
+    let evs = collect(&mut sub, Duration::from_secs(8), probe_lost).await;
+    let lost = evs
+        .iter()
+        .find(|e| probe_lost(e))
+        .context("a full ring buffer was never reported")?;
+    let EventKind::Lost { count } = lost.kind else {
+        unreachable!()
+    };
+    assert!(count > 0, "{lost:?}");
+    eprintln!("{count} probe events lost, reported");
     Ok(())
 }

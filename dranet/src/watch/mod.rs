@@ -351,8 +351,6 @@ impl Watcher {
             lost,
             log,
         } = maps;
-        self.tasks
-            .push(tokio::spawn(poll_lost(lost, Arc::clone(&self.shared))));
         let here = tokio::runtime::Handle::current();
         let rt = self.reactor.as_ref().map_or(&here, Reactor::handle);
         if let Some(log) = log {
@@ -366,7 +364,7 @@ impl Watcher {
             if let Some(d) = delay {
                 tokio::time::sleep(d).await;
             }
-            read_ring(ring, shared).await;
+            read_ring(ring, lost, shared).await;
         }));
     }
 
@@ -662,33 +660,46 @@ async fn expire_dead(shared: Arc<Shared>) {
     }
 }
 
-/// Turns increases of the probes' dropped-event count (ring buffer full) into `Lost` events.
-async fn poll_lost(lost: maps::LostCounter, shared: Arc<Shared>) {
-    let mut seen = 0u64;
-    let mut every = tokio::time::interval(maps::LOST_POLL);
-    loop {
-        every.tick().await;
-        let Some(total) = lost.total() else {
-            continue;
+/// The probes' dropped-event count (ring buffer full), turned into `Lost` events as it grows.
+struct Losses {
+    lost: maps::LostCounter,
+    seen: u64,
+}
+
+impl Losses {
+    fn check(&mut self, shared: &Shared) {
+        let Some(total) = self.lost.total() else {
+            return;
         };
-        if total > seen {
+        if total > self.seen {
             warn!(
-                lost = total - seen,
+                lost = total - self.seen,
                 "eBPF ring buffer was full: events lost, reconciling"
             );
             shared.emit(LifecycleEvent {
                 time: monotonic_ns(),
                 source: Source::Probe,
-                kind: EventKind::Lost { count: total - seen },
+                kind: EventKind::Lost {
+                    count: total - self.seen,
+                },
             });
-            seen = total;
+            self.seen = total;
         }
     }
 }
 
-async fn read_ring(mut ring: maps::EventRing, shared: Arc<Shared>) {
+/// Reads the ring buffer as it fills, and the dropped-event count after each batch: a probe
+/// drops an event only while the ring buffer is full, and a full ring buffer wakes this reader,
+/// so a loss is seen at the batch that follows it, with no timer on an idle node. One check
+/// more, [`maps::LOST_RECHECK`] after a batch, covers a probe that counts its loss just after
+/// the reader looked (the last event of a burst); then nothing is armed until the next event.
+async fn read_ring(mut ring: maps::EventRing, lost: maps::LostCounter, shared: Arc<Shared>) {
     info!("eBPF ring buffer reader started");
     let mut released = ReleasedCookies::default();
+    let mut losses = Losses { lost, seen: 0 };
+    // Losses before the reader started (a late reader on a loaded node).
+    losses.check(&shared);
+    let mut recheck: Option<tokio::time::Instant> = None;
     loop {
         let drained = ring.drain(|item| {
             if let Some(ev) = event::decode(item, |p| shared.resolve_path(p), |i| shared.resolve_inode(i))
@@ -697,9 +708,27 @@ async fn read_ring(mut ring: maps::EventRing, shared: Arc<Shared>) {
                 shared.emit(ev);
             }
         });
-        if drained.await.is_err() {
-            warn!("ring buffer fd failed");
-            return;
+        // Cancelling `drained` at its await (the recheck's turn) consumes no record.
+        let batch = match recheck {
+            Some(at) => tokio::select! {
+                r = drained => Some(r),
+                () = tokio::time::sleep_until(at) => None,
+            },
+            None => Some(drained.await),
+        };
+        match batch {
+            Some(Err(_)) => {
+                warn!("ring buffer fd failed");
+                return;
+            }
+            Some(Ok(())) => {
+                losses.check(&shared);
+                recheck = Some(tokio::time::Instant::now() + maps::LOST_RECHECK);
+            }
+            None => {
+                losses.check(&shared);
+                recheck = None;
+            }
         }
     }
 }

@@ -187,8 +187,9 @@ fn log_pump(ebpf: &mut Ebpf) -> Option<LogPump> {
     }
 }
 
-/// How often [`LostCounter`] is meant to be read.
-pub const LOST_POLL: Duration = Duration::from_millis(100);
+/// After a batch of events, the one more read of [`LostCounter`] that catches a loss counted
+/// just after the batch was read (a probe increments it right after its reservation failed).
+pub const LOST_RECHECK: Duration = Duration::from_millis(20);
 
 /// One ring-buffer record as the probes wrote it; `None` when it is shorter than an [`Event`]
 /// (a record of another kind or of a newer object).
