@@ -8,6 +8,8 @@
 pub mod apiserver;
 pub mod authz;
 pub mod bpf;
+pub mod containerd;
+pub mod cri;
 pub mod fixtures;
 pub mod kernel;
 pub mod kubelet;
@@ -15,6 +17,8 @@ pub mod limits;
 pub mod nic;
 pub mod node;
 pub mod nri_runtime;
+pub mod oci;
+pub mod real_node;
 pub mod soak;
 
 /// The first line of a root test returning `anyhow::Result<()>`: [`kernel::require_root`] under

@@ -313,11 +313,14 @@ impl<H: PodHooks> Service for PluginService<H> {
         if service != PLUGIN_SERVICE {
             return Err(ttrpc::unimplemented(&service, &method));
         }
+        // Which dialect the runtime speaks (dedicated pod RPCs or StateChange) shows here.
+        debug!(%method, "NRI request");
         match method.as_str() {
             "Configure" => {
                 let req: pb::ConfigureRequest = decode(payload)?;
                 debug!(runtime = %req.runtime_name, version = %req.runtime_version,
-                       request_timeout_ms = req.request_timeout, "Configure");
+                       nri_version = %req.nri_version, request_timeout_ms = req.request_timeout,
+                       "Configure");
                 self.configured
                     .send_replace(Some((req.runtime_name, req.runtime_version)));
                 reply(&pb::ConfigureResponse {

@@ -1,0 +1,381 @@
+//! A node with a real runtime: the `dranet run` binary between the kubelet simulator (plugin
+//! registration, DRA gRPC, claims from local files) and a real containerd
+//! ([`crate::containerd::Containerd`]) whose NRI socket it connects to. Test support only.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::containerd::{Containerd, Runtime, SANDBOX_IMAGE};
+use crate::cri::{Cri, PodIdentity};
+use crate::fixtures::pod_claim;
+use crate::kernel::{dranet_bin, unique};
+use crate::kubelet::{Claim, KubeletSim, RegisteredPlugin};
+
+/// How long a daemon start may take (registration with kubelet and containerd, "dranet ready").
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// dranet + kubelet simulator + a real containerd.
+pub struct RealNode {
+    pub dir: PathBuf,
+    pub kubelet: KubeletSim,
+    pub plugin: Option<RegisteredPlugin>,
+    child: Option<Child>,
+    /// Declared last: dropped after the daemon (its pins released) is gone.
+    pub containerd: Containerd,
+}
+
+impl RealNode {
+    /// Starts containerd `runtime`, then dranet on its NRI socket, registered with the kubelet
+    /// simulator.
+    pub async fn start(runtime: &Runtime) -> Result<Self> {
+        let containerd = Containerd::start(runtime).await?;
+        let dir = std::env::temp_dir().join(unique("dranet-rnode-"));
+        std::fs::create_dir_all(dir.join("claims"))?;
+        let kubelet = KubeletSim::new(dir.join("kubelet"));
+        let mut node = Self {
+            dir,
+            kubelet,
+            plugin: None,
+            child: None,
+            containerd,
+        };
+        node.spawn().await?;
+        Ok(node)
+    }
+
+    /// The CRI client (kubelet's side) on containerd's socket; the pause image made here is
+    /// imported first (`ctr -n k8s.io images import`), as no registry is reachable.
+    pub async fn cri(&self) -> Result<Cri> {
+        let images = crate::containerd::runtimes_dir().join("images");
+        let bin = crate::oci::build_pause(&images)?;
+        let archive = self.dir.join("pause.oci.tar");
+        std::fs::write(&archive, crate::oci::pause_archive(&bin, SANDBOX_IMAGE)?)?;
+        let archive = archive.display().to_string();
+        self.containerd
+            .ctr(&["-n", "k8s.io", "images", "import", &archive])
+            .context("importing the pause image")?;
+        let cri = Cri::connect(
+            &self.containerd.layout.address(),
+            self.dir.join("pods"),
+            self.containerd.layout.cgroup_parent(),
+        )
+        .await?;
+        // CRI learns of the imported image from containerd's events: wait until it sees it.
+        let start = std::time::Instant::now();
+        while !cri.has_image(SANDBOX_IMAGE).await? {
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "CRI never saw the imported {SANDBOX_IMAGE}: {:?}",
+                    cri.image_tags().await?
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(cri)
+    }
+
+    #[must_use]
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    /// The daemon's log (stderr, appended across restarts).
+    #[must_use]
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("daemon.log")
+    }
+
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    async fn spawn(&mut self) -> Result<()> {
+        let bin = dranet_bin()?;
+        if let Ok(rd) = std::fs::read_dir(self.kubelet.registry_dir()) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
+        let mut cmd = Command::new(&bin);
+        if std::env::var_os("GLIBC_TUNABLES").is_none() {
+            cmd.env("GLIBC_TUNABLES", dranet::sys::os::MALLOC_TUNABLES);
+        }
+        cmd.args([
+            "run",
+            "--node-name",
+            "sim-node",
+            "--filter",
+            "",
+            "--bind-address",
+            "127.0.0.1:0",
+        ])
+        .arg("--state-dir")
+        .arg(self.state_dir())
+        .arg("--kubelet-root-dir")
+        .arg(self.dir.join("kubelet"))
+        .arg("--nri-socket")
+        .arg(self.containerd.layout.nri_socket())
+        .arg("--slices-dir")
+        .arg(self.dir.join("slices"))
+        .arg("--claims-dir")
+        .arg(self.dir.join("claims"))
+        .env(
+            "RUST_LOG",
+            // The NRI requests at debug: they show the dialect the runtime speaks.
+            std::env::var("DRANET_NODE_LOG").unwrap_or_else(|_| "info,dranet::nri::service=debug".into()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(log);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let stdout = child.stdout.take().context("daemon stdout")?;
+        let ready = tokio::spawn(crate::fixtures::until_ready(stdout, 2 * START_TIMEOUT));
+        self.child = Some(child);
+        self.plugin = Some(self.kubelet.register_when_ready(START_TIMEOUT).await?);
+        if !tokio::time::timeout(START_TIMEOUT, ready)
+            .await
+            .context("daemon never printed ready")???
+        {
+            bail!("the daemon exited before it was ready; its log:\n{}", self.log());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the `n`-th daemon log line containing `needle` (1-based).
+    pub async fn wait_log(&self, needle: &str, n: usize, timeout: Duration) -> Result<String> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(l) = self.log().lines().filter(|l| l.contains(needle)).nth(n - 1) {
+                return Ok(l.to_owned());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "no {needle:?} (#{n}) in the daemon's log within {timeout:?}:\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILLs the daemon.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        self.plugin = None;
+        Ok(())
+    }
+
+    /// Starts the daemon again (after [`RealNode::kill`]).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.kill()?;
+        self.spawn().await
+    }
+
+    /// Writes an allocated claim for `pod_uid` where the daemon reads claims.
+    pub fn write_claim(
+        &self,
+        claim: &Claim,
+        pod_uid: &str,
+        devices: &[(String, serde_json::Value)],
+    ) -> Result<()> {
+        let obj = crate::node::claim_object(claim, pod_uid, devices);
+        let dir = self.dir.join("claims").join(&claim.namespace);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(
+            dir.join(format!("{}.json", claim.name)),
+            serde_json::to_vec_pretty(&obj)?,
+        )?;
+        Ok(())
+    }
+
+    /// NodePrepareResources for one claim; fails on a per-claim error.
+    pub async fn prepare(&self, claim: &Claim) -> Result<()> {
+        let plugin = self.plugin.as_ref().context("daemon not registered")?;
+        let r = plugin.prepare(std::slice::from_ref(claim)).await?;
+        let res = r.get(&claim.uid).context("no result for the claim")?;
+        if !res.error.is_empty() {
+            bail!("prepare {}: {}", claim.name, res.error);
+        }
+        Ok(())
+    }
+
+    /// NodeUnprepareResources for one claim.
+    pub async fn unprepare(&self, claim: &Claim) -> Result<()> {
+        let plugin = self.plugin.as_ref().context("daemon not registered")?;
+        let r = plugin.unprepare(std::slice::from_ref(claim)).await?;
+        if let Some(e) = r.get(&claim.uid).filter(|e| !e.is_empty()) {
+            bail!("unprepare {}: {e}", claim.name);
+        }
+        Ok(())
+    }
+
+    /// Where the daemon writes a claim's device status in embedded mode.
+    #[must_use]
+    pub fn claim_status_path(&self, claim: &Claim) -> PathBuf {
+        self.dir
+            .join("claims/status")
+            .join(&claim.namespace)
+            .join(format!("{}.json", claim.name))
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The daemon's netns pins.
+    #[must_use]
+    pub fn pins(&self) -> Vec<PathBuf> {
+        dranet::sys::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        let _ = self.kill();
+        if let Ok(bin) = dranet_bin() {
+            let _ = Command::new(bin)
+                .arg("release-all")
+                .arg("--state-dir")
+                .arg(self.state_dir())
+                .output();
+        }
+        if std::env::var_os("DRANET_KEEP_CONTAINERD").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A pod kubelet runs over CRI: its identity (UID, attempt), its claim, its current sandbox and
+/// container, and the sandboxes a re-creation replaced.
+pub struct CriPod {
+    pub ident: PodIdentity,
+    pub claim: Claim,
+    pub sandbox: Option<String>,
+    pub container: Option<String>,
+    /// Sandboxes stopped by a re-creation, not removed yet.
+    pub old: Vec<String>,
+}
+
+impl CriPod {
+    /// A pod `pod-<uid>` in `default`, UID `<tag>…`, claim [`pod_claim`].
+    #[must_use]
+    pub fn new(tag: &str) -> Self {
+        let uid = unique(tag);
+        Self {
+            ident: PodIdentity {
+                name: format!("pod-{uid}"),
+                namespace: "default".into(),
+                uid: uid.clone(),
+                attempt: 0,
+            },
+            claim: pod_claim(&uid),
+            sandbox: None,
+            container: None,
+            old: Vec::new(),
+        }
+    }
+
+    /// The claim allocated to `devices`, then NodePrepareResources (kubelet's first step).
+    pub async fn prepare(&self, node: &RealNode, devices: &[(String, serde_json::Value)]) -> Result<()> {
+        node.write_claim(&self.claim, &self.ident.uid, devices)?;
+        node.prepare(&self.claim).await
+    }
+
+    /// RunPodSandbox, then CreateContainer + StartContainer of its container `app` (the pause
+    /// image again), as kubelet's SyncPod does.
+    pub async fn run(&mut self, cri: &Cri) -> Result<()> {
+        let id = cri.run_pod_sandbox(&self.ident).await?;
+        self.sandbox = Some(id.clone());
+        self.container = Some(
+            cri.create_and_start(&id, &self.ident, "app", SANDBOX_IMAGE)
+                .await?,
+        );
+        Ok(())
+    }
+
+    /// The current sandbox id.
+    pub fn sandbox_id(&self) -> Result<&str> {
+        self.sandbox.as_deref().context("the pod has no sandbox")
+    }
+
+    /// The network namespace path of the current sandbox, as the runtime reports it.
+    pub async fn netns(&self, cri: &Cri) -> Result<String> {
+        cri.netns_path(self.sandbox_id()?)
+            .await?
+            .context("the runtime reports no netns for the sandbox")
+    }
+
+    /// kubelet's pod kill: StopContainer (grace period 2 s), then StopPodSandbox.
+    pub async fn stop(&self, cri: &Cri) -> Result<()> {
+        if let Some(c) = &self.container {
+            cri.stop_container(c, 2).await?;
+        }
+        cri.stop_pod_sandbox(self.sandbox_id()?).await
+    }
+
+    /// The garbage collector's part: RemoveContainer, then RemovePodSandbox.
+    pub async fn remove(&mut self, cri: &Cri) -> Result<()> {
+        if let Some(c) = self.container.take() {
+            cri.remove_container(&c).await?;
+        }
+        let id = self.sandbox.take().context("the pod has no sandbox")?;
+        cri.remove_pod_sandbox(&id).await
+    }
+
+    /// Sandbox re-creation in kubelet's order: StopPodSandbox(old), RunPodSandbox(new) under the
+    /// same UID with attempt + 1 (no new Prepare), its container started. The old sandbox stays
+    /// until [`CriPod::remove_old`].
+    pub async fn recreate(&mut self, cri: &Cri) -> Result<()> {
+        self.stop(cri).await?;
+        if let Some(c) = self.container.take() {
+            cri.remove_container(&c).await?;
+        }
+        self.old.extend(self.sandbox.take());
+        self.ident.attempt += 1;
+        self.run(cri).await
+    }
+
+    /// The container GC's RemovePodSandbox of the sandboxes a re-creation replaced.
+    pub async fn remove_old(&mut self, cri: &Cri) -> Result<()> {
+        for id in std::mem::take(&mut self.old) {
+            cri.remove_pod_sandbox(&id).await?;
+        }
+        Ok(())
+    }
+}
+
+/// `ip <args>` inside the network namespace at `netns` (a path, not a name under /run/netns).
+pub fn ip_in(netns: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={netns}"))
+        .arg("ip")
+        .args(args)
+        .output()
+        .context("spawning nsenter")?;
+    if !out.status.success() {
+        bail!(
+            "ip {args:?} in {netns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether link `name` is in the network namespace at `netns`.
+#[must_use]
+pub fn netns_has(netns: &str, name: &str) -> bool {
+    ip_in(netns, &["link", "show", "dev", name]).is_ok()
+}

@@ -1,0 +1,324 @@
+//! The real containerd suite, as root: Debian's containerd of trixie (1.7) and of sid (2.x), each
+//! started by the fixture with its own sockets, dirs, NRI socket and CNI bridge, the real `dranet
+//! run` registered as its NRI plugin, and kubelet's side played over CRI (DRA Prepare,
+//! RunPodSandbox with the pod's UID, CreateContainer/StartContainer of the pause image made here,
+//! StopPodSandbox, RemovePodSandbox). veth pairs stand in for NICs. The runtimes come from `cargo
+//! xtask runtimes` (run by `cargo xtask test`); under `CI=true` a missing runtime fails the test.
+//! `cargo xtask e2e --runtime containerd` runs this file alone.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use dranet_sim::containerd::{self, Runtime};
+use dranet_sim::cri::Cri;
+use dranet_sim::fixtures::{nic_device, wait_for};
+use dranet_sim::kernel::host_has;
+use dranet_sim::nic::{Nic, wait_restored};
+use dranet_sim::real_node::{CriPod, RealNode, ip_in, netns_has};
+use dranet_sim::root_tests;
+use serde_json::{Value, json};
+
+/// How long devices may take to come home after StopPodSandbox returns.
+const HOME_WITHIN: Duration = Duration::from_secs(10);
+
+/// The NRI pod-event dialect each Debian containerd speaks, as measured: the dedicated
+/// RunPodSandbox/StopPodSandbox/RemovePodSandbox RPCs came with NRI v0.12; both packaged
+/// versions vendor an older NRI and send pod events as `StateChange`.
+fn expected_dialect(suite: &str) -> &'static str {
+    match suite {
+        "trixie" | "sid" => "StateChange",
+        _ => "RunPodSandbox",
+    }
+}
+
+/// A node on `suite`'s containerd with the CRI client, or `None` (skipped outside CI).
+async fn node(test: &str, suite: &str) -> Result<Option<(RealNode, Cri, Runtime)>> {
+    let Some(rt) = containerd::require(test, suite)? else {
+        return Ok(None);
+    };
+    let node = RealNode::start(&rt).await?;
+    let cri = node.cri().await?;
+    Ok(Some((node, cri, rt)))
+}
+
+/// The config of device `i` of a pod: interface `net<i>`, address 192.168.<70+i>.2/24.
+fn device_config(i: usize) -> Value {
+    json!({"interface": {"name": format!("net{i}"), "addresses": [format!("192.168.{}.2/24", 70 + i)]}})
+}
+
+/// Every device of `nics` is in the pod's netns as its claim says, none left in the host.
+async fn assert_in_pod(cri: &Cri, pod: &CriPod, nics: &[Nic]) -> Result<()> {
+    let ns = pod.netns(cri).await?;
+    for (i, n) in nics.iter().enumerate() {
+        ensure!(
+            !host_has(&n.name),
+            "{} still in the host after RunPodSandbox",
+            n.name
+        );
+        let v = ip_in(&ns, &["-j", "addr", "show", "dev", &format!("net{i}")])?;
+        ensure!(
+            v.contains(&format!("192.168.{}.2", 70 + i)),
+            "net{i} has no address in the pod ({ns}): {v}"
+        );
+    }
+    Ok(())
+}
+
+async fn assert_home(node: &RealNode, nics: &[Nic], before: &[Value]) -> Result<()> {
+    for (n, b) in nics.iter().zip(before) {
+        wait_restored(&n.name, b, HOME_WITHIN)
+            .await
+            .with_context(|| format!("{} not home; daemon log:\n{}", n.name, node.log()))?;
+    }
+    wait_for("pins released", Duration::from_secs(5), || node.pins().is_empty()).await?;
+    Ok(())
+}
+
+/// containerd starts on its own sockets and reports its version; dranet connects to its NRI
+/// socket, registers and is configured by it.
+async fn registers(test: &str, suite: &str, want_major: u32) -> Result<()> {
+    let Some(rt) = containerd::require(test, suite)? else {
+        return Ok(());
+    };
+    let t0 = Instant::now();
+    let node = RealNode::start(&rt).await?;
+    let started = t0.elapsed();
+    let server = node.containerd.server_version()?;
+    println!(
+        "containerd {} (Debian {suite}, package {}): server version {server}, node up in {started:?}",
+        rt.upstream(),
+        rt.version
+    );
+    ensure!(
+        rt.major() == want_major,
+        "{suite}: containerd {} is not {want_major}.x",
+        rt.version
+    );
+    ensure!(
+        server.starts_with(rt.upstream()),
+        "the daemon reports {server}, the package is {}",
+        rt.version
+    );
+    // dranet's side: the runtime's Configure names it and its version.
+    let reg = node
+        .wait_log("NRI plugin registered", 1, Duration::from_secs(10))
+        .await?;
+    println!("dranet: {reg}");
+    ensure!(reg.contains("containerd"), "{reg}");
+    ensure!(reg.contains(rt.upstream()), "{reg}");
+    let conf = node.wait_log("Configure", 1, Duration::from_secs(10)).await?;
+    println!("dranet: {conf}");
+    // containerd's side: it logged the plugin's connection.
+    let log = node.containerd.log_text();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("dranet") || l.contains("NRI") || l.contains("nri"))
+        .collect();
+    for l in &lines {
+        println!("containerd: {l}");
+    }
+    ensure!(
+        lines.iter().any(|l| l.contains("dranet")),
+        "containerd never logged the plugin:\n{log}"
+    );
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Driver {
+    Alive,
+    /// dranet SIGKILLed and restarted while the pod runs.
+    KilledWhileRunning,
+    /// dranet SIGKILLed before the teardown, started again after StopPodSandbox.
+    DownDuringTeardown,
+}
+
+/// One pod with `n` devices through kubelet's whole order; devices in the pod, then home.
+async fn life_cycle(test: &str, suite: &str, n: usize, driver: Driver) -> Result<()> {
+    let (nics, before) = Nic::many_with_views(n)?;
+    let Some((mut node, cri, rt)) = node(test, suite).await? else {
+        return Ok(());
+    };
+    let mut pod = CriPod::new("ctrd-");
+    let devices: Vec<(String, Value)> = nics
+        .iter()
+        .enumerate()
+        .map(|(i, nic)| nic_device(nic, device_config(i)))
+        .collect();
+    pod.prepare(&node, &devices).await?;
+    let t = Instant::now();
+    pod.run(&cri).await?;
+    let ran = t.elapsed();
+    assert_in_pod(&cri, &pod, &nics).await?;
+    // The dialect containerd speaks for pod events.
+    let dialect = expected_dialect(suite);
+    let seen = node
+        .wait_log(&format!("method={dialect}"), 1, Duration::from_secs(5))
+        .await
+        .with_context(|| format!("containerd {} did not send {dialect}", rt.version))?;
+    ensure!(
+        !node.log().contains("method=RunPodSandbox") || dialect == "RunPodSandbox",
+        "containerd {} sent RunPodSandbox",
+        rt.version
+    );
+    println!("containerd {}: pod events as {dialect}: {seen}", rt.version);
+    match driver {
+        Driver::Alive => {}
+        Driver::KilledWhileRunning => {
+            node.restart().await?;
+            assert_in_pod(&cri, &pod, &nics)
+                .await
+                .context("after dranet's restart")?;
+        }
+        Driver::DownDuringTeardown => node.kill()?,
+    }
+    let t = Instant::now();
+    pod.stop(&cri).await?;
+    if driver == Driver::DownDuringTeardown {
+        node.restart().await?;
+    }
+    assert_home(&node, &nics, &before).await?;
+    let home = t.elapsed();
+    pod.remove(&cri).await?;
+    node.unprepare(&pod.claim).await?;
+    println!(
+        "containerd {} {n} device(s) {driver:?}: RunPodSandbox+container {ran:?}, StopPodSandbox to home {home:?}",
+        rt.upstream()
+    );
+    ensure!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    Ok(())
+}
+
+/// kubelet rebuilds the sandbox: Stop A, Run B under the same UID (attempt 1, no new Prepare),
+/// Remove A later while B runs. The devices follow to B and stay there; B's teardown brings
+/// them home.
+async fn sandbox_recreation(test: &str, suite: &str) -> Result<()> {
+    let (nics, before) = Nic::many_with_views(1)?;
+    let Some((node, cri, _rt)) = node(test, suite).await? else {
+        return Ok(());
+    };
+    let mut pod = CriPod::new("ctrd-re-");
+    pod.prepare(&node, &[nic_device(&nics[0], device_config(0))])
+        .await?;
+    pod.run(&cri).await?;
+    assert_in_pod(&cri, &pod, &nics).await?;
+    let old_ns = pod.netns(&cri).await?;
+    pod.recreate(&cri).await?;
+    ensure!(pod.ident.attempt == 1);
+    let new_ns = pod.netns(&cri).await?;
+    ensure!(new_ns != old_ns, "the new sandbox has the old netns {old_ns}");
+    assert_in_pod(&cri, &pod, &nics)
+        .await
+        .context("in the re-created sandbox")?;
+    pod.remove_old(&cri).await?;
+    ensure!(
+        netns_has(&new_ns, "net0"),
+        "RemovePodSandbox of the old sandbox took the device from the new one"
+    );
+    pod.stop(&cri).await?;
+    assert_home(&node, &nics, &before).await?;
+    pod.remove(&cri).await?;
+    node.unprepare(&pod.claim).await?;
+    Ok(())
+}
+
+/// containerd restarts with a pod running: it recovers the sandbox (no Stop/Remove for it),
+/// dranet reconnects and gets it in Synchronize; the devices stay, and the pod's teardown after
+/// the restart brings them home.
+async fn containerd_restart(test: &str, suite: &str) -> Result<()> {
+    let (nics, before) = Nic::many_with_views(1)?;
+    let Some((mut node, cri, _rt)) = node(test, suite).await? else {
+        return Ok(());
+    };
+    let mut pod = CriPod::new("ctrd-rs-");
+    pod.prepare(&node, &[nic_device(&nics[0], device_config(0))])
+        .await?;
+    pod.run(&cri).await?;
+    assert_in_pod(&cri, &pod, &nics).await?;
+    node.containerd.restart().await?;
+    node.wait_log("NRI plugin registered", 2, Duration::from_secs(30))
+        .await
+        .context("dranet did not register again after containerd's restart")?;
+    assert_in_pod(&cri, &pod, &nics)
+        .await
+        .context("after containerd's restart")?;
+    let sandboxes = cri.list_pod_sandboxes().await?;
+    ensure!(
+        sandboxes.iter().any(|s| Some(&s.id) == pod.sandbox.as_ref()),
+        "containerd did not recover the sandbox: {sandboxes:?}"
+    );
+    pod.stop(&cri).await?;
+    assert_home(&node, &nics, &before).await?;
+    pod.remove(&cri).await?;
+    node.unprepare(&pod.claim).await?;
+    Ok(())
+}
+
+/// 8 pods, one device each, all running, then torn down at once.
+async fn eight_at_once(test: &str, suite: &str) -> Result<()> {
+    let (nics, before) = Nic::many_with_views(8)?;
+    let Some((node, cri, rt)) = node(test, suite).await? else {
+        return Ok(());
+    };
+    let mut pods: Vec<CriPod> = (0..8).map(|_| CriPod::new("ctrd-8-")).collect();
+    for (p, nic) in pods.iter().zip(&nics) {
+        p.prepare(&node, &[nic_device(nic, device_config(0))]).await?;
+    }
+    for p in &mut pods {
+        p.run(&cri).await?;
+    }
+    for (p, nic) in pods.iter().zip(&nics) {
+        assert_in_pod(&cri, p, std::slice::from_ref(nic)).await?;
+    }
+    let t = Instant::now();
+    let stops = pods.iter().map(|p| p.stop(&cri));
+    for r in futures::future::join_all(stops).await {
+        r?;
+    }
+    assert_home(&node, &nics, &before).await?;
+    println!(
+        "containerd {}: 8 pods stopped at once, all devices home in {:?}",
+        rt.upstream(),
+        t.elapsed()
+    );
+    for p in &mut pods {
+        p.remove(&cri).await?;
+        node.unprepare(&p.claim).await?;
+    }
+    Ok(())
+}
+
+root_tests! {
+    containerd_1_7_starts_and_dranet_registers_over_nri =>
+        registers("containerd_1_7_starts_and_dranet_registers_over_nri", "trixie", 1);
+    containerd_2_starts_and_dranet_registers_over_nri =>
+        registers("containerd_2_starts_and_dranet_registers_over_nri", "sid", 2);
+    containerd_1_7_pod_with_1_device =>
+        life_cycle("containerd_1_7_pod_with_1_device", "trixie", 1, Driver::Alive);
+    containerd_2_pod_with_1_device =>
+        life_cycle("containerd_2_pod_with_1_device", "sid", 1, Driver::Alive);
+    containerd_1_7_pod_with_4_devices =>
+        life_cycle("containerd_1_7_pod_with_4_devices", "trixie", 4, Driver::Alive);
+    containerd_2_pod_with_4_devices =>
+        life_cycle("containerd_2_pod_with_4_devices", "sid", 4, Driver::Alive);
+    containerd_1_7_dranet_killed_while_pod_runs =>
+        life_cycle("containerd_1_7_dranet_killed_while_pod_runs", "trixie", 1, Driver::KilledWhileRunning);
+    containerd_2_dranet_killed_while_pod_runs =>
+        life_cycle("containerd_2_dranet_killed_while_pod_runs", "sid", 1, Driver::KilledWhileRunning);
+    containerd_1_7_dranet_down_during_teardown =>
+        life_cycle("containerd_1_7_dranet_down_during_teardown", "trixie", 1, Driver::DownDuringTeardown);
+    containerd_2_dranet_down_during_teardown =>
+        life_cycle("containerd_2_dranet_down_during_teardown", "sid", 1, Driver::DownDuringTeardown);
+    containerd_1_7_sandbox_recreation =>
+        sandbox_recreation("containerd_1_7_sandbox_recreation", "trixie");
+    containerd_2_sandbox_recreation =>
+        sandbox_recreation("containerd_2_sandbox_recreation", "sid");
+    containerd_1_7_restarted_with_pod_running =>
+        containerd_restart("containerd_1_7_restarted_with_pod_running", "trixie");
+    containerd_2_restarted_with_pod_running =>
+        containerd_restart("containerd_2_restarted_with_pod_running", "sid");
+    containerd_1_7_eight_pods_torn_down_at_once =>
+        eight_at_once("containerd_1_7_eight_pods_torn_down_at_once", "trixie");
+    containerd_2_eight_pods_torn_down_at_once =>
+        eight_at_once("containerd_2_eight_pods_torn_down_at_once", "sid");
+}
