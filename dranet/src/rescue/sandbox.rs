@@ -244,8 +244,35 @@ impl Engine {
         self.drop_record(key, "its netns is gone").await
     }
 
+    /// Whether [`Engine::sweep`] has anything to look at: a returned record (its sandbox's
+    /// netns may go away later) or a pod lock to prune.
+    #[must_use]
+    pub fn sweep_pending(&self) -> bool {
+        self.cp()
+            .pods
+            .values()
+            .any(|r| matches!(r.phase, PodPhase::Returned(_)) && r.pin.is_none())
+            || !super::lock(&self.inner.locks).is_empty()
+    }
+
+    /// Runs [`Engine::sweep`] for as long as the engine lives: every [`SWEEP_EVERY`] while it has
+    /// something to look at ([`Engine::sweep_pending`]), and otherwise not until the checkpoint
+    /// changes (no timer on an idle node).
+    pub async fn sweep_forever(&self) {
+        loop {
+            let seen = self.inner.writer.staged();
+            if self.sweep_pending() {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                self.sweep().await;
+            } else if !self.inner.writer.saved_after(seen).await {
+                return;
+            }
+        }
+    }
+
     /// Drops every returned record whose sandbox's netns is gone; then prunes the locks of pods
-    /// with nothing left. Runs after a reconcile and every [`SWEEP_EVERY`].
+    /// with nothing left. Runs after a reconcile and every [`SWEEP_EVERY`] while there is
+    /// something to sweep ([`Engine::sweep_forever`]).
     pub async fn sweep(&self) -> usize {
         let candidates: Vec<(String, String)> = self
             .cp()

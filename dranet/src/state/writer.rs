@@ -108,6 +108,13 @@ impl Writer {
         lock(&self.shared.queue).staged
     }
 
+    /// Waits until a save newer than generation `after` has been written (or tried): how a task
+    /// that only matters after a change sleeps without a timer. `false`: the writer stopped.
+    pub async fn saved_after(&self, after: u64) -> bool {
+        let mut rx = self.done.clone();
+        rx.wait_for(|d| d.generation > after).await.is_ok()
+    }
+
     /// Waits until generation `generation` (or a newer one, which contains it) is on disk.
     pub async fn durable(&self, generation: u64) -> Result<(), StateError> {
         let mut rx = self.done.clone();
