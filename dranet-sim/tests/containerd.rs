@@ -31,6 +31,15 @@ fn expected_dialect(suite: &str) -> &'static str {
     }
 }
 
+/// The NRI version each Debian containerd puts in Configure, as measured: their vendored NRI
+/// predates the field (`NRI_version`, 6), so it arrives empty.
+fn expected_nri_version(suite: &str) -> &'static str {
+    match suite {
+        "trixie" | "sid" => "",
+        _ => "v0.12.0",
+    }
+}
+
 /// A node on `suite`'s containerd with the CRI client, or `None` (skipped outside CI).
 async fn node(test: &str, suite: &str) -> Result<Option<(RealNode, Cri, Runtime)>> {
     let Some(rt) = containerd::require(test, suite)? else {
@@ -106,8 +115,39 @@ async fn registers(test: &str, suite: &str, want_major: u32) -> Result<()> {
     println!("dranet: {reg}");
     ensure!(reg.contains("containerd"), "{reg}");
     ensure!(reg.contains(rt.upstream()), "{reg}");
-    let conf = node.wait_log("Configure", 1, Duration::from_secs(10)).await?;
+    // The NRI version the runtime sends in Configure (field 6, NRI_version).
+    let conf = node.wait_log("nri_version=", 1, Duration::from_secs(10)).await?;
     println!("dranet: {conf}");
+    let nri_version = conf
+        .split_once("nri_version=")
+        .map(|(_, v)| v.split_whitespace().next().unwrap_or(""))
+        .unwrap_or("");
+    let nri_version = if nri_version.starts_with("request_timeout_ms") {
+        ""
+    } else {
+        nri_version
+    };
+    println!(
+        "containerd {}: NRI version in Configure: {nri_version:?}",
+        rt.upstream()
+    );
+    // The request timeout it announces: the runtime's default (2 s) where its NRI sends it.
+    let timeout_ms = conf
+        .split_once("request_timeout_ms=")
+        .and_then(|(_, v)| v.split_whitespace().next())
+        .unwrap_or("");
+    let want_timeout = if suite == "trixie" { "0" } else { "2000" };
+    ensure!(
+        timeout_ms == want_timeout,
+        "containerd {} announces a request timeout of {timeout_ms} ms, expected {want_timeout}",
+        rt.version
+    );
+    ensure!(
+        nri_version == expected_nri_version(suite),
+        "containerd {} sends NRI version {nri_version:?}, expected {:?}",
+        rt.version,
+        expected_nri_version(suite)
+    );
     // containerd's side: it logged the plugin's connection.
     let log = node.containerd.log_text();
     let lines: Vec<&str> = log
