@@ -190,6 +190,7 @@ async fn life_cycle(test: &str, suite: &str, n: usize, driver: Driver) -> Result
     pod.run(&cri).await?;
     let ran = t.elapsed();
     assert_in_pod(&cri, &pod, &nics).await?;
+    let netns = pod.netns(&cri).await?;
     // The dialect containerd speaks for pod events.
     let dialect = expected_dialect(suite);
     let seen = node
@@ -221,6 +222,10 @@ async fn life_cycle(test: &str, suite: &str, n: usize, driver: Driver) -> Result
     let home = t.elapsed();
     pod.remove(&cri).await?;
     node.unprepare(&pod.claim).await?;
+    ensure!(
+        !std::path::Path::new(&netns).exists(),
+        "the pod netns {netns} outlived RemovePodSandbox"
+    );
     println!(
         "containerd {} {n} device(s) {driver:?}: RunPodSandbox+container {ran:?}, StopPodSandbox to home {home:?}",
         rt.upstream()
