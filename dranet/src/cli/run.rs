@@ -143,6 +143,15 @@ pub fn main(args: &RunArgs) -> ExitCode {
     for note in args.upstream.notes() {
         warn!("{note}");
     }
+    {
+        use crate::telemetry::version::{REVISION, RUSTC, VERSION};
+        info!(
+            version = %VERSION,
+            revision = %REVISION,
+            rustc = %RUSTC,
+            "dranet starting"
+        );
+    }
     if !arenas_capped {
         warn!("cannot cap the malloc arenas: the idle RSS may stay at its peak");
     }
@@ -207,7 +216,7 @@ pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    info!(config = ?args, "dranet starting");
+    log_config(&args);
     let bind = super::upstream::bind_addresses(&args.bind_address)?;
     let readiness = Readiness::new();
     let watcher = match Watcher::start(WatcherOptions {
@@ -218,7 +227,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     {
         Ok(w) => {
             for s in w.status() {
-                info!(probe = ?s, "probe");
+                log_probe(s);
             }
             Some(w)
         }
@@ -248,9 +257,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let engine = Engine::new(opts, watcher).await?;
     let report = engine.reconcile().await?;
     if report.rebuilt.is_empty() {
-        info!(?report, checkpoint = ?engine.load_source(), "start-up reconcile");
+        info!(
+            adopted = report.adopted.len(),
+            returned = report.returned.len(),
+            failed = %report.failed.join(","),
+            stray_pins = report.stray_pins,
+            dropped = report.dropped,
+            checkpoint,
+            checkpoint_problem = %checkpoint_problem,
+            "start-up reconcile"
+        );
     } else {
-        warn!(?report, checkpoint = ?engine.load_source(), "start-up reconcile: records rebuilt from pins");
+        warn!(
+            adopted = report.adopted.len(),
+            returned = report.returned.len(),
+            failed = %report.failed.join(","),
+            stray_pins = report.stray_pins,
+            dropped = report.dropped,
+            rebuilt = %report.rebuilt.join(","),
+            checkpoint,
+            checkpoint_problem = %checkpoint_problem,
+            "start-up reconcile: records rebuilt from pins"
+        );
     }
     if let Some(sub) = sub {
         let e = engine.clone();
@@ -284,7 +312,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         registry,
     });
     let server = bind_server(&bind).await?;
-    info!(addr = ?server.local_addr(), "serving /healthz, /readyz and /metrics");
+    let addr = server.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    info!(addr = %addr, "serving /healthz, /readyz and /metrics");
     let ep: Arc<dyn Endpoints> = status.clone();
     tokio::spawn(server.run(ep));
     // The sides come up while the endpoint already answers; a signal meanwhile stops us.
@@ -295,10 +324,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    println!("dranet ready");
+    // The readiness marker on stdout (the node simulator and scripts wait for it); in JSON mode
+    // a JSON line like every other.
+    println!(
+        "{}",
+        crate::telemetry::log::ready_line(args.log_format == LogFormat::Json)
+    );
     wait_for_signal().await;
     tokio::spawn(async {
         wait_for_signal().await;
+    let (checkpoint, checkpoint_problem) = load_source(engine.load_source());
         warn!("second signal: exiting now");
         std::process::exit(130);
     });
@@ -430,6 +465,83 @@ mod tests {
         let (tx, _) = tokio::sync::broadcast::channel(16);
         let mut admit = async || {
             let Accepted::Admitted(conn) = inc.accept().await else {
+/// The configuration, once at start, as fields (paths and strings as text, flags as booleans).
+fn log_config(args: &RunArgs) {
+    let opt = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    info!(
+        node_name = %args.node_name,
+        driver_name = %args.driver_name,
+        kubelet_root_dir = %args.kubelet_root_dir.display(),
+        nri_socket = %args.nri_socket.display(),
+        nri_plugin_name = %args.nri_plugin_name,
+        nri_plugin_index = %args.nri_plugin_index,
+        state_dir = %args.state_dir.display(),
+        bind_address = %args.bind_address,
+        filter = %args.filter,
+        pci_rebind = args.pci_rebind,
+        slices_dir = %opt(&args.slices_dir),
+        claims_dir = %opt(&args.claims_dir),
+        kubeconfig = %opt(&args.kubeconfig),
+        no_probes = args.no_probes,
+        no_nri = args.no_nri,
+        no_dra = args.no_dra,
+        health_gone_grace_seconds = args.health_gone_grace_seconds,
+        log_format = match args.log_format {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        },
+        sysfs = %args.sysfs.display(),
+        cloud_metadata_endpoint = %args.cloud_metadata_endpoint.as_deref().unwrap_or_default(),
+        state_lock_wait_seconds = args.state_lock_wait_seconds,
+        "configuration"
+    );
+    let u = &args.upstream;
+    info!(
+        verbosity = u.verbosity.map(i64::from).unwrap_or(-1),
+        db_path = %u.db_path.as_deref().unwrap_or_default(),
+        inventory_min_poll_interval = %u.inventory_min_poll_interval.as_deref().unwrap_or_default(),
+        inventory_max_poll_interval = %u.inventory_max_poll_interval.as_deref().unwrap_or_default(),
+        inventory_poll_burst = u.inventory_poll_burst.map(i64::from).unwrap_or(-1),
+        move_ib_interfaces = %u.move_ib_interfaces.map(|b| b.to_string()).unwrap_or_default(),
+        feature_gates = %u.feature_gates.as_deref().unwrap_or_default(),
+        cloud_provider_hint = %u.cloud_provider_hint.as_deref().unwrap_or_default(),
+        profile_provider = %u.profile_provider.as_deref().unwrap_or_default(),
+        webhook_url = %u.webhook_url.as_deref().unwrap_or_default(),
+        "configuration: upstream flags (empty or -1: not given)"
+    );
+}
+
+/// One probe's state as fields: `probe`, `tier`, `state` (active, unsupported, failed), `reason`.
+fn log_probe(s: &crate::sys::probes::ProbeStatus) {
+    use crate::watch::ProbeState;
+    let (state, reason) = match &s.state {
+        ProbeState::Active => ("active", ""),
+        ProbeState::Unsupported(r) => ("unsupported", r.as_str()),
+        ProbeState::Failed(e) => ("failed", e.as_str()),
+    };
+    info!(probe = s.name, tier = %s.tier, state, reason, what = s.what, "probe");
+}
+
+/// Where the checkpoint came from, one word, and what went wrong loading it (empty if nothing).
+fn load_source(s: &crate::state::LoadSource) -> (&'static str, String) {
+    use crate::state::LoadSource;
+    let aside = |a: &Option<PathBuf>| {
+        a.as_ref()
+            .map(|a| format!(" (moved to {})", a.display()))
+            .unwrap_or_default()
+    };
+    match s {
+        LoadSource::Absent => ("absent", String::new()),
+        LoadSource::Current => ("current", String::new()),
+        LoadSource::Previous { problem, aside: a } => ("previous", format!("{problem}{}", aside(a))),
+        LoadSource::Nothing {
+            problem,
+            prev_problem,
+            aside: a,
+        } => ("nothing", format!("{problem}{}; .prev: {prev_problem}", aside(a))),
+    }
+}
+
                 panic!("refused")
             };
             conn
