@@ -333,7 +333,58 @@ async fn eight_at_once(test: &str, suite: &str) -> Result<()> {
     Ok(())
 }
 
+/// A test that fails with a pod running: dropping the node (dranet, then the containerd fixture)
+/// brings the device home and leaves no containerd, shim, sandbox process, mount, cgroup, bridge
+/// or directory behind.
+async fn drop_cleans_up(test: &str, suite: &str) -> Result<()> {
+    let (nics, before) = Nic::many_with_views(1)?;
+    let Some((node, cri, _rt)) = node(test, suite).await? else {
+        return Ok(());
+    };
+    let mut pod = CriPod::new("ctrd-drop-");
+    pod.prepare(&node, &[nic_device(&nics[0], device_config(0))])
+        .await?;
+    pod.run(&cri).await?;
+    assert_in_pod(&cri, &pod, &nics).await?;
+    let dir = node.containerd.layout.dir.clone();
+    let bridge = node.containerd.layout.bridge.clone();
+    let cgroup = node.containerd.layout.cgroup.clone();
+    let address = node.containerd.layout.address().display().to_string();
+    let pid = node.containerd.pid().context("containerd pid")?;
+    drop(cri);
+    drop(node);
+    wait_restored(&nics[0].name, &before[0], HOME_WITHIN).await?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+    ensure!(
+        !mounts.contains(&dir.display().to_string()),
+        "mounts left under {}",
+        dir.display()
+    );
+    ensure!(!dir.exists(), "{} left", dir.display());
+    ensure!(!host_has(&bridge), "bridge {bridge} left");
+    ensure!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "containerd {pid} still runs"
+    );
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            ensure!(
+                !String::from_utf8_lossy(&c).contains(&address),
+                "a process of that containerd is left: {}",
+                e.path().display()
+            );
+        }
+    }
+    for ctl in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+        let left = ctl.path().join(cgroup.trim_start_matches('/'));
+        ensure!(!left.exists(), "cgroup {} left", left.display());
+    }
+    Ok(())
+}
+
 root_tests! {
+    containerd_2_fixture_drop_cleans_up_a_running_pod =>
+        drop_cleans_up("containerd_2_fixture_drop_cleans_up_a_running_pod", "sid");
     containerd_1_7_starts_and_dranet_registers_over_nri =>
         registers("containerd_1_7_starts_and_dranet_registers_over_nri", "trixie", 1);
     containerd_2_starts_and_dranet_registers_over_nri =>
