@@ -12,8 +12,13 @@
 #                     real-containerd suite (containerd itself: `cargo xtask runtimes`, unpacked
 #                     under target/runtimes/, never installed system-wide)
 #   bpf-linker      : 0.13.0 built against LLVM 22 (same LLVM as Debian's rustc 1.96)
+#   grpcio          : 1.84.0 from PyPI for the python3 on PATH, where it has pip (the gRPC C-core
+#                     client that dranet-sim/tests/grpc_authority.rs runs against the kubelet
+#                     sockets; that test fails under CI=true without it). Skipped, with a note,
+#                     where python3 or pip is missing (the image's build stage).
 #
 # Knobs: BPF_LINKER_VERSION (0.13.0), BPF_LINKER_ROOT (cargo install --root, default ~/.cargo),
+#        GRPCIO_VERSION (1.84.0),
 #        EXTRA_PACKAGES (space separated, e.g. "qemu-system-x86 busybox-static" for the VM tests).
 set -euo pipefail
 
@@ -62,6 +67,18 @@ else
   env -u RUSTUP_TOOLCHAIN -u RUSTFLAGS RUSTC=/usr/bin/rustc LLVM_PREFIX=/usr/lib/llvm-22 \
     /usr/bin/cargo install --locked --force "bpf-linker@$BPF_LINKER_VERSION" \
     --no-default-features --features llvm-22 --root "$BPF_LINKER_ROOT"
+fi
+
+GRPCIO_VERSION=${GRPCIO_VERSION:-1.84.0}
+if python3 -c "import grpc, sys; sys.exit(grpc.__version__ != '$GRPCIO_VERSION')" 2>/dev/null; then
+  log "grpcio $GRPCIO_VERSION: present"
+elif command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
+  log "installing grpcio $GRPCIO_VERSION (pip)"
+  # PIP_BREAK_SYSTEM_PACKAGES: a Debian python3 is "externally managed" (PEP 668); pyenv's is not.
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    "grpcio==$GRPCIO_VERSION"
+else
+  log "note: no python3 with pip: grpcio not installed (dranet-sim's grpc_authority test needs it)"
 fi
 
 # tracefs: the syscall tracepoints need it (the daemon mounts it too; this helps the tests).

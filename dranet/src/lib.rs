@@ -29,6 +29,7 @@ pub mod dhcp;
 pub mod dra;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grpc_authority;
 pub mod heap;
 pub mod http;
 pub mod ids;

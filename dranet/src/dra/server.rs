@@ -3,6 +3,9 @@
 //! plus the device health stream (`v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth`) on
 //! `<kubelet-root>/plugins/<driver>/dra.sock`. Per-claim failures go into the per-claim
 //! `error` field; the RPC itself succeeds.
+//!
+//! Both servers take any `:authority`, as grpc-go servers do: gRPC C-core clients (grpcio) send
+//! the socket path, which h2 alone would refuse ([`crate::grpc_authority`]).
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -20,6 +23,7 @@ use super::proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use super::proto::{health_v1, health_v1alpha1, v1, v1beta1};
+use crate::grpc_authority::AuthorityRewrite;
 use crate::listen::Incoming;
 use crate::plan::ClaimRef;
 
@@ -141,7 +145,9 @@ impl KubeletPlugin {
                     health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health),
                 )
                 .serve_with_incoming_shutdown(
-                    Incoming::new(dra, "dra", MAX_CONNECTIONS).into_stream(),
+                    futures::StreamExt::map(Incoming::new(dra, "dra", MAX_CONNECTIONS).into_stream(), |c| {
+                        c.map(AuthorityRewrite::new)
+                    }),
                     async move {
                         let _ = rx.wait_for(|s| *s).await;
                     },
@@ -172,7 +178,10 @@ impl KubeletPlugin {
             tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(registrar))
                 .serve_with_incoming_shutdown(
-                    Incoming::new(reg, "registration", MAX_CONNECTIONS).into_stream(),
+                    futures::StreamExt::map(
+                        Incoming::new(reg, "registration", MAX_CONNECTIONS).into_stream(),
+                        |c| c.map(AuthorityRewrite::new),
+                    ),
                     async move {
                         let _ = rx.wait_for(|s| *s).await;
                     },
