@@ -482,10 +482,7 @@ impl Engine {
                 source,
             };
             link::validate_ifname(pod_if).map_err(link_err)?;
-            let snapshot = self
-                .link_op("snapshot of the host device", link::snapshot(host_nl, host_if))
-                .await
-                .map_err(link_err)?;
+            let snapshot = self.host_device(host_nl, d, host_if).await.map_err(link_err)?;
             out.push(DeviceRecord {
                 device: d.device.clone(),
                 pod_ifname: pod_if.to_owned(),
@@ -502,6 +499,56 @@ impl Engine {
             });
         }
         Ok(out)
+    }
+
+    /// The host state of plan device `d`, found by kernel identity: the link named `host_if`
+    /// if it is the device (its PCI function, else the permanent MAC or MAC recorded at
+    /// Prepare), else the link under the temporary name a record gave the device when its name
+    /// was taken (and that is the device by the record's snapshot). A host link that merely
+    /// took the device's name is never touched.
+    async fn host_device(
+        &self,
+        host_nl: &Netlink,
+        d: &DevicePlan,
+        host_if: &str,
+    ) -> Result<link::LinkSnapshot, LinkError> {
+        let by_name = self
+            .link_op("snapshot of the host device", link::snapshot(host_nl, host_if))
+            .await;
+        if let Ok(s) = &by_name
+            && plan_identity_matches(d, s)
+        {
+            return by_name;
+        }
+        let waiting: Vec<(String, link::LinkSnapshot)> = self
+            .cp()
+            .pods
+            .values()
+            .flat_map(|r| r.devices.iter())
+            .filter(|r| r.device == d.device && r.state == DeviceState::HomeNameBusy)
+            .filter_map(|r| Some((r.temp_name.clone()?, r.snapshot.clone())))
+            .collect();
+        for (temp, recorded) in waiting {
+            if let Ok(s) = self
+                .link_op("snapshot of the host device", link::snapshot(host_nl, &temp))
+                .await
+                && plan_identity_matches(d, &s)
+                && link::same_identity(&s, &recorded)
+            {
+                // Its snapshot says the temporary name; its home name is the plan's.
+                return Ok(link::LinkSnapshot {
+                    name: recorded.name,
+                    ..s
+                });
+            }
+        }
+        match by_name {
+            Ok(_) => Err(LinkError::NotTheDevice {
+                index: 0,
+                device: format!("{} (the host link named {host_if} is another link)", d.device),
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Nothing moved: the sandbox record goes back to "returned".
@@ -576,6 +623,22 @@ impl Phases {
 /// A duration in ms with 0.1 ms precision, for logs.
 fn ms(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e4).round() / 10.0
+}
+
+/// Whether the host link of snapshot `s` is plan device `d` by what Prepare recorded of its
+/// identity: its PCI function, else its permanent MAC (or MAC, for a device without one).
+fn plan_identity_matches(d: &DevicePlan, s: &link::LinkSnapshot) -> bool {
+    if let Some(pci) = &d.pci_address {
+        return s.parent.as_deref() == Some(format!("pci/{pci}").as_str());
+    }
+    let Some(want) = d.permanent_mac.as_deref() else {
+        return true;
+    };
+    let want = link::parse_mac(want).ok();
+    [s.perm_mac.as_deref(), s.mac.as_deref()]
+        .into_iter()
+        .flatten()
+        .any(|m| want.is_some() && link::parse_mac(m).ok() == want)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! | `NetnsReleased` (tier B) | identity of an attached sandbox's netns | rescue it (cannot happen while pinned; defensive) |
 //! | `DeviceMoving` (tier B) | (ifindex, netns) of a device we placed | record where it went (repair it if that is the host) |
 //! | `LinkAppeared` in the host | parent device, else permanent MAC, else its own host ifindex, of a device we believe is out; same link kind | repair that device |
+//! | `LinkDeleted` / `LinkChanged` in the host | a device home under a temporary name whose host name the link may have freed | give it its name back (if free) |
 //! | `Lost` | — | reconcile everything |
 //!
 //! **Identity.** A device is recognised only by what the kernel sets: its ifindex in a netns we
@@ -51,6 +52,13 @@ pub enum Action {
     /// run again, so its record goes (containerd sends no RemovePodSandbox for sandboxes it
     /// recovered after a restart).
     Forget { pod_uid: String, key: String },
+    /// A host link was deleted or renamed: the host name of device `device`, home under a
+    /// temporary name because that name was taken, may be free now: give it back.
+    Rename {
+        pod_uid: String,
+        key: String,
+        device: String,
+    },
     /// Events were lost: re-check every pod.
     Reconcile,
 }
@@ -152,9 +160,41 @@ pub fn decide(cp: &Checkpoint, ev: &LifecycleEvent) -> Vec<Action> {
             parent.as_deref(),
             kind.as_deref(),
         ),
+        EventKind::LinkDeleted { name, .. } => name_freed(cp, |d| d.snapshot.name == *name),
+        // A rename says the new name only: any device waiting for a name other than that one
+        // may have had it freed (the engine checks the name is free before it acts).
+        EventKind::LinkChanged { ifindex, name, .. } => name_freed(cp, |d| {
+            d.snapshot.name != *name
+                && d.temp_name.as_deref() != Some(name.as_str())
+                && d.snapshot.ifindex != *ifindex
+        }),
         EventKind::Lost { .. } => vec![Action::Reconcile],
         _ => Vec::new(),
     }
+}
+
+/// Every device home under a temporary name: a [`Action::Rename`] each (the engine renames those
+/// whose name is free).
+#[must_use]
+pub fn names_waited_for(cp: &Checkpoint) -> Vec<Action> {
+    name_freed(cp, |_| true)
+}
+
+/// Devices home under a temporary name (`HomeNameBusy`) for which `freed` says their host
+/// name may be free now.
+fn name_freed(cp: &Checkpoint, freed: impl Fn(&crate::state::DeviceRecord) -> bool) -> Vec<Action> {
+    cp.records()
+        .flat_map(|pod| {
+            pod.devices
+                .iter()
+                .filter(|d| d.state == DeviceState::HomeNameBusy && d.temp_name.is_some() && freed(d))
+                .map(|d| Action::Rename {
+                    pod_uid: pod.pod_uid.clone(),
+                    key: pod.key(),
+                    device: d.device.clone(),
+                })
+        })
+        .collect()
 }
 
 fn out(state: DeviceState) -> bool {

@@ -384,3 +384,41 @@ fn path_normalization() {
     assert_eq!(normalize_path("/run/netns/x"), "/run/netns/x");
     assert_eq!(normalize_path("/var/lib/x"), "/var/lib/x");
 }
+
+/// Issue 38 #2: a host link deleted under, or renamed away from, the name a device home under a
+/// temporary name waits for: give it its name back. Nothing for other names or other devices.
+#[test]
+fn a_host_name_freed_renames_the_device_waiting_for_it() {
+    let mut c = cp(PodPhase::Returned(ReturnReason::Hook), DeviceState::HomeNameBusy);
+    if let Some(r) = c.pods.get_mut(KEY) {
+        r.devices[0].temp_name = Some("dn7".into());
+    }
+    let rename = vec![Action::Rename {
+        pod_uid: "uid-1".into(),
+        key: KEY.into(),
+        device: "eth1".into(),
+    }];
+    let deleted = |name: &str| {
+        ev(EventKind::LinkDeleted {
+            ifindex: 30,
+            name: name.into(),
+        })
+    };
+    let changed = |name: &str| {
+        ev(EventKind::LinkChanged {
+            ifindex: 30,
+            name: name.into(),
+            up: true,
+        })
+    };
+    assert_eq!(decide(&c, &deleted("eth1")), rename);
+    assert_eq!(decide(&c, &deleted("eth2")), vec![]);
+    // The squatter renamed away (the event names its new name).
+    assert_eq!(decide(&c, &changed("cni0")), rename);
+    // The squatter changed something else and keeps the name; the device itself changed.
+    assert_eq!(decide(&c, &changed("eth1")), vec![]);
+    assert_eq!(decide(&c, &changed("dn7")), vec![]);
+    // A device home under its own name waits for nothing.
+    let home = cp(PodPhase::Returned(ReturnReason::Hook), DeviceState::Home);
+    assert_eq!(decide(&home, &deleted("eth1")), vec![]);
+}

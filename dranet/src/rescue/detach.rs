@@ -541,6 +541,80 @@ impl Engine {
         .await
     }
 
+    /// A device home under a temporary name: if its host name is free now, it gets it back
+    /// (and the rest of its snapshot, as the rename took it down). Idempotent; the link that
+    /// held the name is never touched.
+    pub async fn rename_home(&self, uid: &str, key: &str, device: &str) -> Result<(), RescueError> {
+        let _owner = self.own(uid).await;
+        let Some((i, d)) = self.cp().pods.get(key).and_then(|r| {
+            r.devices
+                .iter()
+                .enumerate()
+                .find(|(_, d)| d.device == device && d.state == DeviceState::HomeNameBusy)
+                .map(|(i, d)| (i, d.clone()))
+        }) else {
+            return Ok(());
+        };
+        let Some(temp) = d.temp_name.clone() else {
+            return Ok(());
+        };
+        let _slot = self.inner.lane.background().await;
+        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        let res = self
+            .link_op(
+                "giving the device its name back",
+                link::reclaim_name(&host_nl, &temp, &d.snapshot),
+            )
+            .await
+            .map_err(|source| RescueError::Link {
+                pod: uid.to_owned(),
+                device: device.to_owned(),
+                source,
+            })?;
+        match res {
+            Some(Returned::Restored) => {
+                self.update(|cp| {
+                    if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
+                        dev.state = DeviceState::Home;
+                        dev.temp_name = None;
+                    }
+                })
+                .await?;
+                info!(
+                    pod = uid,
+                    sandbox = key,
+                    device,
+                    from = temp,
+                    to = d.snapshot.name,
+                    "host name free again: device renamed back"
+                );
+                // The record may have stayed for this alone (its sandbox gone meanwhile).
+                self.drop_if_torn_down(key).await?;
+            }
+            Some(Returned::NameBusy { .. }) => {}
+            None => {
+                // Not under its temporary name any more (a later sandbox took it, someone
+                // renamed it): this record no longer waits for it.
+                warn!(
+                    pod = uid,
+                    sandbox = key,
+                    device,
+                    temp_name = temp,
+                    "device no longer under its temporary name: not renamed, no longer waited for"
+                );
+                self.update(|cp| {
+                    if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
+                        dev.state = DeviceState::Home;
+                        dev.temp_name = None;
+                    }
+                })
+                .await?;
+                self.drop_if_torn_down(key).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// A managed device appeared in the host by itself: restore it (idempotent). The link at
     /// `ifindex` must be the device by its kernel identity (`link::repair` checks).
     pub async fn repair(&self, uid: &str, key: &str, device: &str, ifindex: u32) -> Result<(), RescueError> {

@@ -605,6 +605,11 @@ impl Engine {
                     warn!(pod = %pod_uid, sandbox = %key, device, error = %crate::telemetry::chain(&e), "recording a device move failed");
                 }
             }
+            Action::Rename { pod_uid, key, device } => {
+                if let Err(e) = self.rename_home(&pod_uid, &key, &device).await {
+                    warn!(pod = %pod_uid, sandbox = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
+                }
+            }
             Action::Forget { pod_uid, key } => {
                 {
                     let _owner = self.own(&pod_uid).await;

@@ -73,6 +73,15 @@ impl Engine {
                 }
             }
         }
+        // Host names freed while no event could say so (dranet down, events lost).
+        let renames = super::decide::names_waited_for(&self.cp());
+        for action in renames {
+            if let super::decide::Action::Rename { pod_uid, key, device } = action
+                && let Err(e) = self.rename_home(&pod_uid, &key, &device).await
+            {
+                warn!(pod = pod_uid, sandbox = key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
+            }
+        }
         report.dropped = self.sweep().await;
         self.watch_returned().await;
         report.stray_pins = self.release_stray_pins();
@@ -96,13 +105,9 @@ impl Engine {
             return Ok(true);
         }
         if let PodPhase::Returned(why) = phase {
-            // Devices home, pin left behind (crash before release): release it now.
-            let live = self
-                .cp()
-                .pods
-                .get(key)
-                .and_then(|r| r.pin.clone())
-                .and_then(|p| Pin::reopen(&p).ok());
+            // Devices home, pin left behind (crash before release): release it now, if it
+            // still holds this sandbox's netns.
+            let live = self.record_pin(key).await;
             self.finish_return(key, live.map(|pin| Live { pin, socket: None }), why)
                 .await?;
             return Ok(false);
@@ -114,6 +119,36 @@ impl Engine {
         };
         self.detach_locked(key, reason).await?;
         Ok(false)
+    }
+
+    /// The pin record `key` names, re-opened if it still holds the record's netns. A pin that
+    /// holds another netns is never released through this record: the record forgets it
+    /// (logged), and the pin stays for whoever it belongs to.
+    async fn record_pin(&self, key: &str) -> Option<Pin> {
+        let (p, id) = self
+            .cp()
+            .pods
+            .get(key)
+            .and_then(|r| Some((r.pin.clone()?, r.netns)))?;
+        match Pin::reopen_as(&p, id) {
+            Ok(pin) => Some(pin),
+            Err(e) => {
+                if matches!(e, crate::sys::netns::NetnsError::PinMismatch { .. }) {
+                    warn!(sandbox = key, pin = %p.display(), error = %crate::telemetry::chain(&e), "the record's pin does not hold its netns: left alone, the record forgets it");
+                }
+                if let Err(e) = self
+                    .update(|cp| {
+                        if let Some(r) = cp.pods.get_mut(key) {
+                            r.pin = None;
+                        }
+                    })
+                    .await
+                {
+                    warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record that the pin is not the record's");
+                }
+                None
+            }
+        }
     }
 
     /// Re-opens the pin of a pod whose runtime path still names the pinned netns.
@@ -212,12 +247,7 @@ impl Engine {
                 Ok(_) => {
                     report.returned.push(key.clone());
                     // A record whose pin lingers (devices home before a crash) loses it here.
-                    let live = self
-                        .cp()
-                        .pods
-                        .get(&key)
-                        .and_then(|r| r.pin.clone())
-                        .and_then(|p| Pin::reopen(&p).ok());
+                    let live = self.record_pin(&key).await;
                     if let Some(pin) = live {
                         let _ = pin.release();
                         self.update(|cp| {

@@ -34,6 +34,9 @@ pub struct SandboxInfo {
     pub uid: String,
     pub sandbox: String,
     pub netns: Option<PathBuf>,
+    /// The pod's namespace and name (events, logs).
+    pub namespace: String,
+    pub name: String,
 }
 
 /// What [`Engine::synchronize`] did.
@@ -212,6 +215,19 @@ impl Engine {
             .get(key)
             .is_some_and(|r| !r.has_devices_out() && r.pin.is_none());
         if !droppable {
+            return Ok(false);
+        }
+        // A device home under a temporary name waits for its own: the record that knows both
+        // names stays until the name is free and given back ([`Engine::rename_home`] drops it).
+        if self.cp().pods.get(key).is_some_and(|r| {
+            r.devices
+                .iter()
+                .any(|d| d.state == crate::state::DeviceState::HomeNameBusy)
+        }) {
+            info!(
+                sandbox = key,
+                why, "sandbox record kept: a device waits for its host name"
+            );
             return Ok(false);
         }
         let id = self.cp().pods.get(key).map(|r| r.netns);

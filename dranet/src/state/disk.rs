@@ -49,6 +49,13 @@ struct Snapshot {
     private_flags: BTreeMap<String, bool>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     sysctls: BTreeMap<String, i32>,
+    /// Settable link flags (absent before they were recorded: not restored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    flags: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    txqlen: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<u32>,
 }
 
 fn forever() -> u32 {
@@ -143,6 +150,9 @@ impl From<&LinkSnapshot> for Snapshot {
             features: s.features.clone(),
             private_flags: s.private_flags.clone(),
             sysctls: s.sysctls.clone(),
+            flags: s.flags,
+            txqlen: s.txqlen,
+            group: s.group,
         }
     }
 }
@@ -170,6 +180,9 @@ impl From<Snapshot> for LinkSnapshot {
             features: s.features,
             private_flags: s.private_flags,
             sysctls: s.sysctls,
+            flags: s.flags,
+            txqlen: s.txqlen,
+            group: s.group,
         }
     }
 }
@@ -230,6 +243,25 @@ mod tests {
         let mut s = s;
         s.features.insert("rx-gro".into(), false);
         s.private_flags.insert("legacy-rx".into(), true);
+        assert_eq!(round_trip(&s), s);
+    }
+
+    #[test]
+    fn snapshots_from_before_link_flags_load_with_nothing_to_restore_and_new_ones_round_trip() {
+        let old = r#"{"ifindex": 7, "name": "eth1", "mtu": 1500, "mac": null, "up": true}"#;
+        let s = serde_json::from_str::<OnDisk>(old).unwrap().0;
+        assert_eq!((s.flags, s.txqlen, s.group), (None, None, None));
+        let json = serde_json::to_string(&OnDisk(s.clone())).unwrap();
+        assert!(
+            !json.contains("flags") && !json.contains("txqlen") && !json.contains("group"),
+            "{json}"
+        );
+        let s = LinkSnapshot {
+            flags: Some(0x1000),
+            txqlen: Some(1000),
+            group: Some(0),
+            ..s
+        };
         assert_eq!(round_trip(&s), s);
     }
 }

@@ -290,7 +290,7 @@ fn is_record_file(name: &str) -> bool {
 
 /// Reads the record file `path`, which must be the file of the record it holds (`name`);
 /// `Ok(None)` when it does not exist.
-fn read_record(path: &Path, name: &str) -> Result<Option<Record>, StateError> {
+fn read_record(path: &Path, name: &str, pins: &Path) -> Result<Option<Record>, StateError> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -309,7 +309,58 @@ fn read_record(path: &Path, name: &str) -> Result<Option<Record>, StateError> {
             what: format!("it holds the record {:?}, whose file is {own}", record.key()),
         });
     }
+    if let Record::Pod(r) = &record
+        && let Some(pin) = &r.pin
+        && let Err(why) = pin_path_ok(pin, pins)
+    {
+        return Err(StateError::Invalid {
+            path: path.to_owned(),
+            what: format!("record {:?}: pin {}: {why}", r.key(), pin.display()),
+        });
+    }
     Ok(Some(record))
+}
+
+/// Whether `pin`, read from a record, may be a pin of this state dir: a file directly in
+/// `pins` (no `..` or `.`, no hidden name), not a symlink, and, if it exists, `pins` and the pin's
+/// canonical directory are the same real directory. A record is a file on disk: nothing in it is
+/// unmounted or removed unless it passes (the netns it holds is checked before any unmount).
+pub(crate) fn pin_path_ok(pin: &Path, pins: &Path) -> Result<(), &'static str> {
+    use std::path::Component;
+    if pin
+        .components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return Err("has a '..' or '.' component");
+    }
+    if pin.parent() != Some(pins) {
+        return Err("not directly in the pins dir");
+    }
+    match pin.file_name().and_then(|n| n.to_str()) {
+        Some(n) if !n.is_empty() && !n.starts_with('.') => {}
+        _ => return Err("not a pin name"),
+    }
+    match fs::symlink_metadata(pins) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err("the pins dir is not a directory (a symlink?)"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => return Err("the pins dir cannot be read"),
+    }
+    match fs::symlink_metadata(pin) {
+        Ok(m) if m.file_type().is_symlink() => return Err("a symlink"),
+        Ok(_) => {}
+        // A pin that is gone is harmless: nothing to unmount.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => return Err("cannot be read"),
+    }
+    let real = pin.canonicalize().map_err(|_| "cannot be resolved")?;
+    let dir = pins
+        .canonicalize()
+        .map_err(|_| "the pins dir cannot be resolved")?;
+    if real.parent() != Some(dir.as_path()) {
+        return Err("resolves outside the pins dir");
+    }
+    Ok(())
 }
 
 impl Store {
@@ -401,7 +452,17 @@ impl Store {
     /// [`super::Writer`] of this store then writes only what changes.
     pub fn load_or_recover(&self) -> Loaded {
         if self.single_file() {
-            let loaded = self.load_or_recover_legacy();
+            let mut loaded = self.load_or_recover_legacy();
+            // One file for every record: a record with a bad pin cannot be moved aside alone, so
+            // it is left out (the pin, if it is one of ours, is rebuilt or released as unclaimed).
+            let pins = self.pins_dir();
+            loaded.cp.pods.retain(|key, r| match r.pin.as_deref().map(|p| pin_path_ok(p, &pins)) {
+                Some(Err(why)) => {
+                    warn!(sandbox = key, pin = ?r.pin, why, "a checkpoint record names a pin dranet never made: left out");
+                    false
+                }
+                _ => true,
+            });
             self.migrate(&loaded.cp);
             return loaded;
         }
@@ -546,6 +607,7 @@ impl Store {
     /// do not load are moved aside.
     fn scan(&self, fix: bool) -> Result<Scan, StateError> {
         let rdir = self.records_dir();
+        let pins = self.pins_dir();
         let mut names: Vec<String> = match fs::read_dir(&rdir) {
             Ok(rd) => rd
                 .filter_map(Result::ok)
@@ -562,7 +624,7 @@ impl Store {
         };
         for name in names {
             let path = rdir.join(&name);
-            let err = match read_record(&path, &name) {
+            let err = match read_record(&path, &name, &pins) {
                 Ok(Some(record)) => {
                     s.files += 1;
                     s.insert(record, true);
@@ -580,7 +642,7 @@ impl Store {
                 s.aside = s.aside.take().or(aside);
             }
             let prev = rdir.join(format!("{name}.prev"));
-            match read_record(&prev, &name) {
+            match read_record(&prev, &name, &pins) {
                 Ok(Some(record)) => {
                     warn!(
                         problem,

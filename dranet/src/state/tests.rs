@@ -39,7 +39,9 @@ fn sample() -> Checkpoint {
                 cookie: 7,
                 inode: 4026532000,
             },
-            pin: Some("/run/dranet/pins/uid-1".into()),
+            // A pin is a path of the store's own `pins/` (checked on load): the tests that need
+            // one set it for their store.
+            pin: None,
             phase: PodPhase::Returned(ReturnReason::NetnsTeardown),
             devices: vec![],
             recovered: None,
@@ -110,6 +112,7 @@ fn format_1_is_migrated_on_load() {
         "devices":[{"device":"eth1","pod_ifname":"net1","pci_address":null,"permanent_mac":null,
           "rdma_device":null,"snapshot":{"ifindex":5,"name":"eth1","mtu":1400,"mac":"02:00:00:00:00:01",
           "up":true,"addresses":["10.1.2.3/24"]},"state":"in_pod"}]}}}"#;
+    let v1 = v1.replace("/run/dranet/pins", &s.pins_dir().display().to_string());
     fs::write(s.path(), v1).unwrap();
     let cp = s.load().unwrap();
     assert_eq!(cp.version, FORMAT_VERSION);
@@ -422,6 +425,10 @@ fn the_on_disk_snapshot_of_format_2_is_fixed() {
         features: [("rx-gro-hw".to_owned(), true)].into(),
         private_flags: [("legacy-rx".to_owned(), false)].into(),
         sysctls: [("ipv4/rp_filter".to_owned(), 2)].into(),
+        // Not recorded before issue 38: absent from the file, as in every older record.
+        flags: None,
+        txqlen: None,
+        group: None,
     };
     let record = DeviceRecord {
         device: "pci-0000-3b-00-1".into(),
@@ -648,7 +655,11 @@ fn the_writers_copy_is_the_engines_records_until_one_changes() {
 fn the_record_files_of_format_3_are_fixed() {
     let d = tmpdir("golden3");
     let s = Store::open(&d).unwrap();
-    s.save(&sample()).unwrap();
+    let mut cp = sample();
+    if let Some(r) = cp.pods.get_mut("uid-1/sb-1") {
+        r.pin = Some("/run/dranet/pins/uid-1".into());
+    }
+    s.save(&cp).unwrap();
     let files = files_of(&s.records_dir());
     assert_eq!(
         files.keys().collect::<Vec<_>>(),
@@ -971,5 +982,61 @@ fn a_sigkill_during_saves_leaves_every_record_old_or_new() {
         assert!(extra.is_none(), "round {round}: record {extra:?} of neither");
         start = acked + 2;
     }
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// Issue 38 #7: a record's pin is a path dranet unmounts and removes, so one that is not a pin of
+/// this state dir (outside `pins/`, through `..`, a symlink in `pins/` leading out, a hidden
+/// name) makes its record file corrupt: moved aside, its `.prev` tried, every other record loads.
+#[test]
+fn a_record_whose_pin_is_not_in_the_pins_dir_is_moved_aside_and_costs_no_other_record() {
+    let d = tmpdir("hostile-pin");
+    let s = Store::open(&d).unwrap();
+    let outside = d.join("victim");
+    fs::write(&outside, b"").unwrap();
+    let link = s.pins_dir().join("evil");
+    std::os::unix::fs::symlink(&outside, &link).unwrap();
+    let hostile: [(&str, PathBuf); 5] = [
+        ("outside", outside.clone()),
+        ("dotdot", s.pins_dir().join("..").join("victim")),
+        ("symlink", link.clone()),
+        ("hidden", s.pins_dir().join(".x")),
+        ("nested", s.pins_dir().join("a").join("b")),
+    ];
+    for (what, pin) in hostile {
+        let mut cp = sample();
+        let mut good = record("uid-2", "sb");
+        good.pin = Some(s.pins_dir().join("sb"));
+        cp_insert(&mut cp, good.clone());
+        let mut bad = record("uid-3", "sb");
+        bad.pin = Some(pin);
+        cp_insert(&mut cp, bad);
+        cp.pods.remove("uid-1/sb-1");
+        s.save(&cp).unwrap();
+        let _ = fs::remove_file(s.records_dir().join("pod_uid-3_sb.json.prev"));
+        let got = s.load_or_recover();
+        assert!(!got.cp.pods.contains_key("uid-3/sb"), "{what}: loaded");
+        assert_eq!(*got.cp.pods["uid-2/sb"], good, "{what}");
+        assert!(
+            matches!(&got.source, LoadSource::Nothing { problem, .. } if problem.contains("pin")),
+            "{what}: {:?}",
+            got.source
+        );
+        assert!(
+            fs::read_dir(s.records_dir()).unwrap().any(|e| e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("pod_uid-3_sb.json.corrupt-")),
+            "{what}: not moved aside"
+        );
+        for e in fs::read_dir(s.records_dir()).unwrap() {
+            let p = e.unwrap().path();
+            if p.to_string_lossy().contains(".corrupt-") {
+                fs::remove_file(p).unwrap();
+            }
+        }
+    }
+    assert!(outside.exists());
     fs::remove_dir_all(&d).unwrap();
 }

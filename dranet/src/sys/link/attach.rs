@@ -24,9 +24,9 @@ pub async fn attach(
     let cur = host_nl.link_by_index(snap.ifindex).await?;
     let same = cur.as_ref().is_some_and(|m| {
         same_device(m, snap)
-            && m.attributes
-                .iter()
-                .any(|a| matches!(a, LinkAttribute::IfName(n) if *n == snap.name))
+            && m.attributes.iter().any(
+                |a| matches!(a, LinkAttribute::IfName(n) if *n == snap.name || *n == temp_name(snap.ifindex)),
+            )
     });
     if !same {
         return Err(LinkError::NotFound(snap.name.clone()));

@@ -34,6 +34,19 @@ pub fn same_device(m: &LinkMessage, snap: &LinkSnapshot) -> bool {
             .is_none_or(|p| s.perm_mac.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(p)))
 }
 
+/// [`same_device`] between a snapshot `s` of a host link and the recorded `snap`; a device with
+/// neither parent nor permanent MAC must also be at its own host ifindex.
+#[must_use]
+pub fn same_identity(s: &LinkSnapshot, snap: &LinkSnapshot) -> bool {
+    (!snap.identified || s.kind == snap.kind)
+        && snap.parent.as_ref().is_none_or(|p| s.parent.as_ref() == Some(p))
+        && snap
+            .perm_mac
+            .as_deref()
+            .is_none_or(|p| s.perm_mac.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(p)))
+        && (has_strong_identity(snap) || snap.ifindex == 0 || snap.ifindex == s.ifindex)
+}
+
 /// Whether the device has an identity the kernel keeps across namespaces (a parent device or a
 /// permanent MAC), so it can be recognised anywhere, not only at its ifindex in a netns we hold.
 #[must_use]
@@ -143,9 +156,19 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     // change needs that). One RTNL round trip less per device, each of which queues behind
     // the other returns' moves. A snapshot MAC we cannot parse is left to the restore, which
     // reports it once the device is home.
-    let settings = settings_diff(pod_index, snap, &snapshot_of(&m, &[]))
+    let in_pod_now = snapshot_of(&m, &[]);
+    // Altnames the pod added: a free one would come home and squat a host name, one that names
+    // a host link (or a host link's altname) makes the kernel refuse the move (EEXIST) while
+    // the pod netns lives. Removed in the pod, through its netns, before the move.
+    drop_altnames(
+        req.pod_nl,
+        pod_index,
+        in_pod_now.altnames.iter().filter(|a| !snap.altnames.contains(a)),
+    )
+    .await?;
+    let settings = settings_diff(pod_index, snap, &in_pod_now)
         .ok()
-        .filter(|s| !s.attributes.is_empty());
+        .filter(changes_anything);
     // Back at its own host ifindex (free unless something asked for it; not looked up first:
     // if it is taken the kernel refuses the move, see below).
     let own_index = (snap.ifindex > 0).then_some(snap.ifindex);
@@ -166,6 +189,17 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     };
     moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
     let mut sent = send_move(req, move_msg(true)).await;
+    if let Err(e) = &sent
+        && e.errno() == Some(libc::EEXIST)
+        && snap.altnames.iter().any(|a| in_pod_now.altnames.contains(a))
+        && still_in_pod(req, snap, pod_index).await
+    {
+        // One of the device's own altnames was taken in the host meanwhile (a host link's name
+        // or altname): move it without altnames; the restore gives back the ones still free.
+        tracing::warn!(device = %snap.name, error = %e, "the move home collides with a host name: moving without altnames");
+        drop_altnames(req.pod_nl, pod_index, snap.altnames.iter()).await?;
+        sent = send_move(req, move_msg(true)).await;
+    }
     let mut at_index = own_index;
     if sent.is_err()
         && (settings.is_some() || own_index.is_some())
@@ -360,7 +394,7 @@ async fn restore_settings(
     cur: &LinkSnapshot,
 ) -> Result<(), LinkError> {
     let m = settings_diff(index, snap, cur)?;
-    if !m.attributes.is_empty() {
+    if changes_anything(&m) {
         nl.newlink(m, "restore settings").await?;
     }
     Ok(())
@@ -387,16 +421,85 @@ fn settings_diff(index: u32, snap: &LinkSnapshot, cur: &LinkSnapshot) -> Result<
         m.attributes
             .push(LinkAttribute::IfAlias(snap.alias.clone().unwrap_or_default()));
     }
+    if let Some(v) = diff(snap.txqlen, cur.txqlen) {
+        m.attributes.push(LinkAttribute::TxQueueLen(v));
+    }
+    if let Some(v) = diff(snap.group, cur.group) {
+        m.attributes.push(LinkAttribute::Group(v));
+    }
+    // Flags: `ifi_change` names the ones that differ, `ifi_flags` their host values.
+    if let (Some(want), Some(have)) = (snap.flags, cur.flags) {
+        let change = (want ^ have) & SETTABLE_FLAGS;
+        if change != 0 {
+            m.header.change_mask = LinkFlags::from_bits_retain(change);
+            m.header.flags = LinkFlags::from_bits_retain(want & change);
+        }
+    }
     Ok(m)
 }
 
-/// Phase 3: the alternative names the device lost.
+/// Whether a settings message of [`settings_diff`] changes anything.
+fn changes_anything(m: &LinkMessage) -> bool {
+    !m.attributes.is_empty() || !m.header.change_mask.is_empty()
+}
+
+/// A device home under the temporary name `temp` (its host name was taken): if that name is
+/// free now, gives it back and restores the rest of `snap` (the rename takes the device down).
+/// `None`: no link of that name is the device by its kernel identity (gone, or renamed by
+/// someone else). The squatter is never touched: a name still taken leaves it `NameBusy`.
+pub async fn reclaim_name(
+    nl: &Netlink,
+    temp: &str,
+    snap: &LinkSnapshot,
+) -> Result<Option<Returned>, LinkError> {
+    let Some(m) = nl.link_by_name(temp).await?.filter(|m| same_device(m, snap)) else {
+        return Ok(None);
+    };
+    if nl.link_by_name(&snap.name).await?.is_some() {
+        return Ok(Some(Returned::NameBusy {
+            temp_name: temp.to_owned(),
+        }));
+    }
+    restore(nl, m.header.index, snap, false).await.map(Some)
+}
+
+/// Removes altnames `alts` of link `index` (in the netns of `nl`); one already gone is fine.
+async fn drop_altnames<'a>(
+    nl: &Netlink,
+    index: u32,
+    alts: impl Iterator<Item = &'a String>,
+) -> Result<(), LinkError> {
+    for alt in alts {
+        match nl
+            .handle
+            .link()
+            .property_del(index)
+            .alt_ifname(&[alt.as_str()])
+            .execute()
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if matches!(errno_of(&e), Some(libc::ENOENT | libc::ENODEV)) => {}
+            Err(e) => return Err(nl_err("remove an altname added in the pod", e)),
+        }
+    }
+    Ok(())
+}
+
+/// Phase 3: the alternative names the device lost, and none it gained (a device repaired in
+/// the host after the kernel returned it may carry altnames the pod added).
 async fn restore_altnames(
     nl: &Netlink,
     index: u32,
     snap: &LinkSnapshot,
     cur: &LinkSnapshot,
 ) -> Result<(), LinkError> {
+    drop_altnames(
+        nl,
+        index,
+        cur.altnames.iter().filter(|a| !snap.altnames.contains(a)),
+    )
+    .await?;
     for alt in snap.altnames.iter().filter(|a| !cur.altnames.contains(a)) {
         match nl
             .handle

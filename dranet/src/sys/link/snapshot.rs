@@ -39,7 +39,22 @@ pub struct LinkSnapshot {
     /// Per-device IP sysctls, `ipv4/<name>` / `ipv6/<name>` (see [`sysctl`]: a netns move
     /// resets them to the destination's defaults).
     pub sysctls: BTreeMap<String, i32>,
+    /// The link flags a process with NET_ADMIN in the pod can set and a move keeps
+    /// ([`SETTABLE_FLAGS`] of `ifi_flags`: NOARP, MULTICAST, PROMISC, ALLMULTI, DYNAMIC, ...;
+    /// PROMISC and ALLMULTI as set by users, not the counts drivers hold). `None`: not
+    /// recorded (a checkpoint from before they were), not restored.
+    pub flags: Option<u32>,
+    /// `IFLA_TXQLEN`; `None`: not recorded.
+    pub txqlen: Option<u32>,
+    /// `IFLA_GROUP`; `None`: not recorded.
+    pub group: Option<u32>,
 }
+
+/// The `ifi_flags` bits user space can change (`dev_change_flags`: IFF_DEBUG, IFF_NOTRAILERS,
+/// IFF_NOARP, IFF_DYNAMIC, IFF_MULTICAST, IFF_PORTSEL, IFF_AUTOMEDIA, and, through the user
+/// counts, IFF_PROMISC and IFF_ALLMULTI), less IFF_UP (the admin state is restored on its own).
+/// A netns move keeps every one of them.
+pub const SETTABLE_FLAGS: u32 = 0x4 | 0x20 | 0x80 | 0x100 | 0x200 | 0x1000 | 0x2000 | 0x4000 | 0x8000;
 
 impl LinkSnapshot {
     /// The fields a restore puts back, for comparisons (ifindex may legitimately change).
@@ -114,6 +129,7 @@ pub(super) fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnap
     let mut s = LinkSnapshot {
         ifindex: m.header.index,
         up: m.header.flags.contains(LinkFlags::Up),
+        flags: Some(m.header.flags.bits() & SETTABLE_FLAGS),
         ..LinkSnapshot::default()
     };
     let (mut bus, mut parent) = (None, None);
@@ -122,6 +138,8 @@ pub(super) fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnap
         match a {
             LinkAttribute::IfName(n) => s.name.clone_from(n),
             LinkAttribute::Mtu(v) => s.mtu = *v,
+            LinkAttribute::TxQueueLen(v) => s.txqlen = Some(*v),
+            LinkAttribute::Group(v) => s.group = Some(*v),
             LinkAttribute::Address(b) => s.mac = mac_string(b),
             LinkAttribute::PermAddress(b) => s.perm_mac = mac_string(b),
             LinkAttribute::IfAlias(v) if !v.is_empty() => s.alias = Some(v.clone()),

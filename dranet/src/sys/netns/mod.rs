@@ -374,6 +374,28 @@ impl Pin {
         })
     }
 
+    /// Re-opens the pin a record names, which must still hold the record's netns `id` (cookie
+    /// and inode): a pin that holds another netns (another sandbox's, a path a record file should
+    /// never have named) is not ours to release. Does not follow a symlink at `path`.
+    pub fn reopen_as(path: &Path, id: NetnsId) -> Result<Self, NetnsError> {
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(NetnsError::NotANamespace {
+                path: path.to_owned(),
+                what: "a symlink",
+            });
+        }
+        let pin = Self::reopen(path)?;
+        let found = pin.netns.id();
+        if found != id {
+            return Err(NetnsError::PinMismatch {
+                path: path.to_owned(),
+                expected: id,
+                found,
+            });
+        }
+        Ok(pin)
+    }
+
     /// All pin paths in `dir`.
     pub fn list(dir: &Path) -> Result<Vec<PathBuf>, NetnsError> {
         let rd = match std::fs::read_dir(dir) {
@@ -393,6 +415,10 @@ impl Pin {
                 source,
             })?;
             if e.file_name().as_bytes().starts_with(b".") {
+                continue;
+            }
+            // dranet never makes a symlink here: one would lead a release out of the pins dir.
+            if e.file_type().is_ok_and(|t| t.is_symlink()) {
                 continue;
             }
             out.push(e.path());
@@ -423,7 +449,8 @@ impl Pin {
 pub fn release_path(path: &Path) -> Result<(), NetnsError> {
     // Unmount every layer (a pin re-created over a stale one could stack).
     for _ in 0..8 {
-        match umount2(path, MntFlags::MNT_DETACH) {
+        // Never through a symlink: a pin is the mount point itself.
+        match umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
             Ok(()) => {}
             Err(nix::Error::EINVAL | nix::Error::ENOENT) => break,
             Err(source) => {

@@ -1,0 +1,402 @@
+//! Issue 38 (device identity and state, round two), each failure reproduced as a tenant holding
+//! NET_ADMIN in its pod netns, or the host, would, on real netns and veth pairs standing in for
+//! NICs, against the real `dranet run` binary:
+//!
+//! * #7 record files are trusted: a record whose `pin` names a path outside `<state-dir>/pins`
+//!   (directly, through `..`, through a symlink in the pins dir) or another sandbox's pin made
+//!   dranet unmount and unlink it at start;
+//! * #3 link state a pod can change (flags, txqueuelen, group) came home as the pod left it;
+//! * #4 altnames added in the pod came home, or made the move home fail (EEXIST);
+//! * #2 a device home under a temporary name kept it for good.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use dranet_sim::fixtures::{nic_device, prepare_claim};
+use dranet_sim::kernel::{PodNetns, host_has, identity, sh, unique};
+use dranet_sim::nic::{Nic, wait_restored};
+use dranet_sim::node::{Node, NodeOptions, sandbox_with_id};
+use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
+use serde_json::{Value, json};
+
+fn node_opts() -> NodeOptions {
+    NodeOptions {
+        runtime: RuntimeConfig {
+            flavor: Flavor::Crio,
+            ..RuntimeConfig::default()
+        },
+        ..NodeOptions::default()
+    }
+}
+
+/// A runtime-style sandbox id (64 hex digits), unique on this machine.
+fn sandbox_id() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{:032x}{n:032x}", std::process::id() ^ 0x38)
+}
+
+/// The record file of sandbox `sb` in the node's checkpoint.
+fn record_file(node: &Node, sb: &str) -> Result<PathBuf> {
+    let dir = node.state_dir().join("checkpoint");
+    for e in std::fs::read_dir(&dir)? {
+        let p = e?.path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("pod_") && name.ends_with(".json") && name.contains(sb) {
+            return Ok(p);
+        }
+    }
+    bail!("no record file of {sb} in {}", dir.display())
+}
+
+/// Rewrites the `pin` of sandbox `sb`'s record as a hostile hand (or a bad disk) would.
+fn set_pin(node: &Node, sb: &str, pin: &Path) -> Result<()> {
+    let path = record_file(node, sb)?;
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    v["pod"]["pin"] = json!(pin);
+    std::fs::write(&path, serde_json::to_vec(&v)?)?;
+    // No `.prev` to fall back on: the hostile record is all there is.
+    let _ = std::fs::remove_file(
+        path.with_file_name(format!("{}.prev", path.file_name().unwrap().to_string_lossy())),
+    );
+    Ok(())
+}
+
+/// Whether `path` still is a bind mount of the netns `id`.
+fn holds(path: &Path, id: dranet::sys::netns::NetnsId) -> bool {
+    dranet::sys::netns::Netns::open_path(path).is_ok_and(|ns| ns.id() == id)
+}
+
+/// #7: hostile `pin` fields in a record of a returned sandbox: outside the pins dir, through
+/// `..`, through a symlink in the pins dir, and the pin of another sandbox still running. None
+/// is unmounted at start; the record is moved aside (or its pin dropped) and costs no other
+/// record: the other sandbox's device comes home at its teardown.
+async fn hostile_pins() -> Result<()> {
+    let (nic, before) = Nic::with_view()?;
+    let (nic_b, before_b) = Nic::with_view()?;
+    let mut node = Node::start(node_opts()).await?;
+    let uid = unique("hostile-");
+    let claim = prepare_claim(&node, &uid, &[nic_device(&nic, json!({}))]).await?;
+    let uid_b = unique("hostileb-");
+    let claim_b = prepare_claim(&node, &uid_b, &[nic_device(&nic_b, json!({}))]).await?;
+    let ns = PodNetns::create(&unique("dranet-r2h-"))?;
+    let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
+    node.runtime.run_pod_sandbox(&sb).await.context("Run(A)")?;
+    let mut ns_b = PodNetns::create(&unique("dranet-r2b-"))?;
+    let sb_b = sandbox_with_id(&uid_b, &sandbox_id(), &ns_b.path);
+    node.runtime.run_pod_sandbox(&sb_b).await.context("Run(B)")?;
+    node.runtime.set_state(vec![sb.clone(), sb_b.clone()], vec![]);
+    node.runtime.stop_pod_sandbox(&sb).await.context("Stop(A)")?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
+    let pins = node.state_dir().join("pins");
+    let pin_b = node
+        .pins()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains(&sb_b.id))
+        .context("B's pin")?;
+    let id_b = identity(&ns_b.open()?)?;
+    let victim = PodNetns::create(&unique("dranet-r2v-"))?;
+    let victim_id = identity(&victim.open()?)?;
+    let link = pins.join(unique("evil"));
+    std::os::unix::fs::symlink(&victim.path, &link)?;
+    let dotdot = up_to_root(&pins).join(victim.path.strip_prefix("/")?);
+    let cases: [(&str, PathBuf); 4] = [
+        ("a path outside the pins dir", victim.path.clone()),
+        ("a path through ..", dotdot),
+        ("a symlink in the pins dir", link.clone()),
+        ("another sandbox's pin", pin_b.clone()),
+    ];
+    for (what, hostile) in cases {
+        node.kill()?;
+        set_pin(&node, &sb.id, &hostile).with_context(|| what.to_owned())?;
+        node.restart().await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if !holds(&victim.path, victim_id) {
+            bail!("{what}: dranet unmounted {} at start", victim.path.display());
+        }
+        if !holds(&pin_b, id_b) {
+            bail!("{what}: dranet unmounted the pin of sandbox B at start");
+        }
+        if what != "another sandbox's pin" {
+            let aside = std::fs::read_dir(node.state_dir().join("checkpoint"))?
+                .filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().contains(".corrupt-"));
+            assert!(aside, "{what}: the hostile record was not moved aside");
+        }
+        // Put A's record back for the next case, as a fresh Run/Stop does.
+        if record_file(&node, &sb.id).is_err() {
+            node.runtime.run_pod_sandbox(&sb).await.context("Run(A) again")?;
+            node.runtime
+                .stop_pod_sandbox(&sb)
+                .await
+                .context("Stop(A) again")?;
+            wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
+        }
+    }
+    let _ = std::fs::remove_file(&link);
+    // B was not harmed: its teardown brings its device home.
+    ns_b.remove_crio_style()?;
+    wait_restored(&nic_b.name, &before_b, Duration::from_secs(5)).await?;
+    node.runtime.stop_pod_sandbox(&sb_b).await?;
+    node.runtime.remove_pod_sandbox(&sb_b).await?;
+    node.runtime.remove_pod_sandbox(&sb).await?;
+    node.unprepare(&claim).await?;
+    node.unprepare(&claim_b).await?;
+    assert!(holds(&victim.path, victim_id));
+    node.stop()?;
+    drop(ns);
+    Ok(())
+}
+
+/// `dir/../../..` up to `/`: a path that starts in `dir` and leaves it.
+fn up_to_root(dir: &Path) -> PathBuf {
+    let mut p = dir.to_owned();
+    for _ in 0..dir.components().count() - 1 {
+        p.push("..");
+    }
+    p
+}
+
+/// What `ip -j -d link` says of the link state a pod can change and [`view`] does not cover:
+/// flags (less UP and the carrier ones), txqueuelen, group, altnames.
+fn link_state(name: &str) -> Result<Value> {
+    let v: Value = serde_json::from_str(&sh(&["ip", "-j", "-d", "link", "show", "dev", name])?)?;
+    let l = v.get(0).context("no such link")?;
+    let mut flags: Vec<String> = l["flags"]
+        .as_array()
+        .context("flags")?
+        .iter()
+        .filter_map(|f| f.as_str().map(str::to_owned))
+        .filter(|f| !["UP", "LOWER_UP", "NO-CARRIER", "M-DOWN", "RUNNING"].contains(&f.as_str()))
+        .collect();
+    flags.sort();
+    Ok(json!({
+        "flags": flags,
+        "txqlen": l["txqlen"],
+        "group": l["group"],
+        "promiscuity": l["promiscuity"],
+        "allmulti": l["allmulti"],
+        "altnames": l["altnames"],
+    }))
+}
+
+/// Runs a pod with the NIC as `net0`, lets `tenant` act in the pod netns, then tears the pod
+/// down CRI-O style and waits for the NIC to come home restored. Returns the NIC and its
+/// [`link_state`] before and after.
+async fn tenant_case<F>(tag: &str, tenant: F) -> Result<(Nic, Value, Value)>
+where
+    F: FnOnce(&PodNetns) -> Result<()>,
+{
+    let (nic, before) = Nic::with_view()?;
+    let state = link_state(&nic.name)?;
+    let mut node = Node::start(node_opts()).await?;
+    let uid = unique(tag);
+    let claim = prepare_claim(
+        &node,
+        &uid,
+        &[nic_device(&nic, json!({"interface": {"name": "net0"}}))],
+    )
+    .await?;
+    let mut ns = PodNetns::create(&unique("dranet-r2t-"))?;
+    let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
+    node.runtime.run_pod_sandbox(&sb).await.context("Run")?;
+    node.runtime.set_state(vec![sb.clone()], vec![]);
+    assert!(ns.has("net0"));
+    tenant(&ns)?;
+    ns.remove_crio_style()?;
+    let home = wait_restored(&nic.name, &before, Duration::from_secs(8)).await;
+    let log = node.log();
+    let _ = node.runtime.stop_pod_sandbox(&sb).await;
+    let _ = node.runtime.remove_pod_sandbox(&sb).await;
+    let _ = node.unprepare(&claim).await;
+    node.stop()?;
+    home.with_context(|| format!("daemon log:\n{log}"))?;
+    let after = link_state(&nic.name)?;
+    Ok((nic, state, after))
+}
+
+/// #3: `ip link set net0 arp off multicast off promisc on allmulticast on dynamic on txqueuelen
+/// 7 group 9` in the pod: the NIC comes home with the host's flags, txqueuelen and group.
+async fn pod_link_state() -> Result<()> {
+    let (_nic, before, after) = tenant_case("flags-", |ns| {
+        ns.ip(&[
+            "link",
+            "set",
+            "dev",
+            "net0",
+            "arp",
+            "off",
+            "multicast",
+            "off",
+            "promisc",
+            "on",
+            "allmulticast",
+            "on",
+            "dynamic",
+            "on",
+            "txqueuelen",
+            "7",
+            "group",
+            "9",
+        ])?;
+        Ok(())
+    })
+    .await?;
+    if before != after {
+        bail!("link state not restored:\n before: {before}\n after:  {after}");
+    }
+    Ok(())
+}
+
+/// #4: altnames a tenant adds in the pod: a free one, and one that names an existing host link
+/// (a veth made for the test). The NIC comes home (no EEXIST from the move), without either;
+/// the host dummy is untouched.
+async fn pod_altnames() -> Result<()> {
+    // A host link of the host's own (this kernel has no dummy driver: a veth pair).
+    let host_link = unique("drx");
+    let _guard = dranet_sim::kernel::Veth::create(&host_link, &unique("dry"))?;
+    let host_before = sh(&["ip", "-j", "-d", "link", "show", "dev", &host_link])?;
+    let free = unique("drf");
+    let (nic, before, after) = tenant_case("altn-", |ns| {
+        ns.ip(&["link", "property", "add", "dev", "net0", "altname", &free])?;
+        ns.ip(&["link", "property", "add", "dev", "net0", "altname", &host_link])?;
+        Ok(())
+    })
+    .await?;
+    if before != after {
+        bail!("altnames not restored:\n before: {before}\n after:  {after}");
+    }
+    assert!(host_has(&host_link));
+    assert_eq!(
+        sh(&["ip", "-j", "-d", "link", "show", "dev", &host_link])?,
+        host_before,
+        "the host link was touched"
+    );
+    // The free altname squats nothing in the host.
+    let squat = sh(&["ip", "-j", "link", "show", "dev", &free]);
+    assert!(squat.is_err(), "{free} names a host link: {squat:?}");
+    drop(nic);
+    Ok(())
+}
+
+/// #2: a host link takes the device's name while the pod holds it; the device comes home under
+/// a temporary name. Once the squatter is deleted the device gets its own name back (the
+/// squatter itself never touched), and a later sandbox of the pod gets the device again.
+async fn names_come_back() -> Result<()> {
+    let (nic, before) = Nic::with_view()?;
+    let mut node = Node::start(node_opts()).await?;
+    let uid = unique("name-");
+    let claim = prepare_claim(
+        &node,
+        &uid,
+        &[nic_device(&nic, json!({"interface": {"name": "net0"}}))],
+    )
+    .await?;
+    let mut ns = PodNetns::create(&unique("dranet-r2n-"))?;
+    let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
+    node.runtime.run_pod_sandbox(&sb).await.context("Run(A)")?;
+    node.runtime.set_state(vec![sb.clone()], vec![]);
+    assert!(ns.has("net0"));
+    // The host (a CNI, udev, an operator) takes the free name.
+    let squatter = dranet_sim::kernel::Veth::create(&nic.name, &unique("drs"))?;
+    ns.remove_crio_style()?;
+    let temp = {
+        let start = std::time::Instant::now();
+        loop {
+            let cp = node.checkpoint()?;
+            let t = cp["pods"]
+                .as_object()
+                .and_then(|m| m.values().next())
+                .and_then(|r| r["devices"][0]["temp_name"].as_str().map(str::to_owned));
+            if let Some(t) = t {
+                break t;
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                bail!("the device did not come home under a temporary name: {cp}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    assert!(host_has(&temp), "{temp} not in the host");
+    // The squatter goes: the name is free.
+    drop(squatter);
+    let home = wait_restored(&nic.name, &before, Duration::from_secs(5)).await;
+    home.with_context(|| format!("the device kept {temp}; daemon log:\n{}", node.log()))?;
+    assert!(!host_has(&temp));
+    // A later sandbox of the pod gets the device.
+    let ns_b = PodNetns::create(&unique("dranet-r2n-"))?;
+    let sb_b = sandbox_with_id(&uid, &sandbox_id(), &ns_b.path);
+    node.runtime.stop_pod_sandbox(&sb).await.context("Stop(A)")?;
+    node.runtime.remove_pod_sandbox(&sb).await.context("Remove(A)")?;
+    node.runtime.run_pod_sandbox(&sb_b).await.context("Run(B)")?;
+    node.runtime.set_state(vec![sb_b.clone()], vec![]);
+    assert!(ns_b.has("net0"), "a later sandbox did not get the device");
+    node.runtime.stop_pod_sandbox(&sb_b).await.context("Stop(B)")?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5)).await?;
+    node.runtime.remove_pod_sandbox(&sb_b).await?;
+    node.unprepare(&claim).await?;
+    node.stop()?;
+    Ok(())
+}
+
+/// #1: while pod A holds the device a host link takes its free name; the device comes home
+/// under a temporary name. kubelet re-creates the sandbox (B, same pod UID, no new Prepare):
+/// B gets the device (found by kernel identity under its temporary name), never the squatter,
+/// which stays in the host untouched. When B ends and the squatter goes, the device gets its
+/// name back.
+async fn attach_by_identity() -> Result<()> {
+    let (nic, before) = Nic::with_view()?;
+    let mut node = Node::start(node_opts()).await?;
+    let uid = unique("ident-");
+    let claim = prepare_claim(
+        &node,
+        &uid,
+        &[nic_device(&nic, json!({"interface": {"name": "net0"}}))],
+    )
+    .await?;
+    let mut ns_a = PodNetns::create(&unique("dranet-r2i-"))?;
+    let a = sandbox_with_id(&uid, &sandbox_id(), &ns_a.path);
+    node.runtime.run_pod_sandbox(&a).await.context("Run(A)")?;
+    node.runtime.set_state(vec![a.clone()], vec![]);
+    assert!(ns_a.has("net0"));
+    let squatter = dranet_sim::kernel::Veth::create(&nic.name, &unique("drs"))?;
+    let squatter_index = dranet_sim::kernel::Veth::ifindex(&nic.name)?;
+    let squatter_view = dranet_sim::nic::view(&nic.name, None)?;
+    ns_a.remove_crio_style()?;
+    node.runtime.stop_pod_sandbox(&a).await.context("Stop(A)")?;
+    let ns_b = PodNetns::create(&unique("dranet-r2i-"))?;
+    let b = sandbox_with_id(&uid, &sandbox_id(), &ns_b.path);
+    let run_b = node.runtime.run_pod_sandbox(&b).await;
+    node.runtime.set_state(vec![b.clone()], vec![]);
+    assert_eq!(
+        dranet_sim::kernel::Veth::ifindex(&nic.name).ok(),
+        Some(squatter_index),
+        "the squatter left the host (Run(B): {run_b:?})"
+    );
+    assert_eq!(
+        dranet_sim::nic::view(&nic.name, None)?,
+        squatter_view,
+        "the squatter was touched"
+    );
+    run_b.context("Run(B)")?;
+    assert!(ns_b.has("net0"), "B did not get the device");
+    node.runtime.stop_pod_sandbox(&b).await.context("Stop(B)")?;
+    drop(squatter);
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
+        .await
+        .with_context(|| format!("daemon log:\n{}", node.log()))?;
+    node.runtime.remove_pod_sandbox(&a).await?;
+    node.runtime.remove_pod_sandbox(&b).await?;
+    node.unprepare(&claim).await?;
+    node.stop()?;
+    Ok(())
+}
+
+dranet_sim::root_tests! {
+    records_naming_pins_outside_the_pins_dir_or_of_other_sandboxes_are_never_unmounted => hostile_pins();
+    flags_txqueuelen_and_group_set_in_the_pod_are_restored_at_home => pod_link_state();
+    altnames_added_in_the_pod_neither_block_the_move_home_nor_come_home => pod_altnames();
+    a_device_home_under_a_temporary_name_gets_its_name_back_once_free => names_come_back();
+    a_recreated_sandbox_gets_the_device_by_identity_never_the_host_link_that_took_its_name => attach_by_identity();
+}
