@@ -136,13 +136,6 @@ pub fn main(args: &RunArgs) -> ExitCode {
         Some(f) => super::init_logging_with(args.log_format == LogFormat::Json, f),
         None => super::init_logging(args.log_format == LogFormat::Json, "info"),
     }
-    if let Err(e) = args.upstream.check() {
-        error!(error = %crate::telemetry::chain(&e), "bad flag");
-        return ExitCode::FAILURE;
-    }
-    for note in args.upstream.notes() {
-        warn!("{note}");
-    }
     {
         use crate::telemetry::version::{REVISION, RUSTC, VERSION};
         info!(
@@ -151,6 +144,13 @@ pub fn main(args: &RunArgs) -> ExitCode {
             rustc = %RUSTC,
             "dranet starting"
         );
+    }
+    if let Err(e) = args.upstream.check() {
+        error!(error = %crate::telemetry::chain(&e), "bad flag");
+        return ExitCode::FAILURE;
+    }
+    for note in args.upstream.notes() {
+        warn!("{note}");
     }
     if !arenas_capped {
         warn!("cannot cap the malloc arenas: the idle RSS may stay at its peak");
@@ -256,6 +256,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // when another dranet keeps the state dir.
     let engine = Engine::new(opts, watcher).await?;
     let report = engine.reconcile().await?;
+    let (checkpoint, checkpoint_problem) = load_source(engine.load_source());
     if report.rebuilt.is_empty() {
         info!(
             adopted = report.adopted.len(),
@@ -333,7 +334,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     wait_for_signal().await;
     tokio::spawn(async {
         wait_for_signal().await;
-    let (checkpoint, checkpoint_problem) = load_source(engine.load_source());
         warn!("second signal: exiting now");
         std::process::exit(130);
     });
@@ -420,51 +420,6 @@ async fn feed_activity(
     }
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        futures::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::listen::{Accepted, Incoming};
-    use crate::rescue::activity::{Activity, ActivityKind};
-    use tokio::io::{AsyncBufReadExt, BufReader};
-    use tokio::net::{UnixListener, UnixStream};
-
-    fn hook(uid: &str) -> Activity {
-        Activity {
-            at: 1,
-            pod_uid: uid.into(),
-            pod: String::new(),
-            netns_path: None,
-            kind: ActivityKind::Hook {
-                name: "RunPodSandbox".into(),
-            },
-        }
-    }
-
-    /// A client that hangs up frees its slot at once; one that only shuts its sending side is
-    /// still fed.
-    #[tokio::test]
-    async fn activity_clients_hang_up_or_half_close() {
-        let dir = std::env::temp_dir().join(format!("dranet-activity-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("events.sock");
-        let _ = std::fs::remove_file(&path);
-        let mut inc = Incoming::new(UnixListener::bind(&path).unwrap(), "test-events", 4);
-        let (tx, _) = tokio::sync::broadcast::channel(16);
-        let mut admit = async || {
-            let Accepted::Admitted(conn) = inc.accept().await else {
 /// The configuration, once at start, as fields (paths and strings as text, flags as booleans).
 fn log_config(args: &RunArgs) {
     let opt = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
@@ -541,6 +496,52 @@ fn load_source(s: &crate::state::LoadSource) -> (&'static str, String) {
         } => ("nothing", format!("{problem}{}; .prev: {prev_problem}", aside(a))),
     }
 }
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        futures::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::listen::{Accepted, Incoming};
+    use crate::rescue::activity::{Activity, ActivityKind};
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::net::{UnixListener, UnixStream};
+
+    fn hook(uid: &str) -> Activity {
+        Activity {
+            at: 1,
+            pod_uid: uid.into(),
+            pod: String::new(),
+            netns_path: None,
+            kind: ActivityKind::Hook {
+                name: "RunPodSandbox".into(),
+            },
+        }
+    }
+
+    /// A client that hangs up frees its slot at once; one that only shuts its sending side is
+    /// still fed.
+    #[tokio::test]
+    async fn activity_clients_hang_up_or_half_close() {
+        let dir = std::env::temp_dir().join(format!("dranet-activity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("events.sock");
+        let _ = std::fs::remove_file(&path);
+        let mut inc = Incoming::new(UnixListener::bind(&path).unwrap(), "test-events", 4);
+        let (tx, _) = tokio::sync::broadcast::channel(16);
+        let mut admit = async || {
+            let Accepted::Admitted(conn) = inc.accept().await else {
 
                 panic!("refused")
             };
