@@ -336,3 +336,46 @@ async fn embedded_mode_connects_nowhere_off_the_machine() -> Result<()> {
     );
     Ok(())
 }
+
+/// A SIGTERM at any moment of start-up ends the daemon cleanly (exit 0, pins kept): from the
+/// start of `run` on, the signal is held for the next wait, never lost between two waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_during_start_up_is_never_lost() -> Result<()> {
+    root_or_skip!("a_sigterm_during_start_up_is_never_lost");
+    let bin = dranet_bin()?;
+    for delay_ms in [300u64, 1200] {
+        let dir = TempDir::new(&format!("term-{delay_ms}"))?;
+        let port = free_port()?;
+        let child = Command::new(&bin)
+            .args(embedded_args(&dir.0, port))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.0.join("stderr.log"))?)
+            .spawn()?;
+        let mut daemon = Daemon(child);
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        let pid = i32::try_from(daemon.0.id())?;
+        // SAFETY: kill(2) on a pid this test started; no memory is involved.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let until = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(st) = daemon.0.try_wait()? {
+                break st;
+            }
+            ensure!(
+                Instant::now() < until,
+                "SIGTERM {delay_ms} ms into start-up was lost: still running 20 s later\n{}",
+                std::fs::read_to_string(dir.0.join("stderr.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Before the daemon listens (the first milliseconds of the process) the default action
+        // ends it; from `run` on, it stops cleanly.
+        eprintln!("SIGTERM at {delay_ms} ms: {status:?}");
+        assert!(
+            status.success() || status.code().is_none(),
+            "SIGTERM at {delay_ms} ms: {status:?}"
+        );
+    }
+    Ok(())
+}

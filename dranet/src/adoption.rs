@@ -211,6 +211,9 @@ pub struct Adopter {
     running: Arc<tokio::sync::Mutex<()>>,
     last: Arc<Mutex<Vec<SandboxAdoption>>>,
     runs: Arc<watch::Sender<u64>>,
+    /// Attaches the devices of a planned sandbox that holds none of them (it ran while dranet
+    /// was away: [`crate::pod::late`]).
+    late: Option<crate::pod::late::LateAttacher>,
 }
 
 impl Adopter {
@@ -224,7 +227,15 @@ impl Adopter {
             running: Arc::default(),
             last: Arc::default(),
             runs: Arc::new(watch::Sender::new(0)),
+            late: None,
         }
+    }
+
+    /// A sandbox with a plan and none of its devices in its netns gets them through `late`.
+    #[must_use]
+    pub fn with_late(mut self, late: crate::pod::late::LateAttacher) -> Self {
+        self.late = Some(late);
+        self
     }
 
     /// Gives up on sandboxes without a plan after `deadline` instead of [`ADOPTION_DEADLINE`].
@@ -293,7 +304,16 @@ impl Adopter {
         let mut without_plan = Vec::new();
         for sb in candidates {
             match self.engine.plan(&sb.uid).filter(|p| !p.is_empty()) {
-                Some(plan) => report.push(self.adopt(&sb, &from_plan(&plan), Source::Plan).await),
+                Some(plan) => {
+                    let adopted = self.adopt(&sb, &from_plan(&plan), Source::Plan).await;
+                    let nothing = matches!(adopted.outcome, Ok(AdoptOutcome::NothingFound { .. }));
+                    report.push(adopted);
+                    // Prepared, and none of its devices in its netns: the runtime ran it while
+                    // dranet was away. Attach them now (they are in the host).
+                    if let (true, Some(late)) = (nothing, &self.late) {
+                        let _ = late.attach(&sb, crate::pod::late::Trigger::Synchronize).await;
+                    }
+                }
                 None => without_plan.push(sb),
             }
         }
@@ -376,6 +396,14 @@ impl Adopter {
                 self.metrics.devices.inc_by(devices.len() as u64);
                 info!(pod = sb.uid, sandbox = sb.sandbox, ?from, ?devices, unidentified = ?why,
                       "adoption: running sandbox adopted; its devices come home at teardown");
+            }
+            Ok(AdoptOutcome::NothingFound { .. }) if from == Source::Plan && self.late.is_some() => {
+                self.metrics.count("nothing_found");
+                info!(
+                    pod = sb.uid,
+                    sandbox = sb.sandbox,
+                    "adoption: none of the pod's devices is in its netns: the sandbox ran while dranet was away; attaching them now"
+                );
             }
             Ok(AdoptOutcome::NothingFound { .. }) => {
                 self.metrics.count("nothing_found");

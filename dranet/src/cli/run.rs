@@ -30,7 +30,14 @@ pub enum LogFormat {
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// This node's name (the ResourceSlice pool). Upstream spelling: --hostname-override.
-    #[arg(long, env = "NODE_NAME", alias = "hostname-override")]
+    /// Not given (or empty): the host name, lower case, as upstream and kubelet.
+    #[arg(
+        long,
+        env = "NODE_NAME",
+        alias = "hostname-override",
+        default_value = "",
+        hide_default_value = true
+    )]
     pub node_name: String,
     /// DRA driver name (as upstream dranet, so existing claims and DeviceClasses match).
     #[arg(long, env = "DRANET_DRIVER_NAME", default_value = "dra.net")]
@@ -149,6 +156,31 @@ pub fn main(args: &RunArgs) -> ExitCode {
         error!(error = %crate::telemetry::chain(&e), "bad flag");
         return ExitCode::FAILURE;
     }
+    let mut args = args.clone();
+    if args.node_name.trim().is_empty() {
+        // As upstream (and kubelet): no --hostname-override / NODE_NAME, the host name.
+        match crate::sys::os::node_hostname() {
+            Some(h) => {
+                info!(
+                    node = h,
+                    "no --node-name or NODE_NAME: the host name is the node's name"
+                );
+                args.node_name = h;
+            }
+            None => {
+                error!(
+                    "no node name: pass --node-name (or --hostname-override, or set NODE_NAME); the host name is empty"
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    // Input that can be checked before anything starts is checked here, so a typo fails at
+    // once, not after the probes, the reconcile and the endpoint are up.
+    if let Err(e) = preflight(&args) {
+        error!(error = %format!("{e:#}"), "bad configuration");
+        return ExitCode::FAILURE;
+    }
     for note in args.upstream.notes() {
         warn!("{note}");
     }
@@ -186,13 +218,33 @@ pub fn main(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(args.clone())) {
+    match rt.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!(error = %crate::telemetry::chain(e.as_ref()), "dranet run failed");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Checks what can be checked before start-up: the CEL `--filter` compiles, an explicit
+/// `--kubeconfig` exists and reads as a kubeconfig.
+///
+/// # Errors
+/// What is wrong, naming the flag.
+pub fn preflight(args: &RunArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    crate::inventory::Filter::compile(&args.filter).context("--filter")?;
+    if let Some(kc) = &args.kubeconfig {
+        kube::config::Kubeconfig::read_from(kc).with_context(|| {
+            format!(
+                "--kubeconfig {}: cannot be read (an explicit kubeconfig must exist; without the flag, the in-cluster config is used)",
+                kc.display()
+            )
+        })?;
+    }
+    super::upstream::bind_addresses(&args.bind_address).context("--bind-address")?;
+    Ok(())
 }
 
 /// How long an idle thread of the blocking pool stays (tokio's default is 10 s).
@@ -216,6 +268,10 @@ pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // First: from here on a SIGTERM is held for whoever waits next, never lost between two
+    // waits (one that landed as start-up completed used to be dropped, and the daemon ran on
+    // until a second one).
+    let mut signals = Signals::new();
     log_config(&args);
     let bind = super::upstream::bind_addresses(&args.bind_address)?;
     let readiness = Readiness::new();
@@ -287,14 +343,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     // Records of sandboxes whose netns is gone (a runtime that never sends Stop/Remove for them).
     let e = engine.clone();
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(crate::rescue::SWEEP_EVERY);
-        every.tick().await;
-        loop {
-            every.tick().await;
-            e.sweep().await;
-        }
-    });
+    tokio::spawn(async move { e.sweep_forever().await });
     readiness.set_met(crate::ready::ENGINE);
     let mut registry = crate::telemetry::metrics::registry();
     engine.metrics().register(&mut registry);
@@ -320,7 +369,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The sides come up while the endpoint already answers; a signal meanwhile stops us.
     let extra = tokio::select! {
         s = super::run_sides::start_kubelet(&args, &engine, runtime) => s?,
-        () = wait_for_signal() => {
+        () = signals.recv() => {
             info!("stopping during start-up: pins stay");
             return Ok(());
         }
@@ -331,9 +380,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "{}",
         crate::telemetry::log::ready_line(args.log_format == LogFormat::Json)
     );
-    wait_for_signal().await;
-    tokio::spawn(async {
-        wait_for_signal().await;
+    signals.recv().await;
+    tokio::spawn(async move {
+        signals.recv().await;
         warn!("second signal: exiting now");
         std::process::exit(130);
     });
@@ -497,16 +546,40 @@ fn load_source(s: &crate::state::LoadSource) -> (&'static str, String) {
     }
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        futures::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, listened to from the start of `run` to its end: a signal that arrives
+/// while nobody waits is held for the next [`Signals::recv`].
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (term, int) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+        if let Err(e) = &term {
+            warn!(error = %e, "cannot listen for SIGTERM");
+        }
+        Self {
+            term: term.ok(),
+            int: int.ok(),
+        }
+    }
+
+    /// The next SIGTERM or SIGINT (held since the last call); never, without listeners.
+    async fn recv(&mut self) {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => futures::future::pending::<()>().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.term) => {}
+            () = next(&mut self.int) => {}
+        }
     }
 }
 
@@ -542,7 +615,6 @@ mod tests {
         let (tx, _) = tokio::sync::broadcast::channel(16);
         let mut admit = async || {
             let Accepted::Admitted(conn) = inc.accept().await else {
-
                 panic!("refused")
             };
             conn

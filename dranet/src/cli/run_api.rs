@@ -13,16 +13,67 @@ use tracing::warn;
 use super::run::RunArgs;
 use crate::ready::Readiness;
 
-/// Reports go here before the API client exists (kube mode whose client could not be built
-/// yet): dropped until [`LateSink::set`], then forwarded.
+/// Reports go here before the API client exists (the kubelet side not up yet, or kube mode whose
+/// client could not be built yet): kept (at most [`LATE_SINK_KEPT`]) until [`LateSink::set`], then
+/// forwarded. A late attach at the runtime's first Synchronize comes before the kubelet side, and
+/// its event and claim status must not be lost.
 #[derive(Default)]
 pub(super) struct LateSink {
     inner: OnceLock<Arc<dyn crate::report::Sink>>,
+    kept: std::sync::Mutex<Vec<Kept>>,
+}
+
+/// Reports kept until the sink exists, at most.
+pub(super) const LATE_SINK_KEPT: usize = 256;
+
+enum Kept {
+    Status(crate::report::ClaimStatusApply),
+    Event(crate::report::Event),
 }
 
 impl LateSink {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sets the sink and forwards what was kept (in the background, in order).
     pub(super) fn set(&self, sink: Arc<dyn crate::report::Sink>) {
-        let _ = self.inner.set(sink);
+        // Under the lock that `keep` takes: nothing is kept after the flush took the list.
+        let kept = {
+            let mut k = self.kept();
+            let _ = self.inner.set(sink.clone());
+            std::mem::take(&mut *k)
+        };
+        if kept.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            for r in kept {
+                let res = match &r {
+                    Kept::Status(a) => sink.apply_claim_status(a).await,
+                    Kept::Event(e) => sink.event(e).await,
+                };
+                if let Err(e) = res {
+                    warn!(error = %crate::telemetry::chain(&e), "a report kept until the API side was up failed");
+                }
+            }
+        });
+    }
+
+    /// The sink, or `None` after keeping `r` (or dropping it past the bound).
+    fn sink_or_keep(&self, r: impl FnOnce() -> Kept) -> Option<Arc<dyn crate::report::Sink>> {
+        let mut k = self.kept();
+        if let Some(s) = self.inner.get() {
+            return Some(s.clone());
+        }
+        if k.len() < LATE_SINK_KEPT {
+            k.push(r());
+        } else {
+            tracing::debug!("no API side yet and {LATE_SINK_KEPT} reports kept: one dropped");
+        }
+        None
     }
 }
 
@@ -31,12 +82,9 @@ impl crate::report::Sink for LateSink {
         &'a self,
         apply: &'a crate::report::ClaimStatusApply,
     ) -> BoxFuture<'a, Result<(), crate::report::ReportError>> {
-        match self.inner.get() {
-            Some(s) => s.apply_claim_status(apply),
-            None => Box::pin(async {
-                tracing::debug!("no API client yet: claim status dropped");
-                Ok(())
-            }),
+        match self.sink_or_keep(|| Kept::Status(apply.clone())) {
+            Some(s) => Box::pin(async move { s.apply_claim_status(apply).await }),
+            None => Box::pin(async { Ok(()) }),
         }
     }
 
@@ -44,12 +92,9 @@ impl crate::report::Sink for LateSink {
         &'a self,
         event: &'a crate::report::Event,
     ) -> BoxFuture<'a, Result<(), crate::report::ReportError>> {
-        match self.inner.get() {
-            Some(s) => s.event(event),
-            None => Box::pin(async {
-                tracing::debug!("no API client yet: event dropped");
-                Ok(())
-            }),
+        match self.sink_or_keep(|| Kept::Event(event.clone())) {
+            Some(s) => Box::pin(async move { s.event(event).await }),
+            None => Box::pin(async { Ok(()) }),
         }
     }
 

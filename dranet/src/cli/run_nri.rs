@@ -10,6 +10,7 @@ use super::run_sides::Sides;
 use crate::adoption::Adopter;
 use crate::nri::{NriMetrics, PluginConfig};
 use crate::pod::Driver;
+use crate::pod::late::LateAttacher;
 use crate::rescue::Engine;
 
 pub async fn start(
@@ -19,11 +20,15 @@ pub async fn start(
     sides: &mut Sides,
 ) -> anyhow::Result<()> {
     // The node's claims arrive once the kubelet side is up; plans are used at once.
-    let adopter = Adopter::new(engine.clone(), sides.allocations.clone());
+    // Sandboxes the runtime ran while dranet was away get their devices late (pod::late).
+    let late = LateAttacher::new(engine.clone(), sides.reporter.clone());
+    late.metrics().register(registry);
+    let adopter = Adopter::new(engine.clone(), sides.allocations.clone()).with_late(late.clone());
     adopter.metrics().register(registry);
     let driver = Arc::new(
         Driver::new(engine.clone())
             .with_reporter(sides.reporter.clone())
+            .with_late(late)
             .with_adoption(adopter),
     );
     let metrics = NriMetrics::default();

@@ -18,6 +18,7 @@ use tracing::info;
 
 use crate::adoption::Adopter;
 use crate::nri::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
+use crate::pod::late::LateAttacher;
 use crate::report::{ObjectRef, Reporter};
 use crate::rescue::activity::ActivityKind;
 use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef, RescueError, SandboxInfo, SandboxRef};
@@ -29,16 +30,25 @@ pub struct Driver {
     engine: Engine,
     reporter: Reporter,
     adopter: Option<Adopter>,
+    late: LateAttacher,
 }
 
 impl Driver {
     #[must_use]
     pub fn new(engine: Engine) -> Self {
         Self {
+            late: LateAttacher::new(engine.clone(), Reporter::disabled()),
             engine,
             reporter: Reporter::disabled(),
             adopter: None,
         }
+    }
+
+    /// Attaches late through `late` (shared with the adopter: one set of counters).
+    #[must_use]
+    pub fn with_late(mut self, late: LateAttacher) -> Self {
+        self.late = late;
+        self
     }
 
     /// After each Synchronize, adopts the running sandboxes with no record through `adopter`
@@ -52,6 +62,7 @@ impl Driver {
     /// Reports claim status and events through `reporter`.
     #[must_use]
     pub fn with_reporter(mut self, reporter: Reporter) -> Self {
+        self.late = LateAttacher::new(self.engine.clone(), reporter.clone());
         self.reporter = reporter;
         self
     }
@@ -158,13 +169,7 @@ impl Driver {
 
     /// Applies the claims' device status of a sandbox just attached (in the background).
     fn report_status(&self, uid: &str, sandbox: &str) {
-        let key = crate::state::pod_key(uid, sandbox);
-        let (Some(plans), Some(rec)) = (self.engine.plan(uid), self.engine.pod_record(&key)) else {
-            return;
-        };
-        for apply in crate::report::claim_statuses(self.reporter.driver(), &plans, &rec.devices) {
-            self.reporter.claim_status(apply);
-        }
+        report_claims(&self.engine, &self.reporter, uid, sandbox);
     }
 
     /// Upstream's Warning on the pod: `RDMADeviceAttachFailed` for the RDMA link,
@@ -216,6 +221,28 @@ impl Driver {
     }
 }
 
+/// Applies the claims' device status of a sandbox just attached, through `reporter` (in the
+/// background).
+pub(crate) fn report_claims(engine: &Engine, reporter: &Reporter, uid: &str, sandbox: &str) {
+    let key = crate::state::pod_key(uid, sandbox);
+    let (Some(plans), Some(rec)) = (engine.plan(uid), engine.pod_record(&key)) else {
+        return;
+    };
+    for apply in crate::report::claim_statuses(reporter.driver(), &plans, &rec.devices) {
+        reporter.claim_status(apply);
+    }
+}
+
+fn sandbox_info(p: Pod) -> SandboxInfo {
+    SandboxInfo {
+        uid: p.uid,
+        sandbox: p.id,
+        netns: p.netns,
+        namespace: p.namespace,
+        name: p.name,
+    }
+}
+
 impl PodHooks for Driver {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
         self.engine.record(
@@ -238,20 +265,27 @@ impl PodHooks for Driver {
     async fn create_container(
         &self,
         pod: Pod,
-        _container: ContainerInfo,
+        container: ContainerInfo,
     ) -> Result<Vec<LinuxDevice>, HookError> {
+        // A sandbox the runtime ran while dranet was away: its devices first, so the container
+        // starts with them (crate::pod::late).
+        if self.late.pending(&pod.uid, &pod.id, pod.netns.as_deref()) {
+            let devices = self.char_devices(&pod);
+            let uid = pod.uid.clone();
+            if let Err(why) = self.late.attach_before_container(sandbox_info(pod)).await {
+                return Err(HookError::Failed {
+                    pod: uid,
+                    action: "late attach before the container",
+                    source: format!("container {}: {why}", container.name).into(),
+                });
+            }
+            return Ok(devices);
+        }
         Ok(self.char_devices(&pod))
     }
 
     async fn synchronize(&self, pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {
-        let running: Vec<SandboxInfo> = pods
-            .into_iter()
-            .map(|p| SandboxInfo {
-                uid: p.uid,
-                sandbox: p.id,
-                netns: p.netns,
-            })
-            .collect();
+        let running: Vec<SandboxInfo> = pods.into_iter().map(sandbox_info).collect();
         let report = self.engine.synchronize(&running).await;
         if report != crate::rescue::SyncReport::default() {
             info!(?report, "Synchronize: sandboxes the runtime no longer has");
