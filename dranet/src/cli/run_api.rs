@@ -28,7 +28,7 @@ pub(super) const LATE_SINK_KEPT: usize = 256;
 
 enum Kept {
     Status(crate::report::ClaimStatusApply),
-    Event(crate::report::Event),
+    Event(Box<crate::report::Event>),
 }
 
 impl LateSink {
@@ -92,7 +92,7 @@ impl crate::report::Sink for LateSink {
         &'a self,
         event: &'a crate::report::Event,
     ) -> BoxFuture<'a, Result<(), crate::report::ReportError>> {
-        match self.sink_or_keep(|| Kept::Event(event.clone())) {
+        match self.sink_or_keep(|| Kept::Event(Box::new(event.clone()))) {
             Some(s) => Box::pin(async move { s.event(event).await }),
             None => Box::pin(async { Ok(()) }),
         }
