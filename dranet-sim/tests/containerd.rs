@@ -382,6 +382,50 @@ async fn drop_cleans_up(test: &str, suite: &str) -> Result<()> {
     Ok(())
 }
 
+/// Issue 36 on the real runtime: kubelet prepared the pod's claims, then dranet is away (killed)
+/// when containerd runs the pod's sandbox and container, so containerd completes them without
+/// the plugin and the NIC stays in the host. When dranet is back, containerd's Synchronize lists
+/// the running sandbox and dranet attaches the NIC within 1 s of its registration (late attach);
+/// the pod's teardown brings it home restored.
+async fn late_attach(test: &str, suite: &str) -> Result<()> {
+    let (nics, before) = Nic::many_with_views(1)?;
+    let Some((mut node, cri, rt)) = node(test, suite).await? else {
+        return Ok(());
+    };
+    let mut pod = CriPod::new("ctrd-late-");
+    pod.prepare(&node, &[nic_device(&nics[0], device_config(0))])
+        .await?;
+    node.kill()?;
+    pod.run(&cri).await?;
+    ensure!(
+        host_has(&nics[0].name),
+        "the NIC left the host while dranet was away"
+    );
+    node.restart().await?;
+    let back = Instant::now();
+    let ns = pod.netns(&cri).await?;
+    wait_for(
+        "the NIC in the running sandbox within 1 s of dranet's return",
+        Duration::from_secs(1),
+        || netns_has(&ns, "net0"),
+    )
+    .await
+    .with_context(|| format!("daemon log:\n{}", node.log()))?;
+    let took = back.elapsed();
+    assert_in_pod(&cri, &pod, &nics).await?;
+    node.wait_log("late attach", 1, Duration::from_secs(5)).await?;
+    println!(
+        "containerd {}: pod run while dranet was away; NIC in it {took:?} after dranet registered again",
+        rt.upstream()
+    );
+    pod.stop(&cri).await?;
+    assert_home(&node, &nics, &before).await?;
+    pod.remove(&cri).await?;
+    node.unprepare(&pod.claim).await?;
+    ensure!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    Ok(())
+}
+
 root_tests! {
     containerd_2_fixture_drop_cleans_up_a_running_pod =>
         drop_cleans_up("containerd_2_fixture_drop_cleans_up_a_running_pod", "sid");
@@ -417,4 +461,8 @@ root_tests! {
         eight_at_once("containerd_1_7_eight_pods_torn_down_at_once", "trixie");
     containerd_2_eight_pods_torn_down_at_once =>
         eight_at_once("containerd_2_eight_pods_torn_down_at_once", "sid");
+    containerd_1_7_pod_run_while_dranet_away_gets_its_nic_late =>
+        late_attach("containerd_1_7_pod_run_while_dranet_away_gets_its_nic_late", "trixie");
+    containerd_2_pod_run_while_dranet_away_gets_its_nic_late =>
+        late_attach("containerd_2_pod_run_while_dranet_away_gets_its_nic_late", "sid");
 }

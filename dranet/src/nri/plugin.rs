@@ -229,7 +229,7 @@ pub async fn run<H: PodHooks>(
                         socket = %cfg.socket.display(),
                         error = %crate::telemetry::chain(&e),
                         hint = ENABLE_NRI_HINT,
-                        "cannot reach the runtime's NRI socket: pods get no devices until dranet registers; retrying"
+                        "cannot reach the runtime's NRI socket: pods started meanwhile run without their devices until dranet registers (then it attaches them); retrying"
                     );
                 } else {
                     debug!(error = %crate::telemetry::chain(&e), retry_in = ?backoff, "NRI connection attempt failed");
