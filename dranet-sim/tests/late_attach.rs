@@ -182,3 +182,55 @@ dranet_sim::root_tests! {
     stopped_then_synchronize_attaches_late => case(Away::Stopped, Learns::Synchronize);
     killed_then_create_container_waits_for_the_devices => case(Away::Killed, Learns::CreateContainer);
 }
+
+/// The uninstall (issue 36): `dranet release-all` beside the running daemon (the DaemonSet pod
+/// always holds the state dir, so it used to refuse) asks that daemon over its root-only control
+/// socket; the daemon brings every device home restored, drops its pins, and refuses every later
+/// attach, so a pod started afterwards does not pull a NIC back out of the host.
+async fn release_all_beside_the_daemon() -> Result<()> {
+    let (nic, before) = Nic::with_view()?;
+    let (nic2, _) = Nic::with_view()?;
+    let port = free_port()?;
+    let node = Node::start(node_opts(port)).await?;
+    let p = TestPod::new("uninst-")?;
+    p.prepare(&node, &[nic_device(&nic, json!({"interface": {"name": "net0"}}))])
+        .await?;
+    p.run(&node).await?;
+    assert!(p.has("net0"), "not attached");
+    let out = node.cli(&["release-all"])?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "release-all failed:\n{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("asking the running daemon"),
+        "not through the daemon: {stderr}"
+    );
+    assert!(stdout.contains("returned 1 pod(s), failed 0"), "{stdout}");
+    wait_restored(&nic.name, &before, Duration::from_secs(2)).await?;
+    assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    // The daemon still runs, and attaches nothing any more.
+    let q = TestPod::new("uninst-late-")?;
+    q.prepare(
+        &node,
+        &[nic_device(&nic2, json!({"interface": {"name": "net0"}}))],
+    )
+    .await?;
+    assert!(
+        node.runtime.run_pod_sandbox(&q.sandbox).await.is_err(),
+        "RunPodSandbox attached a device after release-all"
+    );
+    assert!(host_has(&nic2.name), "a NIC left the host after release-all");
+    assert!(
+        node.pins().is_empty(),
+        "pins after release-all: {:?}",
+        node.pins()
+    );
+    Ok(())
+}
+
+dranet_sim::root_tests! {
+    release_all_beside_the_running_daemon_brings_every_device_home_and_stops_attaching =>
+        release_all_beside_the_daemon();
+}

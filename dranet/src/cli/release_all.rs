@@ -1,6 +1,11 @@
 //! `dranet release-all`: bring every device home and remove every pin (uninstall, or an operator
-//! clearing a node). It takes the state dir's lock: beside a running `dranet run` it waits
-//! `--lock-wait-seconds` for it to stop, then refuses, naming its pid. A checkpoint that does not
+//! clearing a node).
+//!
+//! Beside a running `dranet run` (the DaemonSet pod always holds the state dir) it asks that
+//! daemon over its root-only control socket (`<state-dir>/control.sock`): the daemon stops
+//! attaching (every later attach is refused) and brings every device home, and its report is
+//! printed here. Without a daemon it takes the state dir's lock itself (waiting
+//! `--lock-wait-seconds` for one that is stopping) and does the same. A checkpoint that does not
 //! load is no obstacle: the devices are found through the pins.
 
 use std::path::PathBuf;
@@ -42,6 +47,14 @@ pub fn main(args: &ReleaseAllArgs) -> ExitCode {
         }
     };
     rt.block_on(async {
+        match ask_daemon(&args.state_dir).await {
+            Ok(Some(answer)) => return print_answer(&answer, args.json),
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("dranet release-all: the running daemon did not answer: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
         let opts = EngineOptions {
             state_dir: args.state_dir.clone(),
             lock_wait: std::time::Duration::from_secs(args.lock_wait_seconds),
@@ -56,31 +69,76 @@ pub fn main(args: &ReleaseAllArgs) -> ExitCode {
             }
         };
         match engine.release_all().await {
-            Ok(report) => {
-                if args.json {
-                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
-                } else {
-                    println!(
-                        "returned {} pod(s), failed {}, stray pins released {}, rebuilt from pins {}",
-                        report.returned.len(),
-                        report.failed.len(),
-                        report.stray_pins,
-                        report.rebuilt.len()
-                    );
-                    for p in &report.failed {
-                        println!("  not all devices home: pod {p}");
-                    }
-                }
-                if report.failed.is_empty() {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
+            Ok(report) => print_report(&serde_json::to_value(&report).unwrap_or_default(), args.json),
             Err(e) => {
                 eprintln!("dranet release-all: {}", crate::telemetry::chain(&e));
                 ExitCode::FAILURE
             }
         }
     })
+}
+
+/// How long the daemon may take to bring every device home.
+const DAEMON_ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Asks the daemon running with `state_dir` to release everything; `Ok(None)` when none listens
+/// there (no control socket, or nobody behind it).
+async fn ask_daemon(state_dir: &std::path::Path) -> Result<Option<serde_json::Value>, String> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let sock = state_dir.join(super::run::CONTROL_SOCKET);
+    let Ok(mut conn) = tokio::net::UnixStream::connect(&sock).await else {
+        return Ok(None);
+    };
+    eprintln!(
+        "dranet release-all: asking the running daemon ({}) to stop attaching and bring every device home",
+        sock.display()
+    );
+    conn.write_all(format!("{}\n", super::run::RELEASE_ALL_REQUEST).as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    let mut r = tokio::io::BufReader::new(conn.take(1 << 20));
+    match tokio::time::timeout(DAEMON_ANSWER_WITHIN, r.read_line(&mut line)).await {
+        Ok(Ok(n)) if n > 0 => serde_json::from_str(&line)
+            .map(Some)
+            .map_err(|e| format!("unreadable answer ({e}): {line}")),
+        Ok(Ok(_)) => Err("the daemon closed the connection without an answer".to_owned()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {DAEMON_ANSWER_WITHIN:?}")),
+    }
+}
+
+fn print_answer(answer: &serde_json::Value, json: bool) -> ExitCode {
+    if answer["ok"] == true {
+        print_report(&answer["report"], json)
+    } else {
+        eprintln!(
+            "dranet release-all: the daemon refused: {}",
+            answer["error"].as_str().unwrap_or("(no reason)")
+        );
+        ExitCode::FAILURE
+    }
+}
+
+fn print_report(report: &serde_json::Value, json: bool) -> ExitCode {
+    let n = |k: &str| report[k].as_array().map_or(0, Vec::len);
+    if json {
+        println!("{report}");
+    } else {
+        println!(
+            "returned {} pod(s), failed {}, stray pins released {}, rebuilt from pins {}",
+            n("returned"),
+            n("failed"),
+            report["stray_pins"].as_u64().unwrap_or(0),
+            n("rebuilt")
+        );
+        for p in report["failed"].as_array().into_iter().flatten() {
+            println!("  not all devices home: pod {}", p.as_str().unwrap_or_default());
+        }
+    }
+    if n("failed") == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

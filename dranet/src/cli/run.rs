@@ -356,6 +356,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             warn!(socket = %sock.display(), error = %crate::telemetry::chain(&e), "no activity feed for `dranet trace`")
         }
     }
+    let sock = args.state_dir.join(CONTROL_SOCKET);
+    match serve_control(&sock, engine.clone()) {
+        Ok(()) => {
+            info!(socket = %sock.display(), "control socket for `dranet release-all` beside the daemon")
+        }
+        Err(e) => {
+            warn!(socket = %sock.display(), error = %crate::telemetry::chain(&e), "no control socket: `dranet release-all` must wait for the daemon to stop")
+        }
+    }
     let runtime = super::run_sides::start_runtime(&args, &engine, &mut registry, &readiness).await?;
     let status = Arc::new(Status {
         readiness: readiness.clone(),
@@ -401,6 +410,64 @@ async fn bind_server(addrs: &[String]) -> anyhow::Result<Server> {
         }
     }
     Err(last.map_or_else(|| anyhow::anyhow!("no bind address"), anyhow::Error::from))
+}
+
+/// File name of the control socket in the state dir (`dranet release-all` beside the daemon).
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+/// What the control socket accepts: one line, answered with one JSON line, then closed.
+pub const RELEASE_ALL_REQUEST: &str = "release-all";
+
+/// Serves the root-only control socket: `release-all` stops every attach and brings every
+/// device home ([`Engine::stop_attaching`], [`Engine::release_all`]); the answer is
+/// `{"ok":true,"report":{...}}` or `{"ok":false,"error":"..."}`. Only a peer with uid 0 is
+/// served (the socket is 0600 too); at most 4 clients at once.
+fn serve_control(path: &std::path::Path, engine: Engine) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let mut incoming = crate::listen::Incoming::new(listener, "control", 4);
+    tokio::spawn(async move {
+        loop {
+            match incoming.accept().await {
+                crate::listen::Accepted::Admitted(conn) => {
+                    tokio::spawn(control_client(conn, engine.clone()));
+                }
+                crate::listen::Accepted::OverCap(conn) => drop(conn),
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn control_client(mut conn: crate::listen::Guarded<tokio::net::UnixStream>, engine: Engine) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let root = conn.get_ref().peer_cred().is_ok_and(|c| c.uid() == 0);
+    let mut line = String::new();
+    // One short line, within 10 s.
+    let read = {
+        let mut r = tokio::io::BufReader::new(conn.get_mut().take(256));
+        tokio::time::timeout(std::time::Duration::from_secs(10), r.read_line(&mut line)).await
+    };
+    let answer = match (root, read, line.trim()) {
+        (false, ..) => serde_json::json!({"ok": false, "error": "only root may use the control socket"}),
+        (_, Ok(Ok(_)), RELEASE_ALL_REQUEST) => {
+            warn!("release-all asked over the control socket: no more attaches, every device comes home");
+            engine.stop_attaching();
+            match engine.release_all().await {
+                Ok(report) => serde_json::json!({"ok": true, "report": report}),
+                Err(e) => serde_json::json!({"ok": false, "error": crate::telemetry::chain(&e).to_string()}),
+            }
+        }
+        (_, Ok(Ok(_)), other) => {
+            serde_json::json!({"ok": false, "error": format!("unknown request {:?} (known: {RELEASE_ALL_REQUEST})", crate::text::cut_at_char(other, 64))})
+        }
+        _ => serde_json::json!({"ok": false, "error": "no request within 10 s"}),
+    };
+    let mut out = answer.to_string();
+    out.push('\n');
+    let _ = conn.write_all(out.as_bytes()).await;
 }
 
 /// File name of the activity socket in the state dir.

@@ -54,6 +54,13 @@ impl Engine {
         crate::ids::pod_uid(pod.uid)?;
         crate::ids::sandbox_id(pod.sandbox)?;
         let _owner = self.own(pod.uid).await;
+        // Checked under the pod's lock: release-all takes it for each pod after setting the flag,
+        // so an attach either finished before (and is brought home) or is refused.
+        if self.attaching_stopped() && self.plan(pod.uid).is_some_and(|p| !p.is_empty()) {
+            return Err(RescueError::Uninstalling {
+                pod: pod.uid.to_owned(),
+            });
+        }
         // Returns of other pods wait while this runs (taken after the pod's lock: a return of
         // this pod's older sandbox may hold that lock and wait for the lane).
         let _first = self.inner.lane.foreground();

@@ -136,6 +136,11 @@ pub enum RescueError {
     Task { what: &'static str },
     #[error("inventory of a pinned netns")]
     Inventory(#[source] crate::inventory::InventoryError),
+    /// `dranet release-all` asked this daemon to bring every device home: no new attach.
+    #[error(
+        "pod {pod}: dranet is being uninstalled (release-all brought every device home): no device is attached"
+    )]
+    Uninstalling { pod: String },
 }
 
 impl RescueError {
@@ -230,6 +235,9 @@ struct Inner {
     last_rescue: Mutex<Option<RescueTiming>>,
     /// Device returns in flight and attaches first ([`lane`]).
     lane: lane::Lane,
+    /// Set by [`Engine::stop_attaching`] (`dranet release-all` beside the daemon): every attach
+    /// is refused from then on.
+    attaching_stopped: std::sync::atomic::AtomicBool,
 }
 
 /// Timestamps (CLOCK_MONOTONIC ns, the clock of [`crate::watch::monotonic_ns`] and of the probes)
@@ -344,6 +352,7 @@ impl Engine {
                 activity: tokio::sync::broadcast::channel(1024).0,
                 last_rescue: Mutex::new(None),
                 lane: lane::Lane::new(),
+                attaching_stopped: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

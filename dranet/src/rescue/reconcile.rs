@@ -227,6 +227,22 @@ impl Engine {
         n
     }
 
+    /// From now on every attach is refused ([`RescueError::Uninstalling`]): the daemon is being
+    /// uninstalled and [`Engine::release_all`] brings everything home.
+    pub fn stop_attaching(&self) {
+        self.inner
+            .attaching_stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`Engine::stop_attaching`] was called.
+    #[must_use]
+    pub fn attaching_stopped(&self) -> bool {
+        self.inner
+            .attaching_stopped
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Brings every device of every sandbox home, removes all pins and drops every record
     /// (uninstall). Plans of prepared claims are kept: they are kubelet's, and a daemon started
     /// again still serves those pods' new sandboxes.
