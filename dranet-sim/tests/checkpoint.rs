@@ -363,9 +363,11 @@ fn run_bounded(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Result
     }
 }
 
-/// `release-all` and a second daemon beside a running one: both refuse, naming the daemon's
-/// pid, and touch nothing; the daemon keeps serving hooks; a `release-all` that waits runs once
-/// the daemon stops and finds every record the daemon wrote meanwhile.
+/// `release-all --no-daemon` (which takes the state dir's lock itself instead of asking the
+/// daemon over its control socket) and a second daemon beside a running one: both refuse, naming
+/// the daemon's pid, and touch nothing; the daemon keeps serving hooks; a `release-all
+/// --no-daemon` that waits runs once the daemon stops and finds every record the daemon wrote
+/// meanwhile. (`release-all` without the flag asks the daemon: `late_attach.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()> {
     root_or_skip!("release_all_and_a_second_daemon_beside_a_running_daemon");
@@ -378,7 +380,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
     let records = node.records()?;
 
     let (ok, text) = run_bounded(
-        &["release-all", "--state-dir", &state],
+        &["release-all", "--no-daemon", "--state-dir", &state],
         &[("DRANET_LOCK_WAIT_SECONDS", "1")],
         Duration::from_secs(20),
     )?;
@@ -422,7 +424,7 @@ async fn release_all_and_a_second_daemon_beside_a_running_daemon() -> Result<()>
     node.runtime
         .set_state(vec![a.sandbox.clone(), b.sandbox.clone()], vec![]);
     let waiting = Command::new(dranet_bin()?)
-        .args(["release-all", "--json", "--state-dir", &state])
+        .args(["release-all", "--no-daemon", "--json", "--state-dir", &state])
         .env("DRANET_LOCK_WAIT_SECONDS", "30")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

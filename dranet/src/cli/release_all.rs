@@ -23,7 +23,12 @@ pub struct ReleaseAllArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Seconds to wait for a running dranet to let go of the state dir.
+    /// Do not ask a running daemon (over `<state-dir>/control.sock`): take the state dir's lock
+    /// here, waiting `--lock-wait-seconds` for a daemon that is stopping.
+    #[arg(long)]
+    pub no_daemon: bool,
+    /// Seconds to wait for a running dranet to let go of the state dir (with `--no-daemon`, or
+    /// when no daemon answers on the control socket).
     #[arg(long, env = "DRANET_LOCK_WAIT_SECONDS", default_value_t = 10)]
     pub lock_wait_seconds: u64,
     /// The daemon's `--filter`: which links of a pin without a record are ours (only used when
@@ -47,7 +52,12 @@ pub fn main(args: &ReleaseAllArgs) -> ExitCode {
         }
     };
     rt.block_on(async {
-        match ask_daemon(&args.state_dir).await {
+        let asked = if args.no_daemon {
+            Ok(None)
+        } else {
+            ask_daemon(&args.state_dir).await
+        };
+        match asked {
             Ok(Some(answer)) => return print_answer(&answer, args.json),
             Ok(None) => {}
             Err(e) => {
