@@ -177,3 +177,32 @@ pub async fn wait_restored(name: &str, before: &Value, timeout: std::time::Durat
         }
     }
 }
+
+/// The link state a tenant with NET_ADMIN can change that [`view`] leaves out, read with
+/// `ip -j -d`: the settable flags (not UP or carrier ones), txqueuelen, group, the promiscuity
+/// and allmulti counts, altnames.
+pub fn link_state(name: &str, netns: Option<&str>) -> Result<Value> {
+    let mut args = vec!["ip"];
+    if let Some(n) = netns {
+        args.extend(["-n", n]);
+    }
+    args.extend(["-j", "-d", "link", "show", "dev", name]);
+    let v: Value = serde_json::from_str(&sh(&args)?).context("ip -j -d link")?;
+    let l = v.get(0).context("no such link")?;
+    let mut flags: Vec<String> = l["flags"]
+        .as_array()
+        .context("flags")?
+        .iter()
+        .filter_map(|f| f.as_str().map(str::to_owned))
+        .filter(|f| !["UP", "LOWER_UP", "NO-CARRIER", "M-DOWN", "RUNNING"].contains(&f.as_str()))
+        .collect();
+    flags.sort();
+    Ok(json!({
+        "flags": flags,
+        "txqlen": l["txqlen"],
+        "group": l["group"],
+        "promiscuity": l["promiscuity"],
+        "allmulti": l["allmulti"],
+        "altnames": l["altnames"],
+    }))
+}

@@ -41,7 +41,7 @@ use serde_json::{Value, json};
 
 use crate::kernel::{PodNetns, Veth, sh, unique};
 use crate::kubelet::Claim;
-use crate::nic::{Nic, view};
+use crate::nic::{Nic, link_state, view};
 use crate::node::{Node, NodeOptions, sandbox_with_id};
 use crate::nri_runtime::{Flavor, RuntimeConfig};
 
@@ -82,6 +82,11 @@ pub struct SoakSummary {
     pub runtime_restarts: usize,
     pub recreations: usize,
     pub tenant_actions: usize,
+    /// Issue 38 adversary steps: a tenant sets flags, txqueuelen and group in the pod; adds a
+    /// free altname; adds an altname naming a host link (which would block the move home).
+    pub tenant_link_state: usize,
+    pub tenant_free_altnames: usize,
+    pub tenant_colliding_altnames: usize,
     pub elapsed: Duration,
     /// The failure, with the seed and the steps that led to it.
     pub failure: Option<String>,
@@ -95,7 +100,7 @@ impl SoakSummary {
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
+            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
             self.passed,
             self.failed,
             self.seed,
@@ -104,6 +109,9 @@ impl SoakSummary {
             self.runtime_restarts,
             self.recreations,
             self.tenant_actions,
+            self.tenant_link_state,
+            self.tenant_free_altnames,
+            self.tenant_colliding_altnames,
             self.elapsed.as_secs_f64(),
             self.fds.0,
             self.fds.1,
@@ -171,6 +179,8 @@ struct World {
     node: Node,
     nics: Vec<Nic>,
     before: Vec<Value>,
+    /// [`link_state`] of each NIC at the start.
+    states: Vec<Value>,
     peers: Vec<u32>,
     pods: Vec<Pod>,
     removed: HashSet<String>,
@@ -194,6 +204,10 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
     let start = Instant::now();
     let nics: Vec<Nic> = (0..opts.nics).map(|_| Nic::create()).collect::<Result<_>>()?;
     let before: Vec<Value> = nics.iter().map(|n| view(&n.name, None)).collect::<Result<_>>()?;
+    let states: Vec<Value> = nics
+        .iter()
+        .map(|n| link_state(&n.name, None))
+        .collect::<Result<_>>()?;
     let peers: Vec<u32> = nics
         .iter()
         .map(|n| crate::kernel::Veth::ifindex(&n.veth.b))
@@ -208,6 +222,7 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
         node,
         nics,
         before,
+        states,
         peers,
         pods: Vec::new(),
         removed: HashSet::new(),
@@ -343,6 +358,7 @@ impl World {
             menu.push((2, 2)); // re-create the sandbox
             menu.push((1, 3)); // tenant rename / impostor
             menu.push((1, 4)); // host decoy
+            menu.push((1, 9)); // tenant flags, txqueuelen, group, altnames
         }
         if !with_old.is_empty() {
             menu.push((2, 5)); // GC of an old sandbox
@@ -396,6 +412,10 @@ impl World {
                 self.gc(i, v).await
             }
             6 => self.late_hook(v).await,
+            9 => {
+                let i = *self.rng.pick(&running).context("no running pod")?;
+                self.tenant_link_state(i, v)
+            }
             7 => {
                 self.summary.kills += 1;
                 if self.rng.pct(60) {
@@ -836,6 +856,61 @@ impl World {
         Ok(())
     }
 
+    /// A tenant changes what a netns move keeps: flags, txqueuelen, group; adds a free altname
+    /// and one naming a host link (another NIC's peer), which would make the move home fail.
+    fn tenant_link_state(&mut self, i: usize, v: bool) -> Result<()> {
+        let pod = &self.pods[i];
+        let Some(ns) = pod.current().and_then(|s| s.netns.as_ref()) else {
+            return Ok(());
+        };
+        let Some(cfg) = pod.nics.first() else {
+            return Ok(());
+        };
+        let ns_name = ns.name.clone();
+        let dev = pod.renamed.get(&cfg.nic).unwrap_or(&cfg.name).clone();
+        let host_link = self.nics[(cfg.nic + 1) % self.nics.len()].veth.b.clone();
+        let free = format!("ta{}", self.rng.below(1_000_000));
+        self.summary.tenant_link_state += 1;
+        self.summary.tenant_free_altnames += 1;
+        self.summary.tenant_colliding_altnames += 1;
+        self.log(
+            v,
+            format!(
+                "tenant of {} sets arp off multicast off promisc on allmulticast on txqueuelen 7 group 9 on {dev}, adds altnames {free} and {host_link}",
+                pod.uid
+            ),
+        );
+        // The model follows the intent (the device may not be there under that name).
+        let _ = sh(&[
+            "ip",
+            "-n",
+            &ns_name,
+            "link",
+            "set",
+            "dev",
+            &dev,
+            "arp",
+            "off",
+            "multicast",
+            "off",
+            "promisc",
+            "on",
+            "allmulticast",
+            "on",
+            "txqueuelen",
+            "7",
+            "group",
+            "9",
+        ]);
+        let _ = sh(&[
+            "ip", "-n", &ns_name, "link", "property", "add", "dev", &dev, "altname", &free,
+        ]);
+        let _ = sh(&[
+            "ip", "-n", &ns_name, "link", "property", "add", "dev", &dev, "altname", &host_link,
+        ]);
+        Ok(())
+    }
+
     /// A host link with the claim's MAC or with the device's original MAC.
     fn decoy(&mut self, i: usize, v: bool) -> Result<()> {
         self.summary.tenant_actions += 1;
@@ -911,6 +986,14 @@ impl World {
                             "NIC {} is in the host but not restored:\n before: {}\n now:    {now}",
                             nic.name,
                             self.before[k]
+                        );
+                    }
+                    let now = link_state(&name, None)?;
+                    if now != self.states[k] {
+                        bail!(
+                            "NIC {} is in the host but its link state is not restored:\n before: {}\n now:    {now}",
+                            nic.name,
+                            self.states[k]
                         );
                     }
                 }

@@ -42,7 +42,7 @@ fn record_file(node: &Node, sb: &str) -> Result<PathBuf> {
     let dir = node.state_dir().join("checkpoint");
     for e in std::fs::read_dir(&dir)? {
         let p = e?.path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let name = p.file_name().context("file name")?.to_string_lossy().into_owned();
         if name.starts_with("pod_") && name.ends_with(".json") && name.contains(sb) {
             return Ok(p);
         }
@@ -57,9 +57,10 @@ fn set_pin(node: &Node, sb: &str, pin: &Path) -> Result<()> {
     v["pod"]["pin"] = json!(pin);
     std::fs::write(&path, serde_json::to_vec(&v)?)?;
     // No `.prev` to fall back on: the hostile record is all there is.
-    let _ = std::fs::remove_file(
-        path.with_file_name(format!("{}.prev", path.file_name().unwrap().to_string_lossy())),
-    );
+    let _ = std::fs::remove_file(path.with_file_name(format!(
+        "{}.prev",
+        path.file_name().context("file name")?.to_string_lossy()
+    )));
     Ok(())
 }
 
