@@ -426,6 +426,52 @@ async fn late_attach(test: &str, suite: &str) -> Result<()> {
     Ok(())
 }
 
+/// The uninstall on the real runtime (issue 36): with a pod running on containerd and dranet
+/// running, `dranet release-all` asks the daemon over its control socket; every device comes home
+/// restored, no pin is left, and a pod started afterwards gets no device (its sandbox fails, as
+/// the NRI plugin refuses the attach) while the NIC stays in the host.
+async fn uninstall(test: &str, suite: &str) -> Result<()> {
+    let (nics, before) = Nic::many_with_views(2)?;
+    let Some((node, cri, rt)) = node(test, suite).await? else {
+        return Ok(());
+    };
+    let mut pod = CriPod::new("ctrd-uninst-");
+    pod.prepare(&node, &[nic_device(&nics[0], device_config(0))])
+        .await?;
+    pod.run(&cri).await?;
+    assert_in_pod(&cri, &pod, &nics[..1]).await?;
+    let out = std::process::Command::new(dranet_sim::kernel::dranet_bin()?)
+        .arg("release-all")
+        .arg("--state-dir")
+        .arg(node.state_dir())
+        .output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    ensure!(out.status.success(), "release-all failed:\n{stdout}\n{stderr}");
+    ensure!(
+        stderr.contains("asking the running daemon") && stdout.contains("returned 1 pod(s), failed 0"),
+        "{stdout}\n{stderr}"
+    );
+    assert_home(&node, &nics[..1], &before[..1]).await?;
+    let mut late = CriPod::new("ctrd-uninst-late-");
+    late.prepare(&node, &[nic_device(&nics[1], device_config(0))])
+        .await?;
+    ensure!(
+        late.run(&cri).await.is_err(),
+        "containerd {} ran a pod with dranet claims after release-all",
+        rt.upstream()
+    );
+    ensure!(host_has(&nics[1].name), "a NIC left the host after release-all");
+    ensure!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    pod.stop(&cri).await?;
+    pod.remove(&cri).await?;
+    node.unprepare(&pod.claim).await?;
+    node.unprepare(&late.claim).await?;
+    Ok(())
+}
+
 root_tests! {
     containerd_2_fixture_drop_cleans_up_a_running_pod =>
         drop_cleans_up("containerd_2_fixture_drop_cleans_up_a_running_pod", "sid");
@@ -465,4 +511,6 @@ root_tests! {
         late_attach("containerd_1_7_pod_run_while_dranet_away_gets_its_nic_late", "trixie");
     containerd_2_pod_run_while_dranet_away_gets_its_nic_late =>
         late_attach("containerd_2_pod_run_while_dranet_away_gets_its_nic_late", "sid");
+    containerd_2_release_all_beside_the_daemon_brings_every_device_home =>
+        uninstall("containerd_2_release_all_beside_the_daemon_brings_every_device_home", "sid");
 }
