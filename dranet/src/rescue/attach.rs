@@ -523,7 +523,7 @@ impl Engine {
             .link_op("snapshot of the host device", link::snapshot(host_nl, host_if))
             .await;
         if let Ok(s) = &by_name
-            && plan_identity_matches(d, s)
+            && plan_identity_matches(d, s, &self.inner.opts.sysfs)
         {
             return by_name;
         }
@@ -539,7 +539,7 @@ impl Engine {
             if let Ok(s) = self
                 .link_op("snapshot of the host device", link::snapshot(host_nl, &temp))
                 .await
-                && plan_identity_matches(d, &s)
+                && plan_identity_matches(d, &s, &self.inner.opts.sysfs)
                 && link::same_identity(&s, &recorded)
             {
                 // Its snapshot says the temporary name; its home name is the plan's.
@@ -634,9 +634,16 @@ fn ms(d: std::time::Duration) -> f64 {
 
 /// Whether the host link of snapshot `s` is plan device `d` by what Prepare recorded of its
 /// identity: its PCI function, else its permanent MAC (or MAC, for a device without one).
-fn plan_identity_matches(d: &DevicePlan, s: &link::LinkSnapshot) -> bool {
+///
+/// The PCI function is the link's parent device when that is on the PCI bus (`pci/<address>`),
+/// or the PCI function behind it otherwise: a virtio-net link's parent is its virtio device
+/// (`virtio/virtio2`), whose PCI function the inventory published (read from `sysfs`).
+fn plan_identity_matches(d: &DevicePlan, s: &link::LinkSnapshot, sysfs: &std::path::Path) -> bool {
     if let Some(pci) = &d.pci_address {
-        return s.parent.as_deref() == Some(format!("pci/{pci}").as_str());
+        return s.parent.as_deref().is_some_and(|parent| {
+            parent.strip_prefix("pci/") == Some(pci.as_str())
+                || super::adopt::parent_pci_address(sysfs, parent).as_deref() == Some(pci.as_str())
+        });
     }
     let Some(want) = d.permanent_mac.as_deref() else {
         return true;
@@ -652,6 +659,61 @@ fn plan_identity_matches(d: &DevicePlan, s: &link::LinkSnapshot) -> bool {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    /// A virtio-net link's parent device is its virtio device (`virtio/virtio2`), not the PCI
+    /// function the inventory published and Prepare recorded: found in the kernel matrix, where
+    /// every attach of a real virtio NIC was refused as "another link".
+    #[test]
+    fn a_virtio_nic_is_its_pci_function_and_a_squatter_is_not() {
+        let sysfs = std::env::temp_dir().join(format!("dranet-virtio-sysfs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&sysfs);
+        let dev = sysfs.join("devices/pci0000:00/0000:00:05.0/virtio2");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::create_dir_all(sysfs.join("bus/virtio/devices")).unwrap();
+        std::os::unix::fs::symlink(&dev, sysfs.join("bus/virtio/devices/virtio2")).unwrap();
+        let plan = DevicePlan {
+            device: "pci-0000-00-05-0".into(),
+            pool: "node-a".into(),
+            request: "nic".into(),
+            claim: crate::plan::ClaimRef {
+                namespace: "ns".into(),
+                name: "c".into(),
+                uid: "uid-c".into(),
+            },
+            host_ifname: Some("eth1".into()),
+            pci_address: Some("0000:00:05.0".into()),
+            permanent_mac: None,
+            rdma_device: None,
+            config: crate::config::NetworkConfig::default(),
+            char_devices: vec![],
+        };
+        let link = |parent: Option<&str>| link::LinkSnapshot {
+            parent: parent.map(str::to_owned),
+            ..link::LinkSnapshot::default()
+        };
+        assert!(plan_identity_matches(
+            &plan,
+            &link(Some("pci/0000:00:05.0")),
+            &sysfs
+        ));
+        assert!(plan_identity_matches(
+            &plan,
+            &link(Some("virtio/virtio2")),
+            &sysfs
+        ));
+        assert!(!plan_identity_matches(
+            &plan,
+            &link(Some("virtio/virtio3")),
+            &sysfs
+        ));
+        assert!(!plan_identity_matches(
+            &plan,
+            &link(Some("pci/0000:00:06.0")),
+            &sysfs
+        ));
+        assert!(!plan_identity_matches(&plan, &link(None), &sysfs));
+        let _ = std::fs::remove_dir_all(&sysfs);
+    }
 
     #[test]
     fn the_phases_of_an_attach_add_up_to_its_time() {
