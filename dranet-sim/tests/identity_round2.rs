@@ -7,7 +7,11 @@
 //!   dranet unmount and unlink it at start;
 //! * #3 link state a pod can change (flags, txqueuelen, group) came home as the pod left it;
 //! * #4 altnames added in the pod came home, or made the move home fail (EEXIST);
-//! * #2 a device home under a temporary name kept it for good.
+//! * #2 a device home under a temporary name kept it for good;
+//! * #5 a device deleted in the pod (a tenant's `ip link del`) kept its record and its pin (and
+//!   so the pod netns) for good, reported nowhere;
+//! * a move home that keeps failing (host links hold every name it may take) was retried and
+//!   then waited for in silence.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use dranet_sim::fixtures::{nic_device, prepare_claim};
 use dranet_sim::kernel::{PodNetns, host_has, identity, sh, unique};
 use dranet_sim::nic::{Nic, wait_restored};
-use dranet_sim::node::{Node, NodeOptions, sandbox_with_id};
+use dranet_sim::node::{Node, NodeOptions, free_port, http_get, sandbox_with_id};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
 use serde_json::{Value, json};
 
@@ -394,10 +398,225 @@ async fn attach_by_identity() -> Result<()> {
     Ok(())
 }
 
+/// [`node_opts`] with `/metrics` on a port of its own.
+fn node_opts_with_metrics() -> Result<(NodeOptions, u16)> {
+    let port = free_port()?;
+    Ok((
+        NodeOptions {
+            bind_address: format!("127.0.0.1:{port}"),
+            ..node_opts()
+        },
+        port,
+    ))
+}
+
+/// The value of sample `name` (with its labels, as printed) in the daemon's `/metrics`.
+async fn metric(port: u16, name: &str) -> Result<f64> {
+    let (_, body) = http_get(&format!("127.0.0.1:{port}"), "/metrics").await?;
+    Ok(body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .filter(|v| v.starts_with(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0.0))
+}
+
+/// The events the daemon wrote (embedded mode: `claims/status/events.jsonl`).
+fn events(node: &Node) -> String {
+    std::fs::read_to_string(node.dir.join("claims/status/events.jsonl")).unwrap_or_default()
+}
+
+/// Polls `f` every 50 ms until it holds, for `within` at most.
+async fn until<F: FnMut() -> bool>(within: Duration, mut f: F) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f()
+}
+
+/// The `Ready` condition of `device` in a claim status apply body: `(status, reason)`.
+fn ready_of(st: &Value, device: &str) -> Option<(String, String)> {
+    st["status"]["devices"]
+        .as_array()?
+        .iter()
+        .find(|d| d["device"] == device)?["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+/// #5: a tenant deletes one of its pod's two devices (`ip link del net0`: the veth "NIC", and
+/// with it its host peer). At the CRI-O-order teardown the other device comes home restored;
+/// the deleted one is found nowhere (not at its index in the pin, not in the host by identity,
+/// no move recorded) and is reported once: a Warning `NetworkDeviceVanished` event on the pod,
+/// the claim's status (`Ready` False, `NetworkDeviceVanished`), `dranet_devices_vanished_total`.
+/// Its record ends and the pin is released: the pod netns is not kept alive.
+async fn vanished_device() -> Result<()> {
+    let (gone, _) = Nic::with_view()?;
+    let (kept, kept_before) = Nic::with_view()?;
+    let (opts, port) = node_opts_with_metrics()?;
+    let mut node = Node::start(opts).await?;
+    let uid = unique("gone-");
+    let gone_dev = nic_device(&gone, json!({"interface": {"name": "net0"}}));
+    let gone_name = gone_dev.0.clone();
+    let claim = prepare_claim(
+        &node,
+        &uid,
+        &[
+            gone_dev,
+            nic_device(&kept, json!({"interface": {"name": "net1"}})),
+        ],
+    )
+    .await?;
+    let mut ns = PodNetns::create(&unique("dranet-r2g-"))?;
+    let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
+    node.runtime.run_pod_sandbox(&sb).await.context("Run")?;
+    node.runtime.set_state(vec![sb.clone()], vec![]);
+    assert!(ns.has("net0") && ns.has("net1"));
+    let pin = node
+        .pins()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains(&sb.id))
+        .context("no pin")?;
+    let ns_id = identity(&ns.open()?)?;
+    // The tenant deletes its device (a veth: its host peer goes with it).
+    ns.ip(&["link", "del", "dev", "net0"])?;
+    assert!(!host_has(&gone.veth.b));
+    ns.remove_crio_style()?;
+    wait_restored(&kept.name, &kept_before, Duration::from_secs(5)).await?;
+    let ended = until(Duration::from_secs(8), || {
+        node.records().is_ok_and(|r| r.iter().all(|(_, k)| *k != sb.id)) && !node.pins().contains(&pin)
+    })
+    .await;
+    let log = node.log();
+    if !ended {
+        bail!(
+            "the record or the pin of the sandbox stayed (pin holds its netns: {}): {}\ndaemon log:\n{log}",
+            holds(&pin, ns_id),
+            node.checkpoint()?
+        );
+    }
+    assert!(!holds(&pin, ns_id), "the pin still holds the pod netns");
+    let ev = events(&node);
+    let vanished: Vec<&str> = ev
+        .lines()
+        .filter(|l| l.contains("NetworkDeviceVanished"))
+        .collect();
+    assert_eq!(vanished.len(), 1, "one NetworkDeviceVanished event: {ev}");
+    assert!(
+        vanished[0].contains(&gone_name) && vanished[0].contains(&uid),
+        "{}",
+        vanished[0]
+    );
+    assert_eq!(metric(port, "dranet_devices_vanished_total").await?, 1.0);
+    let st = node.claim_status(&claim, Duration::from_secs(3)).await?;
+    let ok = until(Duration::from_secs(3), || {
+        std::fs::read(node.claim_status_path(&claim))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|st| ready_of(&st, &gone_name))
+            == Some(("False".into(), "NetworkDeviceVanished".into()))
+    })
+    .await;
+    assert!(ok, "claim status: {st}");
+    let _ = node.runtime.stop_pod_sandbox(&sb).await;
+    let _ = node.runtime.remove_pod_sandbox(&sb).await;
+    node.unprepare(&claim).await?;
+    node.stop()?;
+    drop(kept);
+    Ok(())
+}
+
+/// A move home that keeps failing is reported, not waited for in silence: while the pod holds
+/// the device, host links take its host name, its temporary name (`dn<ifindex>`) and its pod-side
+/// name, so the kernel refuses every move home (EEXIST). After the rescue's retries: a Warning
+/// `NetworkDeviceReturnFailed` event on the pod, the claim's status (`Ready` False,
+/// `NetworkDeviceReturnFailed`), `dranet_return_stuck_total{reason="name_taken"}`, and `dranet
+/// status` names the device and why. Once the names are free, StopPodSandbox brings it home.
+async fn stuck_return() -> Result<()> {
+    let (nic, before) = Nic::with_view()?;
+    let (opts, port) = node_opts_with_metrics()?;
+    let mut node = Node::start(opts).await?;
+    let uid = unique("stuck-");
+    let pod_if = unique("drp");
+    let dev = nic_device(&nic, json!({"interface": {"name": pod_if}}));
+    let dev_name = dev.0.clone();
+    let claim = prepare_claim(&node, &uid, &[dev]).await?;
+    let index = dranet_sim::kernel::Veth::ifindex(&nic.name)?;
+    let mut ns = PodNetns::create(&unique("dranet-r2s-"))?;
+    let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
+    node.runtime.run_pod_sandbox(&sb).await.context("Run")?;
+    node.runtime.set_state(vec![sb.clone()], vec![]);
+    assert!(ns.has(&pod_if));
+    // The host takes every name the move home may use.
+    let squatters = [
+        dranet_sim::kernel::Veth::create(&nic.name, &unique("drs"))?,
+        dranet_sim::kernel::Veth::create(&format!("dn{index}"), &unique("drs"))?,
+        dranet_sim::kernel::Veth::create(&pod_if, &unique("drs"))?,
+    ];
+    ns.remove_crio_style()?;
+    let reported = until(Duration::from_secs(30), || {
+        events(&node).contains("NetworkDeviceReturnFailed")
+    })
+    .await;
+    let log = node.log();
+    assert!(reported, "no NetworkDeviceReturnFailed event; daemon log:\n{log}");
+    let ev = events(&node);
+    let failed: Vec<&str> = ev
+        .lines()
+        .filter(|l| l.contains("NetworkDeviceReturnFailed"))
+        .collect();
+    assert_eq!(failed.len(), 1, "reported once: {ev}");
+    assert!(failed[0].contains(&dev_name), "{}", failed[0]);
+    assert_eq!(
+        metric(port, "dranet_return_stuck_total{reason=\"name_taken\"}").await?,
+        1.0
+    );
+    let st_ok = until(Duration::from_secs(3), || {
+        std::fs::read(node.claim_status_path(&claim))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|st| ready_of(&st, &dev_name))
+            == Some(("False".into(), "NetworkDeviceReturnFailed".into()))
+    })
+    .await;
+    assert!(st_ok, "claim status not updated");
+    let status = node.cli(&["status"])?;
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(
+        status.contains("not home:") && status.contains(&nic.name),
+        "dranet status: {status}"
+    );
+    // The names are free again: the next hook brings the device home.
+    drop(squatters);
+    node.runtime.stop_pod_sandbox(&sb).await.context("Stop")?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
+        .await
+        .with_context(|| format!("daemon log:\n{}", node.log()))?;
+    node.runtime.remove_pod_sandbox(&sb).await?;
+    node.unprepare(&claim).await?;
+    node.stop()?;
+    Ok(())
+}
+
 dranet_sim::root_tests! {
     records_naming_pins_outside_the_pins_dir_or_of_other_sandboxes_are_never_unmounted => hostile_pins();
     flags_txqueuelen_and_group_set_in_the_pod_are_restored_at_home => pod_link_state();
     altnames_added_in_the_pod_neither_block_the_move_home_nor_come_home => pod_altnames();
     a_device_home_under_a_temporary_name_gets_its_name_back_once_free => names_come_back();
     a_recreated_sandbox_gets_the_device_by_identity_never_the_host_link_that_took_its_name => attach_by_identity();
+    a_device_deleted_in_the_pod_is_reported_once_and_its_record_and_pin_end => vanished_device();
+    a_move_home_that_keeps_failing_is_reported_not_waited_for_silently => stuck_return();
 }

@@ -209,7 +209,11 @@ async fn a_rescue_is_a_normal_event_on_the_pod() -> Result<()> {
         ..Recording::default()
     });
     let reporter = Reporter::new(sink.clone(), "dra.net", "node-a");
-    let _rescues = AbortOnDrop::spawn(dranet::report::rescue_events(reporter.clone(), engine.activity()));
+    let _rescues = AbortOnDrop::spawn(dranet::report::rescue_events(
+        reporter.clone(),
+        engine.activity(),
+        |_| None,
+    ));
     let mut ns = PodNetns::create(&unique("dnrepr"))?;
     let nic = Nic::create()?;
     let uid = unique("pod-repr-");

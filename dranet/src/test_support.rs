@@ -146,6 +146,7 @@ pub fn device_record(device: &str, state: DeviceState) -> DeviceRecord {
         temp_name: None,
         at: None,
         rebuilt: false,
+        return_error: None,
     }
 }
 

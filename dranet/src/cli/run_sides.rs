@@ -420,9 +420,11 @@ where
         providers,
         move || r.request_rescan(),
     )));
+    let plans = engine.clone();
     sides.tasks.push(tokio::spawn(crate::report::rescue_events(
         sides.reporter.clone(),
         engine.activity(),
+        move |uid| plans.plan(uid),
     )));
     rescan
 }

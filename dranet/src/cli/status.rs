@@ -97,6 +97,9 @@ pub fn main(args: &StatusArgs) -> ExitCode {
                     .unwrap_or_default(),
                 if d.rebuilt { " (rebuilt: not restored)" } else { "" }
             );
+            if let Some(e) = &d.return_error {
+                println!("    not home: {e}");
+            }
         }
     }
     ExitCode::SUCCESS

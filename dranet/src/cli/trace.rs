@@ -274,6 +274,18 @@ fn activity_line(a: &Activity, start: u64) -> String {
         ActivityKind::Failed { action, error, .. } => {
             ("dranet_failed", format!("pod {who} {action}: {error}"))
         }
+        ActivityKind::Vanished { device, host_name } => (
+            "dranet_vanished",
+            format!("pod {who} device {device} ({host_name}) no longer exists anywhere"),
+        ),
+        ActivityKind::ReturnStuck {
+            devices,
+            reason,
+            error,
+        } => (
+            "dranet_return_stuck",
+            format!("pod {who} devices {devices:?} still out after the retries ({reason}): {error}"),
+        ),
     };
     format!("{t:>+12}  {ev:<22} {detail}")
 }

@@ -316,6 +316,26 @@ impl HealthHub {
                     st.failed.remove(d);
                 }
             }
+            ActivityKind::Vanished { device, .. } => {
+                // Nothing pending any more: missing from the host and in no pod, so gone for
+                // good (unhealthy, then dropped after the grace) unless it shows up again.
+                st.returning.remove(device);
+                st.failed.remove(device);
+            }
+            ActivityKind::ReturnStuck {
+                devices,
+                reason,
+                error,
+            } => {
+                for d in devices {
+                    st.name(d);
+                    st.returning.remove(d);
+                    st.failed.insert(
+                        d.clone(),
+                        format!("return from pod {pod} still failing after the rescue's retries ({reason}): {error}"),
+                    );
+                }
+            }
             ActivityKind::Hook { .. } | ActivityKind::Failed { .. } => {}
         }
         self.publish(st);

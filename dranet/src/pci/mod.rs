@@ -48,6 +48,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PciError + '_ {
     }
 }
 
+/// Whether the PCI function `addr` is still there (`/sys/bus/pci/devices/<addr>`): a VF its PF
+/// destroyed or a hot-unplugged card is not. A malformed address never is.
+#[must_use]
+pub fn function_exists(sysfs: &Path, addr: &str) -> bool {
+    validate_address(addr).is_ok() && sysfs.join("bus/pci/devices").join(addr).exists()
+}
+
 /// The name of the driver bound to `addr`.
 pub fn driver_of(sysfs: &Path, addr: &str) -> Result<String, PciError> {
     validate_address(addr)?;

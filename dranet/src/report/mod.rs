@@ -680,14 +680,105 @@ pub fn rescue_event(reporter: &Reporter, a: &Activity) -> Option<Event> {
     ))
 }
 
-/// Sends [`rescue_event`]s for the engine's activity feed `rx`; runs until the feed closes.
-pub async fn rescue_events(reporter: Reporter, mut rx: tokio::sync::broadcast::Receiver<Activity>) {
+/// The Warning event and the claim status reason of a device in trouble: `NetworkDeviceVanished`
+/// (it no longer exists anywhere: deleted while in the pod) or `NetworkDeviceReturnFailed` (its
+/// move home still fails after the rescue's retries). `None` for any other activity.
+#[must_use]
+pub fn trouble_event(
+    reporter: &Reporter,
+    a: &Activity,
+) -> Option<(Event, Vec<String>, &'static str, String)> {
+    let (reason, devices, message) = match &a.kind {
+        ActivityKind::Vanished { device, host_name } => (
+            "NetworkDeviceVanished",
+            vec![device.clone()],
+            format!(
+                "network device {device} ({host_name}) no longer exists anywhere: it was deleted while in the pod (or its PCI function went away); nothing to bring home, its record ended"
+            ),
+        ),
+        ActivityKind::ReturnStuck {
+            devices,
+            reason,
+            error,
+        } => (
+            "NetworkDeviceReturnFailed",
+            devices.clone(),
+            format!(
+                "network devices {} could not be brought home after every retry ({reason}): {error}; they stay in the pod network namespace, which dranet keeps, until the next hook, teardown signal or reconcile",
+                devices.join(", ")
+            ),
+        ),
+        _ => return None,
+    };
+    let (namespace, name) = a.pod.split_once('/')?;
+    let ev = reporter.make_event(
+        ObjectRef::pod(namespace, name, &a.pod_uid),
+        true,
+        reason,
+        message.clone(),
+    );
+    Some((ev, devices, reason, message))
+}
+
+/// One apply body per claim for `devices` of a pod in trouble (see [`trouble_event`]): `Ready`
+/// False with `reason`. Only those devices: the pod's others are home or still ready.
+#[must_use]
+pub fn trouble_statuses(
+    driver: &str,
+    plans: &[DevicePlan],
+    devices: &[String],
+    reason: &str,
+    message: &str,
+) -> Vec<ClaimStatusApply> {
+    let now = rfc3339(SystemTime::now());
+    let mut out: Vec<ClaimStatusApply> = Vec::new();
+    for p in plans.iter().filter(|p| devices.contains(&p.device)) {
+        let mut c = condition("Ready", reason, message.to_owned(), &now);
+        c.status = "False".to_owned();
+        let st = AllocatedDeviceStatus {
+            driver: driver.to_owned(),
+            pool: p.pool.clone(),
+            device: p.device.clone(),
+            conditions: vec![c],
+            network_data: None,
+        };
+        let key = ApplyMeta {
+            name: p.claim.name.clone(),
+            namespace: p.claim.namespace.clone(),
+        };
+        match out.iter_mut().find(|a| a.metadata == key) {
+            Some(a) => a.status.devices.push(st),
+            None => out.push(ClaimStatusApply {
+                api_version: "resource.k8s.io/v1".to_owned(),
+                kind: "ResourceClaim".to_owned(),
+                metadata: key,
+                status: ApplyStatus { devices: vec![st] },
+            }),
+        }
+    }
+    out
+}
+
+/// Sends [`rescue_event`]s and [`trouble_event`]s (with the claims' status, from the pod's plans
+/// as `plans` gives them) for the engine's activity feed `rx`; runs until the feed closes.
+pub async fn rescue_events(
+    reporter: Reporter,
+    mut rx: tokio::sync::broadcast::Receiver<Activity>,
+    plans: impl Fn(&str) -> Option<Vec<DevicePlan>> + Send,
+) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         match rx.recv().await {
             Ok(a) => {
                 if let Some(ev) = rescue_event(&reporter, &a) {
                     reporter.event(ev);
+                }
+                if let Some((ev, devices, reason, message)) = trouble_event(&reporter, &a) {
+                    reporter.event(ev);
+                    let plans = plans(&a.pod_uid).unwrap_or_default();
+                    for apply in trouble_statuses(reporter.driver(), &plans, &devices, reason, &message) {
+                        reporter.claim_status(apply);
+                    }
                 }
             }
             Err(RecvError::Lagged(n)) => tracing::debug!(missed = n, "activity feed lagged"),

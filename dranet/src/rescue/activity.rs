@@ -43,4 +43,20 @@ pub enum ActivityKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         device: Option<String>,
     },
+    /// A device no longer exists anywhere (deleted while in the pod): its record ends. Sent once.
+    Vanished {
+        /// ResourceSlice device name.
+        device: String,
+        /// Its host name before the attach.
+        host_name: String,
+    },
+    /// A return still failed after the rescue's retries: the devices stay out (in the pinned
+    /// pod netns) until the next trigger, hook or reconcile. Sent once per rescue given up.
+    ReturnStuck {
+        /// ResourceSlice device names of the devices still out.
+        devices: Vec<String>,
+        /// `name_taken`, `timeout` or `other`.
+        reason: String,
+        error: String,
+    },
 }

@@ -240,6 +240,7 @@ fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::sys::netns:
             netns,
         }),
         rebuilt: false,
+        return_error: None,
     }
 }
 

@@ -503,6 +503,7 @@ impl Engine {
                 temp_name: None,
                 at: None,
                 rebuilt: false,
+                return_error: None,
             });
         }
         Ok(out)

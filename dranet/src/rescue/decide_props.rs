@@ -93,6 +93,7 @@ fn random_device(r: &mut Rng, i: usize) -> DeviceRecord {
             netns: known_netns(r),
         }),
         rebuilt: r.below(8) == 0,
+        return_error: None,
     }
 }
 

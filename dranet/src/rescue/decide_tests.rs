@@ -52,6 +52,7 @@ fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
                     netns: ID,
                 }),
                 rebuilt: false,
+                return_error: None,
             }],
             recovered: None,
         }

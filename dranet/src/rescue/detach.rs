@@ -100,6 +100,7 @@ impl Engine {
                 DeviceReturn::AlreadyHome => {}
                 DeviceReturn::Home(name) => home.push(name),
                 DeviceReturn::NameBusy(name) => busy.push(name),
+                DeviceReturn::Gone => {}
                 DeviceReturn::Failed(why) => failed.extend(why),
             }
         }
@@ -260,6 +261,15 @@ impl Engine {
             }
         };
         let res = match res {
+            Err(LinkError::Lost { .. }) if self.vanished(ctx, d) => {
+                drop(slot);
+                self.mark_gone(uid, key, i, d).await?;
+                return Ok(if failed.is_empty() {
+                    DeviceReturn::Gone
+                } else {
+                    DeviceReturn::Failed(failed)
+                });
+            }
             Err(LinkError::Lost { .. }) if self.inner.opts.pci_rebind && d.pci_address.is_some() => {
                 self.last_resort(ctx.host_nl, uid, d).await
             }
@@ -293,6 +303,7 @@ impl Engine {
             if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
                 dev.state = state;
                 dev.at = None;
+                dev.return_error = None;
             }
         })?;
         Ok(if failed.is_empty() {
@@ -532,6 +543,113 @@ impl Engine {
         link::repair(host_nl, index, &d.snapshot).await.map_err(lerr)
     }
 
+    /// Whether device `d`, found neither at its place in the pod nor in the host by its kernel
+    /// identity ([`LinkError::Lost`]), no longer exists anywhere:
+    /// * with the pod netns held: the index recorded for it there is free or another link's, and
+    ///   no move out of that netns was recorded (tier B records one in `at`); a device whose place
+    ///   is not known yet (`at` unset: a move half-way) is not judged;
+    /// * with the pod netns gone: the kernel deleted a virtual device with it and returned any
+    ///   other to the host, where it is not;
+    /// * and, for a device behind a PCI function, that function is gone from sysfs too (a VF
+    ///   destroyed, a hot-unplug): while it is there its netdev is somewhere, and is waited for.
+    fn vanished(&self, ctx: &ReturnCtx<'_>, d: &DeviceRecord) -> bool {
+        let placed = match (ctx.live, d.at) {
+            (Some(l), Some(at)) => ctx.pod_nl.is_some() && at.netns == l.pin.netns().id(),
+            (Some(_), None) => false,
+            (None, _) => true,
+        };
+        let function_left = d
+            .pci_address
+            .as_deref()
+            .is_some_and(|a| crate::pci::function_exists(&self.inner.opts.sysfs, a));
+        placed && !function_left
+    }
+
+    /// Records device `i` of sandbox `key` as gone (staged: the return's last save carries it)
+    /// and reports it once: a WARN, the activity feed (the pod's Warning event, its claim's
+    /// status, device health) and `dranet_devices_vanished_total`.
+    async fn mark_gone(&self, uid: &str, key: &str, i: usize, d: &DeviceRecord) -> Result<(), RescueError> {
+        self.stage_update(|cp| {
+            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
+                dev.state = DeviceState::Gone;
+                dev.at = None;
+                dev.return_error = None;
+            }
+        })?;
+        self.inner.metrics.vanished.inc();
+        warn!(
+            pod = uid,
+            sandbox = key,
+            device = d.device,
+            host_name = d.snapshot.name,
+            "device no longer exists anywhere (deleted while in the pod): its record ends"
+        );
+        self.record(
+            uid,
+            ActivityKind::Vanished {
+                device: d.device.clone(),
+                host_name: d.snapshot.name.clone(),
+            },
+        );
+        Ok(())
+    }
+
+    /// A rescue gave up with devices still out: each gets the error in its record (`dranet
+    /// status`), and each device not reported yet since it was last home is reported once: a WARN, the activity feed (the pod's Warning event,
+    /// its claim's status, device health) and `dranet_return_stuck_total{reason}`.
+    pub(super) async fn report_stuck(&self, uid: &str, key: &str, error: &str) {
+        let reason = stuck_reason(error);
+        let mut devices = Vec::new();
+        let saved = self
+            .update(|cp| {
+                if let Some(r) = cp.pods.get_mut(key) {
+                    for d in r.devices.iter_mut().filter(|d| {
+                        matches!(
+                            d.state,
+                            DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
+                        )
+                    }) {
+                        // Reported once: a second rescue of the same teardown (the unlink after
+                        // the umount) gives up too.
+                        if d.return_error.is_none() {
+                            devices.push(d.device.clone());
+                        }
+                        d.return_error = Some(error.to_owned());
+                    }
+                }
+            })
+            .await;
+        if let Err(e) = saved {
+            warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record why the devices are still out");
+        }
+        if devices.is_empty() {
+            return;
+        }
+        self.inner
+            .metrics
+            .stuck
+            .get_or_create(&crate::telemetry::metrics::rescue::ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+        warn!(
+            pod = uid,
+            sandbox = key,
+            devices = ?devices,
+            reason,
+            error,
+            "devices still out after every retry of the rescue: reported; retried at the next hook, teardown signal or reconcile"
+        );
+        self.record(
+            uid,
+            ActivityKind::ReturnStuck {
+                devices,
+                reason: reason.to_owned(),
+                error: error.to_owned(),
+            },
+        );
+    }
+
     async fn set_temp_name(&self, key: &str, i: usize, name: Option<String>) -> Result<(), RescueError> {
         self.update(|cp| {
             if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
@@ -694,6 +812,19 @@ impl Engine {
     }
 }
 
+/// The label of a return that keeps failing, from its error: `name_taken` (the kernel refused
+/// the move: every name it may take is in use in the host), `timeout` (the kernel did not
+/// answer within the bound), `other`.
+fn stuck_reason(error: &str) -> &'static str {
+    if error.contains("os error 17") || error.contains("File exists") {
+        "name_taken"
+    } else if error.contains("no answer from the kernel within") || error.contains("did not finish within") {
+        "timeout"
+    } else {
+        "other"
+    }
+}
+
 /// Two detach outcomes of one pod's sandboxes as one.
 fn merge(a: DetachOutcome, b: DetachOutcome) -> DetachOutcome {
     match (a, b) {
@@ -748,6 +879,8 @@ enum DeviceReturn {
     AlreadyHome,
     Home(String),
     NameBusy(String),
+    /// It no longer exists anywhere ([`Engine::vanished`]): marked gone and reported.
+    Gone,
     /// Why it (or its RDMA link) is not home, each cause once.
     Failed(Vec<String>),
 }

@@ -678,6 +678,12 @@ impl Engine {
                 Ok(_) => return,
                 Err(e) if attempt == RESCUE_ATTEMPTS => {
                     warn!(pod = %pod_uid, sandbox = %key, error = %crate::telemetry::chain(&e), attempt, "rescue incomplete; giving up until the next trigger or reconcile");
+                    let why = match &e {
+                        RescueError::Incomplete { first, .. } => first.clone(),
+                        other => crate::telemetry::chain(other).to_string(),
+                    };
+                    let _owner = self.own(pod_uid).await;
+                    self.report_stuck(pod_uid, key, &why).await;
                 }
                 Err(e) => {
                     debug!(pod = %pod_uid, sandbox = %key, error = %crate::telemetry::chain(&e), attempt, ?delay, "rescue incomplete; retrying");

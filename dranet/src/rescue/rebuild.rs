@@ -419,5 +419,6 @@ fn rebuilt_device(f: &Found, netns: NetnsId) -> DeviceRecord {
             netns,
         }),
         rebuilt: true,
+        return_error: None,
     }
 }

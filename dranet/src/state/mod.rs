@@ -151,6 +151,11 @@ pub enum DeviceState {
     Home,
     /// Back in the host, but its original name was taken: kept under `temp_name`.
     HomeNameBusy,
+    /// No longer exists anywhere (by kernel identity: not at its index in the pod netns we
+    /// hold, not in the host, no move out recorded, no PCI function left behind it): deleted
+    /// while in the pod (a tenant's `ip link del`, a VF destroyed, a hot-unplug). Reported once;
+    /// nothing is left to bring home.
+    Gone,
 }
 
 /// One device of a pod.
@@ -189,6 +194,10 @@ pub struct DeviceRecord {
     /// them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rebuilt: bool,
+    /// Why the device is still out after a rescue's retries (the last error), until it is home;
+    /// `dranet status` shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_error: Option<String>,
 }
 
 /// A device's kernel identity in one netns: the ifindex is fixed while the device stays in that

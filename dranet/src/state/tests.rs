@@ -443,6 +443,7 @@ fn the_on_disk_snapshot_of_format_2_is_fixed() {
         temp_name: None,
         at: None,
         rebuilt: false,
+        return_error: None,
     };
     let json = serde_json::to_string(&record).unwrap();
     assert_eq!(

@@ -12,6 +12,12 @@ pub struct TriggerLabel {
     pub trigger: String,
 }
 
+/// Label of the stuck-return counter: why the move home still failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
 /// The engine's metrics (cheap to clone: shared handles).
 #[derive(Clone, Debug)]
 pub struct RescueMetrics {
@@ -36,6 +42,10 @@ pub struct RescueMetrics {
     pub attach_failures: Counter,
     /// Pods whose devices a netns teardown brought home (rescues, whatever signalled them).
     pub rescued: Counter,
+    /// Devices that no longer existed anywhere when they were to come home (deleted in the pod).
+    pub vanished: Counter,
+    /// Rescues given up with a device still out after every retry, by reason.
+    pub stuck: Family<ReasonLabel, Counter>,
 }
 
 /// The engine's running totals, read from its metrics (one count, two views).
@@ -71,6 +81,8 @@ impl Default for RescueMetrics {
             attached: Counter::default(),
             attach_failures: Counter::default(),
             rescued: Counter::default(),
+            vanished: Counter::default(),
+            stuck: Family::default(),
         }
     }
 }
@@ -158,6 +170,16 @@ impl RescueMetrics {
             "dranet_return_failures",
             "Detaches that left a device outside the host",
             self.failures.clone(),
+        );
+        r.register(
+            "dranet_devices_vanished",
+            "Managed devices that no longer existed anywhere when they were to come home (deleted while in the pod); each record ended",
+            self.vanished.clone(),
+        );
+        r.register(
+            "dranet_return_stuck",
+            "Rescues that left a device out after every retry (reported; retried at the next hook, trigger or reconcile), by reason",
+            self.stuck.clone(),
         );
     }
 }
