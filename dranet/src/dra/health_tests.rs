@@ -636,3 +636,45 @@ async fn both_versions_are_served_over_the_dra_socket_from_one_hub() {
         assert_eq!(s, Ok(true), "a stream outlived the plugin");
     }
 }
+
+#[test]
+fn a_vanished_device_is_gone_and_a_stuck_return_is_unhealthy_with_its_error() {
+    let (hub, t) = hub_with_clock(Duration::from_secs(300), 1_000);
+    let cp = checkpoint(&[("eth1", DeviceState::InPod), ("eth2", DeviceState::InPod)]);
+    hub.observe_scan([], &cp);
+    hub.observe_activity(
+        &activity(ActivityKind::RescueStarted {
+            trigger: "umount".into(),
+        }),
+        &cp,
+    );
+    // eth1 was deleted in the pod; eth2 cannot come home.
+    let cp = checkpoint(&[("eth1", DeviceState::Gone), ("eth2", DeviceState::Returning)]);
+    hub.observe_activity(
+        &activity(ActivityKind::Vanished {
+            device: "eth1".into(),
+            host_name: "eth1".into(),
+        }),
+        &cp,
+    );
+    hub.observe_activity(
+        &activity(ActivityKind::ReturnStuck {
+            devices: vec!["eth2".into()],
+            reason: "name_taken".into(),
+            error: "File exists (os error 17)".into(),
+        }),
+        &cp,
+    );
+    let (ok, msg) = health(&hub, "eth1");
+    assert!(!ok && msg.contains("missing from the host"), "{msg}");
+    let (ok, msg) = health(&hub, "eth2");
+    assert!(!ok, "{msg}");
+    assert!(
+        msg.contains("still failing after the rescue's retries (name_taken)") && msg.contains("os error 17"),
+        "{msg}"
+    );
+    // Gone for good: dropped after the grace; the stuck one stays listed.
+    t.store(1_300, Ordering::SeqCst);
+    hub.refresh();
+    assert_eq!(listed(&hub), ["eth2"]);
+}

@@ -705,3 +705,62 @@ mod correlator {
         assert_ne!(new_name, name);
     }
 }
+
+#[test]
+fn a_vanished_device_and_a_stuck_return_are_warnings_with_a_claim_status() {
+    let r = Reporter::new(Arc::new(Hang::default()), "dra.net", "node-a");
+    let base = Activity {
+        at: 0,
+        pod_uid: "uid-1".into(),
+        pod: "ns/pod-a".into(),
+        netns_path: None,
+        kind: ActivityKind::Vanished {
+            device: "eth1".into(),
+            host_name: "ens1".into(),
+        },
+    };
+    let (ev, devices, reason, message) = trouble_event(&r, &base).unwrap();
+    assert_eq!(ev.reason, "NetworkDeviceVanished");
+    assert_eq!(ev.type_, "Warning");
+    assert_eq!(ev.involved_object, ObjectRef::pod("ns", "pod-a", "uid-1"));
+    assert_eq!(devices, vec!["eth1".to_owned()]);
+    assert!(message.contains("eth1 (ens1) no longer exists"), "{message}");
+    let plans = [plan("eth1", "c1"), plan("eth2", "c1"), plan("eth3", "c2")];
+    let applies = trouble_statuses("dra.net", &plans, &devices, reason, &message);
+    assert_eq!(applies.len(), 1, "only the claim of the device concerned");
+    let d = &applies[0].status.devices;
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].device, "eth1");
+    assert_eq!(d[0].conditions[0].type_, "Ready");
+    assert_eq!(d[0].conditions[0].status, "False");
+    assert_eq!(d[0].conditions[0].reason, "NetworkDeviceVanished");
+    let stuck = Activity {
+        kind: ActivityKind::ReturnStuck {
+            devices: vec!["eth2".into(), "eth3".into()],
+            reason: "name_taken".into(),
+            error: "File exists (os error 17)".into(),
+        },
+        ..base.clone()
+    };
+    let (ev, devices, reason, message) = trouble_event(&r, &stuck).unwrap();
+    assert_eq!(ev.reason, "NetworkDeviceReturnFailed");
+    assert!(
+        message.contains("eth2, eth3") && message.contains("name_taken"),
+        "{message}"
+    );
+    assert_eq!(
+        trouble_statuses("dra.net", &plans, &devices, reason, &message).len(),
+        2,
+        "one apply per claim"
+    );
+    assert!(rescue_event(&r, &stuck).is_none());
+    let returned = Activity {
+        kind: ActivityKind::Returned {
+            reason: "NetnsTeardown".into(),
+            devices: vec![],
+            took_us: 1,
+        },
+        ..base
+    };
+    assert!(trouble_event(&r, &returned).is_none());
+}
