@@ -151,8 +151,12 @@ pub struct Config {
     pub inode_private: u32,
     /// Nonzero: emit every umount/unlink, watched or not (debugging, `dranet trace --all`).
     pub trace_all: u32,
-    /// `ns_common.count` (≤ 6.17) or `ns_common.__ns_ref` (6.18+): the namespace's refcount.
+    /// `ns_common.count` (5.11–6.17) or `ns_common.__ns_ref` (6.18+): the namespace's refcount.
     pub ns_common_count: u32,
+    /// `net.count`: the netns refcount where it is not in `ns_common` yet (≤ 5.10).
+    pub net_count: u32,
+    /// Explicit padding (the struct is `Pod`: no implicit padding).
+    pub pad: u32,
 }
 
 impl Config {
@@ -180,11 +184,13 @@ impl Config {
             inode_private: Self::MISSING,
             trace_all: 0,
             ns_common_count: Self::MISSING,
+            net_count: Self::MISSING,
+            pad: 0,
         }
     }
 }
 
-const _: () = assert!(size_of::<Config>() == 8 + 16 * 4);
+const _: () = assert!(size_of::<Config>() == 8 + 18 * 4);
 
 #[cfg(feature = "user")]
 mod user {

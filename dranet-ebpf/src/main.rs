@@ -9,7 +9,9 @@
 //!   `work->func == cleanup_net`: a netns lost its last reference, and the cleanup run's bounds.
 //!
 //! Tier B (fentry / lsm: kernels with trampolines):
-//! * `fentry/__dev_change_net_namespace`: a device moves between namespaces.
+//! * `fentry/__dev_change_net_namespace`: a device moves between namespaces; on kernels that
+//!   lack it (≤ 5.10: the move is `dev_change_net_namespace` itself, three arguments)
+//!   `fentry/dev_change_net_namespace`.
 //! * `fentry/__put_net`: a netns lost its last active reference (with its identity).
 //! * `fentry/netns_put`: the same when nsfs drops the last reference (where `__put_net` is inlined).
 //! * `lsm/sb_umount` and, as an alternative when the BPF LSM is off, `fentry/security_sb_umount`:
@@ -392,6 +394,42 @@ pub fn dranet_dev_netns(ctx: FEntryContext) -> u32 {
     0
 }
 
+#[fentry(function = "dev_change_net_namespace")]
+pub fn dranet_dev_netns_legacy(ctx: FEntryContext) -> u32 {
+    // ≤ 5.10: int dev_change_net_namespace(struct net_device *dev, struct net *net, const char
+    // *pat); no new_ifindex (reported as 0: the kernel picks).
+    let cfg = config();
+    let dev: u64 = ctx.arg(0);
+    let net: u64 = ctx.arg(1);
+    let Some(mut entry) = reserve() else {
+        return 0;
+    };
+    {
+        let ev = &mut *entry;
+        // SAFETY: the reservation is sized for an Event; every field is written below.
+        let ev = unsafe { ev.assume_init_mut() };
+        event_header(ev, kind::DEV_NETNS_MOVE);
+        ev.path = [0; PATH_LEN];
+        ev.ifindex = read_at::<i32>(dev, cfg.dev_ifindex).unwrap_or(0) as u32;
+        if present(cfg.dev_name) {
+            // SAFETY: the helper validates the kernel address.
+            let _ = unsafe {
+                bpf_probe_read_kernel_buf((dev + u64::from(cfg.dev_name)) as *const u8, &mut ev.name)
+            };
+        }
+        let src = read_at::<u64>(dev, cfg.dev_nd_net).unwrap_or(0);
+        let (inum, cookie) = net_identity(&cfg, src);
+        ev.netns_inum = inum;
+        ev.netns_cookie = cookie;
+        let (inum2, cookie2) = net_identity(&cfg, net);
+        ev.netns2_inum = inum2;
+        ev.netns2_cookie = cookie2;
+        ev.flags2 = 0;
+    }
+    entry.submit(0);
+    0
+}
+
 #[fentry(function = "__put_net")]
 pub fn dranet_put_net(ctx: FEntryContext) -> u32 {
     let cfg = config();
@@ -421,13 +459,21 @@ pub fn dranet_nsfs_put(ctx: FEntryContext) -> u32 {
     // takes the count from 1 to 0 releases the netns; report that one, with its identity.
     let cfg = config();
     let ns: u64 = ctx.arg(0);
-    if !present(cfg.net_ns) || !present(cfg.ns_common_count) {
-        return 0;
-    }
-    if read_at::<u32>(ns, cfg.ns_common_count) != Some(1) {
+    if !present(cfg.net_ns) {
         return 0;
     }
     let net = ns.wrapping_sub(u64::from(cfg.net_ns));
+    // The refcount is in ns_common from 5.11, in struct net before (net.count).
+    let count = if present(cfg.ns_common_count) {
+        read_at::<u32>(ns, cfg.ns_common_count)
+    } else if present(cfg.net_count) {
+        read_at::<u32>(net, cfg.net_count)
+    } else {
+        return 0;
+    };
+    if count != Some(1) {
+        return 0;
+    }
     let (inum, cookie) = net_identity(&cfg, net);
     // init_net is never freed; on 7.x its refcount is not maintained, so a put "from 1" on it is
     // no release (seen on Debian 7.3 for an nsfs file of the host netns).

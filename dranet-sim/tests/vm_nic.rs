@@ -557,3 +557,109 @@ async fn a_daemon_with_a_wiped_state_dir_adopts_its_nic_and_brings_it_home_in_cr
     }
     Ok(())
 }
+
+/// `name=state` pairs (`active`/`unsupported`/`failed`), space separated.
+fn parse_expected(s: &str) -> Vec<(String, String)> {
+    s.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(n, st)| (n.to_owned(), st.to_owned()))
+        .collect()
+}
+
+/// Which tier each kernel gets: the probe table of `dranet trace` and the daemon's
+/// `dranet_probes_active` gauges must both say what the kernel matrix expects of this kernel and
+/// boot (`DRANET_VM_EXPECT_PROBES`, set per kernel by `cargo xtask vm-test`), and every probe that
+/// is not active must carry a reason. A kernel that cannot load a program must be seen to fall
+/// back, not to fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_tiers_in_trace_and_metrics_are_what_this_kernel_allows() -> Result<()> {
+    let test = "probe_tiers_in_trace_and_metrics_are_what_this_kernel_allows";
+    if vm_nic(test).is_none() {
+        return Ok(());
+    }
+    let Ok(expect) = std::env::var("DRANET_VM_EXPECT_PROBES") else {
+        bail!("DRANET_VM_EXPECT_PROBES is not set: the kernel matrix names every probe's state per kernel");
+    };
+    let expect = parse_expected(&expect);
+    let out = std::process::Command::new(dranet_sim::kernel::dranet_bin()?)
+        .args(["trace", "--json", "--duration", "1"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    let table: serde_json::Value = serde_json::from_str(first)?;
+    let probes = table["probes"].as_array().cloned().unwrap_or_default();
+    let mut problems = Vec::new();
+    for p in &probes {
+        let name = p["name"].as_str().unwrap_or_default();
+        let state = p["state"].as_str().unwrap_or_default();
+        let reason = p["reason"].as_str().unwrap_or_default();
+        println!(
+            "probe tier {} {name}: {state} {reason}",
+            p["tier"].as_str().unwrap_or_default()
+        );
+        match expect.iter().find(|(n, _)| n == name) {
+            Some((_, want)) if want != state => {
+                problems.push(format!("trace: {name} is {state} ({reason}), want {want}"));
+            }
+            None => problems.push(format!("trace: {name} is not in the expected table")),
+            _ => {}
+        }
+        if state != "active" && reason.is_empty() {
+            problems.push(format!("trace: {name} is {state} without a reason"));
+        }
+    }
+    for (n, _) in &expect {
+        if !probes.iter().any(|p| p["name"] == n.as_str()) {
+            problems.push(format!("trace: no probe {n}"));
+        }
+    }
+    // The daemon: same kernel, its own choice of probes (netns_cleanup is trace-only).
+    let port = dranet_sim::node::free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let node = dranet_sim::node::Node::start(dranet_sim::node::NodeOptions {
+        bind_address: addr.clone(),
+        ..Default::default()
+    })
+    .await?;
+    let (code, metrics) = dranet_sim::node::http_get(&addr, "/metrics").await?;
+    drop(node);
+    if code != 200 {
+        bail!("/metrics answered {code}");
+    }
+    for (name, want) in &expect {
+        let tier = probes
+            .iter()
+            .find(|p| p["name"] == name.as_str())
+            .and_then(|p| p["tier"].as_str())
+            .unwrap_or("?");
+        let daemon_want = if name == "netns_cleanup" {
+            "unsupported"
+        } else {
+            want
+        };
+        let value = if daemon_want == "active" { 1 } else { 0 };
+        let line = format!("dranet_probes_active{{tier=\"{tier}\",probe=\"{name}\"}} {value}");
+        if !metrics.lines().any(|l| l == line) {
+            problems.push(format!("/metrics: no line {line}"));
+        }
+    }
+    if !problems.is_empty() {
+        bail!(
+            "probe tiers on {}:\n{}\n/metrics:\n{}",
+            std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim(),
+            problems.join("\n"),
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("dranet_probes_active"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    println!(
+        "probe tiers as expected: {} probes in trace and /metrics",
+        expect.len()
+    );
+    Ok(())
+}

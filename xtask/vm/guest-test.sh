@@ -60,13 +60,16 @@ case_trace() {
     wait "$pid"
     status=$?
     probes=$(head -n 1 "$OUT/trace.json")
-    state_move=$(echo "$probes" | grep -o '"name":"dev_netns_move"[^}]*' | head -n 1)
+    # dev_netns_move (fentry __dev_change_net_namespace), or on kernels without that function
+    # (5.10) dev_netns_move_legacy (fentry dev_change_net_namespace): whichever is active.
+    state_move=$(echo "$probes" | grep -o '"name":"dev_netns_move[a-z_]*"[^}]*' | grep '"state":"active"' | head -n 1)
+    [ -n "$state_move" ] || state_move=$(echo "$probes" | grep -o '"name":"dev_netns_move"[^}]*' | head -n 1)
     state_put=$(echo "$probes" | grep -o '"name":"netns_put"[^}]*' | head -n 1)
     moving=$(grep '"kind":"device_moving"' "$OUT/trace.json" | grep -c '"vmt-b"')
     echo "VMINFO probes dev_netns_move: $state_move"
     echo "VMINFO probes netns_put: $state_put"
     if echo "$state_move$state_put" | grep -q '"state":"unsupported"'; then
-        report SKIP trace-tier-b "$t0" "tier B unsupported on $(uname -r): $state_move | $state_put"
+        report KNOWN trace-tier-b "$t0" "tier B unsupported on $(uname -r): $state_move | $state_put"
         return
     fi
     if echo "$state_move" | grep -q '"state":"active"' && [ "$moving" -ge 1 ] && [ "$status" -eq 0 ]; then
@@ -94,6 +97,21 @@ case_trace() {
     else
         report KNOWN trace-netns-put-nsfs "$t0" "no netns_released for ip netns del: fentry __put_net ran $runs_nsfs times and fentry netns_put is not available: $state_nsfs"
     fi
+}
+
+# Which tier each probe gets on this kernel and boot, in `dranet trace`'s probe table and the
+# daemon's /metrics, against the matrix's expectation (EXPECT_PROBES, from the xtask).
+case_tiers() {
+    local t0 name=probe_tiers_in_trace_and_metrics_are_what_this_kernel_allows log
+    t0=$(now)
+    log="$OUT/tiers.log"
+    if DRANET_VM_NIC=eth1 DRANET_VM_EXPECT_PROBES="$EXPECT_PROBES" "$VM_NIC_TEST" --exact "$name" \
+        --test-threads=1 --nocapture >"$log" 2>&1 && grep -q "test result: ok. 1 passed" "$log"; then
+        report PASS probe-tiers "$t0" "$(grep '^probe tier' "$log" | grep -v ': active' | sed 's/^probe tier //' | tr '\n' ';' | cut -c 1-900)"
+    else
+        report FAIL probe-tiers "$t0" "$(grep -E 'panicked|Error|error|trace:|metrics:' "$log" | head -n 6 | tr '\n' ' ' | cut -c 1-600)"
+    fi
+    grep '^probe tier' "$log" | sed 's/^/VMINFO /'
 }
 
 # Real NIC return, dranet's repair/rescue and adoption on a virtio NIC (dranet-sim/tests/vm_nic.rs).
@@ -144,7 +162,7 @@ case_rdma() {
         report FAIL rdma-exclusive "$t0" "not in exclusive mode: $mode"
         return
     fi
-    if [ "$KERNEL_LINE" = 6.1 ]; then
+    if [ "$KERNEL_LINE" != 7.3 ]; then
         # rxe has no disassociate_ucontext before 7.3: the move must be refused.
         rdma_dranet unsupported
         return
@@ -296,7 +314,7 @@ wait_for_rxe_home() {
     return 1
 }
 
-for c in trace nic rdma vrf lsm e2e; do
+for c in tiers trace nic rdma vrf lsm e2e; do
     case " $CASES " in
     *" $c "*) "case_$c" ;;
     *) echo "VMTEST NOTDONE $c 0s not in this boot of $KERNEL_LINE (cases: $CASES)" ;;

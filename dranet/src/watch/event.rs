@@ -195,6 +195,20 @@ impl LifecycleEvent {
     }
 }
 
+/// A netns named by a probe. A kernel before 5.12 makes a netns cookie only when a BPF program
+/// asks for one, so a probe reads 0 there (Debian 11's 5.10, in the kernel matrix); the netns is
+/// then the one the watcher knows by that inode (user space identified it with a stand-in cookie,
+/// `sys::netns::inode_cookie`), else cookie 0 and the inode.
+fn probe_netns(cookie: u64, inum: u32, resolve_inode: &impl Fn(u64) -> Option<NetnsId>) -> NetnsId {
+    let inode = u64::from(inum);
+    if cookie == 0
+        && let Some(id) = resolve_inode(inode)
+    {
+        return id;
+    }
+    NetnsId { cookie, inode }
+}
+
 fn text(buf: &[u8]) -> String {
     String::from_utf8_lossy(common::until_nul(buf)).into_owned()
 }
@@ -246,24 +260,15 @@ pub fn decode(
         kind::NETNS_CLEANUP_START => EventKind::NetnsCleanupStarted { task },
         kind::NETNS_CLEANUP_END => EventKind::NetnsCleanupFinished { task },
         kind::NETNS_PUT => EventKind::NetnsReleased {
-            netns: NetnsId {
-                cookie: ev.netns_cookie,
-                inode: u64::from(ev.netns_inum),
-            },
+            netns: probe_netns(ev.netns_cookie, ev.netns_inum, &resolve_inode),
             task,
         },
         kind::DEV_NETNS_MOVE => EventKind::DeviceMoving {
             ifindex: ev.ifindex,
             name: text(&ev.name),
             new_ifindex: ev.flags2 as i32,
-            from: NetnsId {
-                cookie: ev.netns_cookie,
-                inode: u64::from(ev.netns_inum),
-            },
-            to: NetnsId {
-                cookie: ev.netns2_cookie,
-                inode: u64::from(ev.netns2_inum),
-            },
+            from: probe_netns(ev.netns_cookie, ev.netns_inum, &resolve_inode),
+            to: probe_netns(ev.netns2_cookie, ev.netns2_inum, &resolve_inode),
             task,
         },
         kind::NSFS_UMOUNT => {
@@ -360,6 +365,45 @@ mod tests {
         }
         assert!(decode(&raw(&ev)[..10], |_| None, |_| None).is_none());
         assert!(decode(&raw(&blank(999)), |_| None, |_| None).is_none());
+    }
+
+    /// 5.10 makes a netns cookie only for BPF programs that ask: the probes read 0, and the
+    /// netns is the one known by that inode (identified in user space with a stand-in cookie).
+    #[test]
+    fn a_probe_without_a_cookie_names_the_netns_known_by_its_inode() {
+        let known = NetnsId {
+            cookie: 1 << 63 | 5,
+            inode: 4026532249,
+        };
+        let mut ev = blank(kind::NETNS_PUT);
+        ev.netns_cookie = 0;
+        let by_inode = |i: u64| (i == known.inode).then_some(known);
+        assert_eq!(
+            decode(&raw(&ev), |_| None, by_inode).unwrap().netns(),
+            Some(known)
+        );
+        // Unknown inode: cookie 0 and the inode, as read.
+        let got = decode(&raw(&ev), |_| None, |_| None).unwrap();
+        assert_eq!(
+            got.netns(),
+            Some(NetnsId {
+                cookie: 0,
+                inode: 4026532249
+            })
+        );
+        // A kernel cookie is never replaced.
+        ev.netns_cookie = 99;
+        let got = decode(&raw(&ev), |_| None, by_inode).unwrap();
+        assert_eq!(got.netns().map(|n| n.cookie), Some(99));
+        let mut mv = blank(kind::DEV_NETNS_MOVE);
+        mv.netns_cookie = 0;
+        match decode(&raw(&mv), |_| None, by_inode).unwrap().kind {
+            EventKind::DeviceMoving { from, to, .. } => {
+                assert_eq!(from, known);
+                assert_eq!(to.cookie, 1);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `cargo xtask vm-test [--kernel 6.1|7.3] [--keep]`: boots Debian kernels under qemu (TCG) with
+//! `cargo xtask vm-test [--kernel 5.10|6.1|6.12|7.3|all] [--keep]`: boots Debian kernels under qemu (TCG) with
 //! three virtio-net NICs and the host's root shared read-only over 9p, runs
 //! `xtask/vm/guest-test.sh` in a chroot of it, and reads the per-case verdicts off the serial log.
 //!
@@ -21,17 +21,36 @@ const GUEST_TEST: &str = include_str!("../../vm/guest-test.sh");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum KernelLine {
-    /// Debian bookworm 6.1 (tier-B probes, NIC return).
+    /// Debian 11 bullseye 5.10 (oldest BTF kernel class; LTS on deb.debian.org).
+    #[value(name = "5.10")]
+    V5_10,
+    /// Debian 12 bookworm 6.1 (tier-B probes, NIC return).
     #[value(name = "6.1")]
     V6_1,
+    /// Debian 13 trixie 6.12.
+    #[value(name = "6.12")]
+    V6_12,
     /// Debian trixie-backports 7.3 (also RDMA exclusive mode with rxe).
     #[value(name = "7.3")]
     V7_3,
+    /// The four kernels above, oldest first, one after the other.
+    #[value(name = "all")]
+    All,
+}
+
+impl KernelLine {
+    /// The kernels this choice stands for.
+    fn expand(self) -> Vec<KernelLine> {
+        match self {
+            Self::All => vec![Self::V5_10, Self::V6_1, Self::V6_12, Self::V7_3],
+            k => vec![k],
+        }
+    }
 }
 
 #[derive(Args, Debug)]
 pub struct Options {
-    /// Only this kernel (default: 6.1 then 7.3).
+    /// Only this kernel, or `all` four (default: 6.1 then 7.3).
     #[arg(long, value_enum)]
     pub kernel: Option<KernelLine>,
     /// Keep the initramfs too (the serial log and the guest's output always stay in
@@ -69,12 +88,12 @@ const BOOTS: &[Boot] = &[
     Boot {
         suffix: "",
         append: "",
-        cases: "trace nic rdma vrf",
+        cases: "tiers trace nic rdma vrf",
     },
     Boot {
         suffix: "-lsm",
         append: "lsm=lockdown,capability,landlock,yama,apparmor,bpf",
-        cases: "lsm e2e",
+        cases: "tiers lsm e2e",
     },
 ];
 
@@ -113,7 +132,23 @@ const PARAMS: &[(&str, &str)] = &[("ib_core", "netns_mode=0")];
 
 fn spec(k: KernelLine) -> KernelSpec {
     match k {
-        KernelLine::V6_1 => KernelSpec {
+        KernelLine::V5_10 => KernelSpec {
+            tag: "5.10",
+            // Bullseye is LTS-only since 2024 and still on deb.debian.org (main and
+            // debian-security); archive.debian.org is not needed (and not reachable here).
+            suites: &[(false, "bullseye"), (true, "bullseye-security")],
+            modules: MODULES_6_1,
+            params: PARAMS,
+            boots: BOOTS,
+        },
+        KernelLine::V6_12 => KernelSpec {
+            tag: "6.12",
+            suites: &[(false, "trixie"), (true, "trixie-security")],
+            modules: MODULES,
+            params: PARAMS,
+            boots: BOOTS,
+        },
+        KernelLine::V6_1 | KernelLine::All => KernelSpec {
             tag: "6.1",
             suites: &[(false, "bookworm"), (true, "bookworm-security")],
             modules: MODULES_6_1,
@@ -128,6 +163,39 @@ fn spec(k: KernelLine) -> KernelSpec {
             boots: BOOTS,
         },
     }
+}
+
+/// The state of every probe `dranet trace` must report on a kernel line, with the stock LSM list
+/// or with `lsm=…,bpf` (case `probe-tiers`; the daemon's /metrics must agree, `netns_cleanup`
+/// aside, which only `dranet trace` loads). What decides each row, from the kernels' BTF and
+/// configs:
+/// * `dev_netns_move`: fentry `__dev_change_net_namespace`, absent on 5.10 (the move is
+///   `dev_change_net_namespace` there, which is what `dev_netns_move_legacy` attaches to; from
+///   5.15 on that is an inline wrapper, so the legacy probe stands down or finds no target).
+/// * `netns_put_nsfs`: reads the netns refcount from `ns_common.count` (5.11+) or `net.count`
+///   (5.10).
+/// * `nsfs_umount` (`lsm/sb_umount`) needs `bpf` among the active LSMs: Debian's CONFIG_LSM
+///   lists it from 6.1 on, not on 5.10 (there only the `lsm=` boot has it); where it is active,
+///   `nsfs_umount_fentry` stands down.
+pub fn expected_probes(tag: &str, bpf_lsm_boot: bool) -> String {
+    let legacy_move = tag == "5.10";
+    let lsm = bpf_lsm_boot || tag != "5.10";
+    let st = |on: bool| if on { "active" } else { "unsupported" };
+    [
+        ("umount", st(true)),
+        ("unlink", st(true)),
+        ("netns_cleanup", st(true)),
+        ("dev_netns_move", st(!legacy_move)),
+        ("dev_netns_move_legacy", st(legacy_move)),
+        ("netns_put", st(true)),
+        ("netns_put_nsfs", st(true)),
+        ("nsfs_umount", st(lsm)),
+        ("nsfs_umount_fentry", st(!lsm)),
+    ]
+    .iter()
+    .map(|(n, s)| format!("{n}={s}"))
+    .collect::<Vec<_>>()
+    .join(" ")
 }
 
 /// Built artefacts the guest runs (absolute host paths, seen at the same place in the guest).
@@ -145,7 +213,7 @@ pub fn run_vm_test(opts: &Options) -> Result<()> {
     let t0 = Instant::now();
     ensure_host_packages()?;
     let kernels = match opts.kernel {
-        Some(k) => vec![k],
+        Some(k) => k.expand(),
         None => vec![KernelLine::V6_1, KernelLine::V7_3],
     };
     let vm = target_dir().join("vm");
@@ -158,6 +226,7 @@ pub fn run_vm_test(opts: &Options) -> Result<()> {
     let bins = build_binaries()?;
     let mut all_ok = true;
     let mut summary = Vec::new();
+    let mut columns: Vec<Column> = Vec::new();
     for k in kernels {
         let s = spec(k);
         for boot in s.boots {
@@ -205,16 +274,83 @@ pub fn run_vm_test(opts: &Options) -> Result<()> {
             }
             summary.push(format!("kernel {tag} took {:.0}s", took.as_secs_f64()));
             all_ok &= report.ok();
+            columns.push(Column {
+                tag,
+                cases: report.cases.clone(),
+                finished: report.finished,
+                seconds: took.as_secs_f64(),
+            });
         }
     }
     println!("vm-test summary ({:.0}s total):", t0.elapsed().as_secs_f64());
     for l in &summary {
         println!("  {l}");
     }
+    print!("{}", matrix_table(&columns));
     if !all_ok {
         bail!("vm-test failed");
     }
     Ok(())
+}
+
+/// One boot's results, a column of the matrix table.
+struct Column {
+    tag: String,
+    cases: Vec<serial::Case>,
+    finished: bool,
+    seconds: f64,
+}
+
+/// The matrix: one row per case (in the order first seen), one column per boot, each cell the
+/// verdict (`-` where the boot does not run the case); then every KNOWN case with its reason,
+/// so no case that cannot run on a kernel goes unexplained; then the boot times.
+fn matrix_table(cols: &[Column]) -> String {
+    let mut rows: Vec<&str> = Vec::new();
+    for c in cols {
+        for case in &c.cases {
+            if case.verdict != serial::Verdict::NotDone && !rows.contains(&case.name.as_str()) {
+                rows.push(&case.name);
+            }
+        }
+    }
+    let w = rows.iter().map(|r| r.len()).max().unwrap_or(4).max(4);
+    let cw: Vec<usize> = cols.iter().map(|c| c.tag.len().max(7)).collect();
+    let mut out = format!("vm-test matrix:\n  {:<w$}", "case");
+    for (c, cw) in cols.iter().zip(&cw) {
+        out.push_str(&format!(" {:<cw$}", c.tag));
+    }
+    out.push('\n');
+    for r in &rows {
+        out.push_str(&format!("  {r:<w$}"));
+        for (c, cw) in cols.iter().zip(&cw) {
+            let cell = c
+                .cases
+                .iter()
+                .filter(|x| x.name == *r)
+                .map(|x| x.verdict.word())
+                .collect::<Vec<_>>()
+                .join("/");
+            let cell = if cell.is_empty() { "-".to_owned() } else { cell };
+            out.push_str(&format!(" {cell:<cw$}"));
+        }
+        out.push('\n');
+    }
+    out.push_str(&format!("  {:<w$}", "(finished)"));
+    for (c, cw) in cols.iter().zip(&cw) {
+        out.push_str(&format!(" {:<cw$}", if c.finished { "yes" } else { "NO" }));
+    }
+    out.push('\n');
+    out.push_str(&format!("  {:<w$}", "(seconds)"));
+    for (c, cw) in cols.iter().zip(&cw) {
+        out.push_str(&format!(" {:<cw$.0}", c.seconds));
+    }
+    out.push('\n');
+    for c in cols {
+        for case in c.cases.iter().filter(|x| x.verdict == serial::Verdict::Known) {
+            out.push_str(&format!("  KNOWN {} [{}]: {}\n", case.name, c.tag, case.detail));
+        }
+    }
+    out
 }
 
 fn target_dir() -> PathBuf {
@@ -380,8 +516,10 @@ fn run_kernel(
     std::fs::write(
         out.join("env"),
         format!(
-            "KERNEL_LINE={}\nDRANET=/tmp/out/bin/dranet\nVM_NIC_TEST=/tmp/out/bin/vm_nic\nE2E_TEST=/tmp/out/bin/e2e\nRESCUE_TEST=/tmp/out/bin/rescue\nCASES=\"{}\"\n",
-            s.tag, boot.cases
+            "KERNEL_LINE={}\nDRANET=/tmp/out/bin/dranet\nVM_NIC_TEST=/tmp/out/bin/vm_nic\nE2E_TEST=/tmp/out/bin/e2e\nRESCUE_TEST=/tmp/out/bin/rescue\nCASES=\"{}\"\nEXPECT_PROBES=\"{}\"\n",
+            s.tag,
+            boot.cases,
+            expected_probes(s.tag, !boot.append.is_empty())
         ),
     )?;
     let log = dir.join("serial.log");
@@ -451,4 +589,75 @@ fn qemu_command(vmlinuz: &Path, initrd: &Path, out: &Path, log: &Path, append: &
             .arg(format!("virtio-net-pci,netdev=n{n}"));
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(v: serial::Verdict, name: &str, detail: &str) -> serial::Case {
+        serial::Case {
+            verdict: v,
+            name: name.into(),
+            seconds: 1.0,
+            detail: detail.into(),
+        }
+    }
+
+    #[test]
+    fn all_is_the_four_kernels_oldest_first() {
+        let tags: Vec<&str> = KernelLine::All
+            .expand()
+            .into_iter()
+            .map(|k| spec(k).tag)
+            .collect();
+        assert_eq!(tags, ["5.10", "6.1", "6.12", "7.3"]);
+        assert_eq!(KernelLine::V6_12.expand(), [KernelLine::V6_12]);
+    }
+
+    #[test]
+    fn the_matrix_lists_every_case_per_boot_and_every_known_reason() {
+        use serial::Verdict::{Known, NotDone, Pass};
+        let cols = [
+            Column {
+                tag: "5.10".into(),
+                cases: vec![
+                    case(Pass, "trace-dev-netns-move", ""),
+                    case(
+                        Known,
+                        "trace-netns-put-nsfs",
+                        "netns_put has no refcount in ns_common",
+                    ),
+                    case(NotDone, "lsm", "not in this boot"),
+                ],
+                finished: true,
+                seconds: 100.4,
+            },
+            Column {
+                tag: "5.10-lsm".into(),
+                cases: vec![case(Pass, "lsm-sb-umount", "")],
+                finished: false,
+                seconds: 50.0,
+            },
+        ];
+        let t = matrix_table(&cols);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[1].contains("case") && lines[1].contains("5.10-lsm"), "{t}");
+        assert!(
+            lines[2].starts_with("  trace-dev-netns-move") && lines[2].contains("PASS"),
+            "{t}"
+        );
+        assert!(
+            lines[2].trim_end().ends_with('-'),
+            "not run in the second boot: {t}"
+        );
+        assert!(lines[3].contains("KNOWN"), "{t}");
+        assert!(lines[4].contains("lsm-sb-umount") && !t.contains("  lsm "), "{t}");
+        assert!(t.contains("(finished)") && t.contains("NO"), "{t}");
+        assert!(t.contains("100") && t.contains("50"), "{t}");
+        assert!(
+            t.contains("KNOWN trace-netns-put-nsfs [5.10]: netns_put has no refcount in ns_common"),
+            "{t}"
+        );
+    }
 }

@@ -227,8 +227,37 @@ pub fn identify(fd: BorrowedFd<'_>) -> Result<NetnsId, nix::Error> {
 
 /// The netns cookie behind an nsfs fd: `NS_GET_ID` (6.11+); on older kernels (ENOTTY, e.g.
 /// Debian 6.1, seen in the qemu kernel matrix) `SO_NETNS_COOKIE` (5.14+) of a socket opened
-/// inside it on a short-lived thread.
+/// inside it on a short-lived thread; on kernels with neither (ENOPROTOOPT: 5.10, e.g. Debian 11,
+/// seen in the kernel matrix) a stand-in, [`inode_cookie`].
 pub fn cookie(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
+    match kernel_cookie(fd) {
+        Err(nix::Error::ENOPROTOOPT) => inode_cookie(fd),
+        other => other,
+    }
+}
+
+/// Marks a stand-in cookie ([`inode_cookie`]); kernel cookies are small counters, never this high.
+pub const INODE_COOKIE_BIT: u64 = 1 << 63;
+
+/// The stand-in for a netns cookie on kernels that cannot tell it to user space (before 5.14 no
+/// `SO_NETNS_COOKIE`; before 5.12 the kernel makes a cookie only when a BPF program asks for one):
+/// the change time of the netns's nsfs inode, in nanoseconds, with [`INODE_COOKIE_BIT`] set. The
+/// nsfs inode is made when the first fd or bind mount of the netns opens it and lives as long as
+/// any of them does (`ns->stashed`), so it is stable for every netns dranet handles (the runtime's
+/// bind mount, then dranet's pin, hold it); a netns that died and whose inode number a new one
+/// took gets a new nsfs inode with a later change time. Two netns with the same inode number and
+/// the same change time would need the old one to die and the new one to be opened within one
+/// clock tick (the coarse clock, a few ms).
+pub fn inode_cookie(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
+    let st = nix::sys::stat::fstat(fd)?;
+    let ns = u64::try_from(st.st_ctime)
+        .unwrap_or(0)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(u64::try_from(st.st_ctime_nsec).unwrap_or(0));
+    Ok(ns | INODE_COOKIE_BIT)
+}
+
+fn kernel_cookie(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
     let mut cookie: u64 = 0;
     // SAFETY: NS_GET_ID writes one u64 through the pointer, which points at a live local.
     let rc = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_ID, &mut cookie as *mut u64) };

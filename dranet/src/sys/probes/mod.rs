@@ -175,6 +175,17 @@ const PROBES: &[ProbeDef] = &[
         what: "device netns moves (fentry __dev_change_net_namespace)",
         programs: &[("dranet_dev_netns", Prog::FEntry("__dev_change_net_namespace"))],
     },
+    // Kernels without __dev_change_net_namespace (≤ 5.10, e.g. Debian 11): the move is
+    // dev_change_net_namespace itself (out of line there; an inline wrapper from 5.15 on).
+    ProbeDef {
+        name: "dev_netns_move_legacy",
+        tier: Tier::B,
+        what: "device netns moves (fentry dev_change_net_namespace; kernels without __dev_change_net_namespace)",
+        programs: &[(
+            "dranet_dev_netns_legacy",
+            Prog::FEntry("dev_change_net_namespace"),
+        )],
+    },
     ProbeDef {
         name: "netns_put",
         tier: Tier::B,
@@ -226,6 +237,7 @@ pub fn kernel_config(btf: Option<&Btf>, trace_all: bool) -> Config {
         .offset("ns_common", "count")
         .or_else(|| btf.offset("ns_common", "__ns_ref"))
         .unwrap_or(Config::MISSING);
+    cfg.net_count = off("net", "count");
     cfg.dev_ifindex = off("net_device", "ifindex");
     cfg.dev_name = off("net_device", "name");
     cfg.dev_nd_net = off("net_device", "nd_net.net");
@@ -321,6 +333,7 @@ pub fn load(object: &[u8], trace_all: bool, cleanup: bool) -> Result<Loaded, Pro
     let tracefs = ensure_tracefs();
     let lsm = bpf_lsm_active();
     let mut nsfs_lsm_active = false;
+    let mut dev_move_active = false;
     for def in PROBES {
         let state = if def.name == "netns_cleanup" && !cleanup {
             ProbeState::Unsupported(
@@ -328,6 +341,8 @@ pub fn load(object: &[u8], trace_all: bool, cleanup: bool) -> Result<Loaded, Pro
             )
         } else if def.name == "nsfs_umount_fentry" && nsfs_lsm_active {
             ProbeState::Unsupported("not needed: lsm/sb_umount is active".into())
+        } else if def.name == "dev_netns_move_legacy" && dev_move_active {
+            ProbeState::Unsupported("not needed: fentry __dev_change_net_namespace is active".into())
         } else {
             let pre = precheck(def, &cfg, own_btf.as_ref(), aya_btf.as_ref(), &tracefs, &lsm);
             match pre {
@@ -337,6 +352,9 @@ pub fn load(object: &[u8], trace_all: bool, cleanup: bool) -> Result<Loaded, Pro
         };
         if def.name == "nsfs_umount" && state == ProbeState::Active {
             nsfs_lsm_active = true;
+        }
+        if def.name == "dev_netns_move" && state == ProbeState::Active {
+            dev_move_active = true;
         }
         loaded.status.push(ProbeStatus {
             name: def.name,
@@ -406,9 +424,15 @@ fn precheck(
             ));
         }
         "netns_cleanup" => missing(cfg.work_func),
-        "dev_netns_move" => missing(cfg.dev_ifindex) || missing(cfg.dev_nd_net) || missing(cfg.net_inum),
+        "dev_netns_move" | "dev_netns_move_legacy" => {
+            missing(cfg.dev_ifindex) || missing(cfg.dev_nd_net) || missing(cfg.net_inum)
+        }
         "netns_put" => missing(cfg.net_inum),
-        "netns_put_nsfs" => missing(cfg.net_inum) || missing(cfg.net_ns) || missing(cfg.ns_common_count),
+        "netns_put_nsfs" => {
+            missing(cfg.net_inum)
+                || missing(cfg.net_ns)
+                || (missing(cfg.ns_common_count) && missing(cfg.net_count))
+        }
         "nsfs_umount" | "nsfs_umount_fentry" => {
             missing(cfg.mnt_sb) || missing(cfg.sb_magic) || missing(cfg.mnt_root) || missing(cfg.inode_ino)
         }
