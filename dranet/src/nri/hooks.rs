@@ -93,6 +93,11 @@ pub trait PodHooks: Send + Sync + 'static {
     fn synchronize(&self, pods: Vec<Pod>, containers: Vec<ContainerInfo>) -> impl Future<Output = ()> + Send;
     /// The runtime is going down.
     fn shutdown(&self) -> impl Future<Output = ()> + Send;
+    /// [`PodHooks::run_pod_sandbox`] attached the pod's devices, but the runtime had given up on
+    /// the call first (its request timeout passed, or it closed the connection): it ran the
+    /// sandbox without waiting, and its containers may have started before the devices were
+    /// there. Tell the operator.
+    fn answered_late(&self, _pod: Pod, _took: std::time::Duration) {}
 }
 
 impl From<&pb::PodSandbox> for Pod {

@@ -8,7 +8,7 @@
 //! with backoff (100 ms doubling to 5 s) and register again.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -262,6 +262,15 @@ enum SessionEnd {
     Lost(String),
 }
 
+/// Sets its flag when dropped (the session ended, whatever the way).
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
@@ -281,12 +290,17 @@ async fn session<H: PodHooks>(
     let runtime_conn = mux.open(RUNTIME_SERVICE_CONN);
     let trunk = mux.start();
     let (configured_tx, mut configured) = watch::channel(None);
+    // Hooks still running when the connection goes (their handlers outlive the server task) see
+    // it here: their answers never reach the runtime.
+    let gone = Arc::new(AtomicBool::new(false));
+    let _gone_on_drop = SetOnDrop(gone.clone());
     let svc = Arc::new(PluginService {
         hooks: hooks.clone(),
         metrics: cfg.metrics.clone(),
         sync: Mutex::default(),
         sync_limits: SyncLimits::default(),
         configured: configured_tx,
+        gone,
     });
     let _server = AbortOnDrop(tokio::spawn(ttrpc::serve(plugin_conn, svc)));
     let client = Client::new(runtime_conn);

@@ -117,6 +117,7 @@ pub async fn replay(input: &[u8], limits: SyncLimits) -> Replay {
         sync: Mutex::new(SyncBuf::default()),
         sync_limits: limits,
         configured: watch::channel(None).0,
+        gone: Arc::default(),
     });
     let server = tokio::spawn(ttrpc::serve(plugin_conn, svc));
     let client = Client::new(runtime_conn);

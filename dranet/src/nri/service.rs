@@ -2,6 +2,7 @@
 //! hooks in both dialects (dedicated RPCs and `StateChange`) and CreateContainer.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -93,6 +94,9 @@ pub(super) struct PluginService<H> {
     pub(super) sync_limits: SyncLimits,
     /// (runtime name, version) once Configure arrived.
     pub(super) configured: watch::Sender<Option<(String, String)>>,
+    /// Set once the connection this service answers on is closed: an answer after that never
+    /// reaches the runtime, which went on without it.
+    pub(super) gone: Arc<AtomicBool>,
 }
 
 /// How long a Stop or Remove hook waits for its work before answering the runtime (which gives a
@@ -140,6 +144,11 @@ impl<H: PodHooks> PluginService<H> {
         match r {
             Ok(outcome) => {
                 debug!(pod = %pod.uid, ?outcome, "RunPodSandbox");
+                // The runtime stopped waiting before this answer (a stall past its request
+                // timeout, or its connection closed): it ran the sandbox without the devices.
+                if outcome == Outcome::Applied && self.gone.load(Ordering::Acquire) {
+                    self.hooks.answered_late(pod, start.elapsed());
+                }
                 Ok(())
             }
             Err(e) => {
@@ -361,6 +370,63 @@ impl<H: PodHooks> Service for PluginService<H> {
 mod tests {
     use super::super::hooks::DeviceKind;
     use super::*;
+
+    /// Attaches every pod (Applied) and counts the late answers it is told of.
+    #[derive(Default)]
+    struct Attaching {
+        late: Mutex<Vec<String>>,
+    }
+
+    impl PodHooks for Attaching {
+        async fn run_pod_sandbox(&self, _pod: Pod) -> Result<Outcome, HookError> {
+            Ok(Outcome::Applied)
+        }
+        async fn stop_pod_sandbox(&self, _pod: Pod) -> Result<Outcome, HookError> {
+            Ok(Outcome::Noop)
+        }
+        async fn remove_pod_sandbox(&self, _pod: Pod) -> Result<Outcome, HookError> {
+            Ok(Outcome::Noop)
+        }
+        async fn create_container(
+            &self,
+            _pod: Pod,
+            _c: ContainerInfo,
+        ) -> Result<Vec<LinuxDevice>, HookError> {
+            Ok(Vec::new())
+        }
+        async fn synchronize(&self, _pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {}
+        async fn shutdown(&self) {}
+        fn answered_late(&self, pod: Pod, _took: Duration) {
+            self.late.lock().unwrap().push(pod.uid);
+        }
+    }
+
+    fn service(gone: bool) -> PluginService<Attaching> {
+        PluginService {
+            hooks: Arc::new(Attaching::default()),
+            metrics: NriMetrics::default(),
+            sync: Mutex::default(),
+            sync_limits: SyncLimits::default(),
+            configured: watch::channel(None).0,
+            gone: Arc::new(AtomicBool::new(gone)),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_attach_answered_after_the_connection_closed_is_a_late_answer() {
+        let pod = |uid: &str| {
+            Some(pb::PodSandbox {
+                uid: uid.into(),
+                ..Default::default()
+            })
+        };
+        let live = service(false);
+        live.run_pod(pod("u-live")).await.unwrap();
+        assert!(live.hooks.late.lock().unwrap().is_empty());
+        let gone = service(true);
+        gone.run_pod(pod("u-gone")).await.unwrap();
+        assert_eq!(*gone.hooks.late.lock().unwrap(), vec!["u-gone".to_owned()]);
+    }
 
     #[test]
     fn dedup_keeps_first_per_path() {

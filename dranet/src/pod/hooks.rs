@@ -299,4 +299,8 @@ impl PodHooks for Driver {
     async fn shutdown(&self) {
         info!("the runtime is shutting down; pins keep pod netns reachable until we reconnect");
     }
+
+    fn answered_late(&self, pod: Pod, took: std::time::Duration) {
+        self.late.answered_late(&sandbox_info(pod), took);
+    }
 }

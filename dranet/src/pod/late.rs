@@ -44,6 +44,10 @@ pub enum Trigger {
     Synchronize,
     /// A CreateContainer of the sandbox.
     CreateContainer,
+    /// The sandbox's own RunPodSandbox attached the devices, but the runtime had stopped waiting
+    /// for that answer (dranet stalled past the runtime's request timeout, or the connection
+    /// closed): the runtime ran the sandbox, and maybe its containers, without them.
+    LateAnswer,
 }
 
 impl Trigger {
@@ -53,6 +57,7 @@ impl Trigger {
         match self {
             Self::Synchronize => "synchronize",
             Self::CreateContainer => "create_container",
+            Self::LateAnswer => "late_answer",
         }
     }
 }
@@ -79,7 +84,7 @@ impl LateMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register(
             "dranet_late_attach",
-            "Sandboxes that ran without their devices (created while dranet was away from the runtime) whose devices were then attached, by trigger (synchronize, create_container)",
+            "Sandboxes that ran without their devices (created while dranet was away from the runtime, or while it stalled past the runtime's request timeout) whose devices were then attached, by trigger (synchronize, create_container, late_answer)",
             self.attached.clone(),
         );
         r.register(
@@ -159,27 +164,7 @@ impl LateAttacher {
         let object = ObjectRef::pod(&sb.namespace, &sb.name, &sb.uid);
         match &r {
             Ok(AttachOutcome::Attached { devices }) => {
-                self.metrics.count(&self.metrics.attached, trigger);
-                warn!(
-                    pod = %format!("{}/{}", sb.namespace, sb.name),
-                    pod_uid = sb.uid,
-                    sandbox = sb.sandbox,
-                    trigger = trigger.label(),
-                    devices = %devices.join(","),
-                    took_ms = started.elapsed().as_millis(),
-                    "late attach: the sandbox was created while dranet was away from the runtime and ran without its devices; they are attached now"
-                );
-                let ev = self.reporter.make_event(
-                    object,
-                    true,
-                    "NetworkDeviceLateAttach",
-                    format!(
-                        "devices {} attached late (at {trigger}): the pod's sandbox was created while dranet was not connected to the container runtime; containers that started before now ran without them",
-                        devices.join(", ")
-                    ),
-                );
-                self.reporter.event(ev);
-                super::hooks::report_claims(&self.engine, &self.reporter, &sb.uid, &sb.sandbox);
+                self.report_attached(sb, trigger, devices, started.elapsed());
             }
             Ok(AttachOutcome::AlreadyAttached | AttachOutcome::NotOurs) => {}
             Err(e) => {
@@ -205,6 +190,58 @@ impl LateAttacher {
             }
         }
         r
+    }
+
+    /// The operator is told that `devices` of the sandbox `sb` came late (`took`: the attach, or
+    /// the hook that did it): the metric, a WARN naming the pod and its devices, a
+    /// `NetworkDeviceLateAttach` Warning event on the pod, the claims' status.
+    fn report_attached(&self, sb: &SandboxInfo, trigger: Trigger, devices: &[String], took: Duration) {
+        self.metrics.count(&self.metrics.attached, trigger);
+        let why = match trigger {
+            Trigger::LateAnswer => {
+                "the runtime stopped waiting for dranet's answer to the pod's RunPodSandbox (a stall past its request timeout, or a closed connection) and ran the sandbox without its devices"
+            }
+            Trigger::Synchronize | Trigger::CreateContainer => {
+                "the sandbox was created while dranet was away from the runtime and ran without its devices"
+            }
+        };
+        warn!(
+            pod = %format!("{}/{}", sb.namespace, sb.name),
+            pod_uid = sb.uid,
+            sandbox = sb.sandbox,
+            trigger = trigger.label(),
+            devices = %devices.join(","),
+            took_ms = took.as_millis(),
+            "late attach: {why}; they are attached now"
+        );
+        let object = ObjectRef::pod(&sb.namespace, &sb.name, &sb.uid);
+        let ev = self.reporter.make_event(
+            object,
+            true,
+            "NetworkDeviceLateAttach",
+            match trigger {
+                Trigger::LateAnswer => format!(
+                    "devices {} attached late: the container runtime stopped waiting for dranet (its request timeout, or a closed connection) and ran the sandbox without them; containers that started before now ran without them",
+                    devices.join(", ")
+                ),
+                Trigger::Synchronize | Trigger::CreateContainer => format!(
+                    "devices {} attached late (at {trigger}): the pod's sandbox was created while dranet was not connected to the container runtime; containers that started before now ran without them",
+                    devices.join(", ")
+                ),
+            },
+        );
+        self.reporter.event(ev);
+        super::hooks::report_claims(&self.engine, &self.reporter, &sb.uid, &sb.sandbox);
+    }
+
+    /// RunPodSandbox attached the devices of `sb` after the runtime stopped waiting for it
+    /// ([`Trigger::LateAnswer`]): reported as a late attach (`took`: the hook's time).
+    pub fn answered_late(&self, sb: &SandboxInfo, took: Duration) {
+        let Some(rec) = self.engine.pod_record(&pod_key(&sb.uid, &sb.sandbox)) else {
+            return;
+        };
+        let devices: Vec<String> = rec.devices.iter().map(|d| d.device.clone()).collect();
+        self.report_attached(sb, Trigger::LateAnswer, &devices, took);
     }
 
     /// CreateContainer's late attach: waits at most [`CREATE_CONTAINER_BUDGET`]; past it the
