@@ -9,6 +9,7 @@ mod bench;
 mod build_ebpf;
 mod demo;
 mod e2e;
+mod image;
 mod runtimes;
 mod soak;
 mod vm;
@@ -31,6 +32,9 @@ enum Job {
     /// dranet-sim/tests/containerd.rs against Debian's containerd 1.7 and 2.x; ends with
     /// `N passed, M failed`.
     E2e(e2e::Options),
+    /// The dranet image without Docker: an OCI archive in target/image/ with deploy/Dockerfile's
+    /// content (its runtime stage read; base from Debian packages); deterministic.
+    Image(image::Options),
     /// Set-up on a fresh machine, then dranet's main job: one pod life cycle in a runtime's order.
     Demo(demo::Options),
     /// The model-based life-cycle soak against the real daemon (root): `--lifecycles N --seed S`.
@@ -57,6 +61,7 @@ fn main() -> Result<()> {
         Job::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Job::Demo(opts) => demo::run_demo(&opts),
         Job::E2e(opts) => e2e::run(&opts),
+        Job::Image(opts) => image::run_image(&opts),
         Job::Soak(opts) => soak::run_soak(&opts),
         Job::VmTest(opts) => vm::run_vm_test(&opts),
         Job::InstallToolchain => install_toolchain(),
@@ -89,6 +94,12 @@ fn test(args: &[String]) -> Result<()> {
     install_toolchain()?;
     build_ebpf::run(&build_ebpf::Options::default())?;
     runtimes::fetch(&runtimes::Options::default())?;
+    // The image test (dranet-sim/tests/containerd_image.rs) runs the image's base and config with
+    // the binary under test: a dev build of the image is enough.
+    image::run_image(&image::Options {
+        dev: true,
+        ..image::Options::default()
+    })?;
     run(Command::new(env!("CARGO"))
         .current_dir(root())
         .args(["test", "--workspace", "--exclude", "dranet-ebpf", "--locked"])
