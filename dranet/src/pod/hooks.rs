@@ -233,6 +233,10 @@ pub(crate) fn report_claims(engine: &Engine, reporter: &Reporter, uid: &str, san
     }
 }
 
+/// How long the Synchronize hook waits for its work before answering (the runtimes give a plugin
+/// 2 s per request).
+pub const SYNCHRONIZE_BUDGET: std::time::Duration = std::time::Duration::from_millis(1500);
+
 fn sandbox_info(p: Pod) -> SandboxInfo {
     SandboxInfo {
         uid: p.uid,
@@ -286,13 +290,27 @@ impl PodHooks for Driver {
 
     async fn synchronize(&self, pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {
         let running: Vec<SandboxInfo> = pods.into_iter().map(sandbox_info).collect();
-        let report = self.engine.synchronize(&running).await;
-        if report != crate::rescue::SyncReport::default() {
-            info!(?report, "Synchronize: sandboxes the runtime no longer has");
-        }
-        // Never awaited here: the claims may take the kubelet side and the API server.
-        if let Some(a) = &self.adopter {
-            a.spawn(&running);
+        let (engine, adopter) = (self.engine.clone(), self.adopter.clone());
+        // In a task of its own, answered within SYNCHRONIZE_BUDGET: after a long absence many
+        // vanished sandboxes' devices may come home one after another (≈ 25 ms each under
+        // RTNL), and a Synchronize past the runtime's 2 s costs the connection (and the
+        // reconnection's Synchronize would start over). The work goes on; each pod's lock keeps
+        // its later hooks after it.
+        let work = tokio::spawn(async move {
+            let report = engine.synchronize(&running).await;
+            if report != crate::rescue::SyncReport::default() {
+                info!(?report, "Synchronize: sandboxes the runtime no longer has");
+            }
+            // Never awaited here: the claims may take the kubelet side and the API server.
+            if let Some(a) = &adopter {
+                a.spawn(&running);
+            }
+        });
+        if tokio::time::timeout(SYNCHRONIZE_BUDGET, work).await.is_err() {
+            info!(
+                budget = ?SYNCHRONIZE_BUDGET,
+                "Synchronize: devices of vanished sandboxes still on their way home; the runtime gets its answer, the work goes on"
+            );
         }
     }
 
