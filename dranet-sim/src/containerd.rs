@@ -276,6 +276,13 @@ fn toml_str(p: &Path) -> String {
 /// default timeouts; the netns mounts go under the state dir; no registry configuration.
 #[must_use]
 pub fn config_text(major: u32, l: &Layout) -> String {
+    config_text_with(major, l, "")
+}
+
+/// [`config_text`] with `nri_extra` (TOML: keys or sub-tables such as `default_validator`)
+/// written right after the NRI plugin's keys.
+#[must_use]
+pub fn config_text_with(major: u32, l: &Layout, nri_extra: &str) -> String {
     let d = &l.dir;
     let common = format!(
         "root = {root}\nstate = {state}\ntemp = {temp}\n\n[grpc]\n  address = {grpc}\n\n[ttrpc]\n  address = {ttrpc}\n\n[debug]\n  level = \"info\"\n\n",
@@ -286,7 +293,7 @@ pub fn config_text(major: u32, l: &Layout) -> String {
         ttrpc = toml_str(&d.join("containerd.sock.ttrpc")),
     );
     let nri = format!(
-        "  disable = false\n  socket_path = {sock}\n  plugin_path = {pp}\n  plugin_config_path = {pc}\n",
+        "  disable = false\n  socket_path = {sock}\n  plugin_path = {pp}\n  plugin_config_path = {pc}\n{nri_extra}",
         sock = toml_str(&l.nri_socket()),
         pp = toml_str(&d.join("nri/plugins")),
         pc = toml_str(&d.join("nri/conf.d")),
@@ -352,6 +359,11 @@ static SUBNET: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0)
 impl Containerd {
     /// Writes its config and CNI network, starts it and waits until it answers.
     pub async fn start(runtime: &Runtime) -> Result<Self> {
+        Self::start_with(runtime, "").await
+    }
+
+    /// [`Containerd::start`] with `nri_extra` added to its NRI config ([`config_text_with`]).
+    pub async fn start_with(runtime: &Runtime, nri_extra: &str) -> Result<Self> {
         let tag = unique("");
         let dir = std::env::temp_dir().join(format!("dranet-ctrd-{tag}"));
         let octet = SUBNET.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -369,8 +381,11 @@ impl Containerd {
             let p = layout.dir.join(sub);
             std::fs::create_dir_all(&p).map_err(io(format!("creating {}", p.display())))?;
         }
-        std::fs::write(layout.config(), config_text(runtime.major(), &layout))
-            .map_err(io("writing config.toml"))?;
+        std::fs::write(
+            layout.config(),
+            config_text_with(runtime.major(), &layout, nri_extra),
+        )
+        .map_err(io("writing config.toml"))?;
         std::fs::write(
             layout.cni_conf_dir().join("10-dranet-test.conflist"),
             cni_conflist(&layout),

@@ -240,6 +240,12 @@ impl NriRuntime {
         lock(&self.inner.cfg).flavor = flavor;
     }
 
+    /// The plugin request timeout from the next request on (a timeout is fatal: the runtime drops
+    /// the plugin and carries on without it, as containerd and CRI-O do).
+    pub fn set_request_timeout(&self, t: Duration) {
+        lock(&self.inner.cfg).request_timeout = t;
+    }
+
     /// Pods and containers for the next Synchronize (e.g. after a reconnect).
     pub fn set_state(&self, pods: Vec<pb::PodSandbox>, containers: Vec<pb::Container>) {
         let mut c = lock(&self.inner.cfg);

@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 use crate::containerd::{Containerd, Runtime, SANDBOX_IMAGE};
 use crate::cri::{Cri, PodIdentity};
@@ -22,6 +24,8 @@ pub struct RealNode {
     pub dir: PathBuf,
     pub kubelet: KubeletSim,
     pub plugin: Option<RegisteredPlugin>,
+    /// The daemon's metrics port on 127.0.0.1 (the same across restarts).
+    pub metrics_port: u16,
     child: Option<Child>,
     /// Declared last: dropped after the daemon (its pins released) is gone.
     pub containerd: Containerd,
@@ -31,7 +35,13 @@ impl RealNode {
     /// Starts containerd `runtime`, then dranet on its NRI socket, registered with the kubelet
     /// simulator.
     pub async fn start(runtime: &Runtime) -> Result<Self> {
-        let containerd = Containerd::start(runtime).await?;
+        Self::start_with(runtime, "").await
+    }
+
+    /// [`RealNode::start`] with `nri_extra` added to containerd's NRI config
+    /// ([`crate::containerd::config_text_with`]).
+    pub async fn start_with(runtime: &Runtime, nri_extra: &str) -> Result<Self> {
+        let containerd = Containerd::start_with(runtime, nri_extra).await?;
         let dir = std::env::temp_dir().join(unique("dranet-rnode-"));
         std::fs::create_dir_all(dir.join("claims"))?;
         let kubelet = KubeletSim::new(dir.join("kubelet"));
@@ -39,6 +49,7 @@ impl RealNode {
             dir,
             kubelet,
             plugin: None,
+            metrics_port: crate::node::free_port()?,
             child: None,
             containerd,
         };
@@ -108,32 +119,25 @@ impl RealNode {
         if std::env::var_os("GLIBC_TUNABLES").is_none() {
             cmd.env("GLIBC_TUNABLES", dranet::sys::os::MALLOC_TUNABLES);
         }
-        cmd.args([
-            "run",
-            "--node-name",
-            "sim-node",
-            "--filter",
-            "",
-            "--bind-address",
-            "127.0.0.1:0",
-        ])
-        .arg("--state-dir")
-        .arg(self.state_dir())
-        .arg("--kubelet-root-dir")
-        .arg(self.dir.join("kubelet"))
-        .arg("--nri-socket")
-        .arg(self.containerd.layout.nri_socket())
-        .arg("--slices-dir")
-        .arg(self.dir.join("slices"))
-        .arg("--claims-dir")
-        .arg(self.dir.join("claims"))
-        .env(
-            "RUST_LOG",
-            // The NRI requests at debug: they show the dialect the runtime speaks.
-            std::env::var("DRANET_NODE_LOG").unwrap_or_else(|_| "info,dranet::nri::service=debug".into()),
-        )
-        .stdout(Stdio::piped())
-        .stderr(log);
+        cmd.args(["run", "--node-name", "sim-node", "--filter", "", "--bind-address"])
+            .arg(format!("127.0.0.1:{}", self.metrics_port))
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--kubelet-root-dir")
+            .arg(self.dir.join("kubelet"))
+            .arg("--nri-socket")
+            .arg(self.containerd.layout.nri_socket())
+            .arg("--slices-dir")
+            .arg(self.dir.join("slices"))
+            .arg("--claims-dir")
+            .arg(self.dir.join("claims"))
+            .env(
+                "RUST_LOG",
+                // The NRI requests at debug: they show the dialect the runtime speaks.
+                std::env::var("DRANET_NODE_LOG").unwrap_or_else(|_| "info,dranet::nri::service=debug".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(log);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
@@ -177,7 +181,59 @@ impl RealNode {
         Ok(())
     }
 
-    /// Starts the daemon again (after [`RealNode::kill`]).
+    /// SIGTERMs the daemon (as a DaemonSet update stops it) and waits up to 30 s for its exit;
+    /// its exit status.
+    pub async fn terminate(&mut self) -> Result<std::process::ExitStatus> {
+        let mut c = self.child.take().context("the daemon is not running")?;
+        self.plugin = None;
+        signal(&c, Signal::SIGTERM)?;
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(st) = c.try_wait()? {
+                return Ok(st);
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = c.kill();
+                let _ = c.wait();
+                bail!("the daemon did not exit within 30 s of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGSTOPs the daemon: it stalls (its sockets stay open, nothing answers).
+    pub fn pause(&self) -> Result<()> {
+        signal(
+            self.child.as_ref().context("the daemon is not running")?,
+            Signal::SIGSTOP,
+        )
+    }
+
+    /// SIGCONTs a daemon stalled by [`RealNode::pause`].
+    pub fn resume(&self) -> Result<()> {
+        signal(
+            self.child.as_ref().context("the daemon is not running")?,
+            Signal::SIGCONT,
+        )
+    }
+
+    /// The daemon's `/metrics` text.
+    pub async fn metrics(&self) -> Result<String> {
+        let (code, body) =
+            crate::node::http_get(&format!("127.0.0.1:{}", self.metrics_port), "/metrics").await?;
+        if code != 200 {
+            bail!("/metrics answered {code}: {body}");
+        }
+        Ok(body)
+    }
+
+    /// The events the daemon wrote (embedded mode: `events.jsonl` files under the node's dir).
+    #[must_use]
+    pub fn events(&self) -> String {
+        events_under(&self.dir)
+    }
+
+    /// Starts the daemon again (after [`RealNode::kill`] or [`RealNode::terminate`]).
     pub async fn restart(&mut self) -> Result<()> {
         self.kill()?;
         self.spawn().await
@@ -357,6 +413,29 @@ impl CriPod {
     }
 }
 
+/// Every `events.jsonl` (an embedded-mode daemon's events) under `dir`, concatenated.
+#[must_use]
+pub fn events_under(dir: &Path) -> String {
+    let mut out = String::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| n == "events.jsonl") {
+                out.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    out
+}
+
+fn signal(c: &Child, sig: Signal) -> Result<()> {
+    let pid = i32::try_from(c.id()).context("pid")?;
+    kill(Pid::from_raw(pid), sig).with_context(|| format!("{sig} to the daemon"))
+}
+
 /// `ip <args>` inside the network namespace at `netns` (a path, not a name under /run/netns).
 pub fn ip_in(netns: &str, args: &[&str]) -> Result<String> {
     let out = Command::new("nsenter")
@@ -378,4 +457,59 @@ pub fn ip_in(netns: &str, args: &[&str]) -> Result<String> {
 #[must_use]
 pub fn netns_has(netns: &str, name: &str) -> bool {
     ip_in(netns, &["link", "show", "dev", name]).is_ok()
+}
+
+/// How long devices may take to come home after StopPodSandbox returns.
+pub const HOME_WITHIN: Duration = Duration::from_secs(10);
+
+/// A node on `suite`'s containerd (`nri_extra` added to its NRI config) with the CRI client, or
+/// `None` (skipped outside CI, said so).
+pub async fn node_on(test: &str, suite: &str, nri_extra: &str) -> Result<Option<(RealNode, Cri, Runtime)>> {
+    let Some(rt) = crate::containerd::require(test, suite)? else {
+        return Ok(None);
+    };
+    let node = RealNode::start_with(&rt, nri_extra).await?;
+    let cri = node.cri().await?;
+    Ok(Some((node, cri, rt)))
+}
+
+/// The config of device `i` of a pod: interface `net<i>`, address 192.168.<70+i>.2/24.
+#[must_use]
+pub fn device_config(i: usize) -> serde_json::Value {
+    serde_json::json!({"interface": {"name": format!("net{i}"), "addresses": [format!("192.168.{}.2/24", 70 + i)]}})
+}
+
+/// Every device of `nics` is in the pod's netns as its claim ([`device_config`]) says, none left
+/// in the host.
+pub async fn assert_in_pod(cri: &Cri, pod: &CriPod, nics: &[crate::nic::Nic]) -> Result<()> {
+    let ns = pod.netns(cri).await?;
+    for (i, n) in nics.iter().enumerate() {
+        anyhow::ensure!(
+            !crate::kernel::host_has(&n.name),
+            "{} still in the host after RunPodSandbox",
+            n.name
+        );
+        let v = ip_in(&ns, &["-j", "addr", "show", "dev", &format!("net{i}")])?;
+        anyhow::ensure!(
+            v.contains(&format!("192.168.{}.2", 70 + i)),
+            "net{i} has no address in the pod ({ns}): {v}"
+        );
+    }
+    Ok(())
+}
+
+/// Every device of `nics` is home as it was (`before`) within [`HOME_WITHIN`], and no pin is
+/// left.
+pub async fn assert_home(
+    node: &RealNode,
+    nics: &[crate::nic::Nic],
+    before: &[serde_json::Value],
+) -> Result<()> {
+    for (n, b) in nics.iter().zip(before) {
+        crate::nic::wait_restored(&n.name, b, HOME_WITHIN)
+            .await
+            .with_context(|| format!("{} not home; daemon log:\n{}", n.name, node.log()))?;
+    }
+    crate::fixtures::wait_for("pins released", Duration::from_secs(5), || node.pins().is_empty()).await?;
+    Ok(())
 }

@@ -14,12 +14,11 @@ use dranet_sim::cri::Cri;
 use dranet_sim::fixtures::{nic_device, wait_for};
 use dranet_sim::kernel::host_has;
 use dranet_sim::nic::{Nic, wait_restored};
-use dranet_sim::real_node::{CriPod, RealNode, ip_in, netns_has};
+use dranet_sim::real_node::{
+    CriPod, HOME_WITHIN, RealNode, assert_home, assert_in_pod, device_config, netns_has, node_on,
+};
 use dranet_sim::root_tests;
-use serde_json::{Value, json};
-
-/// How long devices may take to come home after StopPodSandbox returns.
-const HOME_WITHIN: Duration = Duration::from_secs(10);
+use serde_json::Value;
 
 /// The NRI pod-event dialect each Debian containerd speaks, as measured: the dedicated
 /// RunPodSandbox/StopPodSandbox/RemovePodSandbox RPCs came with NRI v0.12; both packaged
@@ -42,45 +41,7 @@ fn expected_nri_version(suite: &str) -> &'static str {
 
 /// A node on `suite`'s containerd with the CRI client, or `None` (skipped outside CI).
 async fn node(test: &str, suite: &str) -> Result<Option<(RealNode, Cri, Runtime)>> {
-    let Some(rt) = containerd::require(test, suite)? else {
-        return Ok(None);
-    };
-    let node = RealNode::start(&rt).await?;
-    let cri = node.cri().await?;
-    Ok(Some((node, cri, rt)))
-}
-
-/// The config of device `i` of a pod: interface `net<i>`, address 192.168.<70+i>.2/24.
-fn device_config(i: usize) -> Value {
-    json!({"interface": {"name": format!("net{i}"), "addresses": [format!("192.168.{}.2/24", 70 + i)]}})
-}
-
-/// Every device of `nics` is in the pod's netns as its claim says, none left in the host.
-async fn assert_in_pod(cri: &Cri, pod: &CriPod, nics: &[Nic]) -> Result<()> {
-    let ns = pod.netns(cri).await?;
-    for (i, n) in nics.iter().enumerate() {
-        ensure!(
-            !host_has(&n.name),
-            "{} still in the host after RunPodSandbox",
-            n.name
-        );
-        let v = ip_in(&ns, &["-j", "addr", "show", "dev", &format!("net{i}")])?;
-        ensure!(
-            v.contains(&format!("192.168.{}.2", 70 + i)),
-            "net{i} has no address in the pod ({ns}): {v}"
-        );
-    }
-    Ok(())
-}
-
-async fn assert_home(node: &RealNode, nics: &[Nic], before: &[Value]) -> Result<()> {
-    for (n, b) in nics.iter().zip(before) {
-        wait_restored(&n.name, b, HOME_WITHIN)
-            .await
-            .with_context(|| format!("{} not home; daemon log:\n{}", n.name, node.log()))?;
-    }
-    wait_for("pins released", Duration::from_secs(5), || node.pins().is_empty()).await?;
-    Ok(())
+    node_on(test, suite, "").await
 }
 
 /// containerd starts on its own sockets and reports its version; dranet connects to its NRI
