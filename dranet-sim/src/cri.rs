@@ -188,6 +188,62 @@ impl Cri {
         Ok(id)
     }
 
+    /// RunPodSandbox of a sandbox config built by the caller (e.g. a DaemonSet pod's, with host
+    /// namespaces); the sandbox id. The pod's log directory is made first, as kubelet does.
+    pub async fn run_pod_sandbox_config(&self, config: pb::PodSandboxConfig) -> Result<String> {
+        std::fs::create_dir_all(&config.log_directory)?;
+        Ok(self
+            .runtime
+            .clone()
+            .run_pod_sandbox(pb::RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await
+            .context("RunPodSandbox")?
+            .into_inner()
+            .pod_sandbox_id)
+    }
+
+    /// CreateContainer of a container config built by the caller, then StartContainer; the
+    /// container id. The container's log directory is made first.
+    pub async fn create_and_start_config(
+        &self,
+        sandbox_id: &str,
+        config: pb::ContainerConfig,
+        sandbox_config: pb::PodSandboxConfig,
+    ) -> Result<String> {
+        let log = Path::new(&sandbox_config.log_directory).join(&config.log_path);
+        if let Some(d) = log.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        let id = self
+            .runtime
+            .clone()
+            .create_container(pb::CreateContainerRequest {
+                pod_sandbox_id: sandbox_id.to_owned(),
+                config: Some(config),
+                sandbox_config: Some(sandbox_config),
+            })
+            .await
+            .with_context(|| format!("CreateContainer {name}"))?
+            .into_inner()
+            .container_id;
+        self.runtime
+            .clone()
+            .start_container(pb::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .with_context(|| format!("StartContainer {name}"))?;
+        Ok(id)
+    }
+
     /// StopContainer with kubelet's grace period (seconds).
     pub async fn stop_container(&self, id: &str, grace: i64) -> Result<()> {
         self.runtime

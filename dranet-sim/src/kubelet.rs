@@ -84,12 +84,18 @@ pub async fn uds_channel(path: &Path) -> Result<Channel> {
 #[derive(Clone, Debug)]
 pub struct KubeletSim {
     pub root: PathBuf,
+    /// Where a containerized plugin sees `root` (its `--kubelet-root-dir`, e.g.
+    /// `/var/lib/kubelet`): an endpoint it advertises under that path is dialled under `root`.
+    pub plugin_root: Option<PathBuf>,
 }
 
 impl KubeletSim {
     #[must_use]
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self {
+            root: root.into(),
+            plugin_root: None,
+        }
     }
 
     #[must_use]
@@ -152,7 +158,16 @@ impl KubeletSim {
         let notified = client.notify_registration_status(status).await;
         let version = verdict?;
         notified.context("NotifyRegistrationStatus")?;
-        let channel = uds_channel(Path::new(&info.endpoint)).await?;
+        let endpoint = Path::new(&info.endpoint);
+        let endpoint = match self
+            .plugin_root
+            .as_deref()
+            .and_then(|r| endpoint.strip_prefix(r).ok())
+        {
+            Some(rel) => self.root.join(rel),
+            None => endpoint.to_path_buf(),
+        };
+        let channel = uds_channel(&endpoint).await?;
         Ok(RegisteredPlugin {
             info,
             version,

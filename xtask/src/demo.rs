@@ -1,9 +1,14 @@
-//! `cargo xtask demo --runtime crio|containerd [--devices N]`: set-up on a fresh machine, then one
-//! pod life cycle on a simulated node around the real `dranet run` (kubelet and runtime played by
-//! dranet-sim), watched by `dranet trace`, ending in a verdict from independent `ip -j` reads.
+//! `cargo xtask demo --runtime crio|containerd|containerd-sim [--devices N]`: set-up on a fresh
+//! machine, then one pod life cycle around the real `dranet run`, watched by `dranet trace`,
+//! ending in a verdict from independent `ip -j` reads.
 //!
-//! The teardown follows the runtime's order: CRI-O unmounts and unlinks the pod netns bind mount
-//! before StopPodSandbox; containerd calls StopPodSandbox first.
+//! - `crio` (the default, the README's first command): a simulated node (kubelet and runtime
+//!   played by dranet-sim) in CRI-O's teardown order: the pod netns bind mount is unmounted and
+//!   unlinked before StopPodSandbox.
+//! - `containerd`: the real runtime, Debian's containerd 2.x (`cargo xtask runtimes` fetches it
+//!   first), with its own sockets, NRI socket and CNI bridge; kubelet's side over CRI (DRA Prepare,
+//!   RunPodSandbox, the container, StopPodSandbox, RemovePodSandbox).
+//! - `containerd-sim`: the simulated node in containerd's order (StopPodSandbox first).
 use std::process::Command;
 
 use anyhow::{Result, bail};
@@ -13,13 +18,18 @@ use crate::{build_ebpf, root, run};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Runtime {
+    /// Simulated node, CRI-O's order.
     Crio,
+    /// Debian's containerd 2.x, real, over CRI.
     Containerd,
+    /// Simulated node, containerd's order.
+    ContainerdSim,
 }
 
 #[derive(Args, Debug)]
 pub struct Options {
-    /// Which runtime's teardown order to play.
+    /// crio (simulated, CRI-O's order), containerd (the real one) or containerd-sim (simulated,
+    /// containerd's order).
     #[arg(long, value_enum, default_value = "crio")]
     pub runtime: Runtime,
     /// How many veth pairs stand in for the pod's NICs.
@@ -47,7 +57,11 @@ pub fn run_demo(opts: &Options) -> Result<()> {
     }
     let runtime = match opts.runtime {
         Runtime::Crio => "crio",
-        Runtime::Containerd => "containerd",
+        Runtime::Containerd => {
+            crate::runtimes::fetch(&crate::runtimes::Options::default())?;
+            "containerd"
+        }
+        Runtime::ContainerdSim => "containerd-sim",
     };
     run(Command::new(root().join("target/debug/dranet-demo"))
         .args(["--runtime", runtime, "--devices"])
