@@ -11,7 +11,9 @@
 //! * #5 a device deleted in the pod (a tenant's `ip link del`) kept its record and its pin (and
 //!   so the pod netns) for good, reported nowhere;
 //! * a move home that keeps failing (host links hold every name it may take) was retried and
-//!   then waited for in silence.
+//!   then waited for in silence;
+//! * #6 a device without a parent device or permanent MAC (a veth here) was known in the pod by
+//!   ifindex + kind (or its name) alone: a tenant's own veth in its place came home as the device.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -611,6 +613,75 @@ async fn stuck_return() -> Result<()> {
     Ok(())
 }
 
+/// #6: the tenant moves its device (a veth "NIC": no parent device, no permanent MAC) into a
+/// netns of its own and makes a veth of its own in its place: same name, same MAC, same ifindex.
+/// At the CRI-O-order teardown that link stays in the pod (its peer is in the pod, not the
+/// device's peer in the host: `IFLA_LINK` + `IFLA_LINK_NETNSID`); nothing takes the device's
+/// host name.
+async fn virtual_impostor() -> Result<()> {
+    let (nic, _) = Nic::with_view()?;
+    let mut node = Node::start(NodeOptions {
+        capture_log: true,
+        ..node_opts()
+    })
+    .await?;
+    let uid = unique("imp-");
+    let claim = prepare_claim(
+        &node,
+        &uid,
+        &[nic_device(&nic, json!({"interface": {"name": "net0"}}))],
+    )
+    .await?;
+    let mut ns = PodNetns::create(&unique("dranet-r2m-"))?;
+    let nested = PodNetns::create(&unique("dranet-r2x-"))?;
+    let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
+    node.runtime.run_pod_sandbox(&sb).await.context("Run")?;
+    node.runtime.set_state(vec![sb.clone()], vec![]);
+    let shown: Value = serde_json::from_str(&ns.ip(&["-j", "link", "show", "dev", "net0"])?)?;
+    let index = shown[0]["ifindex"].as_u64().context("ifindex")?.to_string();
+    // The tenant: the device into a netns of its own, a veth of its own in its place.
+    ns.ip(&["link", "set", "dev", "net0", "netns", &nested.name])?;
+    let peer = unique("dri");
+    ns.ip(&[
+        "link", "add", "net0", "index", &index, "address", &nic.mac, "type", "veth", "peer", "name", &peer,
+    ])?;
+    let pod_fd = ns.open()?;
+    ns.remove_crio_style()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = node.log();
+    assert!(
+        !host_has(&nic.name),
+        "the tenant's veth came home as {}: {}\ndaemon log:\n{log}",
+        nic.name,
+        sh(&["ip", "-d", "link", "show", "dev", &nic.name]).unwrap_or_default()
+    );
+    assert!(!host_has(&peer), "the tenant's peer left the pod");
+    assert_eq!(
+        ns_link_count(&pod_fd)?,
+        2,
+        "the tenant's veth pair is not in the pod any more"
+    );
+    // The device itself is in the tenant's netns: where no probe reports device moves (tier B),
+    // it is nowhere dranet can see, and reported gone; elsewhere it is waited for.
+    drop(nested);
+    let _ = node.runtime.stop_pod_sandbox(&sb).await;
+    let _ = node.runtime.remove_pod_sandbox(&sb).await;
+    node.unprepare(&claim).await?;
+    node.stop()?;
+    drop(pod_fd);
+    Ok(())
+}
+
+/// Links other than `lo` in the netns of `f` (an fd of it, read through `/proc`).
+fn ns_link_count(f: &std::fs::File) -> Result<usize> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd());
+    let out = sh(&["nsenter", &format!("--net={path}"), "ip", "-j", "link", "show"])?;
+    let v: Value = serde_json::from_str(&out)?;
+    Ok(v.as_array()
+        .map_or(0, |a| a.iter().filter(|l| l["ifname"] != "lo").count()))
+}
+
 dranet_sim::root_tests! {
     records_naming_pins_outside_the_pins_dir_or_of_other_sandboxes_are_never_unmounted => hostile_pins();
     flags_txqueuelen_and_group_set_in_the_pod_are_restored_at_home => pod_link_state();
@@ -619,4 +690,5 @@ dranet_sim::root_tests! {
     a_recreated_sandbox_gets_the_device_by_identity_never_the_host_link_that_took_its_name => attach_by_identity();
     a_device_deleted_in_the_pod_is_reported_once_and_its_record_and_pin_end => vanished_device();
     a_move_home_that_keeps_failing_is_reported_not_waited_for_silently => stuck_return();
+    a_tenants_own_veth_in_the_devices_place_never_comes_home_as_the_device => virtual_impostor();
 }

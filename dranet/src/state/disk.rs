@@ -56,6 +56,9 @@ struct Snapshot {
     txqlen: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     group: Option<u32>,
+    /// Host ifindex of the lower link (absent before it was recorded: not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lower: Option<u32>,
 }
 
 fn forever() -> u32 {
@@ -153,6 +156,7 @@ impl From<&LinkSnapshot> for Snapshot {
             flags: s.flags,
             txqlen: s.txqlen,
             group: s.group,
+            lower: s.lower,
         }
     }
 }
@@ -183,6 +187,7 @@ impl From<Snapshot> for LinkSnapshot {
             flags: s.flags,
             txqlen: s.txqlen,
             group: s.group,
+            lower: s.lower,
         }
     }
 }

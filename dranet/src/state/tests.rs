@@ -429,6 +429,7 @@ fn the_on_disk_snapshot_of_format_2_is_fixed() {
         flags: None,
         txqlen: None,
         group: None,
+        lower: None,
     };
     let record = DeviceRecord {
         device: "pci-0000-3b-00-1".into(),

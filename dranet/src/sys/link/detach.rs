@@ -59,17 +59,48 @@ pub fn has_strong_identity(snap: &LinkSnapshot) -> bool {
 /// impostor a pod made under the device's name, MAC or even ifindex) is never taken. `None` for
 /// `ifindex` only comes from a checkpoint of format 1, which recorded no index: then the
 /// pod-side name is the hint, still checked with [`same_device`].
+///
+/// A device with a lower link in the host (a veth's peer, a vlan/macvlan's parent: `snap.lower`)
+/// must also name it there ([`lower_is_in`] with `host_nsid`, the id the pod netns gives the host
+/// netns): a link a tenant made of the same kind at the same ifindex has its lower link in a netns
+/// the tenant holds.
 pub(super) async fn find_in_pod(
     pod_nl: &Netlink,
     snap: &LinkSnapshot,
     ifindex: Option<u32>,
     pod_ifname: &str,
+    host_nsid: Option<i32>,
 ) -> Result<Option<LinkMessage>, LinkError> {
     let found = match ifindex {
         Some(i) => pod_nl.link_by_index(i).await?,
         None => pod_nl.link_by_name(pod_ifname).await?,
     };
-    Ok(found.filter(|m| same_device(m, snap)))
+    Ok(found.filter(|m| same_device(m, snap) && lower_is_in(m, snap, host_nsid)))
+}
+
+/// The id the netns of `pod_nl` gives the host netns `host` (`RTM_GETNSID` with its fd); `None`
+/// if it has none (then no lower link of a pod's link is in the host) or the request fails.
+pub(super) async fn host_nsid_in(pod_nl: &Netlink, host: &Netns) -> Option<i32> {
+    use netlink_packet_core::{NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+    use netlink_packet_route::RouteNetlinkMessage;
+    use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
+    let mut m = NsidMessage::default();
+    m.attributes
+        .push(NsidAttribute::Fd(u32::try_from(host.as_fd().as_raw_fd()).ok()?));
+    let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetNsId(m));
+    req.header.flags = NLM_F_REQUEST;
+    let mut handle = pod_nl.handle().clone();
+    let mut replies = handle.request(req).ok()?;
+    let mut found = None;
+    while let Some(msg) = futures::StreamExt::next(&mut replies).await {
+        if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(n)) = msg.payload {
+            found = n.attributes.iter().find_map(|a| match a {
+                NsidAttribute::Id(id) if *id >= 0 => Some(*id),
+                _ => None,
+            });
+        }
+    }
+    found
 }
 
 /// The device of `snap` where it started, if it never left (or is back): at its host ifindex in
@@ -132,8 +163,12 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     // Both lookups at once (two sockets, two netns): the device in the pod, and its host name
     // in the host. A round trip less before the move, which is the rescue's reaction time,
     // and each of them waits for RTNL behind the other returns' moves.
+    let host_nsid = match snap.lower {
+        Some(_) => host_nsid_in(req.pod_nl, req.host).await,
+        None => None,
+    };
     let (in_pod, in_host) = futures::join!(
-        find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname),
+        find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname, host_nsid),
         req.host_nl.link_by_name(&snap.name),
     );
     let Some(m) = in_pod? else {
@@ -258,11 +293,13 @@ async fn send_move(req: &DetachRequest<'_>, msg: LinkMessage) -> Result<(), Link
     }
 }
 
-/// Whether the device is still in the pod at `pod_index` (a lookup that fails counts as no).
+/// Whether the device is still in the pod at `pod_index` (a lookup that fails counts as no). It
+/// was found there by its identity before the move was sent ([`find_in_pod`]).
 async fn still_in_pod(req: &DetachRequest<'_>, snap: &LinkSnapshot, pod_index: u32) -> bool {
-    find_in_pod(req.pod_nl, snap, Some(pod_index), req.pod_ifname)
+    req.pod_nl
+        .link_by_index(pod_index)
         .await
-        .is_ok_and(|m| m.is_some())
+        .is_ok_and(|m| m.is_some_and(|m| same_device(&m, snap)))
 }
 
 /// The host link of the device a move just brought home under `name` (the move renamed it in

@@ -48,6 +48,11 @@ pub struct LinkSnapshot {
     pub txqlen: Option<u32>,
     /// `IFLA_GROUP`; `None`: not recorded.
     pub group: Option<u32>,
+    /// `IFLA_LINK` of a device with a lower link in the host (a vlan/macvlan/ipvlan's parent, a
+    /// veth's peer): that link's host ifindex. Identity in the pod: there the device must name
+    /// it with `IFLA_LINK_NETNSID` pointing at the host netns, which a tenant cannot forge (see
+    /// [`lower_is_in`]). `None`: no lower link, or a snapshot from before it was recorded.
+    pub lower: Option<u32>,
 }
 
 /// The `ifi_flags` bits user space can change (`dev_change_flags`: IFF_DEBUG, IFF_NOTRAILERS,
@@ -133,6 +138,7 @@ pub(super) fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnap
         ..LinkSnapshot::default()
     };
     let (mut bus, mut parent) = (None, None);
+    let (mut lower, mut lower_elsewhere) = (None, false);
     s.identified = true;
     for a in &m.attributes {
         match a {
@@ -158,9 +164,16 @@ pub(super) fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnap
             LinkAttribute::LinkInfo(infos) => s.kind = kind_of(infos),
             LinkAttribute::ParentDevBusName(b) => bus = Some(b.clone()),
             LinkAttribute::ParentDevName(n) => parent = Some(n.clone()),
+            // The kernel sends IFLA_LINK only when it differs from the device's own index.
+            LinkAttribute::Link(l) if *l != 0 && *l != m.header.index => lower = Some(*l),
+            LinkAttribute::LinkNetNsId(_) => lower_elsewhere = true,
             _ => {}
         }
     }
+    // Only a lower link in the same netns (the host, when snapshotted there) is recorded, and
+    // only for kinds whose link messages name its netns once it is elsewhere (`get_link_net`).
+    s.lower = lower
+        .filter(|_| !lower_elsewhere && s.kind.as_deref().is_some_and(|k| LOWER_NETNS_KINDS.contains(&k)));
     s.parent = parent.map(|p| format!("{}/{p}", bus.unwrap_or_default()));
     s.addresses = addrs
         .iter()
@@ -176,6 +189,31 @@ pub(super) fn snapshot_of(m: &LinkMessage, addrs: &[AddressMessage]) -> LinkSnap
 #[must_use]
 pub fn snapshot_of_message(m: &LinkMessage) -> LinkSnapshot {
     snapshot_of(m, &[])
+}
+
+/// Link kinds whose lower link (peer, parent) the kernel names with `IFLA_LINK_NETNSID` when it
+/// is in another netns (their `rtnl_link_ops` have `get_link_net`).
+pub const LOWER_NETNS_KINDS: [&str; 6] = ["veth", "vlan", "macvlan", "macvtap", "ipvlan", "ipvtap"];
+
+/// Whether link `m` (seen in a pod netns) has the lower link of `snap` in the host: `IFLA_LINK`
+/// is the recorded host ifindex and `IFLA_LINK_NETNSID` is `host_nsid`, the id the pod netns
+/// gives the host netns. A tenant with NET_ADMIN can create a veth, vlan or macvlan at the
+/// device's ifindex with its name and MAC, but only with a lower link in a netns it holds, never
+/// the host. True for a device without a recorded lower link (nothing to check).
+#[must_use]
+pub fn lower_is_in(m: &LinkMessage, snap: &LinkSnapshot, host_nsid: Option<i32>) -> bool {
+    let Some(want) = snap.lower else {
+        return true;
+    };
+    let link = m.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Link(l) => Some(*l),
+        _ => None,
+    });
+    let nsid = m.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkNetNsId(n) => Some(*n),
+        _ => None,
+    });
+    link == Some(want) && nsid.is_some() && nsid == host_nsid
 }
 
 /// Whether link `m` started life outside the netns it is in: it has a parent bus device (no
