@@ -87,6 +87,9 @@ pub struct SoakSummary {
     pub tenant_link_state: usize,
     pub tenant_free_altnames: usize,
     pub tenant_colliding_altnames: usize,
+    /// Issue 38: a tenant deletes its device in the pod (`ip link del`); it must end cleanly
+    /// (record and pin gone with the sandbox), and a fresh NIC takes its place afterwards.
+    pub tenant_deleted_devices: usize,
     pub elapsed: Duration,
     /// The failure, with the seed and the steps that led to it.
     pub failure: Option<String>,
@@ -100,7 +103,7 @@ impl SoakSummary {
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
+            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {} devices deleted in the pod, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
             self.passed,
             self.failed,
             self.seed,
@@ -112,6 +115,7 @@ impl SoakSummary {
             self.tenant_link_state,
             self.tenant_free_altnames,
             self.tenant_colliding_altnames,
+            self.tenant_deleted_devices,
             self.elapsed.as_secs_f64(),
             self.fds.0,
             self.fds.1,
@@ -188,6 +192,8 @@ struct World {
     /// Host links at the start (ifindex → name, mtu, address, up), other than ours.
     host_links: HashMap<u64, Value>,
     pending: Vec<Pending>,
+    /// NICs a tenant deleted in its pod: nowhere until their pod is gone, then made anew.
+    deleted: BTreeSet<usize>,
     /// Steps left with the daemon down.
     down: Option<usize>,
     kill_next: bool,
@@ -229,6 +235,7 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
         decoys: Vec::new(),
         host_links,
         pending: Vec::new(),
+        deleted: BTreeSet::new(),
         down: None,
         kill_next: false,
         steps: Vec::new(),
@@ -359,6 +366,7 @@ impl World {
             menu.push((1, 3)); // tenant rename / impostor
             menu.push((1, 4)); // host decoy
             menu.push((1, 9)); // tenant flags, txqueuelen, group, altnames
+            menu.push((1, 10)); // tenant deletes its device
         }
         if !with_old.is_empty() {
             menu.push((2, 5)); // GC of an old sandbox
@@ -397,6 +405,11 @@ impl World {
             }
             2 => {
                 let i = *self.rng.pick(&running).context("no running pod")?;
+                if self.pods[i].nics.iter().any(|c| self.deleted.contains(&c.nic)) {
+                    // A device of the pod is gone: a new sandbox cannot get it (its
+                    // RunPodSandbox fails until the pod is deleted), so kubelet tears it down.
+                    return self.teardown(i, v, false).await;
+                }
                 self.recreate(i, v).await
             }
             3 => {
@@ -415,6 +428,10 @@ impl World {
             9 => {
                 let i = *self.rng.pick(&running).context("no running pod")?;
                 self.tenant_link_state(i, v)
+            }
+            10 => {
+                let i = *self.rng.pick(&running).context("no running pod")?;
+                self.tenant_delete(i, v)
             }
             7 => {
                 self.summary.kills += 1;
@@ -715,6 +732,7 @@ impl World {
             .await
             .context("NodeUnprepareResources")?;
         self.pending.retain(|p| p.pod_uid != pod.uid);
+        self.renew_deleted()?;
         self.summary.passed += 1;
         Ok(())
     }
@@ -911,6 +929,61 @@ impl World {
         Ok(())
     }
 
+    /// A tenant deletes its first device in the pod (`ip link del`: a veth NIC goes with its
+    /// peer). dranet must end it cleanly: no record or pin of the sandbox outlives it. The NIC is
+    /// made anew once its pod is gone ([`World::renew_deleted`]).
+    fn tenant_delete(&mut self, i: usize, v: bool) -> Result<()> {
+        let pod = &self.pods[i];
+        let Some(ns) = pod.current().and_then(|s| s.netns.as_ref()) else {
+            return Ok(());
+        };
+        let Some(cfg) = pod.nics.first() else {
+            return Ok(());
+        };
+        if self.deleted.contains(&cfg.nic) {
+            return Ok(());
+        }
+        let ns_name = ns.name.clone();
+        let dev = pod.renamed.get(&cfg.nic).unwrap_or(&cfg.name).clone();
+        let (nic, uid) = (cfg.nic, pod.uid.clone());
+        // Only the real device: it is the one whose peer is this NIC's (an impostor is not).
+        let links = links_json(Some(&ns_name))?;
+        let real = links.as_array().is_some_and(|a| {
+            a.iter().any(|l| {
+                l["ifname"] == dev.as_str() && l["link_index"].as_u64() == Some(u64::from(self.peers[nic]))
+            })
+        });
+        self.summary.tenant_deleted_devices += 1;
+        self.log(
+            v,
+            format!("tenant of {uid} deletes {dev} in the pod (present: {real})"),
+        );
+        if real && sh(&["ip", "-n", &ns_name, "link", "del", "dev", &dev]).is_ok() {
+            self.deleted.insert(nic);
+        }
+        Ok(())
+    }
+
+    /// NICs deleted in a pod that is gone now are made anew (a new veth pair, its views).
+    fn renew_deleted(&mut self) -> Result<()> {
+        let owned = self.owned_nics();
+        let free: Vec<usize> = self
+            .deleted
+            .iter()
+            .copied()
+            .filter(|k| !owned.contains(k))
+            .collect();
+        for k in free {
+            let nic = Nic::create()?;
+            self.before[k] = view(&nic.name, None)?;
+            self.states[k] = link_state(&nic.name, None)?;
+            self.peers[k] = crate::kernel::Veth::ifindex(&nic.veth.b)?;
+            self.nics[k] = nic;
+            self.deleted.remove(&k);
+        }
+        Ok(())
+    }
+
     /// A host link with the claim's MAC or with the device's original MAC.
     fn decoy(&mut self, i: usize, v: bool) -> Result<()> {
         self.summary.tenant_actions += 1;
@@ -959,6 +1032,9 @@ impl World {
             }
         }
         for (k, nic) in self.nics.iter().enumerate() {
+            if self.deleted.contains(&k) {
+                continue;
+            }
             let owner = self.pods.iter().find(|p| p.nics.iter().any(|c| c.nic == k));
             let current = owner
                 .and_then(|p| p.current())
@@ -1008,7 +1084,10 @@ impl World {
                         .and_then(|p| p.nics.iter().find(|c| c.nic == k).map(|c| (p, c)))
                         .context("owner")?;
                     let want_name = p.renamed.get(&k).unwrap_or(&cfg.name);
-                    if &name != want_name {
+                    // A rename the tenant tried while the device was not in the pod yet (dranet
+                    // killed in the RunPodSandbox, the device attached late at Synchronize)
+                    // did nothing: the claim's name stands.
+                    if &name != want_name && name != cfg.name {
                         bail!("NIC {} is in its pod as {name}, not {want_name}", nic.name);
                     }
                     let v = view(&name, Some(&ns))?;
