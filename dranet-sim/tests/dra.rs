@@ -987,3 +987,78 @@ async fn link_events_drive_debounced_rescans() {
         .unwrap();
     drop(guards);
 }
+
+/// One NodeUnprepareResources call is one change of the checkpoint (one staged save, one
+/// directory `fsync`), however many claims it names: 16 claims of 4 pods unprepared in one call
+/// advance the engine's staged changes by exactly 1 (they advanced by 16 before: one change per
+/// claim), and once it is durable no plan file is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_unprepare_call_is_one_checkpoint_change_whatever_the_number_of_claims() {
+    if !require_root("one_unprepare_call_is_one_checkpoint_change_whatever_the_number_of_claims").unwrap() {
+        return;
+    }
+    let state = StateDir::new("unprep16");
+    let engine = dranet_sim::fixtures::engine(&state, None).await.unwrap();
+    let mut claims = Vec::new();
+    for i in 0..16 {
+        let pod = format!("pod-{}", i % 4);
+        let uid = format!("uid-c{i}");
+        let mut d = dranet_sim::fixtures::host_device_plan(
+            &format!("nope{i}"),
+            &format!("net{i}"),
+            &pod,
+            Default::default(),
+        );
+        d.claim.uid.clone_from(&uid);
+        d.claim.name = format!("c{i}");
+        engine
+            .set_claim(dranet::plan::ClaimPlan {
+                pod_uid: pod.clone(),
+                pod_namespace: "default".into(),
+                pod_name: pod.clone(),
+                claim_uid: uid.clone(),
+                devices: vec![d],
+            })
+            .unwrap();
+        claims.push(Claim::new("default", &format!("c{i}"), &uid));
+    }
+    engine.durable().await.unwrap();
+    let plan_files = || {
+        std::fs::read_dir(state.0.join("checkpoint"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("plan"))
+            .count()
+    };
+    assert!(plan_files() >= 4, "the 4 pods' plans are on disk");
+
+    let dir = StateDir::create("kubelet-unprep16").unwrap();
+    let cfg = PluginConfig {
+        kubelet_root: dir.0.clone(),
+        driver: "dra.net".into(),
+    };
+    let preparer = Arc::new(Preparer::new(
+        "dra.net",
+        "node-a",
+        Arc::new(MemoryClaimSource::new()),
+        Arc::new(SharedInventory::new(vec![])),
+        Arc::new(engine.clone()),
+    ));
+    let _plugin = KubeletPlugin::start(&cfg, preparer).await.unwrap();
+    let reg = KubeletSim::new(&dir.0)
+        .register_when_ready(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let before = engine.staged_changes();
+    let res = reg.unprepare(&claims).await.unwrap();
+    assert_eq!(res.len(), 16);
+    assert!(res.values().all(String::is_empty), "{res:?}");
+    assert_eq!(
+        engine.staged_changes() - before,
+        1,
+        "16 claims in one NodeUnprepareResources call: one checkpoint change"
+    );
+    engine.durable().await.unwrap();
+    assert_eq!(plan_files(), 0, "no plan left on disk");
+    assert!(engine.plan("pod-0").is_none());
+}

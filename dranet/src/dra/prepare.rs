@@ -30,6 +30,12 @@ pub trait PlanSink: Send + Sync + 'static {
     fn set_claim(&self, claim: ClaimPlan) -> Result<(), String>;
     /// Forgets the devices of one claim and returns them. On error nothing changed.
     fn remove_claim(&self, claim_uid: &str) -> Result<Vec<DevicePlan>, String>;
+    /// Forgets the devices of several claims (one NodeUnprepareResources call) and returns each
+    /// claim's, in order. A store that checkpoints makes it one change (the engine: one save, one
+    /// `fsync`); the default forgets them one by one.
+    fn remove_claims(&self, claim_uids: &[String]) -> Vec<Result<Vec<DevicePlan>, String>> {
+        claim_uids.iter().map(|uid| self.remove_claim(uid)).collect()
+    }
     /// Waits until every plan handed over so far is durable (the default: nothing to wait for).
     /// Prepare answers kubelet only after this: kubelet never prepares a claim twice.
     fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
@@ -407,6 +413,24 @@ impl Preparer {
             })?;
         self.release_profiles(claim_uid, &released);
         Ok(())
+    }
+
+    /// Unprepares the claims of one NodeUnprepareResources call as one change of the plan store
+    /// ([`PlanSink::remove_claims`]); each claim's result, in order. Unknown claims succeed.
+    pub fn unprepare_all(&self, claim_uids: &[String]) -> Vec<Result<(), PrepareError>> {
+        let results = self.sink.remove_claims(claim_uids);
+        claim_uids
+            .iter()
+            .zip(results)
+            .map(|(uid, r)| {
+                let released = r.map_err(|detail| PrepareError::Forget {
+                    claim_uid: uid.clone(),
+                    detail,
+                })?;
+                self.release_profiles(uid, &released);
+                Ok(())
+            })
+            .collect()
     }
 }
 

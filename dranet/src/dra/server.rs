@@ -359,11 +359,13 @@ pub(super) async fn prepare_all(
 
 fn unprepare_all(p: &Preparer, uids: Vec<String>) -> Vec<(String, String)> {
     let start = std::time::Instant::now();
+    // One change of the plan store for the whole call (one checkpoint save, one fsync).
+    let results = p.unprepare_all(&uids);
     let out: Vec<(String, String)> = uids
         .into_iter()
-        .map(|uid| {
-            let err = p
-                .unprepare(&uid)
+        .zip(results)
+        .map(|(uid, r)| {
+            let err = r
                 .err()
                 .map(|e| crate::telemetry::chain(&e).to_string())
                 .unwrap_or_default();

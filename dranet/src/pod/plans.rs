@@ -23,6 +23,16 @@ impl PlanSink for Engine {
         Engine::remove_claim(self, claim_uid).map_err(|e| chain(&e).to_string())
     }
 
+    fn remove_claims(&self, claim_uids: &[String]) -> Vec<Result<Vec<DevicePlan>, String>> {
+        match Engine::remove_claims(self, claim_uids) {
+            Ok(removed) => removed.into_iter().map(Ok).collect(),
+            Err(e) => {
+                let e = chain(&e).to_string();
+                claim_uids.iter().map(|_| Err(e.clone())).collect()
+            }
+        }
+    }
+
     fn durable<'a>(&'a self) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move { Engine::durable(self).await.map_err(|e| chain(&e).to_string()) })
     }

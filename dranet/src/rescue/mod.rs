@@ -523,6 +523,47 @@ impl Engine {
         Ok(removed)
     }
 
+    /// Forgets the plans of several claims (one NodeUnprepareResources call) as one change: one
+    /// staged save, so one directory `fsync` however many claims. Returns each claim's devices, in
+    /// the order of `claim_uids`. If the change cannot be staged, nothing changed.
+    pub fn remove_claims(&self, claim_uids: &[String]) -> Result<Vec<Vec<DevicePlan>>, RescueError> {
+        let (removed, emptied) = {
+            let mut cp = self.cp();
+            let before: Vec<_> = claim_uids
+                .iter()
+                .flat_map(|uid| crate::plan::entries_of(&cp.plans, uid, None))
+                .collect();
+            let mut removed = Vec::with_capacity(claim_uids.len());
+            let mut emptied = Vec::new();
+            for uid in claim_uids {
+                let (r, e) = crate::plan::remove_claim(&mut cp.plans, uid);
+                removed.push(r);
+                emptied.extend(e);
+            }
+            if removed.iter().all(Vec::is_empty) {
+                return Ok(removed);
+            }
+            if let Err(e) = self.inner.writer.stage(&cp) {
+                // Every entry was taken before the first removal: a pod two claims touched gets
+                // its value from before both.
+                crate::plan::put_back(&mut cp.plans, before);
+                return Err(e.into());
+            }
+            (removed, emptied)
+        };
+        for uid in emptied {
+            self.prune_lock(&uid);
+        }
+        Ok(removed)
+    }
+
+    /// How many checkpoint changes have been staged since start (each is one save of the writer,
+    /// unless saves pile up and are coalesced). Tests and benches count changes with it.
+    #[must_use]
+    pub fn staged_changes(&self) -> u64 {
+        self.inner.writer.staged()
+    }
+
     /// The devices planned for a pod.
     #[must_use]
     pub fn plan(&self, pod_uid: &str) -> Option<Vec<DevicePlan>> {
