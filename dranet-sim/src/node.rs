@@ -41,6 +41,10 @@ pub struct NodeOptions {
     /// The daemon's stderr goes to `<dir>/daemon.log` (appended across restarts; read it with
     /// [`Node::log`]) instead of the test's.
     pub capture_log: bool,
+    /// Run the daemon in this named netns (`ip netns exec <name>`: its links and its own sysfs
+    /// are the node's; the unix sockets of kubelet and the runtime are reached by path as ever).
+    /// The daemon's pid is still [`Node::daemon_pid`] (`ip` execs it).
+    pub netns: Option<String>,
 }
 
 impl Default for NodeOptions {
@@ -54,6 +58,7 @@ impl Default for NodeOptions {
             node_args: None,
             nofile_limit: None,
             capture_log: false,
+            netns: None,
         }
     }
 }
@@ -107,7 +112,14 @@ impl Node {
                 let _ = std::fs::remove_file(e.path());
             }
         }
-        let mut cmd = Command::new(&bin);
+        let mut cmd = match &self.opts.netns {
+            None => Command::new(&bin),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&bin);
+                c
+            }
+        };
         // As the image runs it (deploy/Dockerfile); a caller's own GLIBC_TUNABLES wins.
         if std::env::var_os("GLIBC_TUNABLES").is_none() {
             cmd.env("GLIBC_TUNABLES", dranet::sys::os::MALLOC_TUNABLES);

@@ -1,8 +1,7 @@
-//! Footprint of an idle dranet (until `dranet run` exists): a child process running the watcher
-//! (probes loaded) and the engine's event loop, nothing else. Reads VmRSS and the context
-//! switches of all its threads (voluntary + involuntary = wake-ups) over a window.
+//! A child process running the watcher (probes loaded) and the engine's event loop, nothing else:
+//! the "dranet running" side of the watcher overhead. (The idle footprint of the real daemon is
+//! `idle.rs`.)
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -42,37 +41,6 @@ pub fn child() -> Result<()> {
         drop(state);
         Ok(())
     })
-}
-
-fn status_field(path: &Path, key: &str) -> Result<u64> {
-    let s = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    s.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("{key} in {}", path.display()))
-}
-
-/// Sum of voluntary + involuntary context switches over every thread of `pid`, and the number
-/// of threads.
-fn switches(pid: u32) -> Result<(u64, usize)> {
-    let mut sum = 0;
-    let mut n = 0;
-    for t in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
-        let st = t.path().join("status");
-        sum += status_field(&st, "voluntary_ctxt_switches:")?;
-        sum += status_field(&st, "nonvoluntary_ctxt_switches:")?;
-        n += 1;
-    }
-    Ok((sum, n))
-}
-
-pub struct Footprint {
-    /// VmRSS samples, MiB (one per second of the window).
-    pub rss_mib: Vec<f64>,
-    /// Wake-ups per second, per second of the window.
-    pub wakeups: Vec<f64>,
-    pub threads: usize,
 }
 
 /// The idle child process; stopped (SIGINT, then SIGKILL after 5 s) on drop.
@@ -121,30 +89,4 @@ impl Drop for IdleChild {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-pub async fn measure(window: Duration) -> Result<Footprint> {
-    let child = IdleChild::spawn().await?;
-    let pid = child.pid;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let status = Path::new("/proc").join(pid.to_string()).join("status");
-    let mut rss_mib = Vec::new();
-    let mut wakeups = Vec::new();
-    let (mut prev, mut threads) = switches(pid)?;
-    for _ in 0..window.as_secs().max(1) {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        #[allow(clippy::cast_precision_loss)]
-        rss_mib.push(status_field(&status, "VmRSS:")? as f64 / 1024.0);
-        let (now, n) = switches(pid)?;
-        #[allow(clippy::cast_precision_loss)]
-        wakeups.push(now.saturating_sub(prev) as f64);
-        prev = now;
-        threads = n;
-    }
-    drop(child);
-    Ok(Footprint {
-        rss_mib,
-        wakeups,
-        threads,
-    })
 }

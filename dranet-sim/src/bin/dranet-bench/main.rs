@@ -7,7 +7,7 @@
 //! | rescue latency N | umount2 return → every device home (name, UP, MTU) as an independent rtnetlink listener sees it; baseline: direct rtnetlink moves started at umount2 return |
 //! | attach latency N | `Engine::attach_pod` wall time (what the NRI hook calls); baseline: direct rtnetlink moves |
 //! | watcher overhead | netns create+delete loop, probes loaded vs not, alternating runs |
-//! | footprint | idle child with watcher + engine: VmRSS, context switches/s |
+//! | footprint | the real daemon idle (kubelet + NRI connected) with 256 and 1,024 devices published: VmRSS and where it is, context switches/s |
 //! | inventory | scan + slice build of 256 veth devices in a private netns; baseline: bare link dump |
 //! | dra prepare/unprepare N | NodePrepareResources / NodeUnprepareResources of N claims over the DRA unix socket (tonic, v1), engine plan store checkpointed; baseline: the same call with no claims |
 mod baseline;
@@ -17,6 +17,7 @@ mod dra;
 mod drain;
 mod fleet;
 mod footprint;
+mod idle;
 mod inventory;
 mod inventory1k;
 mod latency;
@@ -117,7 +118,7 @@ async fn bench(args: &Args) -> Result<()> {
         rows.push(overhead_row(runs, iters).await?);
     }
     if want(args, "footprint") {
-        rows.extend(footprint_rows().await?);
+        rows.extend(footprint_rows(args.quick).await?);
     }
     if want(args, "inventory") {
         rows.push(inventory::row(if args.quick { 5 } else { 30 }).await?);
@@ -209,9 +210,10 @@ async fn latency_rows(rounds: usize, wide: usize) -> Result<Vec<Row>> {
             &f.attach,
             Some(&f.attach_base),
         );
-        let limit = 1.3 * a.baseline_p99.unwrap_or(0.0);
+        // The kernel floor: the same moves by direct rtnetlink (issue 41: 1.2, was 1.3).
+        let limit = 1.2 * a.baseline_p99.unwrap_or(0.0);
         let pass = a.p99.unwrap_or(f64::MAX) <= limit;
-        let mut a = a.goal("p99 <= 1.3 x base", pass);
+        let mut a = a.goal("p99 <= 1.2 x base (kernel floor)", pass);
         a = if n == 16 {
             let share = a.p99.unwrap_or(0.0) / 2e6 * 100.0;
             a.note(format!(
@@ -222,12 +224,17 @@ async fn latency_rows(rounds: usize, wide: usize) -> Result<Vec<Row>> {
         };
         attach.push(a);
     }
-    let r = Row::latency("rescue reaction".into(), "us", &reaction, None);
+    let r = Row::latency(
+        "rescue reaction (probe's kernel timestamp -> first move)".into(),
+        "us",
+        &from_event,
+        None,
+    );
     let pass = r.p99.unwrap_or(f64::MAX) <= 1000.0;
     rows.push(r.goal("p99 <= 1 ms", pass).note(format!(
-        "umount2 return -> engine starts its first move (engine timestamp); inside dranet alone (probe event -> move): p50 {:.0} us, p99 {:.0} us; all N",
-        pct(&from_event, 50.0),
-        pct(&from_event, 99.0)
+        "from the probe's own event time (bpf_ktime_get_ns in the eBPF program, CLOCK_MONOTONIC) to the engine starting its first move (engine timestamp, same clock); all N. From umount2's return instead (the probe fires inside umount2, so this can be negative): p50 {:.0} us, p99 {:.0} us",
+        pct(&reaction, 50.0),
+        pct(&reaction, 99.0)
     )));
     rows.extend(rescue);
     rows.extend(attach);
@@ -263,22 +270,34 @@ async fn overhead_row(runs: usize, iters: usize) -> Result<Row> {
     )))
 }
 
-async fn footprint_rows() -> Result<Vec<Row>> {
-    eprintln!("footprint (5 s idle) ...");
-    let f = footprint::measure(Duration::from_secs(5)).await?;
-    let rss = Row::latency("footprint RSS (idle)".into(), "MiB", &f.rss_mib, None);
-    let pass = rss.p99.unwrap_or(f64::MAX) <= 16.0;
-    let rss = rss.goal("<= 16 MiB", pass).note(format!(
-        "child process: watcher + engine event loop, {} threads",
-        f.threads
-    ));
-    let wk = Row::latency("footprint wake-ups (idle)".into(), "1/s", &f.wakeups, None);
-    #[allow(clippy::cast_precision_loss)]
-    let mean = f.wakeups.iter().sum::<f64>() / f.wakeups.len().max(1) as f64;
-    let wk = wk.goal("<= 1 /s", mean <= 1.0).note(format!(
-        "context switches of all threads per second; mean {mean:.2}/s over the window"
-    ));
-    Ok(vec![rss, wk])
+async fn footprint_rows(quick: bool) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    // The wake-up goal is judged over 60 s in a full run (256 devices).
+    for (n, window, rss_goal) in [
+        (256, if quick { 10 } else { 60 }, 16.0),
+        (1024, if quick { 5 } else { 10 }, 24.0),
+    ] {
+        eprintln!("idle daemon, {n} devices ({window} s) ...");
+        let f = idle::run(n, Duration::from_secs(window)).await?;
+        let b = &f.breakdown;
+        let rss = Row::latency(format!("idle RSS {}", f.devices), "MiB", &f.rss_mib, None);
+        let pass = rss.p99.unwrap_or(f64::MAX) <= rss_goal;
+        rows.push(rss.goal(format!("<= {rss_goal} MiB"), pass).note(format!(
+            "dranet run (probes on) in a private netns of {n} veth devices, all published ({:.1} s after start), kubelet registered with a health stream open, NRI runtime connected; {}",
+            f.published_s,
+            b.summary()
+        )));
+        if n == 256 {
+            let wk = Row::latency(format!("idle wake-ups {n}"), "1/s", &f.wakeups, None);
+            #[allow(clippy::cast_precision_loss)]
+            let mean = f.wakeups.iter().sum::<f64>() / f.wakeups.len().max(1) as f64;
+            rows.push(wk.goal("<= 1 /s (mean)", mean <= 1.0).note(format!(
+                "context switches of all the daemon's threads per second, mean {mean:.2}/s over {} s; the same daemon as idle RSS {n}",
+                f.window.as_secs()
+            )));
+        }
+    }
+    Ok(rows)
 }
 
 async fn drain_rows(args: &Args) -> Result<Vec<Row>> {
@@ -321,10 +340,19 @@ async fn drain_rows(args: &Args) -> Result<Vec<Row>> {
                 "{start} -> last of {} devices home (name, UP, MTU) per the rtnetlink listener; baseline: the same moves + restores, direct rtnetlink, 8 pods at a time, each netns let go after its pod{span}",
                 2 * pods
             )));
-            let c = Row::latency(format!("drain CPU of dranet ({name} order)"), "ms", &f.cpu, None);
-            rows.push(c.note(format!(
-                "user + system CPU of the daemon over the drain; per device p50 {:.2} ms",
-                pct(&f.cpu, 50.0) / (2.0 * pods as f64)
+            #[allow(clippy::cast_precision_loss)]
+            let per_device: Vec<f64> = f.cpu.iter().map(|c| c / (2.0 * pods as f64)).collect();
+            let c = Row::latency(
+                format!("drain CPU of dranet per device ({name} order)"),
+                "ms",
+                &per_device,
+                None,
+            );
+            let pass = c.p99.unwrap_or(f64::MAX) <= 1.0;
+            rows.push(c.goal("p99 <= 1 ms per device moved", pass).note(format!(
+                "user + system CPU of the daemon process over the drain (/proc/PID/stat utime + stime) / {} devices; whole drain p50 {:.0} ms",
+                2 * pods,
+                pct(&f.cpu, 50.0)
             )));
         }
         let h = Row::latency(
