@@ -665,7 +665,7 @@ mod tests {
             pod: String::new(),
             netns_path: None,
             kind: ActivityKind::Hook {
-                name: "RunPodSandbox".into(),
+                name: crate::nri::hooks::PodHook::RunPodSandbox,
             },
         }
     }

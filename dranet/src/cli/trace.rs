@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::nri::hooks::PodHook;
 use crate::rescue::activity::{Activity, ActivityKind};
 use crate::sys::netns::NetnsId;
 use crate::watch::{self, EventKind, LifecycleEvent, ProbeStatus, Watcher, WatcherOptions};
@@ -325,7 +326,9 @@ impl Verdicts {
             p.path.clone_from(&a.netns_path);
         }
         match &a.kind {
-            ActivityKind::Hook { name } if name == "StopPodSandbox" => {
+            ActivityKind::Hook {
+                name: PodHook::StopPodSandbox,
+            } => {
                 p.stop.get_or_insert(a.at);
             }
             ActivityKind::Returned { devices, reason, .. } => {
@@ -590,7 +593,7 @@ mod json_tests {
             pod: "ns/p".into(),
             netns_path: None,
             kind: ActivityKind::Hook {
-                name: "StopPodSandbox".into(),
+                name: PodHook::StopPodSandbox,
             },
         };
         let v: serde_json::Value = serde_json::from_str(&daemon_json_line(&a, start)).unwrap();

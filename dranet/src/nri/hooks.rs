@@ -6,6 +6,74 @@ use std::path::PathBuf;
 
 use super::pb::nri as pb;
 
+/// An NRI call dranet answers: the pod hooks, CreateContainer, and the plugin's Synchronize and
+/// Shutdown. The runtime names them by method (the ttrpc method and `StateChange`'s event); they
+/// are parsed once, at the service, and carried as this type: the name is only the metric label
+/// (upstream dranet's `method`) and what logs and the activity feed show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum PodHook {
+    RunPodSandbox,
+    StopPodSandbox,
+    RemovePodSandbox,
+    CreateContainer,
+    Synchronize,
+    Shutdown,
+}
+
+impl PodHook {
+    /// Every call, in the order the runtime makes them.
+    pub const ALL: [Self; 6] = [
+        Self::Synchronize,
+        Self::RunPodSandbox,
+        Self::CreateContainer,
+        Self::StopPodSandbox,
+        Self::RemovePodSandbox,
+        Self::Shutdown,
+    ];
+
+    /// The NRI method name (also the `method` label of the hook metrics).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::RunPodSandbox => "RunPodSandbox",
+            Self::StopPodSandbox => "StopPodSandbox",
+            Self::RemovePodSandbox => "RemovePodSandbox",
+            Self::CreateContainer => "CreateContainer",
+            Self::Synchronize => "Synchronize",
+            Self::Shutdown => "Shutdown",
+        }
+    }
+
+    /// The call a ttrpc method names (`None`: not one of these, e.g. `Configure`).
+    #[must_use]
+    pub fn from_method(method: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|h| h.name() == method)
+    }
+}
+
+impl std::fmt::Display for PodHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The two hooks that end a sandbox: Stop returns its devices, Remove also forgets its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Teardown {
+    Stop,
+    Remove,
+}
+
+impl Teardown {
+    #[must_use]
+    pub const fn hook(self) -> PodHook {
+        match self {
+            Self::Stop => PodHook::StopPodSandbox,
+            Self::Remove => PodHook::RemovePodSandbox,
+        }
+    }
+}
+
 /// A pod as the runtime describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Pod {
@@ -205,5 +273,28 @@ mod tests {
         assert_eq!(p.file_mode.map(|m| m.value), Some(0o666));
         assert!(p.uid.is_none());
         assert_eq!(p.gid.map(|g| g.value), Some(0));
+    }
+
+    /// The hook is parsed from its method name once; the name is the metric label and the
+    /// activity feed's wire form, as before it had a type.
+    #[test]
+    fn pod_hooks_parse_from_their_method_and_keep_their_wire_names() {
+        for h in PodHook::ALL {
+            assert_eq!(PodHook::from_method(h.name()), Some(h));
+            assert_eq!(h.to_string(), h.name());
+            assert_eq!(serde_json::to_string(&h).unwrap(), format!("\"{}\"", h.name()));
+        }
+        assert_eq!(PodHook::from_method("Configure"), None);
+        assert_eq!(PodHook::from_method("StateChange"), None);
+        assert_eq!(PodHook::from_method("removePodSandbox"), None);
+        assert_eq!(Teardown::Stop.hook(), PodHook::StopPodSandbox);
+        assert_eq!(Teardown::Remove.hook(), PodHook::RemovePodSandbox);
+        let a = crate::rescue::activity::ActivityKind::Hook {
+            name: PodHook::StopPodSandbox,
+        };
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            r#"{"type":"hook","name":"StopPodSandbox"}"#
+        );
     }
 }

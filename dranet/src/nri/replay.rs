@@ -12,7 +12,7 @@ use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use super::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
+use super::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHook, PodHooks};
 use super::mux::{
     GO_FRAME_LIMIT, HEADER_LEN, Mux, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, decode_header,
 };
@@ -43,7 +43,7 @@ impl RecordingHooks {
 
 impl PodHooks for RecordingHooks {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
-        self.record("RunPodSandbox".into());
+        self.record(PodHook::RunPodSandbox.to_string());
         if pod.netns.is_none() && !pod.uid.is_empty() {
             return Err(HookError::Rejected {
                 pod: pod.uid,
@@ -54,17 +54,17 @@ impl PodHooks for RecordingHooks {
     }
 
     async fn stop_pod_sandbox(&self, _pod: Pod) -> Result<Outcome, HookError> {
-        self.record("StopPodSandbox".into());
+        self.record(PodHook::StopPodSandbox.to_string());
         Ok(Outcome::Noop)
     }
 
     async fn remove_pod_sandbox(&self, _pod: Pod) -> Result<Outcome, HookError> {
-        self.record("RemovePodSandbox".into());
+        self.record(PodHook::RemovePodSandbox.to_string());
         Ok(Outcome::Noop)
     }
 
     async fn create_container(&self, pod: Pod, _c: ContainerInfo) -> Result<Vec<LinuxDevice>, HookError> {
-        self.record("CreateContainer".into());
+        self.record(PodHook::CreateContainer.to_string());
         // Two devices with the same path: the service keeps the first.
         let dev = |minor| LinuxDevice {
             path: format!("/dev/infiniband/uverbs-{}", pod.uid.len()),

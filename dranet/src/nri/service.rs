@@ -11,7 +11,7 @@ use prost::Message;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::hooks::{ContainerInfo, HookError, LinuxDevice, Outcome, Pod, PodHooks};
+use super::hooks::{ContainerInfo, HookError, LinuxDevice, Outcome, Pod, PodHook, PodHooks, Teardown};
 use super::pb::google::rpc::Status;
 use super::pb::nri as pb;
 use super::plugin::{EVENTS, PLUGIN_SERVICE};
@@ -140,7 +140,7 @@ impl<H: PodHooks> PluginService<H> {
         let pod = Pod::from(&pod.unwrap_or_default());
         let start = Instant::now();
         let r = self.hooks.run_pod_sandbox(pod.clone()).await;
-        self.metrics.observe("RunPodSandbox", start, status_of(&r));
+        self.metrics.observe(PodHook::RunPodSandbox, start, status_of(&r));
         match r {
             Ok(outcome) => {
                 debug!(pod = %pod.uid, ?outcome, "RunPodSandbox");
@@ -165,28 +165,28 @@ impl<H: PodHooks> PluginService<H> {
     /// other returns (the kernel moves one device at a time under RTNL, ≈ 25 ms each), and a
     /// hook that outlasts the runtime's 2 s costs the plugin its connection. The return goes on
     /// (it holds the pod's lock, so the pod's next hook still comes after it).
-    async fn stop_or_remove(&self, hook: &'static str, pod: Option<pb::PodSandbox>) {
+    async fn stop_or_remove(&self, which: Teardown, pod: Option<pb::PodSandbox>) {
         let pod = Pod::from(&pod.unwrap_or_default());
         let start = Instant::now();
+        let hook = which.hook();
         let (hooks, metrics, p) = (self.hooks.clone(), self.metrics.clone(), pod.clone());
         let work = tokio::spawn(async move {
-            let r = if hook == "StopPodSandbox" {
-                hooks.stop_pod_sandbox(p.clone()).await
-            } else {
-                hooks.remove_pod_sandbox(p.clone()).await
+            let r = match which {
+                Teardown::Stop => hooks.stop_pod_sandbox(p.clone()).await,
+                Teardown::Remove => hooks.remove_pod_sandbox(p.clone()).await,
             };
             metrics.observe(hook, start, status_of(&r));
             match r {
-                Ok(outcome) => debug!(pod = %p.uid, hook, ?outcome, "pod hook done"),
+                Ok(outcome) => debug!(pod = %p.uid, %hook, ?outcome, "pod hook done"),
                 Err(e) => {
-                    warn!(pod = %p.uid, hook, error = %hook_status(&e).message, "pod hook failed (ignored)")
+                    warn!(pod = %p.uid, %hook, error = %hook_status(&e).message, "pod hook failed (ignored)")
                 }
             }
         });
         if tokio::time::timeout(TEARDOWN_HOOK_WAIT, work).await.is_err() {
             info!(
                 pod = %pod.uid,
-                hook,
+                %hook,
                 "devices still on their way home behind other returns: the runtime gets its answer, the return goes on"
             );
         }
@@ -198,7 +198,7 @@ impl<H: PodHooks> PluginService<H> {
         let start = Instant::now();
         let r = self.hooks.create_container(pod.clone(), c).await;
         self.metrics.observe(
-            "CreateContainer",
+            PodHook::CreateContainer,
             start,
             match &r {
                 Ok(d) if d.is_empty() => HookStatus::Noop,
@@ -299,7 +299,8 @@ impl<H: PodHooks> PluginService<H> {
         info!(pods = pods.len(), containers = containers.len(), "Synchronize");
         let start = Instant::now();
         self.hooks.synchronize(pods, containers).await;
-        self.metrics.observe("Synchronize", start, HookStatus::Success);
+        self.metrics
+            .observe(PodHook::Synchronize, start, HookStatus::Success);
         reply(&pb::SynchronizeResponse {
             update: Vec::new(),
             more: false,
@@ -309,8 +310,8 @@ impl<H: PodHooks> PluginService<H> {
     async fn state_change(&self, ev: pb::StateChangeEvent) -> CallResult {
         match pb::Event::try_from(ev.event) {
             Ok(pb::Event::RunPodSandbox) => self.run_pod(ev.pod).await?,
-            Ok(pb::Event::StopPodSandbox) => self.stop_or_remove("StopPodSandbox", ev.pod).await,
-            Ok(pb::Event::RemovePodSandbox) => self.stop_or_remove("RemovePodSandbox", ev.pod).await,
+            Ok(pb::Event::StopPodSandbox) => self.stop_or_remove(Teardown::Stop, ev.pod).await,
+            Ok(pb::Event::RemovePodSandbox) => self.stop_or_remove(Teardown::Remove, ev.pod).await,
             other => debug!(event = ?other, "StateChange: not ours"),
         }
         reply(&pb::Empty {})
@@ -324,7 +325,7 @@ impl<H: PodHooks> Service for PluginService<H> {
         }
         // Which dialect the runtime speaks (dedicated pod RPCs or StateChange) shows here.
         debug!(%method, "NRI request");
-        match method.as_str() {
+        let hook = match method.as_str() {
             "Configure" => {
                 let req: pb::ConfigureRequest = decode(payload)?;
                 debug!(runtime = %req.runtime_name, version = %req.runtime_version,
@@ -332,36 +333,40 @@ impl<H: PodHooks> Service for PluginService<H> {
                        "Configure");
                 self.configured
                     .send_replace(Some((req.runtime_name, req.runtime_version)));
-                reply(&pb::ConfigureResponse {
+                return reply(&pb::ConfigureResponse {
                     events: EVENTS,
                     request_timeout: 0,
-                })
+                });
             }
-            "Synchronize" => self.synchronize(decode(payload)?).await,
-            "Shutdown" => {
+            "StateChange" => return self.state_change(decode(payload)?).await,
+            m => PodHook::from_method(m),
+        };
+        match hook {
+            Some(PodHook::Synchronize) => self.synchronize(decode(payload)?).await,
+            Some(PodHook::Shutdown) => {
                 let start = Instant::now();
                 self.hooks.shutdown().await;
-                self.metrics.observe("Shutdown", start, HookStatus::Success);
+                self.metrics
+                    .observe(PodHook::Shutdown, start, HookStatus::Success);
                 reply(&pb::Empty {})
             }
-            "RunPodSandbox" => {
+            Some(PodHook::RunPodSandbox) => {
                 let req: pb::RunPodSandboxRequest = decode(payload)?;
                 self.run_pod(req.pod).await?;
                 reply(&pb::RunPodSandboxResponse {})
             }
-            "StopPodSandbox" => {
+            Some(PodHook::StopPodSandbox) => {
                 let req: pb::StopPodSandboxRequest = decode(payload)?;
-                self.stop_or_remove("StopPodSandbox", req.pod).await;
+                self.stop_or_remove(Teardown::Stop, req.pod).await;
                 reply(&pb::StopPodSandboxResponse {})
             }
-            "RemovePodSandbox" => {
+            Some(PodHook::RemovePodSandbox) => {
                 let req: pb::RemovePodSandboxRequest = decode(payload)?;
-                self.stop_or_remove("RemovePodSandbox", req.pod).await;
+                self.stop_or_remove(Teardown::Remove, req.pod).await;
                 reply(&pb::RemovePodSandboxResponse {})
             }
-            "CreateContainer" => self.create_container(decode(payload)?).await,
-            "StateChange" => self.state_change(decode(payload)?).await,
-            _ => Err(ttrpc::unimplemented(&service, &method)),
+            Some(PodHook::CreateContainer) => self.create_container(decode(payload)?).await,
+            None => Err(ttrpc::unimplemented(&service, &method)),
         }
     }
 }

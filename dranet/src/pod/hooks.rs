@@ -17,7 +17,9 @@ use std::time::Instant;
 use tracing::info;
 
 use crate::adoption::Adopter;
-use crate::nri::hooks::{ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHooks};
+use crate::nri::hooks::{
+    ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHook, PodHooks, Teardown,
+};
 use crate::pod::late::LateAttacher;
 use crate::report::{ObjectRef, Reporter};
 use crate::rescue::activity::ActivityKind;
@@ -72,30 +74,25 @@ impl Driver {
         &self.engine
     }
 
-    async fn detach(&self, pod: &Pod, hook: &'static str) -> Result<Outcome, HookError> {
+    async fn detach(&self, pod: &Pod, which: Teardown) -> Result<Outcome, HookError> {
         let start = Instant::now();
-        self.engine.record(
-            &pod.uid,
-            ActivityKind::Hook {
-                name: hook.to_owned(),
-            },
-        );
+        let hook = which.hook();
+        self.engine.record(&pod.uid, ActivityKind::Hook { name: hook });
         let sb = SandboxRef {
             uid: &pod.uid,
             sandbox: &pod.id,
             netns: pod.netns.as_deref(),
         };
-        let res = if hook == "RemovePodSandbox" {
-            self.engine.forget_sandbox(sb).await
-        } else {
-            self.engine.detach_sandbox(sb, ReturnReason::Hook).await
+        let res = match which {
+            Teardown::Remove => self.engine.forget_sandbox(sb).await,
+            Teardown::Stop => self.engine.detach_sandbox(sb, ReturnReason::Hook).await,
         };
         match res {
             Ok(DetachOutcome::Returned { devices, name_busy }) => {
                 info!(
                     pod = pod.uid,
                     sandbox = pod.id,
-                    hook,
+                    %hook,
                     ?devices,
                     ?name_busy,
                     took_us = start.elapsed().as_micros(),
@@ -104,16 +101,16 @@ impl Driver {
                 Ok(Outcome::Applied)
             }
             Ok(DetachOutcome::AlreadyReturned { reason }) => {
-                info!(pod = pod.uid, hook, ?reason, "devices already home");
+                info!(pod = pod.uid, %hook, ?reason, "devices already home");
                 Ok(Outcome::Noop)
             }
             Ok(DetachOutcome::NotOurs) => Ok(Outcome::Noop),
             Err(e) => {
                 // Logged once, with its causes, by the NRI service that answers the hook.
-                info!(pod = pod.uid, hook, "devices not all home; the engine retries");
+                info!(pod = pod.uid, %hook, "devices not all home; the engine retries");
                 Err(HookError::Failed {
                     pod: pod.uid.clone(),
-                    action: hook,
+                    action: hook.name(),
                     source: Box::new(e),
                 })
             }
@@ -252,18 +249,18 @@ impl PodHooks for Driver {
         self.engine.record(
             &pod.uid,
             ActivityKind::Hook {
-                name: "RunPodSandbox".into(),
+                name: PodHook::RunPodSandbox,
             },
         );
         self.attach(&pod).await
     }
 
     async fn stop_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
-        self.detach(&pod, "StopPodSandbox").await
+        self.detach(&pod, Teardown::Stop).await
     }
 
     async fn remove_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
-        self.detach(&pod, "RemovePodSandbox").await
+        self.detach(&pod, Teardown::Remove).await
     }
 
     async fn create_container(

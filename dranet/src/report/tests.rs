@@ -367,7 +367,7 @@ fn rescue_events_only_for_a_netns_teardown() {
     );
     let hook = Activity {
         kind: ActivityKind::Hook {
-            name: "StopPodSandbox".into(),
+            name: crate::nri::hooks::PodHook::StopPodSandbox,
         },
         ..a("NetnsTeardown", "ns/pod-a")
     };

@@ -23,8 +23,9 @@ pub struct Activity {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "type")]
 pub enum ActivityKind {
-    /// A runtime hook arrived (RunPodSandbox, StopPodSandbox, RemovePodSandbox, ...).
-    Hook { name: String },
+    /// A runtime hook arrived (RunPodSandbox, StopPodSandbox, RemovePodSandbox, ...): on the
+    /// wire its NRI method name, as before it had a type.
+    Hook { name: crate::nri::hooks::PodHook },
     /// Devices moved into the pod.
     Attached { devices: Vec<String>, took_us: u64 },
     /// The watcher saw the pod's netns being torn down; a rescue starts.

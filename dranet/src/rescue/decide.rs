@@ -23,6 +23,41 @@
 use crate::state::{Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord};
 use crate::watch::{EventKind, LifecycleEvent};
 
+/// What told the engine a sandbox's netns is being torn down: the probe event's kind. Its
+/// [`RescueTrigger::label`] is the `trigger` label of `dranet_rescue_returns` and what logs,
+/// the activity feed and [`super::RescueTiming`] show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RescueTrigger {
+    /// The runtime unmounted the netns bind mount.
+    NetnsUnmounted,
+    /// The runtime unlinked the netns bind mount's path.
+    NetnsUnlinked,
+    /// The nsfs inode of the netns is being unmounted.
+    NsfsUnmounting,
+    /// The kernel released the netns.
+    NetnsReleased,
+}
+
+impl RescueTrigger {
+    /// The metric label (`netns_unmounted`, ...).
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::NetnsUnmounted => "netns_unmounted",
+            Self::NetnsUnlinked => "netns_unlinked",
+            Self::NsfsUnmounting => "nsfs_unmounting",
+            Self::NetnsReleased => "netns_released",
+        }
+    }
+}
+
+impl std::fmt::Display for RescueTrigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 /// What the engine should do about one event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -31,7 +66,7 @@ pub enum Action {
     Rescue {
         pod_uid: String,
         key: String,
-        trigger: &'static str,
+        trigger: RescueTrigger,
         at: u64,
     },
     /// A managed device showed up in the host without us: restore it.
@@ -103,7 +138,7 @@ fn returned_by_path_or_id<'a>(cp: &'a Checkpoint, ev: &LifecycleEvent) -> Option
 }
 
 /// Rescue an attached sandbox, or forget a returned one, whose netns the event says is going.
-fn teardown(cp: &Checkpoint, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Action> {
+fn teardown(cp: &Checkpoint, trigger: RescueTrigger, ev: &LifecycleEvent) -> Vec<Action> {
     if let Some(p) = pod_by_path_or_id(cp, ev) {
         return rescue(p, trigger, ev);
     }
@@ -115,7 +150,7 @@ fn teardown(cp: &Checkpoint, trigger: &'static str, ev: &LifecycleEvent) -> Vec<
     })
 }
 
-fn rescue(pod: &PodRecord, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Action> {
+fn rescue(pod: &PodRecord, trigger: RescueTrigger, ev: &LifecycleEvent) -> Vec<Action> {
     vec![Action::Rescue {
         pod_uid: pod.pod_uid.clone(),
         key: pod.key(),
@@ -128,18 +163,18 @@ fn rescue(pod: &PodRecord, trigger: &'static str, ev: &LifecycleEvent) -> Vec<Ac
 #[must_use]
 pub fn decide(cp: &Checkpoint, ev: &LifecycleEvent) -> Vec<Action> {
     match &ev.kind {
-        EventKind::NetnsUnmounted { ret: 0, .. } => teardown(cp, "netns_unmounted", ev),
-        EventKind::NetnsUnlinked { ret: 0, .. } => teardown(cp, "netns_unlinked", ev),
+        EventKind::NetnsUnmounted { ret: 0, .. } => teardown(cp, RescueTrigger::NetnsUnmounted, ev),
+        EventKind::NetnsUnlinked { ret: 0, .. } => teardown(cp, RescueTrigger::NetnsUnlinked, ev),
         EventKind::NsfsUnmounting { netns: Some(id), .. } => cp
             .pods
             .values()
             .find(|p| attached(p) && p.netns == *id)
-            .map_or_else(Vec::new, |p| rescue(p, "nsfs_unmounting", ev)),
+            .map_or_else(Vec::new, |p| rescue(p, RescueTrigger::NsfsUnmounting, ev)),
         EventKind::NetnsReleased { netns, .. } => cp
             .pods
             .values()
             .find(|p| attached(p) && p.netns == *netns)
-            .map_or_else(Vec::new, |p| rescue(p, "netns_released", ev)),
+            .map_or_else(Vec::new, |p| rescue(p, RescueTrigger::NetnsReleased, ev)),
         EventKind::DeviceMoving {
             ifindex,
             new_ifindex,

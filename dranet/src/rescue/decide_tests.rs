@@ -98,7 +98,7 @@ fn umount_of_an_attached_pods_netns_rescues_it_by_path_in_either_spelling() {
             vec![Action::Rescue {
                 pod_uid: "uid-1".into(),
                 key: KEY.into(),
-                trigger: "netns_unmounted",
+                trigger: RescueTrigger::NetnsUnmounted,
                 at: 1000
             }],
             "{path}"
@@ -134,7 +134,7 @@ fn unlink_nsfs_umount_and_netns_release_rescue() {
     assert!(matches!(
         &decide(&cp, &unlink)[..],
         [Action::Rescue {
-            trigger: "netns_unlinked",
+            trigger: RescueTrigger::NetnsUnlinked,
             ..
         }]
     ));
@@ -147,7 +147,7 @@ fn unlink_nsfs_umount_and_netns_release_rescue() {
     assert!(matches!(
         &decide(&cp, &nsfs)[..],
         [Action::Rescue {
-            trigger: "nsfs_unmounting",
+            trigger: RescueTrigger::NsfsUnmounting,
             ..
         }]
     ));
@@ -158,7 +158,7 @@ fn unlink_nsfs_umount_and_netns_release_rescue() {
     assert!(matches!(
         &decide(&cp, &rel)[..],
         [Action::Rescue {
-            trigger: "netns_released",
+            trigger: RescueTrigger::NetnsReleased,
             ..
         }]
     ));
@@ -422,4 +422,49 @@ fn a_host_name_freed_renames_the_device_waiting_for_it() {
     // A device home under its own name waits for nothing.
     let home = cp(PodPhase::Returned(ReturnReason::Hook), DeviceState::Home);
     assert_eq!(decide(&home, &deleted("eth1")), vec![]);
+}
+
+/// The return reasons' labels are their checkpoint names; the ones counted in
+/// `dranet_rescue_returns` keep the trigger labels dashboards know.
+#[test]
+fn return_reasons_and_triggers_keep_their_labels() {
+    use crate::state::ReturnCount;
+    for r in [
+        ReturnReason::Hook,
+        ReturnReason::NetnsTeardown,
+        ReturnReason::Reconcile,
+        ReturnReason::Rollback,
+        ReturnReason::Replaced,
+        ReturnReason::Vanished,
+    ] {
+        assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{r}\""));
+    }
+    let counted = |r: ReturnReason| r.counted_as();
+    assert_eq!(
+        counted(ReturnReason::Hook),
+        ReturnCount::Returns { trigger: "hook" }
+    );
+    assert_eq!(
+        counted(ReturnReason::Reconcile),
+        ReturnCount::Returns { trigger: "reconcile" }
+    );
+    assert_eq!(
+        counted(ReturnReason::Replaced),
+        ReturnCount::Returns { trigger: "replaced" }
+    );
+    assert_eq!(
+        counted(ReturnReason::Vanished),
+        ReturnCount::Returns { trigger: "vanished" }
+    );
+    assert_eq!(counted(ReturnReason::Rollback), ReturnCount::Rollback);
+    assert_eq!(counted(ReturnReason::NetnsTeardown), ReturnCount::Rescued);
+    for (t, label) in [
+        (RescueTrigger::NetnsUnmounted, "netns_unmounted"),
+        (RescueTrigger::NetnsUnlinked, "netns_unlinked"),
+        (RescueTrigger::NsfsUnmounting, "nsfs_unmounting"),
+        (RescueTrigger::NetnsReleased, "netns_released"),
+    ] {
+        assert_eq!(t.to_string(), label);
+        assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{label}\""));
+    }
 }

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 use super::activity::ActivityKind;
 use super::{DetachOutcome, Engine, Inner, Live, RescueError};
 use crate::pci;
-use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, ReturnReason};
+use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, ReturnCount, ReturnReason};
 use crate::sys::link::{self, LinkError, Netlink, Returned};
 use crate::sys::netns::Netns;
 use crate::sys::netns::Pin;
@@ -79,7 +79,7 @@ impl Engine {
         let mut busy = Vec::new();
         let mut failed = Vec::new();
         // Part of an attach (its rollback, its pod's older sandbox): never behind the lane.
-        let foreground = matches!(reason, ReturnReason::Rollback | ReturnReason::Replaced);
+        let foreground = reason.is_foreground();
         for (i, d) in devices.iter().enumerate() {
             let ctx = ReturnCtx {
                 uid,
@@ -418,36 +418,18 @@ impl Engine {
         // Counted before the record changes: whoever sees the record say "returned" sees the
         // return counted too (the save is awaited below).
         let m = &self.inner.metrics;
-        match reason {
-            ReturnReason::Hook => {
+        match reason.counted_as() {
+            ReturnCount::Returns { trigger } => {
                 m.returns
                     .get_or_create(&crate::telemetry::metrics::rescue::TriggerLabel {
-                        trigger: "hook".into(),
+                        trigger: trigger.into(),
                     })
                     .inc();
             }
-            ReturnReason::Reconcile => {
-                m.returns
-                    .get_or_create(&crate::telemetry::metrics::rescue::TriggerLabel {
-                        trigger: "reconcile".into(),
-                    })
-                    .inc();
-            }
-            ReturnReason::Rollback => {
+            ReturnCount::Rollback => {
                 m.rollbacks.inc();
             }
-            ReturnReason::Replaced | ReturnReason::Vanished => {
-                m.returns
-                    .get_or_create(&crate::telemetry::metrics::rescue::TriggerLabel {
-                        trigger: if reason == ReturnReason::Replaced {
-                            "replaced".into()
-                        } else {
-                            "vanished".into()
-                        },
-                    })
-                    .inc();
-            }
-            ReturnReason::NetnsTeardown => {
+            ReturnCount::Rescued => {
                 m.rescued.inc();
             }
         }

@@ -53,7 +53,7 @@ use crate::telemetry::metrics::rescue as metrics;
 pub use crate::telemetry::metrics::rescue::Counters;
 pub use adopt::{AdoptOutcome, Allocated, parent_pci_address};
 pub use attach::PodRef;
-pub use decide::{Action, decide};
+pub use decide::{Action, RescueTrigger, decide};
 pub use reconcile::ReconcileReport;
 pub use sandbox::{SWEEP_EVERY, SandboxInfo, SandboxRef, SyncReport};
 
@@ -245,7 +245,7 @@ struct Inner {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RescueTiming {
     pub pod_uid: String,
-    pub trigger: &'static str,
+    pub trigger: RescueTrigger,
     /// When the teardown signal happened (the probe's event time).
     pub event_ns: u64,
     /// When the engine started bringing its first device home (`None`: nothing was out).
@@ -680,12 +680,12 @@ impl Engine {
 
     /// A probe saw the sandbox's netns being torn down: every device home now, retried with
     /// backoff (the kernel or a busy RTNL can fail a pass) until home or the record is gone.
-    async fn rescue(&self, pod_uid: &str, key: &str, trigger: &'static str, at: u64) {
-        info!(pod = %pod_uid, sandbox = %key, trigger, "netns teardown started: bringing devices home");
+    async fn rescue(&self, pod_uid: &str, key: &str, trigger: RescueTrigger, at: u64) {
+        info!(pod = %pod_uid, sandbox = %key, %trigger, "netns teardown started: bringing devices home");
         self.record(
             pod_uid,
             activity::ActivityKind::RescueStarted {
-                trigger: trigger.to_owned(),
+                trigger: trigger.label().to_owned(),
             },
         );
         let mut delay = std::time::Duration::from_millis(20);
@@ -710,10 +710,10 @@ impl Engine {
                         .metrics
                         .returns
                         .get_or_create(&metrics::TriggerLabel {
-                            trigger: trigger.to_owned(),
+                            trigger: trigger.label().to_owned(),
                         })
                         .inc();
-                    info!(pod = %pod_uid, sandbox = %key, trigger, took_us = took / 1000, attempt, "rescued");
+                    info!(pod = %pod_uid, sandbox = %key, %trigger, took_us = took / 1000, attempt, "rescued");
                     return;
                 }
                 Ok(_) => return,
@@ -735,7 +735,7 @@ impl Engine {
         }
     }
 
-    fn record_rescue(&self, uid: &str, trigger: &'static str, at: u64, first_move: Option<u64>, ok: bool) {
+    fn record_rescue(&self, uid: &str, trigger: RescueTrigger, at: u64, first_move: Option<u64>, ok: bool) {
         if let Some(t) = first_move {
             #[allow(clippy::cast_precision_loss)]
             self.inner

@@ -227,6 +227,60 @@ pub enum ReturnReason {
     Vanished,
 }
 
+impl ReturnReason {
+    /// Its name as the checkpoint spells it (`hook`, `netns_teardown`, ...): also the `trigger`
+    /// label of `dranet_rescue_returns` for the reasons counted there
+    /// ([`ReturnReason::counted_as`]).
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Hook => "hook",
+            Self::NetnsTeardown => "netns_teardown",
+            Self::Reconcile => "reconcile",
+            Self::Rollback => "rollback",
+            Self::Replaced => "replaced",
+            Self::Vanished => "vanished",
+        }
+    }
+
+    /// Which counter a finished return of this reason counts in.
+    #[must_use]
+    pub const fn counted_as(self) -> ReturnCount {
+        match self {
+            Self::Hook | Self::Reconcile | Self::Replaced | Self::Vanished => ReturnCount::Returns {
+                trigger: self.label(),
+            },
+            Self::Rollback => ReturnCount::Rollback,
+            Self::NetnsTeardown => ReturnCount::Rescued,
+        }
+    }
+
+    /// Whether the return is part of an attach (its rollback, its pod's older sandbox): never
+    /// queued behind other returns.
+    #[must_use]
+    pub const fn is_foreground(self) -> bool {
+        matches!(self, Self::Rollback | Self::Replaced)
+    }
+}
+
+impl std::fmt::Display for ReturnReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// The metric a finished return counts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnCount {
+    /// `dranet_rescue_returns{trigger}`.
+    Returns { trigger: &'static str },
+    /// `dranet_rollbacks`.
+    Rollback,
+    /// `dranet_rescued` (the probe-triggered rescue also counts its probe's trigger in
+    /// `dranet_rescue_returns`).
+    Rescued,
+}
+
 /// Life of a pod's devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -10,6 +10,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::nri::hooks::PodHook;
+
 /// Labels of the hook metrics: upstream dranet's `dranet_driver_nri_plugin_requests_*`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HookLabels {
@@ -129,9 +131,9 @@ impl NriMetrics {
         self.registrations.get()
     }
 
-    pub(crate) fn observe(&self, hook: &str, start: Instant, status: HookStatus) {
+    pub(crate) fn observe(&self, hook: PodHook, start: Instant, status: HookStatus) {
         let l = HookLabels {
-            method: hook.to_owned(),
+            method: hook.name().to_owned(),
             status: status.label().to_owned(),
         };
         self.requests.get_or_create(&l).inc();
@@ -150,8 +152,8 @@ mod tests {
         let m = NriMetrics::default();
         let mut reg = Registry::default();
         m.register(&mut reg);
-        m.observe("RunPodSandbox", Instant::now(), HookStatus::Failed);
-        m.observe("RunPodSandbox", Instant::now(), HookStatus::Noop);
+        m.observe(PodHook::RunPodSandbox, Instant::now(), HookStatus::Failed);
+        m.observe(PodHook::RunPodSandbox, Instant::now(), HookStatus::Noop);
         assert_eq!(
             (m.hook_calls("RunPodSandbox"), m.hook_errors("RunPodSandbox")),
             (2, 1)

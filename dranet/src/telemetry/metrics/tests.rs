@@ -12,7 +12,11 @@ fn full_registry() -> Registry {
     probes.set("Ebpf", "umount", true);
     probes.register(&mut r);
     let nri = NriMetrics::default();
-    nri.observe("RunPodSandbox", Instant::now(), nri::HookStatus::Success);
+    nri.observe(
+        crate::nri::hooks::PodHook::RunPodSandbox,
+        Instant::now(),
+        nri::HookStatus::Success,
+    );
     nri.register(&mut r);
     let dra = DraMetrics::default();
     dra.observe(dra::PREPARE, true, Duration::from_millis(3));
