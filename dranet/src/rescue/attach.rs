@@ -10,7 +10,9 @@ use tracing::{info, warn};
 use super::activity::ActivityKind;
 use super::{AttachOutcome, Engine, Live, RescueError};
 use crate::plan::DevicePlan;
-use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason, pod_key};
+use crate::state::{
+    DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, ReturnReason, Transition, pod_key,
+};
 use crate::sys::link::{self, AttachSpec, LinkError, Netlink, PodSocket};
 use crate::sys::netns::{Netns, Pin};
 use crate::sys::rdma::NetnsMode;
@@ -300,16 +302,8 @@ impl Engine {
         }
         self.inner.live_put(key, live);
         let Moved { names, placed } = moved;
-        self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(key) {
-                rec.phase = PodPhase::Attached;
-                for (d, at) in rec.devices.iter_mut().zip(&placed) {
-                    d.state = DeviceState::InPod;
-                    d.at = Some(*at);
-                }
-            }
-        })
-        .await?;
+        self.transition(key, Transition::MarkAttached { placed }, Durability::Awaited)
+            .await?;
         self.inner.metrics.attached.inc();
         self.inner
             .metrics
@@ -362,23 +356,12 @@ impl Engine {
             },
         );
         self.inner.metrics.attach_failures.inc();
-        self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(key) {
-                for (i, d) in rec.devices.iter_mut().enumerate() {
-                    // The failed device may be half-way: detach finds it at its pod ifindex or
-                    // at home.
-                    d.state = if i <= failed {
-                        DeviceState::InPod
-                    } else {
-                        DeviceState::Home
-                    };
-                    if let Some(at) = placed.get(i) {
-                        d.at = Some(*at);
-                    }
-                }
-            }
-        })
-        .await?;
+        // The failed device may be half-way: the return finds it at its pod ifindex or at home.
+        let t = Transition::RollingBack {
+            failed,
+            placed: placed.to_vec(),
+        };
+        self.transition(key, t, Durability::Awaited).await?;
         self.inner.live_put(key, live);
         if let Err(e) = self.detach_locked(key, ReturnReason::Rollback).await {
             warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "rollback incomplete");
@@ -398,12 +381,11 @@ impl Engine {
         let (Some(name), Some(NetnsMode::Exclusive)) = (d.rdma_device.clone(), self.inner.rdma_mode) else {
             return Ok(());
         };
-        self.update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                dev.rdma_in_pod = true;
-            }
-        })
-        .await?;
+        let t = Transition::RdmaInPod {
+            device: i,
+            in_pod: true,
+        };
+        self.transition(key, t, Durability::Awaited).await?;
         let uid = self
             .cp()
             .pods
@@ -561,14 +543,8 @@ impl Engine {
 
     /// Nothing moved: the sandbox record goes back to "returned".
     async fn abandon(&self, key: &str) -> Result<(), RescueError> {
-        self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(key) {
-                rec.phase = PodPhase::Returned(ReturnReason::Rollback);
-                rec.pin = None;
-                rec.devices.iter_mut().for_each(|d| d.state = DeviceState::Home);
-            }
-        })
-        .await
+        self.transition(key, Transition::Abandon, Durability::Awaited)
+            .await
     }
 }
 

@@ -8,7 +8,9 @@ use tracing::{info, warn};
 use super::activity::ActivityKind;
 use super::{DetachOutcome, Engine, Inner, Live, RescueError};
 use crate::pci;
-use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, ReturnCount, ReturnReason};
+use crate::state::{
+    DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, ReturnCount, ReturnReason, Transition,
+};
 use crate::sys::link::{self, LinkError, Netlink, Returned};
 use crate::sys::netns::Netns;
 use crate::sys::netns::Pin;
@@ -151,18 +153,13 @@ impl Engine {
             Some(l) => Some(l),
             None => self.repin(key, pin_path.as_deref()).await,
         };
-        let mark = |cp: &mut crate::state::Checkpoint| {
-            if let Some(rec) = cp.pods.get_mut(key) {
-                rec.phase = PodPhase::Returning;
-            }
-        };
-        if reason == ReturnReason::NetnsTeardown {
-            let mut cp = self.cp();
-            mark(&mut cp);
-            self.inner.writer.stage(&cp)?;
+        let durability = if reason == ReturnReason::NetnsTeardown {
+            Durability::Staged
         } else {
-            self.update(mark).await?;
-        }
+            Durability::Awaited
+        };
+        self.transition(key, Transition::MarkReturning, durability)
+            .await?;
         Ok(Begun::Ready { uid, devices, live })
     }
 
@@ -282,11 +279,25 @@ impl Engine {
         // The kernel's part is done: the next return may start while this one's state is
         // saved (the save's fsync needs no RTNL, and held the lane idle).
         drop(slot);
-        let (state, ret) = match res {
-            Ok(Returned::Restored) => (DeviceState::Home, DeviceReturn::Home(d.snapshot.name.clone())),
+        let ret = match res {
+            Ok(Returned::Restored) => {
+                // Staged, not awaited: the writer saves it right after, and the return's last
+                // save ([`Engine::finish_return`]) waits for it. A crash before that leaves the
+                // device `InPod` or `Returning` on disk with the pin still held, and the
+                // restart's reconcile returns the sandbox again: the device is no longer in the
+                // pod, so it is found in the host by its identity and restored
+                // (`find_and_repair`), which is what this save records.
+                self.transition(key, Transition::DeviceHome { device: i }, Durability::Staged)
+                    .await?;
+                DeviceReturn::Home(d.snapshot.name.clone())
+            }
             Ok(Returned::NameBusy { temp_name }) => {
-                self.set_temp_name(key, i, Some(temp_name.clone())).await?;
-                (DeviceState::HomeNameBusy, DeviceReturn::NameBusy(temp_name))
+                let t = Transition::HomeNameBusy {
+                    device: i,
+                    temp_name: temp_name.clone(),
+                };
+                self.transition(key, t, Durability::Awaited).await?;
+                DeviceReturn::NameBusy(temp_name)
             }
             Err(e) => {
                 warn!(pod = uid, sandbox = key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
@@ -294,18 +305,6 @@ impl Engine {
                 return Ok(DeviceReturn::Failed(failed));
             }
         };
-        // Staged, not awaited: the writer saves it right after, and the return's last save
-        // ([`Engine::finish_return`]) waits for it. A crash before that leaves the device `InPod` or
-        // `Returning` on disk with the pin still held, and the restart's reconcile returns the
-        // sandbox again: the device is no longer in the pod, so it is found in the host by its
-        // identity and restored (`find_and_repair`), which is what this save records.
-        self.stage_update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                dev.state = state;
-                dev.at = None;
-                dev.return_error = None;
-            }
-        })?;
         Ok(if failed.is_empty() {
             ret
         } else {
@@ -374,11 +373,7 @@ impl Engine {
                 info!(sandbox = key, netns = %id, "netns found alive: pinned again");
                 let p = pin.path().to_owned();
                 if let Err(e) = self
-                    .update(|cp| {
-                        if let Some(r) = cp.pods.get_mut(key) {
-                            r.pin = Some(p);
-                        }
-                    })
+                    .transition(key, Transition::SetPin(Some(p)), Durability::Awaited)
                     .await
                 {
                     warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record the new pin");
@@ -434,13 +429,8 @@ impl Engine {
             }
         }
         // The netns stays watched while the record stays: its teardown drops the record.
-        self.update(|cp| {
-            if let Some(rec) = cp.pods.get_mut(key) {
-                rec.phase = PodPhase::Returned(reason);
-                rec.pin = None;
-            }
-        })
-        .await?;
+        self.transition(key, Transition::MarkReturned(reason), Durability::Awaited)
+            .await?;
         // The runtime tore the netns down (CRI-O order, a rescue, a reconcile): the sandbox can
         // never run again, so its record goes now. Otherwise (containerd order, a new sandbox)
         // it waits for RemovePodSandbox, Synchronize or the sweep.
@@ -480,12 +470,11 @@ impl Engine {
                 Err(e) => return Err(err(e)),
             }
         }
-        self.update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                dev.rdma_in_pod = false;
-            }
-        })
-        .await
+        let t = Transition::RdmaInPod {
+            device: i,
+            in_pod: false,
+        };
+        self.transition(key, t, Durability::Awaited).await
     }
 
     /// `--pci-rebind`: the device is nowhere; rebind its PCI driver so it reappears in the host,
@@ -551,13 +540,8 @@ impl Engine {
     /// and reports it once: a WARN, the activity feed (the pod's Warning event, its claim's
     /// status, device health) and `dranet_devices_vanished_total`.
     async fn mark_gone(&self, uid: &str, key: &str, i: usize, d: &DeviceRecord) -> Result<(), RescueError> {
-        self.stage_update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                dev.state = DeviceState::Gone;
-                dev.at = None;
-                dev.return_error = None;
-            }
-        })?;
+        self.transition(key, Transition::DeviceGone { device: i }, Durability::Staged)
+            .await?;
         self.inner.metrics.vanished.inc();
         warn!(
             pod = uid,
@@ -581,26 +565,21 @@ impl Engine {
     /// its claim's status, device health) and `dranet_return_stuck_total{reason}`.
     pub(super) async fn report_stuck(&self, uid: &str, key: &str, error: &str) {
         let reason = stuck_reason(error);
-        let mut devices = Vec::new();
-        let saved = self
-            .update(|cp| {
-                if let Some(r) = cp.pods.get_mut(key) {
-                    for d in r.devices.iter_mut().filter(|d| {
-                        matches!(
-                            d.state,
-                            DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
-                        )
-                    }) {
-                        // Reported once: a second rescue of the same teardown (the unlink after
-                        // the umount) gives up too.
-                        if d.return_error.is_none() {
-                            devices.push(d.device.clone());
-                        }
-                        d.return_error = Some(error.to_owned());
-                    }
-                }
-            })
-            .await;
+        // Reported once: a second rescue of the same teardown (the unlink after the umount)
+        // gives up too. The pod's record is gone: nothing to report.
+        let Some(devices) = self.cp().record(key).map(|r| {
+            r.devices
+                .iter()
+                .filter(|d| d.return_error.is_none() && out(d.state))
+                .map(|d| d.device.clone())
+                .collect::<Vec<_>>()
+        }) else {
+            return;
+        };
+        let t = Transition::ReturnStuck {
+            error: error.to_owned(),
+        };
+        let saved = self.transition(key, t, Durability::Awaited).await;
         if let Err(e) = saved {
             warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record why the devices are still out");
         }
@@ -630,15 +609,6 @@ impl Engine {
                 error: error.to_owned(),
             },
         );
-    }
-
-    async fn set_temp_name(&self, key: &str, i: usize, name: Option<String>) -> Result<(), RescueError> {
-        self.update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                dev.temp_name = name;
-            }
-        })
-        .await
     }
 
     /// A device home under a temporary name: if its host name is free now, it gets it back
@@ -673,13 +643,8 @@ impl Engine {
             })?;
         match res {
             Some(Returned::Restored) => {
-                self.update(|cp| {
-                    if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                        dev.state = DeviceState::Home;
-                        dev.temp_name = None;
-                    }
-                })
-                .await?;
+                self.transition(key, Transition::NameBack { device: i }, Durability::Awaited)
+                    .await?;
                 info!(
                     pod = uid,
                     sandbox = key,
@@ -702,13 +667,8 @@ impl Engine {
                     temp_name = temp,
                     "device no longer under its temporary name: not renamed, no longer waited for"
                 );
-                self.update(|cp| {
-                    if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                        dev.state = DeviceState::Home;
-                        dev.temp_name = None;
-                    }
-                })
-                .await?;
+                self.transition(key, Transition::NameBack { device: i }, Durability::Awaited)
+                    .await?;
                 self.drop_if_torn_down(key).await?;
             }
         }
@@ -745,20 +705,11 @@ impl Engine {
             })?;
         // Counted before the record changes (see `finish_return`).
         self.inner.metrics.repaired.inc();
-        let state = match res {
-            Returned::Restored => DeviceState::Home,
-            Returned::NameBusy { temp_name } => {
-                self.set_temp_name(key, i, Some(temp_name)).await?;
-                DeviceState::HomeNameBusy
-            }
+        let t = match res {
+            Returned::Restored => Transition::DeviceHome { device: i },
+            Returned::NameBusy { temp_name } => Transition::HomeNameBusy { device: i, temp_name },
         };
-        self.update(|cp| {
-            if let Some(dev) = cp.pods.get_mut(key).and_then(|r| r.devices.get_mut(i)) {
-                dev.state = state;
-                dev.at = None;
-            }
-        })
-        .await?;
+        self.transition(key, t, Durability::Awaited).await?;
         info!(
             pod = uid,
             sandbox = key,
@@ -781,17 +732,29 @@ impl Engine {
             return self.repair(uid, key, device, to.ifindex).await;
         }
         let _owner = self.own(uid).await;
-        self.update(|cp| {
-            if let Some(d) = cp
-                .pods
-                .get_mut(key)
-                .and_then(|r| r.devices.iter_mut().find(|d| d.device == device))
-            {
-                d.at = Some(to);
-            }
-        })
-        .await
+        // The record may have gone since the event was decided (RemovePodSandbox meanwhile):
+        // nothing to record then.
+        let known = self
+            .cp()
+            .record(key)
+            .is_some_and(|r| r.devices.iter().any(|d| d.device == device));
+        if !known {
+            return Ok(());
+        }
+        let t = Transition::DeviceMoved {
+            device: device.to_owned(),
+            to,
+        };
+        self.transition(key, t, Durability::Awaited).await
     }
+}
+
+/// Whether a device in state `s` may still be outside the host.
+fn out(s: DeviceState) -> bool {
+    matches!(
+        s,
+        DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
+    )
 }
 
 /// The label of a return that keeps failing, from its error: `name_taken` (the kernel refused

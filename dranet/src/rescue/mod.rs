@@ -42,7 +42,10 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::plan::{ClaimPlan, DevicePlan, PodPlan};
-use crate::state::{Checkpoint, LoadSource, PodPhase, ReturnReason, StateError, StateLock, Store, Writer};
+use crate::state::{
+    Checkpoint, Durability, LoadSource, PodPhase, ReturnReason, StateError, StateLock, Store, Transition,
+    Writer,
+};
 use crate::sys::link::{LinkError, Netlink, PodSocket};
 use crate::sys::netns::{Netns, NetnsError, Pin};
 use crate::sys::rdma::{KernelRdma, RdmaOps};
@@ -794,6 +797,21 @@ impl Engine {
             self.inner.writer.stage(&cp)?
         };
         self.inner.writer.durable(generation).await?;
+        Ok(())
+    }
+
+    /// Applies one record transition ([`Transition`]: the state module's vocabulary) to the
+    /// record `key` and saves it as `durability` says. A record (or device) that is gone is an
+    /// error, and then nothing changed.
+    async fn transition(&self, key: &str, t: Transition, durability: Durability) -> Result<(), RescueError> {
+        let generation = {
+            let mut cp = self.cp();
+            cp.apply(key, t)?;
+            self.inner.writer.stage(&cp)?
+        };
+        if durability == Durability::Awaited {
+            self.inner.writer.durable(generation).await?;
+        }
         Ok(())
     }
 

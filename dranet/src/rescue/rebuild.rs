@@ -43,7 +43,8 @@ use super::reconcile::ReconcileReport;
 use super::{Engine, RescueError};
 use crate::inventory::{self, NetnsTarget, PciIds, ScanOptions, Sysfs};
 use crate::state::{
-    DeviceAt, DeviceRecord, DeviceState, LoadSource, PodPhase, PodRecord, Recovered, pod_key,
+    DeviceAt, DeviceRecord, DeviceState, Durability, LoadSource, PodPhase, PodRecord, Recovered, Transition,
+    pod_key,
 };
 use crate::sys::link::{self, LinkSnapshot, Netlink};
 use crate::sys::netns::{NetnsId, Pin};
@@ -326,12 +327,7 @@ impl Engine {
             }
         }
         let done = self
-            .update(|cp| {
-                if let Some(r) = cp.pods.get_mut(key) {
-                    r.phase = PodPhase::Attached;
-                    r.devices.iter_mut().for_each(|d| d.state = DeviceState::InPod);
-                }
-            })
+            .transition(key, Transition::ConfirmAttached, Durability::Awaited)
             .await;
         if done.is_ok() {
             warn!(

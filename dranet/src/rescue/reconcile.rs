@@ -20,7 +20,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError};
-use crate::state::{LoadSource, PodPhase, ReturnReason};
+use crate::state::{Durability, LoadSource, PodPhase, ReturnReason, Transition};
 use crate::sys::netns::{Netns, Pin};
 
 /// What a reconcile found and did.
@@ -137,11 +137,7 @@ impl Engine {
                     warn!(sandbox = key, pin = %p.display(), error = %crate::telemetry::chain(&e), "the record's pin does not hold its netns: left alone, the record forgets it");
                 }
                 if let Err(e) = self
-                    .update(|cp| {
-                        if let Some(r) = cp.pods.get_mut(key) {
-                            r.pin = None;
-                        }
-                    })
+                    .transition(key, Transition::SetPin(None), Durability::Awaited)
                     .await
                 {
                     warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record that the pin is not the record's");
@@ -266,12 +262,8 @@ impl Engine {
                     let live = self.record_pin(&key).await;
                     if let Some(pin) = live {
                         let _ = pin.release();
-                        self.update(|cp| {
-                            if let Some(r) = cp.pods.get_mut(&key) {
-                                r.pin = None;
-                            }
-                        })
-                        .await?;
+                        self.transition(&key, Transition::SetPin(None), Durability::Awaited)
+                            .await?;
                     }
                     if self.drop_record(&key, "release-all").await? {
                         report.dropped += 1;

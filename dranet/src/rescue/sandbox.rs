@@ -235,7 +235,7 @@ impl Engine {
         // record with every device home and no pin, of a sandbox the runtime no longer has,
         // which the restart's Synchronize or sweep drops again.
         self.stage_update(|cp| {
-            cp.pods.remove(key);
+            cp.drop_record(key);
         })?;
         if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
             w.unwatch_netns(id);

@@ -56,6 +56,7 @@
 mod disk;
 mod lock;
 mod store;
+mod transition;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -72,6 +73,7 @@ use crate::sys::netns::NetnsId;
 pub use crate::shared::Shared;
 pub use lock::StateLock;
 pub use store::{LoadSource, Loaded, Store};
+pub use transition::{Durability, Transition};
 pub use writer::Writer;
 
 /// Version of the checkpoint format; a newer file is refused rather than misread.
@@ -135,6 +137,9 @@ pub enum StateError {
     WriterStopped,
     #[error("saving the checkpoint")]
     Save(#[source] Arc<StateError>),
+    /// A [`Transition`] of a record (or of a device) that is not there: nothing changed.
+    #[error("sandbox record {key}: {transition}: no such record or device")]
+    RecordGone { key: String, transition: &'static str },
 }
 
 /// Where one managed device is, as far as the checkpoint knows.
