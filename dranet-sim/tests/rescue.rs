@@ -28,7 +28,7 @@ fn device(nic: &Nic, pod_if: &str, uid: &str) -> DevicePlan {
 
 /// The checkpoint key of the sandbox the fixtures attach (its id is the pod UID).
 fn key(uid: &str) -> String {
-    dranet::state::pod_key(uid, uid)
+    dranet::state::pod_key(uid, uid).into()
 }
 
 #[tokio::test]

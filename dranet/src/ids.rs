@@ -40,17 +40,55 @@ fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
-/// Checks a pod UID before any path or key is built from it.
-pub fn pod_uid(uid: &str) -> Result<(), IdError> {
+/// A pod UID checked at the boundary ([`pod_uid`]): a UUID or a Kubernetes name, never `/`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodUid(String);
+
+/// A runtime sandbox id checked at the boundary ([`sandbox_id`]): `[A-Za-z0-9_.-]`, 1-128
+/// bytes, no leading `.`, never `/`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SandboxId(String);
+
+macro_rules! str_id {
+    ($t:ty) => {
+        impl $t {
+            #[must_use]
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl std::ops::Deref for $t {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+        impl AsRef<str> for $t {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+str_id!(PodUid);
+str_id!(SandboxId);
+
+/// Checks a pod UID before any path or key is built from it; the checked UID.
+pub fn pod_uid(uid: &str) -> Result<PodUid, IdError> {
     if is_uuid(uid) || is_dns_subdomain(uid) {
-        Ok(())
+        Ok(PodUid(uid.to_owned()))
     } else {
         Err(IdError::PodUid(uid.to_owned()))
     }
 }
 
-/// Checks a runtime sandbox id before any path or key is built from it.
-pub fn sandbox_id(id: &str) -> Result<(), IdError> {
+/// Checks a runtime sandbox id before any path or key is built from it; the checked id.
+pub fn sandbox_id(id: &str) -> Result<SandboxId, IdError> {
     let ok = !id.is_empty()
         && id.len() <= 128
         && !id.starts_with('.')
@@ -58,7 +96,7 @@ pub fn sandbox_id(id: &str) -> Result<(), IdError> {
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
     if ok {
-        Ok(())
+        Ok(SandboxId(id.to_owned()))
     } else {
         Err(IdError::Sandbox(id.to_owned()))
     }
@@ -117,7 +155,7 @@ mod tests {
             "e2e-pod-abc12",
             "static-pod.node-a",
         ] {
-            assert_eq!(pod_uid(ok), Ok(()), "{ok}");
+            assert_eq!(pod_uid(ok).map(|u| u.to_string()), Ok(ok.to_owned()), "{ok}");
         }
         for bad in [
             "",
@@ -146,7 +184,7 @@ mod tests {
             "sb-uid-1",
             "sb_1.a",
         ] {
-            assert_eq!(sandbox_id(ok), Ok(()), "{ok}");
+            assert_eq!(sandbox_id(ok).map(|s| s.to_string()), Ok(ok.to_owned()), "{ok}");
         }
         for bad in [
             "",

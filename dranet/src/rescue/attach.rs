@@ -11,7 +11,7 @@ use super::activity::ActivityKind;
 use super::{AttachOutcome, Engine, Live, RescueError};
 use crate::plan::DevicePlan;
 use crate::state::{
-    DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, ReturnReason, Transition, pod_key,
+    DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, RecordKey, ReturnReason, Transition,
 };
 use crate::sys::link::{self, AttachSpec, LinkError, Netlink, PodSocket};
 use crate::sys::netns::{Netns, Pin};
@@ -53,8 +53,11 @@ impl Engine {
     /// [`Engine::move_devices`] (rolled back on failure); [`Engine::finish_attach`].
     pub async fn attach_pod(&self, pod: PodRef<'_>, netns_path: &Path) -> Result<AttachOutcome, RescueError> {
         let started = std::time::Instant::now();
-        crate::ids::pod_uid(pod.uid)?;
-        crate::ids::sandbox_id(pod.sandbox)?;
+        // Checked once, here: every key and path below is built from these.
+        let key = RecordKey::new(
+            &crate::ids::pod_uid(pod.uid)?,
+            &crate::ids::sandbox_id(pod.sandbox)?,
+        );
         let _owner = self.own(pod.uid).await;
         // Checked under the pod's lock: release-all takes it for each pod after setting the flag,
         // so an attach either finished before (and is brought home) or is refused.
@@ -70,7 +73,6 @@ impl Engine {
             return Ok(AttachOutcome::NotOurs);
         };
         let netns = self.open_sandbox_netns(pod.uid, netns_path)?;
-        let key = pod_key(pod.uid, pod.sandbox);
         self.name_legacy_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())
             .await?;
         self.name_recovered_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())
@@ -177,7 +179,7 @@ impl Engine {
     async fn write_ahead(
         &self,
         pod: &PodRef<'_>,
-        key: &str,
+        key: &RecordKey,
         netns_path: &Path,
         netns: Netns,
         records: &[DeviceRecord],
@@ -219,7 +221,7 @@ impl Engine {
     async fn move_devices(
         &self,
         pod: &PodRef<'_>,
-        key: &str,
+        key: &RecordKey,
         plan: &[DevicePlan],
         staged: Staged,
         pin: Pin,
@@ -288,7 +290,7 @@ impl Engine {
     async fn finish_attach(
         &self,
         pod: &PodRef<'_>,
-        key: &str,
+        key: &RecordKey,
         netns_path: &Path,
         (moved, live): (Moved, Live),
         mut times: Phases,
@@ -338,7 +340,7 @@ impl Engine {
     async fn roll_back(
         &self,
         uid: &str,
-        key: &str,
+        key: &RecordKey,
         failed: usize,
         placed: &[DeviceAt],
         live: Live,
@@ -346,7 +348,7 @@ impl Engine {
     ) -> Result<(), RescueError> {
         let device = err.device().map(str::to_owned);
         // The error itself is logged once, by whoever handles it (the NRI service for a hook).
-        info!(pod = uid, sandbox = key, device = ?device, "attach failed; rolling back");
+        info!(pod = uid, record = %key, device = ?device, "attach failed; rolling back");
         self.record(
             uid,
             ActivityKind::Failed {
@@ -364,7 +366,7 @@ impl Engine {
         self.transition(key, t, Durability::Awaited).await?;
         self.inner.live_put(key, live);
         if let Err(e) = self.detach_locked(key, ReturnReason::Rollback).await {
-            warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "rollback incomplete");
+            warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "rollback incomplete");
         }
         Ok(())
     }
@@ -373,7 +375,7 @@ impl Engine {
     /// first, so a crash in between still brings it back). In shared mode every netns sees it.
     async fn attach_rdma(
         &self,
-        key: &str,
+        key: &RecordKey,
         i: usize,
         d: &DevicePlan,
         pod_ns: &Netns,
@@ -410,7 +412,7 @@ impl Engine {
         })
     }
 
-    fn already_attached(&self, key: &str, netns: &Netns) -> bool {
+    fn already_attached(&self, key: &RecordKey, netns: &Netns) -> bool {
         self.cp()
             .pods
             .get(key)
@@ -420,15 +422,20 @@ impl Engine {
     /// Brings home the devices of every other sandbox of pod `uid` (and of a record under this
     /// very key that names another netns). A device that cannot come home fails the attach: it
     /// would be taken from a sandbox that may still use it.
-    async fn return_other_sandboxes(&self, uid: &str, key: &str, netns: &Netns) -> Result<(), RescueError> {
-        let others: Vec<String> = self
+    async fn return_other_sandboxes(
+        &self,
+        uid: &str,
+        key: &RecordKey,
+        netns: &Netns,
+    ) -> Result<(), RescueError> {
+        let others: Vec<RecordKey> = self
             .cp()
             .records_of(uid)
-            .filter(|r| r.has_devices_out() && (r.key() != key || r.netns != netns.id()))
+            .filter(|r| r.has_devices_out() && (r.key() != *key || r.netns != netns.id()))
             .map(crate::state::PodRecord::key)
             .collect();
         for other in others {
-            info!(pod = uid, from = %other, to = key, "new sandbox of the pod: devices come home from the old one first");
+            info!(pod = uid, from = %other, to = %key, "new sandbox of the pod: devices come home from the old one first");
             self.detach_locked(&other, ReturnReason::Replaced).await?;
         }
         Ok(())
@@ -542,7 +549,7 @@ impl Engine {
     }
 
     /// Nothing moved: the sandbox record goes back to "returned".
-    async fn abandon(&self, key: &str) -> Result<(), RescueError> {
+    async fn abandon(&self, key: &RecordKey) -> Result<(), RescueError> {
         self.transition(key, Transition::Abandon, Durability::Awaited)
             .await
     }

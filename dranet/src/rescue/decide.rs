@@ -20,7 +20,7 @@
 //! Not a trigger: "the last task in the netns exited" (CRI-O runs pods without an infra process),
 //! `cleanup_net` queued (tier A has no identity; a pinned netns cannot reach it anyway).
 
-use crate::state::{Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord};
+use crate::state::{Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord, RecordKey};
 use crate::watch::{EventKind, LifecycleEvent};
 
 /// What told the engine a sandbox's netns is being torn down: the probe event's kind. Its
@@ -65,33 +65,33 @@ pub enum Action {
     /// CLOCK_MONOTONIC ns).
     Rescue {
         pod_uid: String,
-        key: String,
+        key: RecordKey,
         trigger: RescueTrigger,
         at: u64,
     },
     /// A managed device showed up in the host without us: restore it.
     Repair {
         pod_uid: String,
-        key: String,
+        key: RecordKey,
         device: String,
         ifindex: u32,
     },
     /// A device we placed moved to another netns (tier B): record where it is now.
     Moved {
         pod_uid: String,
-        key: String,
+        key: RecordKey,
         device: String,
         to: DeviceAt,
     },
     /// The netns of a sandbox whose devices are all home was torn down: the sandbox can never
     /// run again, so its record goes (containerd sends no RemovePodSandbox for sandboxes it
     /// recovered after a restart).
-    Forget { pod_uid: String, key: String },
+    Forget { pod_uid: String, key: RecordKey },
     /// A host link was deleted or renamed: the host name of device `device`, home under a
     /// temporary name because that name was taken, may be free now: give it back.
     Rename {
         pod_uid: String,
-        key: String,
+        key: RecordKey,
         device: String,
     },
     /// Events were lost: re-check every pod.

@@ -9,7 +9,8 @@ use super::activity::ActivityKind;
 use super::{DetachOutcome, Engine, Inner, Live, RescueError};
 use crate::pci;
 use crate::state::{
-    DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, ReturnCount, ReturnReason, Transition,
+    DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, RecordKey, ReturnCount, ReturnReason,
+    Transition,
 };
 use crate::sys::link::{self, LinkError, Netlink, Returned};
 use crate::sys::netns::Netns;
@@ -17,11 +18,11 @@ use crate::sys::netns::Pin;
 use crate::sys::rdma;
 
 impl Inner {
-    pub(super) fn live_put(&self, key: &str, live: Live) {
+    pub(super) fn live_put(&self, key: &RecordKey, live: Live) {
         super::lock(&self.live).insert(key.to_owned(), live);
     }
 
-    pub(super) fn live_take(&self, key: &str) -> Option<Live> {
+    pub(super) fn live_take(&self, key: &RecordKey) -> Option<Live> {
         let mut live = super::lock(&self.live);
         let taken = live.remove(key);
         crate::heap::shrink_sparse(&mut live);
@@ -49,7 +50,7 @@ impl Engine {
     /// [`Engine::detach_timed`] without the timing.
     pub(super) async fn detach_locked(
         &self,
-        key: &str,
+        key: &RecordKey,
         reason: ReturnReason,
     ) -> Result<DetachOutcome, RescueError> {
         self.detach_timed(key, reason, &mut None).await
@@ -64,7 +65,7 @@ impl Engine {
     /// a device still out, [`Engine::incomplete_return`] (the engine retries).
     pub(super) async fn detach_timed(
         &self,
-        key: &str,
+        key: &RecordKey,
         reason: ReturnReason,
         first_move: &mut Option<u64>,
     ) -> Result<DetachOutcome, RescueError> {
@@ -112,7 +113,7 @@ impl Engine {
         }
         self.finish_return(key, live, reason).await?;
         self.say_what_was_not_restored(key, &devices);
-        info!(pod = uid, sandbox = key, ?reason, devices = ?home, name_busy = ?busy, "devices home");
+        info!(pod = uid, record = %key, ?reason, devices = ?home, name_busy = ?busy, "devices home");
         self.record(
             uid,
             ActivityKind::Returned {
@@ -136,7 +137,7 @@ impl Engine {
     /// the same: the runtime's path no longer names the netns, so it is not re-adopted. Waiting
     /// here would put the checkpoint thread's wake-up and `fsync` before the first move: ms on a
     /// loaded node.
-    async fn begin_return(&self, key: &str, reason: ReturnReason) -> Result<Begun, RescueError> {
+    async fn begin_return(&self, key: &RecordKey, reason: ReturnReason) -> Result<Begun, RescueError> {
         let (uid, devices, pin_path) = {
             let cp = self.cp();
             let Some(rec) = cp.pods.get(key) else {
@@ -165,7 +166,7 @@ impl Engine {
 
     /// Phase 2: rtnetlink inside the pod netns (the live one, or a new socket through the pin);
     /// `None` without a netns: the devices are repaired in the host instead.
-    async fn pod_netlink(&self, uid: &str, key: &str, live: Option<&Live>) -> Option<Netlink> {
+    async fn pod_netlink(&self, uid: &str, key: &RecordKey, live: Option<&Live>) -> Option<Netlink> {
         let live = live?;
         // On the kept socket (no thread hop into the netns), its task on the rescue reactor as
         // the attach's was; else (none kept, or it fails) a new socket through the pin.
@@ -178,7 +179,7 @@ impl Engine {
             match socket.connect(rt) {
                 Ok(nl) => return Some(nl),
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "the kept pod netlink socket failed; opening a new one");
+                    warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "the kept pod netlink socket failed; opening a new one");
                 }
             }
         }
@@ -188,7 +189,7 @@ impl Engine {
         {
             Ok(nl) => Some(nl),
             Err(e) => {
-                warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
+                warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
                 None
             }
         }
@@ -216,7 +217,9 @@ impl Engine {
         };
         let mut failed = Vec::new();
         if d.rdma_in_pod
-            && let Err(e) = self.detach_rdma(key, i, d, ctx.live.map(|l| l.pin.netns())).await
+            && let Err(e) = self
+                .detach_rdma(uid, key, i, d, ctx.live.map(|l| l.pin.netns()))
+                .await
         {
             warn!(pod = uid, device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
             failed.push(crate::telemetry::chain(&e).to_string());
@@ -300,7 +303,7 @@ impl Engine {
                 DeviceReturn::NameBusy(temp_name)
             }
             Err(e) => {
-                warn!(pod = uid, sandbox = key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
+                warn!(pod = uid, record = %key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
                 failed.push(crate::telemetry::chain(&e).to_string());
                 return Ok(DeviceReturn::Failed(failed));
             }
@@ -317,7 +320,7 @@ impl Engine {
     fn incomplete_return(
         &self,
         uid: &str,
-        key: &str,
+        key: &RecordKey,
         live: Option<Live>,
         failed: usize,
         total: usize,
@@ -346,7 +349,7 @@ impl Engine {
     /// Re-opens the pod's pin; if it is gone, finds the netns by identity (the runtime's path,
     /// then `/proc/*/ns/net`, scanned on the blocking pool) and pins it again. `None`: the netns
     /// is gone.
-    pub(super) async fn repin(&self, key: &str, pin_path: Option<&std::path::Path>) -> Option<Live> {
+    pub(super) async fn repin(&self, key: &RecordKey, pin_path: Option<&std::path::Path>) -> Option<Live> {
         let (id, path, name) = self
             .cp()
             .pods
@@ -357,10 +360,10 @@ impl Engine {
                 // The pin must still hold the netns the record attached to.
                 Ok(pin) if pin.netns().id() == id => return Some(Live { pin, socket: None }),
                 Ok(pin) => {
-                    warn!(sandbox = key, pin = %p.display(), found = %pin.netns().id(), expected = %id, "pin holds another netns; ignoring it");
+                    warn!(record = %key, pin = %p.display(), found = %pin.netns().id(), expected = %id, "pin holds another netns; ignoring it");
                 }
                 Err(e) => {
-                    warn!(sandbox = key, pin = %p.display(), error = %crate::telemetry::chain(&e), "pin is gone; looking for the netns by identity")
+                    warn!(record = %key, pin = %p.display(), error = %crate::telemetry::chain(&e), "pin is gone; looking for the netns by identity")
                 }
             }
         }
@@ -370,18 +373,18 @@ impl Engine {
             .flatten()?;
         match Pin::create(&ns, &self.inner.store.pins_dir(), &name) {
             Ok(pin) => {
-                info!(sandbox = key, netns = %id, "netns found alive: pinned again");
+                info!(record = %key, netns = %id, "netns found alive: pinned again");
                 let p = pin.path().to_owned();
                 if let Err(e) = self
                     .transition(key, Transition::SetPin(Some(p)), Durability::Awaited)
                     .await
                 {
-                    warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record the new pin");
+                    warn!(record = %key, error = %crate::telemetry::chain(&e), "cannot record the new pin");
                 }
                 Some(Live { pin, socket: None })
             }
             Err(e) => {
-                warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot pin the netns again");
+                warn!(record = %key, error = %crate::telemetry::chain(&e), "cannot pin the netns again");
                 None
             }
         }
@@ -390,7 +393,7 @@ impl Engine {
     /// Every device is home: release the pin, stop watching, record why.
     pub(super) async fn finish_return(
         &self,
-        key: &str,
+        key: &RecordKey,
         live: Option<Live>,
         reason: ReturnReason,
     ) -> Result<(), RescueError> {
@@ -405,9 +408,9 @@ impl Engine {
             match tokio::task::spawn_blocking(move || pin.release()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    warn!(sandbox = key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
+                    warn!(record = %key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
                 }
-                Err(_) => warn!(sandbox = key, "releasing the pin: the blocking task failed"),
+                Err(_) => warn!(record = %key, "releasing the pin: the blocking task failed"),
             }
         }
         // Counted before the record changes: whoever sees the record say "returned" sees the
@@ -442,7 +445,8 @@ impl Engine {
     /// returns exclusive-mode RDMA devices to the host when it destroys a netns).
     async fn detach_rdma(
         &self,
-        key: &str,
+        uid: &str,
+        key: &RecordKey,
         i: usize,
         d: &DeviceRecord,
         pod_ns: Option<&Netns>,
@@ -452,7 +456,7 @@ impl Engine {
         };
         if let Some(pod_ns) = pod_ns {
             let err = |source| RescueError::Rdma {
-                pod: key.to_owned(),
+                pod: uid.to_owned(),
                 device: name.clone(),
                 source,
             };
@@ -460,7 +464,7 @@ impl Engine {
             let host = self.inner.host.try_clone().map_err(RescueError::Host)?;
             let (ops, n) = (self.inner.rdma.clone(), name.clone());
             let r = self
-                .blocking_op(key, &d.device, "RDMA move back to the host", move || {
+                .blocking_op(uid, &d.device, "RDMA move back to the host", move || {
                     ops.move_device(&pod_ns, &n, &host)
                 })
                 .await?;
@@ -539,13 +543,19 @@ impl Engine {
     /// Records device `i` of sandbox `key` as gone (staged: the return's last save carries it)
     /// and reports it once: a WARN, the activity feed (the pod's Warning event, its claim's
     /// status, device health) and `dranet_devices_vanished_total`.
-    async fn mark_gone(&self, uid: &str, key: &str, i: usize, d: &DeviceRecord) -> Result<(), RescueError> {
+    async fn mark_gone(
+        &self,
+        uid: &str,
+        key: &RecordKey,
+        i: usize,
+        d: &DeviceRecord,
+    ) -> Result<(), RescueError> {
         self.transition(key, Transition::DeviceGone { device: i }, Durability::Staged)
             .await?;
         self.inner.metrics.vanished.inc();
         warn!(
             pod = uid,
-            sandbox = key,
+            record = %key,
             device = d.device,
             host_name = d.snapshot.name,
             "device no longer exists anywhere (deleted while in the pod): its record ends"
@@ -563,7 +573,7 @@ impl Engine {
     /// A rescue gave up with devices still out: each gets the error in its record (`dranet
     /// status`), and each device not reported yet since it was last home is reported once: a WARN, the activity feed (the pod's Warning event,
     /// its claim's status, device health) and `dranet_return_stuck_total{reason}`.
-    pub(super) async fn report_stuck(&self, uid: &str, key: &str, error: &str) {
+    pub(super) async fn report_stuck(&self, uid: &str, key: &RecordKey, error: &str) {
         let reason = stuck_reason(error);
         // Reported once: a second rescue of the same teardown (the unlink after the umount)
         // gives up too. The pod's record is gone: nothing to report.
@@ -581,7 +591,7 @@ impl Engine {
         };
         let saved = self.transition(key, t, Durability::Awaited).await;
         if let Err(e) = saved {
-            warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record why the devices are still out");
+            warn!(record = %key, error = %crate::telemetry::chain(&e), "cannot record why the devices are still out");
         }
         if devices.is_empty() {
             return;
@@ -595,7 +605,7 @@ impl Engine {
             .inc();
         warn!(
             pod = uid,
-            sandbox = key,
+            record = %key,
             devices = ?devices,
             reason,
             error,
@@ -614,7 +624,7 @@ impl Engine {
     /// A device home under a temporary name: if its host name is free now, it gets it back
     /// (and the rest of its snapshot, as the rename took it down). Idempotent; the link that
     /// held the name is never touched.
-    pub async fn rename_home(&self, uid: &str, key: &str, device: &str) -> Result<(), RescueError> {
+    pub async fn rename_home(&self, uid: &str, key: &RecordKey, device: &str) -> Result<(), RescueError> {
         let _owner = self.own(uid).await;
         let Some((i, d)) = self.cp().pods.get(key).and_then(|r| {
             r.devices
@@ -647,7 +657,7 @@ impl Engine {
                     .await?;
                 info!(
                     pod = uid,
-                    sandbox = key,
+                    record = %key,
                     device,
                     from = temp,
                     to = d.snapshot.name,
@@ -662,7 +672,7 @@ impl Engine {
                 // renamed it): this record no longer waits for it.
                 warn!(
                     pod = uid,
-                    sandbox = key,
+                    record = %key,
                     device,
                     temp_name = temp,
                     "device no longer under its temporary name: not renamed, no longer waited for"
@@ -677,7 +687,13 @@ impl Engine {
 
     /// A managed device appeared in the host by itself: restore it (idempotent). The link at
     /// `ifindex` must be the device by its kernel identity (`link::repair` checks).
-    pub async fn repair(&self, uid: &str, key: &str, device: &str, ifindex: u32) -> Result<(), RescueError> {
+    pub async fn repair(
+        &self,
+        uid: &str,
+        key: &RecordKey,
+        device: &str,
+        ifindex: u32,
+    ) -> Result<(), RescueError> {
         let _owner = self.own(uid).await;
         let Some((i, d)) = self.cp().pods.get(key).and_then(|r| {
             r.devices
@@ -712,7 +728,7 @@ impl Engine {
         self.transition(key, t, Durability::Awaited).await?;
         info!(
             pod = uid,
-            sandbox = key,
+            record = %key,
             device,
             ifindex,
             "device returned by the kernel: restored"
@@ -727,7 +743,13 @@ impl Engine {
 
     /// Tier B saw a device we placed change netns: record where it is now; if that is the host,
     /// restore it.
-    pub async fn moved(&self, uid: &str, key: &str, device: &str, to: DeviceAt) -> Result<(), RescueError> {
+    pub async fn moved(
+        &self,
+        uid: &str,
+        key: &RecordKey,
+        device: &str,
+        to: DeviceAt,
+    ) -> Result<(), RescueError> {
         if to.netns == self.inner.host.id() {
             return self.repair(uid, key, device, to.ifindex).await;
         }
@@ -809,7 +831,7 @@ enum Begun {
 /// What every device of one return shares.
 struct ReturnCtx<'a> {
     uid: &'a str,
-    key: &'a str,
+    key: &'a RecordKey,
     live: Option<&'a Live>,
     pod_nl: Option<&'a Netlink>,
     host_nl: &'a Netlink,

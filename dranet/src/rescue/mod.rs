@@ -43,8 +43,8 @@ use tracing::{debug, info, warn};
 
 use crate::plan::{ClaimPlan, DevicePlan, PodPlan};
 use crate::state::{
-    Checkpoint, Durability, LoadSource, PodPhase, ReturnReason, StateError, StateLock, Store, Transition,
-    Writer,
+    Checkpoint, Durability, LoadSource, PodPhase, RecordKey, ReturnReason, StateError, StateLock, Store,
+    Transition, Writer,
 };
 use crate::sys::link::{LinkError, Netlink, PodSocket};
 use crate::sys::netns::{Netns, NetnsError, Pin};
@@ -228,7 +228,7 @@ struct Inner {
     rdma: Arc<dyn RdmaOps>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Pinned netns of the sandboxes holding devices, by record key.
-    live: Mutex<HashMap<String, Live>>,
+    live: Mutex<HashMap<RecordKey, Live>>,
     host: Netns,
     /// RDMA netns mode of the host; `None` without RDMA.
     rdma_mode: Option<crate::sys::rdma::NetnsMode>,
@@ -575,7 +575,7 @@ impl Engine {
 
     /// Sandboxes (pod UID, record key) that may still hold devices.
     #[must_use]
-    pub fn sandboxes_with_devices_out(&self) -> Vec<(String, String)> {
+    pub fn sandboxes_with_devices_out(&self) -> Vec<(String, RecordKey)> {
         self.cp()
             .pods
             .values()
@@ -637,7 +637,7 @@ impl Engine {
                 ifindex,
             } => {
                 if let Err(e) = self.repair(&pod_uid, &key, &device, ifindex).await {
-                    warn!(pod = %pod_uid, sandbox = %key, device, error = %crate::telemetry::chain(&e), "repair failed");
+                    warn!(pod = %pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "repair failed");
                     self.record(
                         &pod_uid,
                         activity::ActivityKind::Failed {
@@ -655,19 +655,19 @@ impl Engine {
                 to,
             } => {
                 if let Err(e) = self.moved(&pod_uid, &key, &device, to).await {
-                    warn!(pod = %pod_uid, sandbox = %key, device, error = %crate::telemetry::chain(&e), "recording a device move failed");
+                    warn!(pod = %pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "recording a device move failed");
                 }
             }
             Action::Rename { pod_uid, key, device } => {
                 if let Err(e) = self.rename_home(&pod_uid, &key, &device).await {
-                    warn!(pod = %pod_uid, sandbox = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
+                    warn!(pod = %pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
                 }
             }
             Action::Forget { pod_uid, key } => {
                 {
                     let _owner = self.own(&pod_uid).await;
                     if let Err(e) = self.drop_if_torn_down(&key).await {
-                        warn!(pod = %pod_uid, sandbox = %key, error = %crate::telemetry::chain(&e), "cannot drop the record");
+                        warn!(pod = %pod_uid, record = %key, error = %crate::telemetry::chain(&e), "cannot drop the record");
                     }
                 }
                 self.prune_lock(&pod_uid);
@@ -683,8 +683,8 @@ impl Engine {
 
     /// A probe saw the sandbox's netns being torn down: every device home now, retried with
     /// backoff (the kernel or a busy RTNL can fail a pass) until home or the record is gone.
-    async fn rescue(&self, pod_uid: &str, key: &str, trigger: RescueTrigger, at: u64) {
-        info!(pod = %pod_uid, sandbox = %key, %trigger, "netns teardown started: bringing devices home");
+    async fn rescue(&self, pod_uid: &str, key: &RecordKey, trigger: RescueTrigger, at: u64) {
+        info!(pod = %pod_uid, record = %key, %trigger, "netns teardown started: bringing devices home");
         self.record(
             pod_uid,
             activity::ActivityKind::RescueStarted {
@@ -716,12 +716,12 @@ impl Engine {
                             trigger: trigger.label().to_owned(),
                         })
                         .inc();
-                    info!(pod = %pod_uid, sandbox = %key, %trigger, took_us = took / 1000, attempt, "rescued");
+                    info!(pod = %pod_uid, record = %key, %trigger, took_us = took / 1000, attempt, "rescued");
                     return;
                 }
                 Ok(_) => return,
                 Err(e) if attempt == RESCUE_ATTEMPTS => {
-                    warn!(pod = %pod_uid, sandbox = %key, error = %crate::telemetry::chain(&e), attempt, "rescue incomplete; giving up until the next trigger or reconcile");
+                    warn!(pod = %pod_uid, record = %key, error = %crate::telemetry::chain(&e), attempt, "rescue incomplete; giving up until the next trigger or reconcile");
                     let why = match &e {
                         RescueError::Incomplete { first, .. } => first.clone(),
                         other => crate::telemetry::chain(other).to_string(),
@@ -730,7 +730,7 @@ impl Engine {
                     self.report_stuck(pod_uid, key, &why).await;
                 }
                 Err(e) => {
-                    debug!(pod = %pod_uid, sandbox = %key, error = %crate::telemetry::chain(&e), attempt, ?delay, "rescue incomplete; retrying");
+                    debug!(pod = %pod_uid, record = %key, error = %crate::telemetry::chain(&e), attempt, ?delay, "rescue incomplete; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(2));
                 }
@@ -803,7 +803,12 @@ impl Engine {
     /// Applies one record transition ([`Transition`]: the state module's vocabulary) to the
     /// record `key` and saves it as `durability` says. A record (or device) that is gone is an
     /// error, and then nothing changed.
-    async fn transition(&self, key: &str, t: Transition, durability: Durability) -> Result<(), RescueError> {
+    async fn transition(
+        &self,
+        key: &RecordKey,
+        t: Transition,
+        durability: Durability,
+    ) -> Result<(), RescueError> {
         let generation = {
             let mut cp = self.cp();
             cp.apply(key, t)?;

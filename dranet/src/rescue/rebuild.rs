@@ -43,8 +43,8 @@ use super::reconcile::ReconcileReport;
 use super::{Engine, RescueError};
 use crate::inventory::{self, NetnsTarget, PciIds, ScanOptions, Sysfs};
 use crate::state::{
-    DeviceAt, DeviceRecord, DeviceState, Durability, LoadSource, PodPhase, PodRecord, Recovered, Transition,
-    pod_key,
+    DeviceAt, DeviceRecord, DeviceState, Durability, LoadSource, PodPhase, PodRecord, RecordKey, Recovered,
+    Transition, pod_key,
 };
 use crate::sys::link::{self, LinkSnapshot, Netlink};
 use crate::sys::netns::{NetnsId, Pin};
@@ -142,7 +142,7 @@ impl Engine {
         })
         .await?;
         drop(pin);
-        Ok(Some(key))
+        Ok(Some(key.into()))
     }
 
     /// The links of the pinned netns that are ours (see the module docs).
@@ -297,7 +297,7 @@ impl Engine {
     /// A checkpoint from `.prev` shows an attach under way: it finished if every device is in
     /// the pinned netns at the ifindex written ahead for it (and is that device by its
     /// identity). Then the record is marked attached.
-    pub(super) async fn confirm_attach(&self, key: &str) -> bool {
+    pub(super) async fn confirm_attach(&self, key: &RecordKey) -> bool {
         let Some((pin_path, devices)) = self
             .cp()
             .pods
@@ -331,7 +331,7 @@ impl Engine {
             .await;
         if done.is_ok() {
             warn!(
-                sandbox = key,
+                record = %key,
                 "the previous checkpoint shows this attach under way, but every device is in the pod: taken as attached"
             );
         }
@@ -339,7 +339,7 @@ impl Engine {
     }
 
     /// Logs what a return of rebuilt devices could not restore.
-    pub(super) fn say_what_was_not_restored(&self, key: &str, devices: &[DeviceRecord]) {
+    pub(super) fn say_what_was_not_restored(&self, key: &RecordKey, devices: &[DeviceRecord]) {
         let rebuilt: Vec<&str> = devices
             .iter()
             .filter(|d| d.rebuilt)
@@ -347,7 +347,7 @@ impl Engine {
             .collect();
         if !rebuilt.is_empty() {
             warn!(
-                sandbox = key,
+                record = %key,
                 devices = ?rebuilt,
                 "devices of a record rebuilt from a pin are home under these names, up, without addresses; their MTU, alias, offloads and IP sysctls from before the attach were unknown and are not restored"
             );

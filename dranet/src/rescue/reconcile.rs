@@ -20,7 +20,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError};
-use crate::state::{Durability, LoadSource, PodPhase, ReturnReason, Transition};
+use crate::state::{Durability, LoadSource, PodPhase, RecordKey, ReturnReason, Transition};
 use crate::sys::netns::{Netns, Pin};
 
 /// What a reconcile found and did.
@@ -45,7 +45,7 @@ impl Engine {
     pub async fn reconcile(&self) -> Result<ReconcileReport, RescueError> {
         let mut report = ReconcileReport::default();
         self.recover_pins(&mut report).await;
-        let sandboxes: Vec<(String, String)> = self
+        let sandboxes: Vec<(String, RecordKey)> = self
             .cp()
             .pods
             .values()
@@ -65,11 +65,11 @@ impl Engine {
                 continue;
             };
             match self.reconcile_pod(&key, phase).await {
-                Ok(true) => report.adopted.push(key),
-                Ok(false) => report.returned.push(key),
+                Ok(true) => report.adopted.push(key.to_string()),
+                Ok(false) => report.returned.push(key.to_string()),
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "reconcile: devices not all home");
-                    report.failed.push(key);
+                    warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "reconcile: devices not all home");
+                    report.failed.push(key.to_string());
                 }
             }
         }
@@ -79,7 +79,7 @@ impl Engine {
             if let super::decide::Action::Rename { pod_uid, key, device } = action
                 && let Err(e) = self.rename_home(&pod_uid, &key, &device).await
             {
-                warn!(pod = pod_uid, sandbox = key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
+                warn!(pod = pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
             }
         }
         report.dropped = self.sweep().await;
@@ -90,7 +90,7 @@ impl Engine {
     }
 
     /// Returns whether the sandbox was adopted (still running).
-    async fn reconcile_pod(&self, key: &str, phase: PodPhase) -> Result<bool, RescueError> {
+    async fn reconcile_pod(&self, key: &RecordKey, phase: PodPhase) -> Result<bool, RescueError> {
         // A `.prev` checkpoint is one save behind: an attach it shows under way may have
         // finished (its last save is what was lost). Trust the kernel, not the record.
         let phase = if phase == PodPhase::Attaching
@@ -124,7 +124,7 @@ impl Engine {
     /// The pin record `key` names, re-opened if it still holds the record's netns. A pin that
     /// holds another netns is never released through this record: the record forgets it
     /// (logged), and the pin stays for whoever it belongs to.
-    async fn record_pin(&self, key: &str) -> Option<Pin> {
+    async fn record_pin(&self, key: &RecordKey) -> Option<Pin> {
         let (p, id) = self
             .cp()
             .pods
@@ -134,13 +134,13 @@ impl Engine {
             Ok(pin) => Some(pin),
             Err(e) => {
                 if matches!(e, crate::sys::netns::NetnsError::PinMismatch { .. }) {
-                    warn!(sandbox = key, pin = %p.display(), error = %crate::telemetry::chain(&e), "the record's pin does not hold its netns: left alone, the record forgets it");
+                    warn!(record = %key, pin = %p.display(), error = %crate::telemetry::chain(&e), "the record's pin does not hold its netns: left alone, the record forgets it");
                 }
                 if let Err(e) = self
                     .transition(key, Transition::SetPin(None), Durability::Awaited)
                     .await
                 {
-                    warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot record that the pin is not the record's");
+                    warn!(record = %key, error = %crate::telemetry::chain(&e), "cannot record that the pin is not the record's");
                 }
                 None
             }
@@ -148,7 +148,7 @@ impl Engine {
     }
 
     /// Re-opens the pin of a pod whose runtime path still names the pinned netns.
-    async fn readopt(&self, key: &str) -> bool {
+    async fn readopt(&self, key: &RecordKey) -> bool {
         let Some((path, id, pin_path)) = self
             .cp()
             .pods
@@ -174,10 +174,10 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(&path, id, pin.netns().as_fd()).await
         {
-            warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot watch the re-adopted netns");
+            warn!(record = %key, error = %crate::telemetry::chain(&e), "cannot watch the re-adopted netns");
         }
         self.inner.live_put(key, Live { pin, socket: None });
-        info!(sandbox = key, netns = %id, "pod still running: re-adopted");
+        info!(record = %key, netns = %id, "pod still running: re-adopted");
         // The runtime may have removed the path between our check and the watch: re-check.
         if !path.exists() {
             return false;
@@ -247,7 +247,7 @@ impl Engine {
     pub async fn release_all(&self) -> Result<ReconcileReport, RescueError> {
         let mut report = ReconcileReport::default();
         self.recover_pins(&mut report).await;
-        let sandboxes: Vec<(String, String)> = self
+        let sandboxes: Vec<(String, RecordKey)> = self
             .cp()
             .pods
             .values()
@@ -257,7 +257,7 @@ impl Engine {
             let _owner = self.own(&uid).await;
             match self.detach_locked(&key, ReturnReason::Hook).await {
                 Ok(_) => {
-                    report.returned.push(key.clone());
+                    report.returned.push(key.to_string());
                     // A record whose pin lingers (devices home before a crash) loses it here.
                     let live = self.record_pin(&key).await;
                     if let Some(pin) = live {
@@ -270,8 +270,8 @@ impl Engine {
                     }
                 }
                 Err(e) => {
-                    warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "release-all: devices not all home");
-                    report.failed.push(key);
+                    warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "release-all: devices not all home");
+                    report.failed.push(key.to_string());
                 }
             }
         }

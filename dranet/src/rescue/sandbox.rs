@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::decide::normalize_path;
 use super::{DetachOutcome, Engine, RescueError};
-use crate::state::{PodPhase, PodRecord, ReturnReason, pod_key};
+use crate::state::{PodPhase, PodRecord, RecordKey, ReturnReason, pod_key};
 use crate::sys::netns::Netns;
 
 /// A hook's sandbox.
@@ -57,13 +57,21 @@ fn same_path(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// The record key of a hook's sandbox, its ids checked once, here (before the pod's lock is
+/// taken: an invalid id leaves nothing behind).
+fn checked_key(sb: SandboxRef<'_>) -> Result<RecordKey, RescueError> {
+    Ok(RecordKey::new(
+        &crate::ids::pod_uid(sb.uid)?,
+        &crate::ids::sandbox_id(sb.sandbox)?,
+    ))
+}
+
 impl Engine {
     /// The record a hook for `sb` is about: the sandbox's own, or a record migrated from
     /// checkpoint format 1 (no sandbox id) of the same pod that this sandbox is shown to own
     /// (same netns path; or, for a hook without a path, the pod's only record), which then takes
     /// the sandbox id. The pod's lock must be held.
-    async fn resolve(&self, sb: SandboxRef<'_>) -> Result<Option<String>, RescueError> {
-        let key = pod_key(sb.uid, sb.sandbox);
+    async fn resolve(&self, sb: SandboxRef<'_>, key: RecordKey) -> Result<Option<RecordKey>, RescueError> {
         if self.cp().pods.contains_key(&key) {
             return Ok(Some(key));
         }
@@ -120,10 +128,9 @@ impl Engine {
         sb: SandboxRef<'_>,
         reason: ReturnReason,
     ) -> Result<DetachOutcome, RescueError> {
-        crate::ids::pod_uid(sb.uid)?;
-        crate::ids::sandbox_id(sb.sandbox)?;
+        let key = checked_key(sb)?;
         let _owner = self.own(sb.uid).await;
-        let Some(key) = self.resolve(sb).await? else {
+        let Some(key) = self.resolve(sb, key).await? else {
             return Ok(DetachOutcome::NotOurs);
         };
         self.detach_locked(&key, reason).await
@@ -132,11 +139,10 @@ impl Engine {
     /// RemovePodSandbox: the runtime is done with the sandbox. Its devices come home if they are
     /// not yet (a Remove without a Stop), then its record goes.
     pub async fn forget_sandbox(&self, sb: SandboxRef<'_>) -> Result<DetachOutcome, RescueError> {
-        crate::ids::pod_uid(sb.uid)?;
-        crate::ids::sandbox_id(sb.sandbox)?;
+        let key = checked_key(sb)?;
         let out = {
             let _owner = self.own(sb.uid).await;
-            let Some(key) = self.resolve(sb).await? else {
+            let Some(key) = self.resolve(sb, key).await? else {
                 return Ok(DetachOutcome::NotOurs);
             };
             let out = self.detach_locked(&key, ReturnReason::Hook).await?;
@@ -166,8 +172,8 @@ impl Engine {
                 warn!(pod = s.uid, sandbox = s.sandbox, error = %crate::telemetry::chain(&e), "cannot name a format-1 or rebuilt record");
             }
         }
-        let known: HashSet<String> = running.iter().map(|s| pod_key(&s.uid, &s.sandbox)).collect();
-        let gone: Vec<(String, String)> = self
+        let known: HashSet<RecordKey> = running.iter().map(|s| pod_key(&s.uid, &s.sandbox)).collect();
+        let gone: Vec<(String, RecordKey)> = self
             .cp()
             .pods
             .values()
@@ -181,23 +187,23 @@ impl Engine {
                 if out {
                     info!(
                         pod = uid,
-                        sandbox = key,
+                        record = %key,
                         "the runtime no longer knows this sandbox: bringing its devices home"
                     );
                     match self.detach_locked(&key, ReturnReason::Vanished).await {
-                        Ok(_) => report.returned.push(key.clone()),
+                        Ok(_) => report.returned.push(key.to_string()),
                         Err(e) => {
-                            warn!(pod = uid, sandbox = key, error = %crate::telemetry::chain(&e), "devices of a vanished sandbox not all home");
-                            report.failed.push(key.clone());
+                            warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "devices of a vanished sandbox not all home");
+                            report.failed.push(key.to_string());
                             continue;
                         }
                     }
                 }
                 match self.drop_record(&key, "unknown to the runtime").await {
-                    Ok(true) => report.dropped.push(key.clone()),
+                    Ok(true) => report.dropped.push(key.to_string()),
                     Ok(false) => {}
                     Err(e) => {
-                        warn!(sandbox = key, error = %crate::telemetry::chain(&e), "cannot drop the record")
+                        warn!(record = %key, error = %crate::telemetry::chain(&e), "cannot drop the record")
                     }
                 }
             }
@@ -208,7 +214,7 @@ impl Engine {
 
     /// Deletes the record `key` if every device is home and its pin is released. Returns whether
     /// it did. The pod's lock must be held.
-    pub(super) async fn drop_record(&self, key: &str, why: &str) -> Result<bool, RescueError> {
+    pub(super) async fn drop_record(&self, key: &RecordKey, why: &str) -> Result<bool, RescueError> {
         let droppable = self
             .cp()
             .pods
@@ -225,7 +231,7 @@ impl Engine {
                 .any(|d| d.state == crate::state::DeviceState::HomeNameBusy)
         }) {
             info!(
-                sandbox = key,
+                record = %key,
                 why, "sandbox record kept: a device waits for its host name"
             );
             return Ok(false);
@@ -243,13 +249,13 @@ impl Engine {
         self.inner.metrics.records_dropped.inc();
         // What the sandbox held is free now; after a burst of removals, hand it back.
         crate::heap::after_burst();
-        info!(sandbox = key, why, "sandbox record dropped");
+        info!(record = %key, why, "sandbox record dropped");
         Ok(true)
     }
 
     /// Drops the record `key` (devices home, pin released) if its netns is gone: the runtime's
     /// path no longer names the netns the sandbox attached to.
-    pub(super) async fn drop_if_torn_down(&self, key: &str) -> Result<bool, RescueError> {
+    pub(super) async fn drop_if_torn_down(&self, key: &RecordKey) -> Result<bool, RescueError> {
         let Some((path, id)) = self.cp().pods.get(key).map(|r| (r.netns_path.clone(), r.netns)) else {
             return Ok(false);
         };
@@ -290,7 +296,7 @@ impl Engine {
     /// with nothing left. Runs after a reconcile and every [`SWEEP_EVERY`] while there is
     /// something to sweep ([`Engine::sweep_forever`]).
     pub async fn sweep(&self) -> usize {
-        let candidates: Vec<(String, String)> = self
+        let candidates: Vec<(String, RecordKey)> = self
             .cp()
             .pods
             .values()
@@ -305,7 +311,7 @@ impl Engine {
                     Ok(true) => n += 1,
                     Ok(false) => {}
                     Err(e) => {
-                        warn!(sandbox = key, error = %crate::telemetry::chain(&e), "sweep: cannot drop the record")
+                        warn!(record = %key, error = %crate::telemetry::chain(&e), "sweep: cannot drop the record")
                     }
                 }
             }

@@ -335,15 +335,119 @@ pub struct Recovered {
 /// a record migrated from format 1, the pod UID for a record rebuilt from a pin until its
 /// sandbox is named). Both parts are checked at the boundary ([`crate::ids`]) and on load, so
 /// neither contains `/`.
+///
+/// Built from checked ids with [`RecordKey::new`]; `pod_key` takes raw parts because a record
+/// migrated from format 1 or rebuilt from a pin has one part empty until it is named.
 #[must_use]
-pub fn pod_key(pod_uid: &str, sandbox_id: &str) -> String {
-    format!("{pod_uid}/{sandbox_id}")
+pub fn pod_key(pod_uid: &str, sandbox_id: &str) -> RecordKey {
+    RecordKey(format!("{pod_uid}/{sandbox_id}"))
+}
+
+/// The key of one sandbox record, `<pod-uid>/<sandbox-id>` ([`pod_key`]): not a pod UID, not a
+/// sandbox id. On disk it is the plain string it always was.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RecordKey(String);
+
+impl RecordKey {
+    /// The key of sandbox `sandbox` of pod `uid`, both checked at the boundary.
+    #[must_use]
+    pub fn new(uid: &crate::ids::PodUid, sandbox: &crate::ids::SandboxId) -> Self {
+        pod_key(uid, sandbox)
+    }
+
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The pod UID part (empty in a record rebuilt from a pin, until it is named).
+    #[must_use]
+    pub fn pod_uid(&self) -> &str {
+        self.0.split_once('/').map_or(self.0.as_str(), |(u, _)| u)
+    }
+
+    /// The sandbox id part (empty in a record migrated from format 1, until it is named).
+    #[must_use]
+    pub fn sandbox_id(&self) -> &str {
+        self.0.split_once('/').map_or("", |(_, s)| s)
+    }
+}
+
+impl std::ops::Deref for RecordKey {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for RecordKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A `String` key (tests, tools) looks a record up as the key itself: same bytes, same order.
+impl std::borrow::Borrow<String> for RecordKey {
+    fn borrow(&self) -> &String {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for RecordKey {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for RecordKey {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for RecordKey {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+impl AsRef<str> for RecordKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RecordKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A key as read from a file or written by a test: records are checked on load
+/// ([`Checkpoint::rekey`] re-keys each by its own ids).
+impl From<String> for RecordKey {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<RecordKey> for String {
+    fn from(k: RecordKey) -> Self {
+        k.0
+    }
+}
+
+impl From<&str> for RecordKey {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
 }
 
 impl PodRecord {
     /// This record's key in [`Checkpoint::pods`].
     #[must_use]
-    pub fn key(&self) -> String {
+    pub fn key(&self) -> RecordKey {
         pod_key(&self.pod_uid, &self.sandbox_id)
     }
 
@@ -379,7 +483,7 @@ pub struct Checkpoint {
     pub plans: BTreeMap<String, Shared<PodPlan>>,
     /// Sandboxes with devices attached or recently returned, by [`pod_key`].
     #[serde(default)]
-    pub pods: BTreeMap<String, Shared<PodRecord>>,
+    pub pods: BTreeMap<RecordKey, Shared<PodRecord>>,
 }
 
 impl Checkpoint {
@@ -405,7 +509,7 @@ impl Checkpoint {
 
     /// The keys of every sandbox record of pod `uid`.
     #[must_use]
-    pub fn keys_of(&self, uid: &str) -> Vec<String> {
+    pub fn keys_of(&self, uid: &str) -> Vec<RecordKey> {
         self.records_of(uid).map(PodRecord::key).collect()
     }
 
@@ -500,7 +604,7 @@ impl Record {
     pub fn key(&self) -> String {
         match self {
             Record::Plan(p) => p.pod_uid.clone(),
-            Record::Pod(r) => r.key(),
+            Record::Pod(r) => r.key().into(),
         }
     }
 

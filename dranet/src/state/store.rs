@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 use super::{
-    Checkpoint, FILE, FORMAT_VERSION, PodRecord, RECORDS_DIR, Record, Shared, StateError, decode,
+    Checkpoint, FILE, FORMAT_VERSION, PodRecord, RECORDS_DIR, Record, RecordKey, Shared, StateError, decode,
     decode_record, encode_plan, encode_pod, plan_file_name, pod_file_name,
 };
 use crate::plan::PodPlan;
@@ -28,7 +28,7 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Default)]
 pub(super) struct OnDisk {
     plans: HashMap<String, Shared<PodPlan>>,
-    pods: HashMap<String, Shared<PodRecord>>,
+    pods: HashMap<RecordKey, Shared<PodRecord>>,
 }
 
 impl OnDisk {
@@ -189,9 +189,9 @@ fn diff_into(last: &mut OnDisk, cp: &Checkpoint) -> Result<Delta, StateError> {
 /// `files` under its file name (a record whose file name changed also removes its old file), and
 /// every record `last` has and `now` does not is removed. `last` ends as `now`. Unchanged records
 /// cost a lookup and a pointer compare; the removal pass runs only when something was removed.
-fn diff_table<T: PartialEq>(
-    last: &mut HashMap<String, Shared<T>>,
-    now: &BTreeMap<String, Shared<T>>,
+fn diff_table<K: Clone + Ord + std::hash::Hash, T: PartialEq>(
+    last: &mut HashMap<K, Shared<T>>,
+    now: &BTreeMap<K, Shared<T>>,
     files: &mut BTreeMap<String, Option<Vec<u8>>>,
     file_name: impl Fn(&T) -> String,
     encode: impl Fn(&T) -> Result<Vec<u8>, StateError>,
@@ -458,7 +458,7 @@ impl Store {
             let pins = self.pins_dir();
             loaded.cp.pods.retain(|key, r| match r.pin.as_deref().map(|p| pin_path_ok(p, &pins)) {
                 Some(Err(why)) => {
-                    warn!(sandbox = key, pin = ?r.pin, why, "a checkpoint record names a pin dranet never made: left out");
+                    warn!(record = %key, pin = ?r.pin, why, "a checkpoint record names a pin dranet never made: left out");
                     false
                 }
                 _ => true,

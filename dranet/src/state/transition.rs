@@ -364,4 +364,24 @@ mod tests {
         assert_eq!(r.pin, None);
         assert!(r.devices.iter().all(|d| d.state == DeviceState::Home));
     }
+
+    /// The record key is a type of its own but the plain string it always was on disk, built
+    /// from ids checked once at the boundary.
+    #[test]
+    fn a_record_key_is_its_plain_string_on_disk() {
+        use crate::state::RecordKey;
+        let key = RecordKey::new(
+            &crate::ids::pod_uid("uid-1").unwrap(),
+            &crate::ids::sandbox_id("sb-1").unwrap(),
+        );
+        assert_eq!(key, KEY);
+        assert_eq!((key.pod_uid(), key.sandbox_id()), ("uid-1", "sb-1"));
+        assert_eq!(serde_json::to_string(&key).unwrap(), format!("\"{KEY}\""));
+        let c = cp();
+        let json = serde_json::to_value(&c).unwrap();
+        assert!(json["pods"][KEY].is_object(), "{json}");
+        let back: Checkpoint = serde_json::from_value(json).unwrap();
+        assert_eq!(back, c);
+        assert!(crate::ids::sandbox_id("a/b").is_err() && crate::ids::pod_uid("a/b").is_err());
+    }
 }
