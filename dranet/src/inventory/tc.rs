@@ -14,7 +14,8 @@ use crate::sys::bpf::tcx::program_names;
 
 /// What one scan learns once for all its links, so that it asks per link only where there can
 /// be something. Asking every link cost 2 filter dumps and 2 TCX queries (each an ioctl socket
-/// for the name and a `BPF_PROG_QUERY`) per link, serially: ≈ 130 ms of a 1,024-device scan.
+/// for the name and a `BPF_PROG_QUERY`) per link, serially: most of a 1,024-device scan
+/// (docs/bench.md, "Figures behind the code's comments").
 pub(super) struct Presence {
     /// Links with a qdisc at the ingress/clsact parent: TC filters on the ingress and egress
     /// parents hang off one (`None`: the qdisc dump failed; every link is asked).

@@ -402,9 +402,9 @@ impl Engine {
             // The pod's netlink socket and snapshots go now, and RemovePodSandbox may come
             // much later: after a burst of returns, hand the freed heap back.
             crate::heap::after_burst();
-            // The umount waits for an RCU grace period: up to 0.66 s on a loaded node (`perf
-            // sched`, `cargo xtask bench --only loaded`). Never on the reactor, where it held up
-            // every later event, nor on an async worker.
+            // The umount waits for an RCU grace period (up to most of a second on a loaded
+            // node: docs/bench.md, "Figures behind the code's comments"). Never on the reactor,
+            // where it held up every later event, nor on an async worker.
             match tokio::task::spawn_blocking(move || pin.release()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -522,7 +522,7 @@ impl Engine {
     /// identity ([`LinkError::Lost`]), no longer exists anywhere:
     /// * with the pod netns held: the index recorded for it there is free or another link's, and
     ///   no move out of that netns was recorded (tier B records one in `at`); a device whose place
-    ///   is not known yet (`at` unset: a move half-way) is not judged;
+    ///   in the pod netns is not recorded (`at` unset or naming another netns) is not judged;
     /// * with the pod netns gone: the kernel deleted a virtual device with it and returned any
     ///   other to the host, where it is not;
     /// * and, for a device behind a PCI function, that function is gone from sysfs too (a VF

@@ -17,7 +17,7 @@
 //! (`netns::Pin`) → snapshot restored → pin released → checkpoint.
 //!
 //! **Pins survive a driver restart.** A pin is a bind mount of the pod netns under
-//! `<state-dir>/pins/<pod-uid>` (tmpfs), not just an fd: if dranet is killed while a runtime tears
+//! `<state-dir>/pins/<sandbox-id>` (tmpfs; [`crate::state::PodRecord::pin_name`]), not just an fd: if dranet is killed while a runtime tears
 //! the pod down, the netns — and our devices in it — stay reachable, and the restarted driver
 //! re-opens the pin, sees the runtime's path gone and brings the devices home. An fd-only pin
 //! would die with the process and leave the kernel to return physical NICs DOWN and renamed

@@ -187,9 +187,12 @@ pub struct DeviceRecord {
     /// Name the device carries in the host while its own is taken (see `link` name policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temp_name: Option<String>,
-    /// Where the device is, by kernel identity: its ifindex in the netns `netns` (the pod's, once
-    /// the move is confirmed). `None` while the move may be half-way (a crash between the
-    /// request and this record) and in records migrated from format 1.
+    /// Where the device is or is about to be, by kernel identity: its ifindex in the netns
+    /// `netns`. An attach chooses the device's ifindex in the pod and writes it here *ahead* of
+    /// the move (the move asks the kernel for that index), so a move cut short by a crash is
+    /// looked for there; tier B records a later move; a return clears it once the device is
+    /// home. `None` at home, in records migrated from format 1, and in a record written before
+    /// the pod-side index was chosen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<DeviceAt>,
     /// The snapshot was read from the device inside the pod when the record was rebuilt from a

@@ -58,9 +58,9 @@ pub struct WatcherOptions {
     pub trace_all: bool,
     /// Path prefixes matched in the kernel besides the exact paths of watched netns
     /// ([`Watcher::watch_netns`] registers every spelling of a pod's path). Every umount/unlink
-    /// under a prefix becomes an event, for every pod of the node: ≈ 30 µs of probe CPU per
-    /// netns teardown (`cargo xtask bench`, 6 % of a netns create + delete), so the daemon
-    /// leaves this empty and only `dranet trace` sets [`DEFAULT_PREFIXES`].
+    /// under a prefix becomes an event, for every pod of the node (probe CPU per netns teardown:
+    /// docs/bench.md, "Figures behind the code's comments"), so the daemon leaves this empty
+    /// and only `dranet trace` sets [`DEFAULT_PREFIXES`].
     pub prefixes: Vec<String>,
     /// Netns directories for inotify and identity learning.
     pub netns_dirs: Vec<PathBuf>,
@@ -69,9 +69,9 @@ pub struct WatcherOptions {
     /// Broadcast capacity (events buffered per slow subscriber before it sees `Lost`).
     pub capacity: usize,
     /// Attach the `netns_cleanup` probes (tp_btf on the workqueue tracepoints). They run for
-    /// every work item of the machine (≈ 14 µs of probe CPU per netns create + delete measured
-    /// by `cargo xtask bench`) and only `dranet trace` shows what they report: the rescue
-    /// engine does not act on them, so the daemon leaves them off.
+    /// every work item of the machine (their cost: docs/bench.md, "Figures behind the code's
+    /// comments") and only `dranet trace` shows what they report: the rescue engine does not act
+    /// on them, so the daemon leaves them off.
     pub cleanup_probes: bool,
     /// Read the ring buffer on the [`Reactor`] (a thread of its own at a raised priority), and
     /// let the engine decide and rescue there too ([`Watcher::reactor`]). Off: everything runs

@@ -40,7 +40,9 @@ pub async fn attach(
     let (features, flags) = if spec.features.is_empty() && spec.private_flags.is_empty() {
         (BTreeMap::new(), BTreeMap::new())
     } else {
-        let (have, have_flags) = host_offloads(&Dev::Index(snap.ifindex))?;
+        let index = snap.ifindex;
+        let (have, have_flags) =
+            off_async("reading offloads", move || host_offloads(&Dev::Index(index))).await??;
         resolve_offloads(&have, &have_flags, &spec.features, &spec.private_flags).map_err(|p| {
             let (field, reason) = p.into_iter().next().unwrap_or_default();
             LinkError::Offload { field, reason }
@@ -76,7 +78,15 @@ pub async fn attach(
             .ok_or_else(|| LinkError::NotFound(spec.pod_ifname.clone()))?,
     };
     // ARP and forwarding sysctls before the link comes up (the first ARP already obeys them).
-    sysctl::set_in_pod(netns, &spec.pod_ifname, &spec.sysctls)?;
+    // `/proc/sys` writes from a thread inside the pod netns: on the blocking pool, as every
+    // synchronous kernel call here (`off_async`).
+    if !spec.sysctls.is_empty() {
+        let (ns, name, items) = (netns.try_clone()?, spec.pod_ifname.clone(), spec.sysctls.clone());
+        off_async("sysctls in the pod", move || {
+            sysctl::set_in_pod(&ns, &name, &items)
+        })
+        .await??;
+    }
     if spec.disable_ebpf {
         detach_ebpf(pod_nl, netns, index, &spec.pod_ifname).await?;
     }
@@ -85,7 +95,15 @@ pub async fn attach(
     }
     set_up(pod_nl, index, true).await?;
     if !features.is_empty() || !flags.is_empty() {
-        Ethtool::open_in(netns)?.apply(&Dev::Index(index), &features, &flags)?;
+        let ns = netns.try_clone()?;
+        off_async(
+            "applying offloads in the pod",
+            move || -> Result<(), LinkError> {
+                Ethtool::open_in(&ns)?.apply(&Dev::Index(index), &features, &flags)?;
+                Ok(())
+            },
+        )
+        .await??;
     }
     let vrf_table = match &spec.vrf {
         Some((name, table)) => Some(enslave_to_vrf(pod_nl, netns, index, name, *table).await?),

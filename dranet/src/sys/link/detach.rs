@@ -145,7 +145,8 @@ pub struct DetachRequest<'a> {
     pub host: &'a Netns,
     /// The host state to restore; its kind, parent and permanent MAC identify the device.
     pub snap: &'a LinkSnapshot,
-    /// The device's ifindex in the pod netns, recorded once the move was confirmed.
+    /// The device's ifindex in the pod netns, as the record has it (written ahead of the move,
+    /// `DeviceRecord::at`) when it names the netns we hold.
     pub pod_ifindex: Option<u32>,
     /// The name the move gave it (only consulted when `pod_ifindex` is unknown).
     pub pod_ifname: &'a str,

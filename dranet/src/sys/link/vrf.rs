@@ -76,19 +76,24 @@ pub(super) async fn enslave_to_vrf(
     msg.header.index = index;
     msg.attributes.push(LinkAttribute::Controller(vrf_index));
     nl.newlink(msg, "enslave to the VRF").await?;
-    sysctl::set_in_pod(
-        netns,
-        name,
-        &[
-            PodSysctl::Ipv4Global {
-                name: "tcp_l3mdev_accept",
-                value: 1,
-            },
-            PodSysctl::Ipv4Global {
-                name: "udp_l3mdev_accept",
-                value: 1,
-            },
-        ],
-    )?;
+    // `/proc/sys` writes from the pod netns's thread: on the blocking pool (`off_async`).
+    let (ns, vrf) = (netns.try_clone()?, name.to_owned());
+    off_async("VRF sysctls in the pod", move || {
+        sysctl::set_in_pod(
+            &ns,
+            &vrf,
+            &[
+                PodSysctl::Ipv4Global {
+                    name: "tcp_l3mdev_accept",
+                    value: 1,
+                },
+                PodSysctl::Ipv4Global {
+                    name: "udp_l3mdev_accept",
+                    value: 1,
+                },
+            ],
+        )
+    })
+    .await??;
     Ok(table)
 }

@@ -4,7 +4,8 @@
 //!
 //! * [`Netns`] — an owned nsfs fd, verified with `NS_GET_NSTYPE` to be a *network* namespace,
 //!   identified by [`NetnsId`] (cookie + inode).
-//! * [`Pin`] — a bind mount of a pod netns under `<state-dir>/pins/<pod-uid>` plus an fd: the
+//! * [`Pin`] — a bind mount of a pod netns under `<state-dir>/pins/<name>` (the engine names it by
+//!   sandbox id, `PodRecord::pin_name`) plus an fd: the
 //!   netns cannot die while it holds our devices, even across a driver restart (see
 //!   `rescue` for the decision).
 //! * [`in_netns`] — runs a closure on a fresh OS thread that `setns`es into the netns and exits
