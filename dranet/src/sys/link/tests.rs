@@ -252,6 +252,9 @@ async fn device_away() -> Away {
     let index = pod_nl.link_by_name("d0").await.unwrap().expect("d0").header.index;
     let mut snap = snapshot_index(&pod_nl, index).await.unwrap().expect("snapshot");
     snap.name = "h0".into();
+    // Snapshotted beside its peer, which a host snapshot of a veth whose peer stays home would
+    // record as its lower link in the host; here the peer stays in the pod, so none.
+    snap.lower = None;
     Away {
         host,
         host_nl,
