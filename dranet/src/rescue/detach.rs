@@ -232,6 +232,17 @@ impl Engine {
                 DeviceReturn::Failed(failed)
             });
         }
+        // Judged gone by an earlier pass whose return did not finish (dranet killed before the
+        // record ended, or another device failed): it has no place left to look at (`at` was
+        // cleared), so looking again could only fail it, and the record would never end.
+        if d.state == DeviceState::Gone {
+            drop(slot);
+            return Ok(if failed.is_empty() {
+                DeviceReturn::Gone
+            } else {
+                DeviceReturn::Failed(failed)
+            });
+        }
         let res = match ctx.pod_nl {
             Some(nl) => {
                 // Only the ifindex recorded in the netns we pinned identifies the device in
