@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError};
 use crate::state::{Durability, LoadSource, PodPhase, RecordKey, ReturnReason, Transition};
-use crate::sys::netns::{Netns, Pin};
+use crate::sys::netns::{Netns, NetnsError, Pin};
 
 /// What a reconcile found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -213,7 +213,14 @@ impl Engine {
         };
         let mut n = 0;
         for p in pins.into_iter().filter(|p| !claimed.contains(p)) {
-            match Pin::reopen(&p).and_then(Pin::release) {
+            let released = match Pin::reopen(&p) {
+                Ok(pin) => pin.release(),
+                // A pin file that holds no netns (dranet killed between making the mount point
+                // and mounting the netns on it): nothing to lose, so it goes.
+                Err(NetnsError::NotANamespace { .. }) => crate::sys::netns::release_path(&p),
+                Err(e) => Err(e),
+            };
+            match released {
                 Ok(()) => n += 1,
                 Err(e) => {
                     warn!(pin = %p.display(), error = %crate::telemetry::chain(&e), "cannot release a stray pin")
