@@ -468,6 +468,23 @@ pub fn device_status(
     }
 }
 
+/// Adds `st` to the apply body of `p`'s claim in `out` (one body per claim).
+fn push_claim_status(out: &mut Vec<ClaimStatusApply>, p: &DevicePlan, st: AllocatedDeviceStatus) {
+    let key = ApplyMeta {
+        name: p.claim.name.clone(),
+        namespace: p.claim.namespace.clone(),
+    };
+    match out.iter_mut().find(|a| a.metadata == key) {
+        Some(a) => a.status.devices.push(st),
+        None => out.push(ClaimStatusApply {
+            api_version: "resource.k8s.io/v1".to_owned(),
+            kind: "ResourceClaim".to_owned(),
+            metadata: key,
+            status: ApplyStatus { devices: vec![st] },
+        }),
+    }
+}
+
 /// One apply body per claim for the devices of a pod just attached (devices of other drivers
 /// are not ours to report; plans and records are matched by device name).
 #[must_use]
@@ -479,19 +496,7 @@ pub fn claim_statuses(driver: &str, plans: &[DevicePlan], records: &[DeviceRecor
             continue;
         };
         let st = device_status(driver, p, rec, &now);
-        let key = ApplyMeta {
-            name: p.claim.name.clone(),
-            namespace: p.claim.namespace.clone(),
-        };
-        match out.iter_mut().find(|a| a.metadata == key) {
-            Some(a) => a.status.devices.push(st),
-            None => out.push(ClaimStatusApply {
-                api_version: "resource.k8s.io/v1".to_owned(),
-                kind: "ResourceClaim".to_owned(),
-                metadata: key,
-                status: ApplyStatus { devices: vec![st] },
-            }),
-        }
+        push_claim_status(&mut out, p, st);
     }
     out
 }
@@ -742,19 +747,7 @@ pub fn trouble_statuses(
             conditions: vec![c],
             network_data: None,
         };
-        let key = ApplyMeta {
-            name: p.claim.name.clone(),
-            namespace: p.claim.namespace.clone(),
-        };
-        match out.iter_mut().find(|a| a.metadata == key) {
-            Some(a) => a.status.devices.push(st),
-            None => out.push(ClaimStatusApply {
-                api_version: "resource.k8s.io/v1".to_owned(),
-                kind: "ResourceClaim".to_owned(),
-                metadata: key,
-                status: ApplyStatus { devices: vec![st] },
-            }),
-        }
+        push_claim_status(&mut out, p, st);
     }
     out
 }
