@@ -356,3 +356,81 @@ async fn kernel_returned_device_gets_its_offloads_back() -> Result<()> {
     drop(events);
     Ok(())
 }
+
+/// `(name, parent)` of every link of the netns of `nl`, the parent as the kernel's link message
+/// gives it (`IFLA_PARENT_DEV_BUS_NAME/IFLA_PARENT_DEV_NAME`).
+async fn parents_by_rtnetlink(nl: &dranet::sys::link::Netlink) -> Result<Vec<(u32, String, Option<String>)>> {
+    Ok(nl
+        .links()
+        .await?
+        .iter()
+        .map(|m| {
+            let s = dranet::sys::link::snapshot_of_message(m);
+            (m.header.index, s.name, s.parent)
+        })
+        .collect())
+}
+
+/// The parent of link `name` at `index` through ethtool on `sock` (`None` if it moved away
+/// meanwhile: links of other tests come and go in the host).
+fn parent_by_ethtool(sock: &std::os::fd::OwnedFd, name: &str, index: u32) -> Result<Option<Option<String>>> {
+    use dranet::sys::link::parent::{ParentError, parent_by_ethtool};
+    use std::os::fd::AsFd;
+    match parent_by_ethtool(sock.as_fd(), name, index, std::path::Path::new("/sys")) {
+        Ok(p) => Ok(Some(p.map(|(bus, dev)| format!("{bus}/{dev}")))),
+        Err(ParentError::Gone { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Linux before 5.15 names no parent device in link messages, so there dranet reads a physical
+/// link's parent through ethtool (`ETHTOOL_GDRVINFO`'s bus_info, on a socket of the link's
+/// netns, and sysfs for its bus). On this kernel both exist: for every link of the host (its
+/// virtio or PCI NICs included) the fallback names the parent rtnetlink names, and the links
+/// with one are exactly those with a `device` in sysfs; in a pod netns, veth, ifb and
+/// loopback have none either way, also through a `Netlink` forced to use the fallback.
+#[tokio::test]
+async fn the_ethtool_parent_fallback_names_the_parent_rtnetlink_names() -> Result<()> {
+    root_or_skip!("the_ethtool_parent_fallback_names_the_parent_rtnetlink_names");
+    use dranet::sys::link::Netlink;
+    let host_sock = dranet::sys::netns::socket_in(&Netns::host()?, 0)??;
+    let (mut compared, mut with_parent) = (0, 0);
+    for (index, name, by_rtnl) in parents_by_rtnetlink(&Netlink::host().await?).await? {
+        let Some(by_ethtool) = parent_by_ethtool(&host_sock, &name, index)? else {
+            continue;
+        };
+        assert_eq!(by_ethtool, by_rtnl, "host link {name}");
+        let in_sysfs = std::path::Path::new("/sys/class/net")
+            .join(&name)
+            .join("device")
+            .exists();
+        assert_eq!(
+            by_rtnl.is_some(),
+            in_sysfs,
+            "host link {name}: parent {by_rtnl:?}, sysfs device {in_sysfs}"
+        );
+        compared += 1;
+        with_parent += usize::from(by_rtnl.is_some());
+    }
+    eprintln!("host: {compared} links compared, {with_parent} with a parent device");
+    assert!(compared > 0);
+    let ns = PodNetns::create(&unique("vmt-parent-"))?;
+    ns.ip(&["link", "add", "pa0", "type", "veth", "peer", "name", "pa1"])?;
+    ns.ip(&["link", "add", "pd0", "type", "ifb"])?;
+    let netns = Netns::open_path(&ns.path)?;
+    let pod_sock = dranet::sys::netns::socket_in(&netns, 0)??;
+    let forced = Netlink::in_netns(&netns)
+        .await?
+        .with_parent_fallback(dranet::sys::netns::socket_in(&netns, 0)??);
+    let links = parents_by_rtnetlink(&forced).await?;
+    assert_eq!(links.len(), 4, "{links:?}");
+    for (index, name, parent) in links {
+        assert_eq!(parent, None, "pod link {name} (through the forced fallback)");
+        assert_eq!(
+            parent_by_ethtool(&pod_sock, &name, index)?,
+            Some(None),
+            "pod link {name}"
+        );
+    }
+    Ok(())
+}

@@ -125,6 +125,11 @@ fn link_info(msg: &LinkMessage) -> LinkInfo {
         }
     }
     info.parent = info.parent.map(|p| format!("{}/{p}", bus.unwrap_or_default()));
+    // Before Linux 5.15 no link message names a parent device: a physical device's (no link
+    // kind) is read through ethtool, as every snapshot there records it (`sys::link::parent`).
+    if info.parent.is_none() && info.kind.is_none() && !info.name.is_empty() {
+        info.parent = crate::sys::link::parent::parent_here(&info.name, info.ifindex);
+    }
     info
 }
 

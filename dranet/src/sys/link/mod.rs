@@ -33,6 +33,7 @@ pub mod address;
 mod attach;
 mod detach;
 mod ops;
+pub mod parent;
 mod snapshot;
 mod spec;
 pub mod sysctl;
@@ -126,9 +127,16 @@ fn nl(what: &'static str) -> impl FnOnce(rtnetlink::Error) -> LinkError {
 
 /// An rtnetlink connection bound to one netns. Cheap to clone; the connection task ends when
 /// the last clone is dropped.
+///
+/// On a kernel whose link messages cannot name a link's parent device (before 5.15:
+/// [`parent::kernel_names_parents`]), it keeps a second fd of its socket, and the links it
+/// returns carry `IFLA_PARENT_DEV_BUS_NAME`/`IFLA_PARENT_DEV_NAME` read through ethtool
+/// ([`parent::parent_by_ethtool`], in the socket's netns) for every link without a link kind,
+/// so every identity check downstream reads the same attributes on every kernel.
 #[derive(Clone, Debug)]
 pub struct Netlink {
     handle: Handle,
+    parents: Option<std::sync::Arc<OwnedFd>>,
 }
 
 impl Netlink {
@@ -145,8 +153,27 @@ impl Netlink {
         if let Err(e) = conn.socket_mut().socket_ref().set_netlink_get_strict_chk(true) {
             tracing::debug!(error = %e, "no strict rtnetlink checking: address dumps are filtered in user space");
         }
+        let parents = if parent::kernel_names_parents() {
+            None
+        } else {
+            let raw = conn.socket_mut().socket_ref().as_raw_fd();
+            // SAFETY: `raw` is the connection's open socket, borrowed only to duplicate it here.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+            Some(std::sync::Arc::new(
+                fd.try_clone_to_owned().map_err(LinkError::Socket)?,
+            ))
+        };
         tokio::spawn(conn);
-        Ok(Self { handle })
+        Ok(Self { handle, parents })
+    }
+
+    /// This connection, answering links with their parent device read through ethtool where
+    /// the message has none, whatever the kernel (tests of the fallback on a kernel that names
+    /// parents itself). `sock` is any socket of the connection's netns.
+    #[must_use]
+    pub fn with_parent_fallback(mut self, sock: OwnedFd) -> Self {
+        self.parents = Some(std::sync::Arc::new(sock));
+        self
     }
 
     /// rtnetlink inside `netns`: the socket is created on a thread inside it.
@@ -171,6 +198,12 @@ impl Netlink {
     /// A connection on the netlink socket `fd`, its task spawned on `rt` (default: the
     /// caller's runtime).
     fn on_socket(fd: OwnedFd, rt: Option<&tokio::runtime::Handle>) -> Self {
+        // A failed dup only costs the fallback (the links then have no parent, as before it).
+        let parents = if parent::kernel_names_parents() {
+            None
+        } else {
+            fd.try_clone().ok().map(std::sync::Arc::new)
+        };
         let raw = fd.into_raw_fd();
         // The socket registers with the I/O driver of the runtime entered here.
         let entered = rt.map(tokio::runtime::Handle::enter);
@@ -183,7 +216,7 @@ impl Netlink {
             None => drop(tokio::spawn(conn)),
         }
         drop(entered);
-        Self { handle }
+        Self { handle, parents }
     }
 
     /// The raw handle (for the watcher and tests).
@@ -196,7 +229,8 @@ impl Netlink {
     pub async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>, LinkError> {
         let mut s = self.handle.link().get().match_name(name.to_owned()).execute();
         match s.try_next().await {
-            Ok(m) => Ok(m),
+            Ok(Some(m)) => Ok(self.with_parents(vec![m]).await?.pop()),
+            Ok(None) => Ok(None),
             Err(e) if errno_of(&e) == Some(libc::ENODEV) => Ok(None),
             Err(e) => Err(nl("get link by name")(e)),
         }
@@ -206,7 +240,8 @@ impl Netlink {
     pub async fn link_by_index(&self, index: u32) -> Result<Option<LinkMessage>, LinkError> {
         let mut s = self.handle.link().get().match_index(index).execute();
         match s.try_next().await {
-            Ok(m) => Ok(m),
+            Ok(Some(m)) => Ok(self.with_parents(vec![m]).await?.pop()),
+            Ok(None) => Ok(None),
             Err(e) if errno_of(&e) == Some(libc::ENODEV) => Ok(None),
             Err(e) => Err(nl("get link by index")(e)),
         }
@@ -214,13 +249,71 @@ impl Netlink {
 
     /// Every link.
     pub async fn links(&self) -> Result<Vec<LinkMessage>, LinkError> {
-        self.handle
+        let all = self
+            .handle
             .link()
             .get()
             .execute()
             .try_collect()
             .await
-            .map_err(nl("dump links"))
+            .map_err(nl("dump links"))?;
+        self.with_parents(all).await
+    }
+
+    /// `msgs` with the parent device read through ethtool added to each link that has neither a
+    /// link kind nor a parent in its message, when this connection keeps a socket for that
+    /// ([`Netlink`]); on the blocking pool (the ioctl waits for RTNL). A link renamed or gone
+    /// meanwhile, or whose driver info names no device, stays without a parent.
+    async fn with_parents(&self, mut msgs: Vec<LinkMessage>) -> Result<Vec<LinkMessage>, LinkError> {
+        let Some(sock) = self.parents.clone() else {
+            return Ok(msgs);
+        };
+        let wanted: Vec<(usize, u32, String)> = msgs
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| {
+                !m.attributes.iter().any(|a| {
+                    matches!(a, LinkAttribute::ParentDevName(_))
+                        || matches!(a, LinkAttribute::LinkInfo(i) if kind_of(i).is_some())
+                })
+            })
+            .filter_map(|(i, m)| {
+                m.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some((i, m.header.index, n.clone())),
+                    _ => None,
+                })
+            })
+            .collect();
+        if wanted.is_empty() {
+            return Ok(msgs);
+        }
+        let found = off_async("reading parent devices", move || {
+            wanted
+                .into_iter()
+                .filter_map(|(i, index, name)| {
+                    match parent::parent_by_ethtool(
+                        std::os::fd::AsFd::as_fd(&*sock),
+                        &name,
+                        index,
+                        std::path::Path::new("/sys"),
+                    ) {
+                        Ok(p) => p.map(|p| (i, p)),
+                        Err(e) => {
+                            tracing::debug!(link = %name, error = %e, "no parent device through ethtool");
+                            None
+                        }
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .await?;
+        for (i, (bus, name)) in found {
+            if let Some(m) = msgs.get_mut(i) {
+                m.attributes.push(LinkAttribute::ParentDevBusName(bus));
+                m.attributes.push(LinkAttribute::ParentDevName(name));
+            }
+        }
+        Ok(msgs)
     }
 
     /// The addresses of link `index`, IPv4 then IPv6: the kernel filters on a strict socket

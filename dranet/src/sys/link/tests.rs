@@ -447,3 +447,47 @@ fn the_host_socket_is_answered_one_links_addresses_not_every_one() {
     .join()
     .expect("test thread");
 }
+
+/// The ethtool fallback for a link's parent device (kernels before 5.15): `bus_info` is looked up
+/// among sysfs's buses; virtio-net's (its transport's PCI function) is answered as the single
+/// `virtio*` device under it, as `IFLA_PARENT_DEV_NAME` names it; no device, no parent.
+#[test]
+fn the_parent_fallback_finds_the_bus_and_the_virtio_device() {
+    use super::parent::{parent_in_sysfs, release_version};
+    let root = crate::test_support::TempDir::new("parent-sysfs");
+    let sys = root.path();
+    let dev = |p: &str| std::fs::create_dir_all(sys.join(p)).unwrap();
+    dev("devices/pci0000:00/0000:00:05.0/virtio2");
+    dev("devices/pci0000:00/0000:3b:00.1");
+    dev("bus/pci/devices");
+    dev("bus/virtio/devices");
+    dev("bus/platform/devices");
+    let link = |to: &str, at: &str| std::os::unix::fs::symlink(sys.join(to), sys.join(at)).unwrap();
+    link("devices/pci0000:00/0000:00:05.0", "bus/pci/devices/0000:00:05.0");
+    link("devices/pci0000:00/0000:3b:00.1", "bus/pci/devices/0000:3b:00.1");
+    link(
+        "devices/pci0000:00/0000:00:05.0/virtio2",
+        "bus/virtio/devices/virtio2",
+    );
+    let p = |bus: &str, dev: &str| Some((bus.to_owned(), dev.to_owned()));
+    assert_eq!(
+        parent_in_sysfs(sys, "virtio_net", "0000:00:05.0"),
+        p("virtio", "virtio2")
+    );
+    assert_eq!(
+        parent_in_sysfs(sys, "ice", "0000:3b:00.1"),
+        p("pci", "0000:3b:00.1")
+    );
+    // Another driver on a PCI function with a virtio child still names the function.
+    assert_eq!(
+        parent_in_sysfs(sys, "vfio", "0000:00:05.0"),
+        p("pci", "0000:00:05.0")
+    );
+    for none in ["", "N/A", "tun", "usb-0000:00:14.0-1", "../bus", "a/b"] {
+        assert_eq!(parent_in_sysfs(sys, "veth", none), None, "{none:?}");
+    }
+    assert_eq!(release_version("5.10.0-46-amd64"), Some((5, 10)));
+    assert_eq!(release_version("6.12.118+deb13-amd64"), Some((6, 12)));
+    assert_eq!(release_version("7.3.4"), Some((7, 3)));
+    assert_eq!(release_version("x"), None);
+}
