@@ -7,6 +7,10 @@ OUT=/tmp/out
 . "$OUT/env"
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/tmp RUST_BACKTRACE=1
+# The simulated runtime's NRI request timeout (2 s on a node, as CRI-O's and containerd's) scaled
+# for qemu TCG, ~10x slower than the host: a 4-device RunPodSandbox took 2.4 s in the 6.12 and
+# 5.10 guests on a loaded host (docs/kernels.md). dranet's own timeouts are unchanged.
+export DRANET_SIM_REQUEST_TIMEOUT_MS=20000
 trap 'echo "VMTEST END"' EXIT
 
 now() { date +%s.%N; }
@@ -127,11 +131,6 @@ case_nic() {
         if DRANET_VM_NIC=eth1 "$VM_NIC_TEST" --exact "$name" --test-threads=1 --nocapture \
             >"$OUT/nic-$name.log" 2>&1 && grep -q "test result: ok. 1 passed" "$OUT/nic-$name.log"; then
             report PASS "nic:$name" "$t0" "$(grep -E 'returned|rescued' "$OUT/nic-$name.log" | head -n 1)"
-        elif [ "$KERNEL_LINE" = 5.10 ] && ! ip -d link show eth1 | grep -q parentdev &&
-            grep -q -E 'PCI function .* as parent|by its kernel identity \(kind, parent device' "$OUT/nic-$name.log"; then
-            # Seen on Debian 11: rtnetlink has no IFLA_PARENT_DEV_NAME/BUS_NAME before 5.15, so
-            # dranet cannot tie a link to its PCI function (attach and adoption by identity).
-            report KNOWN "nic:$name" "$t0" "kernel $(uname -r) reports no parent device on links (IFLA_PARENT_DEV_NAME is 5.15+): dranet's PCI identity of a NIC has no sysfs fallback yet, so it refuses to attach or adopt it by identity"
         else
             report FAIL "nic:$name" "$t0" "$(grep -E 'panicked|Error|error' "$OUT/nic-$name.log" | head -n 2 | tr '\n' ' ' | cut -c 1-300)"
         fi
