@@ -361,46 +361,23 @@ fn net_identity(cfg: &Config, net: u64) -> (u32, u64) {
 #[fentry(function = "__dev_change_net_namespace")]
 pub fn dranet_dev_netns(ctx: FEntryContext) -> u32 {
     // (struct net_device *dev, struct net *net, const char *pat, int new_ifindex, ...)
-    let cfg = config();
-    let dev: u64 = ctx.arg(0);
-    let net: u64 = ctx.arg(1);
     let new_ifindex: i32 = ctx.arg(3);
-    let Some(mut entry) = reserve() else {
-        return 0;
-    };
-    {
-        let ev = &mut *entry;
-        // SAFETY: the reservation is sized for an Event; every field is written below.
-        let ev = unsafe { ev.assume_init_mut() };
-        event_header(ev, kind::DEV_NETNS_MOVE);
-        ev.path = [0; PATH_LEN];
-        ev.ifindex = read_at::<i32>(dev, cfg.dev_ifindex).unwrap_or(0) as u32;
-        if present(cfg.dev_name) {
-            // SAFETY: the helper validates the kernel address.
-            let _ = unsafe {
-                bpf_probe_read_kernel_buf((dev + u64::from(cfg.dev_name)) as *const u8, &mut ev.name)
-            };
-        }
-        let src = read_at::<u64>(dev, cfg.dev_nd_net).unwrap_or(0);
-        let (inum, cookie) = net_identity(&cfg, src);
-        ev.netns_inum = inum;
-        ev.netns_cookie = cookie;
-        let (inum2, cookie2) = net_identity(&cfg, net);
-        ev.netns2_inum = inum2;
-        ev.netns2_cookie = cookie2;
-        ev.flags2 = new_ifindex as u32;
-    }
-    entry.submit(0);
-    0
+    dev_netns_event(ctx.arg(0), ctx.arg(1), new_ifindex as u32)
 }
 
 #[fentry(function = "dev_change_net_namespace")]
 pub fn dranet_dev_netns_legacy(ctx: FEntryContext) -> u32 {
     // ≤ 5.10: int dev_change_net_namespace(struct net_device *dev, struct net *net, const char
     // *pat); no new_ifindex (reported as 0: the kernel picks).
+    dev_netns_event(ctx.arg(0), ctx.arg(1), 0)
+}
+
+/// One `DEV_NETNS_MOVE` event for both device-move probes: the device's ifindex and name, the
+/// netns it leaves (`netns_*`), the one it enters (`netns2_*`), and the ifindex it asked for
+/// (`flags2`, 0 when the kernel picks).
+#[inline(always)]
+fn dev_netns_event(dev: u64, net: u64, new_ifindex: u32) -> u32 {
     let cfg = config();
-    let dev: u64 = ctx.arg(0);
-    let net: u64 = ctx.arg(1);
     let Some(mut entry) = reserve() else {
         return 0;
     };
@@ -424,7 +401,7 @@ pub fn dranet_dev_netns_legacy(ctx: FEntryContext) -> u32 {
         let (inum2, cookie2) = net_identity(&cfg, net);
         ev.netns2_inum = inum2;
         ev.netns2_cookie = cookie2;
-        ev.flags2 = 0;
+        ev.flags2 = new_ifindex;
     }
     entry.submit(0);
     0
