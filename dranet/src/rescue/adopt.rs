@@ -20,7 +20,6 @@ use tracing::{info, warn};
 use super::{Engine, Live, RescueError, SandboxInfo};
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, pod_key};
 use crate::sys::link::{LinkSnapshot, Netlink};
-use crate::sys::netns::{Netns, Pin};
 
 /// A device of this driver allocated to a pod, as adoption looks for it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -74,7 +73,7 @@ impl Engine {
         let this_netns = |r: &PodRecord| {
             sb.netns
                 .as_deref()
-                .is_some_and(|p| Netns::open_path(p).is_ok_and(|ns| ns.id() == r.netns))
+                .is_some_and(|p| self.inner.kernel.open_netns(p).is_ok_and(|ns| ns.id() == r.netns))
         };
         if self
             .name_recovered_record(&sb.uid, &sb.sandbox, this_netns)
@@ -92,11 +91,15 @@ impl Engine {
                 unidentified: Vec::new(),
             });
         };
-        let netns = Netns::open_path(path).map_err(|source| RescueError::Netns {
-            pod: sb.uid.clone(),
-            path: path.to_owned(),
-            source,
-        })?;
+        let netns = self
+            .inner
+            .kernel
+            .open_netns(path)
+            .map_err(|source| RescueError::Netns {
+                pod: sb.uid.clone(),
+                path: path.to_owned(),
+                source,
+            })?;
         if netns.id() == self.inner.host.id() {
             return Err(RescueError::HostNetns {
                 pod: sb.uid.clone(),
@@ -156,7 +159,11 @@ impl Engine {
             );
         })
         .await?;
-        let pin = match Pin::create(&netns, &self.inner.store.pins_dir(), &sb.sandbox) {
+        let pin = match self
+            .inner
+            .kernel
+            .create_pin(&netns, &self.inner.store.pins_dir(), &sb.sandbox)
+        {
             Ok(p) => p,
             Err(source) => {
                 // Not pinned: forget the record again rather than claim a protection we lack.

@@ -8,6 +8,7 @@ use std::path::Path;
 use tracing::{info, warn};
 
 use super::activity::ActivityKind;
+use super::kernel::AttachRequest;
 use super::{AttachOutcome, Engine, Live, RescueError};
 use crate::plan::DevicePlan;
 use crate::state::{
@@ -33,7 +34,7 @@ struct Staged {
     host_nl: Netlink,
     pod_nl: Netlink,
     /// `pod_nl`'s socket, kept for the sandbox's return once the attach is done.
-    pod_socket: PodSocket,
+    pod_socket: Option<PodSocket>,
     records: Vec<DeviceRecord>,
     specs: Vec<AttachSpec>,
 }
@@ -98,11 +99,15 @@ impl Engine {
 
     /// Opens the sandbox's netns at `netns_path`; the host's own is refused.
     fn open_sandbox_netns(&self, uid: &str, netns_path: &Path) -> Result<Netns, RescueError> {
-        let netns = Netns::open_path(netns_path).map_err(|source| RescueError::Netns {
-            pod: uid.to_owned(),
-            path: netns_path.to_owned(),
-            source,
-        })?;
+        let netns = self
+            .inner
+            .kernel
+            .open_netns(netns_path)
+            .map_err(|source| RescueError::Netns {
+                pod: uid.to_owned(),
+                path: netns_path.to_owned(),
+                source,
+            })?;
         if netns.id() == self.inner.host.id() {
             return Err(RescueError::HostNetns {
                 pod: uid.to_owned(),
@@ -120,7 +125,12 @@ impl Engine {
         plan: &[DevicePlan],
         netns: &Netns,
     ) -> Result<Staged, RescueError> {
-        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        let host_nl = self
+            .inner
+            .kernel
+            .host_netlink()
+            .await
+            .map_err(RescueError::HostNetlink)?;
         let mut records = self.snapshots(&host_nl, uid, plan).await?;
         let specs = plan
             .iter()
@@ -136,7 +146,7 @@ impl Engine {
         let (pod_nl, pod_socket) = self
             .link_op(
                 "rtnetlink in the pod netns",
-                Netlink::in_netns_kept(
+                self.inner.kernel.pod_netlink_kept(
                     netns,
                     self.inner
                         .watcher
@@ -153,8 +163,12 @@ impl Engine {
         // it is the device's identity there from the moment it moves (whatever the pod renames
         // or creates), so even an attach cut short by a crash knows where to look.
         let places = self
-            .link_op("listing the pod's links", pod_indices(&pod_nl, &records))
+            .link_op(
+                "listing the pod's links",
+                self.inner.kernel.link_indexes(&pod_nl, netns),
+            )
             .await
+            .map(|taken| pod_indices(taken, &records))
             .map_err(|source| RescueError::PodNetlink {
                 pod: uid.to_owned(),
                 source,
@@ -204,7 +218,11 @@ impl Engine {
             );
         })
         .await?;
-        match Pin::create(&netns, &self.inner.store.pins_dir(), pod.sandbox) {
+        match self
+            .inner
+            .kernel
+            .create_pin(&netns, &self.inner.store.pins_dir(), pod.sandbox)
+        {
             Ok(p) => Ok(p),
             Err(source) => {
                 self.abandon(key).await?;
@@ -235,7 +253,7 @@ impl Engine {
         } = staged;
         let live = Live {
             pin,
-            socket: Some(pod_socket),
+            socket: pod_socket,
         };
         let pod_id = live.pin.netns().id();
         let mut names = Vec::with_capacity(plan.len());
@@ -245,14 +263,14 @@ impl Engine {
             let attached = self
                 .link_op(
                     "moving the device into the pod",
-                    link::attach(
-                        &host_nl,
-                        &pod_nl,
-                        live.pin.netns(),
-                        &records[i].snapshot,
-                        &specs[i],
-                        place,
-                    ),
+                    self.inner.kernel.attach(AttachRequest {
+                        host_nl: &host_nl,
+                        pod_nl: &pod_nl,
+                        netns: live.pin.netns(),
+                        snap: &records[i].snapshot,
+                        spec: &specs[i],
+                        pod_ifindex: place,
+                    }),
                 )
                 .await;
             let attached = match attached {
@@ -510,7 +528,10 @@ impl Engine {
         host_if: &str,
     ) -> Result<link::LinkSnapshot, LinkError> {
         let by_name = self
-            .link_op("snapshot of the host device", link::snapshot(host_nl, host_if))
+            .link_op(
+                "snapshot of the host device",
+                self.inner.kernel.snapshot(host_nl, host_if),
+            )
             .await;
         if let Ok(s) = &by_name
             && plan_identity_matches(d, s, &self.inner.opts.sysfs)
@@ -527,7 +548,10 @@ impl Engine {
             .collect();
         for (temp, recorded) in waiting {
             if let Ok(s) = self
-                .link_op("snapshot of the host device", link::snapshot(host_nl, &temp))
+                .link_op(
+                    "snapshot of the host device",
+                    self.inner.kernel.snapshot(host_nl, &temp),
+                )
                 .await
                 && plan_identity_matches(d, &s, &self.inner.opts.sysfs)
                 && link::same_identity(&s, &recorded)
@@ -558,9 +582,8 @@ impl Engine {
 /// The ifindex each device gets in the pod: its host ifindex when the pod has no link there (the
 /// kernel keeps it anyway), else a free one above everything in the pod. Requested in the move
 /// (`IFLA_NEW_IFINDEX`), so it is known before the device moves.
-async fn pod_indices(pod_nl: &Netlink, records: &[DeviceRecord]) -> Result<Vec<u32>, LinkError> {
-    let mut taken: std::collections::BTreeSet<u32> =
-        pod_nl.links().await?.iter().map(|m| m.header.index).collect();
+fn pod_indices(taken: Vec<u32>, records: &[DeviceRecord]) -> Vec<u32> {
+    let mut taken: std::collections::BTreeSet<u32> = taken.into_iter().collect();
     let mut out = Vec::with_capacity(records.len());
     for r in records {
         let want = r.snapshot.ifindex;
@@ -572,7 +595,7 @@ async fn pod_indices(pod_nl: &Netlink, records: &[DeviceRecord]) -> Result<Vec<u
         taken.insert(pick);
         out.push(pick);
     }
-    Ok(out)
+    out
 }
 
 /// How long each phase of an attach took, from the hook's arrival: logged with "devices

@@ -14,7 +14,6 @@ use crate::state::{
 };
 use crate::sys::link::{self, LinkError, Netlink, Returned};
 use crate::sys::netns::Netns;
-use crate::sys::netns::Pin;
 use crate::sys::rdma;
 
 impl Inner {
@@ -77,7 +76,12 @@ impl Engine {
         let uid = uid.as_str();
         let pod_nl = self.pod_netlink(uid, key, live.as_ref()).await;
         // Its own socket: the kernel runs one dump at a time per netlink socket.
-        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        let host_nl = self
+            .inner
+            .kernel
+            .host_netlink()
+            .await
+            .map_err(RescueError::HostNetlink)?;
         let mut home = Vec::new();
         let mut busy = Vec::new();
         let mut failed = Vec::new();
@@ -176,7 +180,7 @@ impl Engine {
                 .watcher
                 .as_ref()
                 .and_then(crate::watch::Watcher::reactor);
-            match socket.connect(rt) {
+            match self.inner.kernel.connect(socket, rt) {
                 Ok(nl) => return Some(nl),
                 Err(e) => {
                     warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "the kept pod netlink socket failed; opening a new one");
@@ -184,7 +188,10 @@ impl Engine {
             }
         }
         match self
-            .link_op("rtnetlink in the pod netns", Netlink::in_netns(live.pin.netns()))
+            .link_op(
+                "rtnetlink in the pod netns",
+                self.inner.kernel.pod_netlink(live.pin.netns()),
+            )
             .await
         {
             Ok(nl) => Some(nl),
@@ -243,8 +250,8 @@ impl Engine {
                 DeviceReturn::Failed(failed)
             });
         }
-        let res = match ctx.pod_nl {
-            Some(nl) => {
+        let res = match (ctx.pod_nl, ctx.live) {
+            (Some(nl), Some(live)) => {
                 // Only the ifindex recorded in the netns we pinned identifies the device in
                 // the pod (a pod may have renamed it and made an impostor under its name).
                 let pod_ifindex =
@@ -259,14 +266,17 @@ impl Engine {
                     pod_ifname: &d.pod_ifname,
                     move_from: ctx.move_from,
                 };
-                self.link_op("bringing the device home", link::detach(&req, first_move))
-                    .await
+                self.link_op(
+                    "bringing the device home",
+                    self.inner.kernel.detach(&req, live.pin.netns(), first_move),
+                )
+                .await
             }
-            None => {
+            _ => {
                 first_move.get_or_insert_with(crate::watch::monotonic_ns);
                 self.link_op(
                     "repairing the device in the host",
-                    link::find_and_repair(ctx.host_nl, &d.snapshot),
+                    self.inner.kernel.find_and_repair(ctx.host_nl, &d.snapshot),
                 )
                 .await
             }
@@ -367,7 +377,7 @@ impl Engine {
             .get(key)
             .map(|r| (r.netns, r.netns_path.clone(), r.pin_name()))?;
         if let Some(p) = pin_path {
-            match Pin::reopen(p) {
+            match self.inner.kernel.reopen_pin(p) {
                 // The pin must still hold the netns the record attached to.
                 Ok(pin) if pin.netns().id() == id => return Some(Live { pin, socket: None }),
                 Ok(pin) => {
@@ -378,11 +388,16 @@ impl Engine {
                 }
             }
         }
-        let ns = tokio::task::spawn_blocking(move || crate::sys::netns::find_by_id(id, &[&path]))
+        let kernel = self.inner.kernel.clone();
+        let ns = tokio::task::spawn_blocking(move || kernel.find_netns(id, &[&path]))
             .await
             .ok()
             .flatten()?;
-        match Pin::create(&ns, &self.inner.store.pins_dir(), &name) {
+        match self
+            .inner
+            .kernel
+            .create_pin(&ns, &self.inner.store.pins_dir(), &name)
+        {
             Ok(pin) => {
                 info!(record = %key, netns = %id, "netns found alive: pinned again");
                 let p = pin.path().to_owned();
@@ -416,7 +431,8 @@ impl Engine {
             // The umount waits for an RCU grace period (up to most of a second on a loaded
             // node: docs/bench.md, "Figures behind the code's comments"). Never on the reactor,
             // where it held up every later event, nor on an async worker.
-            match tokio::task::spawn_blocking(move || pin.release()).await {
+            let kernel = self.inner.kernel.clone();
+            match tokio::task::spawn_blocking(move || kernel.release_pin(pin)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     warn!(record = %key, error = %crate::telemetry::chain(&e), "releasing the pin failed");
@@ -526,7 +542,11 @@ impl Engine {
             .map_err(lerr)?
             .map(|m| m.header.index)
             .ok_or_else(|| lerr(LinkError::NotFound(name.clone())))?;
-        link::repair(host_nl, index, &d.snapshot).await.map_err(lerr)
+        self.inner
+            .kernel
+            .repair(host_nl, index, &d.snapshot)
+            .await
+            .map_err(lerr)
     }
 
     /// Whether device `d`, found neither at its place in the pod nor in the host by its kernel
@@ -650,11 +670,16 @@ impl Engine {
             return Ok(());
         };
         let _slot = self.inner.lane.background().await;
-        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        let host_nl = self
+            .inner
+            .kernel
+            .host_netlink()
+            .await
+            .map_err(RescueError::HostNetlink)?;
         let res = self
             .link_op(
                 "giving the device its name back",
-                link::reclaim_name(&host_nl, &temp, &d.snapshot),
+                self.inner.kernel.reclaim_name(&host_nl, &temp, &d.snapshot),
             )
             .await
             .map_err(|source| RescueError::Link {
@@ -718,11 +743,16 @@ impl Engine {
             return Ok(());
         };
         let _slot = self.inner.lane.background().await;
-        let host_nl = Netlink::host().await.map_err(RescueError::HostNetlink)?;
+        let host_nl = self
+            .inner
+            .kernel
+            .host_netlink()
+            .await
+            .map_err(RescueError::HostNetlink)?;
         let res = self
             .link_op(
                 "repairing the device",
-                link::repair(&host_nl, ifindex, &d.snapshot),
+                self.inner.kernel.repair(&host_nl, ifindex, &d.snapshot),
             )
             .await
             .map_err(|source| RescueError::Link {

@@ -29,6 +29,9 @@ mod adopt;
 mod attach;
 pub mod decide;
 mod detach;
+#[cfg(test)]
+mod engine_tests;
+mod kernel;
 mod lane;
 mod rebuild;
 mod reconcile;
@@ -46,10 +49,11 @@ use crate::state::{
     Checkpoint, Durability, LoadSource, PodPhase, RecordKey, ReturnReason, StateError, StateLock, Store,
     Transition, Writer,
 };
-use crate::sys::link::{LinkError, Netlink, PodSocket};
+use crate::sys::link::{LinkError, PodSocket};
 use crate::sys::netns::{Netns, NetnsError, Pin};
 use crate::sys::rdma::{KernelRdma, RdmaOps};
 use crate::watch::{Subscription, Watcher};
+use kernel::{Kernel, SysKernel};
 
 pub use crate::telemetry::metrics::RescueMetrics;
 use crate::telemetry::metrics::rescue as metrics;
@@ -226,6 +230,8 @@ struct Inner {
     /// Where the checkpoint came from at start.
     load_source: LoadSource,
     rdma: Arc<dyn RdmaOps>,
+    /// Every link and netns operation ([`kernel`]: the kernel itself, or the unit tests' fake).
+    kernel: Arc<dyn Kernel>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Pinned netns of the sandboxes holding devices, by record key.
     live: Mutex<HashMap<RecordKey, Live>>,
@@ -302,6 +308,15 @@ impl Engine {
     /// record is left out: never an error) and opens the host handles. Call
     /// [`Engine::reconcile`] next: it also rebuilds records from pins no record claims.
     pub async fn new(opts: EngineOptions, watcher: Option<Watcher>) -> Result<Self, RescueError> {
+        Self::with_kernel(opts, watcher, Arc::new(SysKernel)).await
+    }
+
+    /// [`Engine::new`] over the link and netns operations of `kernel`.
+    async fn with_kernel(
+        opts: EngineOptions,
+        watcher: Option<Watcher>,
+        kernel: Arc<dyn Kernel>,
+    ) -> Result<Self, RescueError> {
         let store = Store::open(&opts.state_dir)?;
         let lock = StateLock::acquire(store.dir(), opts.lock_wait).await?;
         let s = store.clone();
@@ -314,10 +329,10 @@ impl Engine {
             what: "loading the checkpoint",
         })?;
         let writer = Writer::start(store.clone())?;
-        let host = Netns::host().map_err(RescueError::Host)?;
+        let host = kernel.host_netns().map_err(RescueError::Host)?;
         // The host rtnetlink works here; operations open their own sockets (the kernel runs one
         // dump at a time per socket: concurrent rescues sharing one failed with EBUSY).
-        drop(Netlink::host().await.map_err(RescueError::HostNetlink)?);
+        drop(kernel.host_netlink().await.map_err(RescueError::HostNetlink)?);
         let rdma: Arc<dyn RdmaOps> = opts.rdma.clone().unwrap_or_else(|| Arc::new(KernelRdma));
         let ops = rdma.clone();
         let mode = tokio::time::timeout(
@@ -346,6 +361,7 @@ impl Engine {
                 _lock: lock,
                 load_source: loaded.source,
                 rdma,
+                kernel,
                 locks: Mutex::new(HashMap::new()),
                 live: Mutex::new(HashMap::new()),
                 host,

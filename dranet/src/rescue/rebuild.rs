@@ -46,7 +46,7 @@ use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, Durability, LoadSource, PodPhase, PodRecord, RecordKey, Recovered,
     Transition, pod_key,
 };
-use crate::sys::link::{self, LinkSnapshot, Netlink};
+use crate::sys::link::{self, LinkSnapshot};
 use crate::sys::netns::{NetnsId, Pin};
 
 /// A link of a pinned netns taken as ours.
@@ -61,7 +61,7 @@ impl Engine {
     /// (phase `Attached`, reconciled next like any other); an empty or stale one is released.
     pub(super) async fn recover_pins(&self, report: &mut ReconcileReport) {
         let pins_dir = self.inner.store.pins_dir();
-        let Ok(pins) = Pin::list(&pins_dir) else {
+        let Ok(pins) = self.inner.kernel.list_pins(&pins_dir) else {
             return;
         };
         for path in pins {
@@ -89,23 +89,30 @@ impl Engine {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let Ok(pin) = Pin::reopen(path) else {
+        let Ok(pin) = self.inner.kernel.reopen_pin(path) else {
             // Nothing mounted there any more: a leftover file.
-            crate::sys::netns::release_path(path).map_err(|source| RescueError::Pin { pod: name, source })?;
+            self.inner
+                .kernel
+                .release_pin_path(path)
+                .map_err(|source| RescueError::Pin { pod: name, source })?;
             return Ok(None);
         };
         let id = pin.netns().id();
         let known = self.cp().pods.values().any(|r| r.netns == id);
         if known || crate::ids::sandbox_id(&name).is_err() {
             // A second pin of a sandbox we have a record of, or not a name dranet gives a pin.
-            pin.release()
+            self.inner
+                .kernel
+                .release_pin(pin)
                 .map_err(|source| RescueError::Pin { pod: name, source })?;
             return Ok(None);
         }
         let found = self.ours_in(path, &pin).await?;
         if found.is_empty() {
             info!(pin = %path.display(), netns = %id, "pin without a record holds no device of ours: released");
-            pin.release()
+            self.inner
+                .kernel
+                .release_pin(pin)
                 .map_err(|source| RescueError::Pin { pod: name, source })?;
             return Ok(None);
         }
@@ -170,7 +177,10 @@ impl Engine {
             .filter_map(|d| d.ifname)
             .collect();
         let nl = self
-            .link_op("rtnetlink in a pinned netns", Netlink::in_netns(pin.netns()))
+            .link_op(
+                "rtnetlink in a pinned netns",
+                self.inner.kernel.pod_netlink(pin.netns()),
+            )
             .await
             .map_err(|source| RescueError::PodNetlink {
                 pod: path.display().to_string(),
@@ -306,11 +316,14 @@ impl Engine {
         else {
             return false;
         };
-        let Some(pin) = pin_path.and_then(|p| Pin::reopen(&p).ok()) else {
+        let Some(pin) = pin_path.and_then(|p| self.inner.kernel.reopen_pin(&p).ok()) else {
             return false;
         };
         let Ok(nl) = self
-            .link_op("rtnetlink in the pod netns", Netlink::in_netns(pin.netns()))
+            .link_op(
+                "rtnetlink in the pod netns",
+                self.inner.kernel.pod_netlink(pin.netns()),
+            )
             .await
         else {
             return false;

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError};
 use crate::state::{Durability, LoadSource, PodPhase, RecordKey, ReturnReason, Transition};
-use crate::sys::netns::{Netns, NetnsError, Pin};
+use crate::sys::netns::{NetnsError, Pin};
 
 /// What a reconcile found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -84,7 +84,8 @@ impl Engine {
         }
         report.dropped = self.sweep().await;
         self.watch_returned().await;
-        report.stray_pins = self.release_stray_pins();
+        // Added to the pins `recover_pins` released (it counted them; this used to overwrite them).
+        report.stray_pins += self.release_stray_pins();
         info!(?report, "reconcile done");
         Ok(report)
     }
@@ -130,7 +131,7 @@ impl Engine {
             .pods
             .get(key)
             .and_then(|r| Some((r.pin.clone()?, r.netns)))?;
-        match Pin::reopen_as(&p, id) {
+        match self.inner.kernel.reopen_pin_as(&p, id) {
             Ok(pin) => Some(pin),
             Err(e) => {
                 if matches!(e, crate::sys::netns::NetnsError::PinMismatch { .. }) {
@@ -160,12 +161,13 @@ impl Engine {
         if super::lock(&self.inner.live).contains_key(key) {
             // Held by this process already (a reconcile at runtime, after lost events): still
             // running only if the runtime's path still names its netns.
-            return Netns::open_path(&path).is_ok_and(|ns| ns.id() == id);
+            return self.inner.kernel.open_netns(&path).is_ok_and(|ns| ns.id() == id);
         }
         let Some(Live { pin, .. }) = self.repin(key, pin_path.as_deref()).await else {
             return false;
         };
-        let alive = Netns::open_path(&path).is_ok_and(|ns| ns.id() == id) && pin.netns().id() == id;
+        let alive =
+            self.inner.kernel.open_netns(&path).is_ok_and(|ns| ns.id() == id) && pin.netns().id() == id;
         if !alive {
             // Keep the pin for the detach that follows.
             self.inner.live_put(key, Live { pin, socket: None });
@@ -196,7 +198,7 @@ impl Engine {
             .map(|r| (r.netns_path.clone(), r.netns))
             .collect();
         for (path, id) in returned {
-            if let Ok(ns) = Netns::open_path(&path)
+            if let Ok(ns) = self.inner.kernel.open_netns(&path)
                 && ns.id() == id
                 && let Err(e) = w.watch_netns(&path, id, ns.as_fd()).await
             {
@@ -208,16 +210,16 @@ impl Engine {
     /// Releases pins no pod record refers to.
     fn release_stray_pins(&self) -> usize {
         let claimed: HashSet<_> = self.cp().pods.values().filter_map(|p| p.pin.clone()).collect();
-        let Ok(pins) = Pin::list(&self.inner.store.pins_dir()) else {
+        let Ok(pins) = self.inner.kernel.list_pins(&self.inner.store.pins_dir()) else {
             return 0;
         };
         let mut n = 0;
         for p in pins.into_iter().filter(|p| !claimed.contains(p)) {
-            let released = match Pin::reopen(&p) {
-                Ok(pin) => pin.release(),
+            let released = match self.inner.kernel.reopen_pin(&p) {
+                Ok(pin) => self.inner.kernel.release_pin(pin),
                 // A pin file that holds no netns (dranet killed between making the mount point
                 // and mounting the netns on it): nothing to lose, so it goes.
-                Err(NetnsError::NotANamespace { .. }) => crate::sys::netns::release_path(&p),
+                Err(NetnsError::NotANamespace { .. }) => self.inner.kernel.release_pin_path(&p),
                 Err(e) => Err(e),
             };
             match released {
@@ -268,7 +270,7 @@ impl Engine {
                     // A record whose pin lingers (devices home before a crash) loses it here.
                     let live = self.record_pin(&key).await;
                     if let Some(pin) = live {
-                        let _ = pin.release();
+                        let _ = self.inner.kernel.release_pin(pin);
                         self.transition(&key, Transition::SetPin(None), Durability::Awaited)
                             .await?;
                     }
@@ -282,7 +284,7 @@ impl Engine {
                 }
             }
         }
-        report.stray_pins = self.release_stray_pins();
+        report.stray_pins += self.release_stray_pins();
         Ok(report)
     }
 }

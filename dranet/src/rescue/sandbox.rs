@@ -16,7 +16,6 @@ use tracing::{info, warn};
 use super::decide::normalize_path;
 use super::{DetachOutcome, Engine, RescueError};
 use crate::state::{PodPhase, PodRecord, RecordKey, ReturnReason, pod_key};
-use crate::sys::netns::Netns;
 
 /// A hook's sandbox.
 #[derive(Clone, Copy, Debug)]
@@ -259,7 +258,7 @@ impl Engine {
         let Some((path, id)) = self.cp().pods.get(key).map(|r| (r.netns_path.clone(), r.netns)) else {
             return Ok(false);
         };
-        let alive = Netns::open_path(&path).is_ok_and(|ns| ns.id() == id);
+        let alive = self.inner.kernel.open_netns(&path).is_ok_and(|ns| ns.id() == id);
         if alive {
             return Ok(false);
         }

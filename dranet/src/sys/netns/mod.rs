@@ -212,6 +212,29 @@ impl Netns {
     }
 }
 
+/// Handles that name a netns and hold none, for the engine's unit tests (`rescue::engine_tests`):
+/// only their fake kernel looks at them, by [`Netns::id`] and [`Pin::path`].
+#[cfg(test)]
+impl Netns {
+    /// A handle named `id` whose fd is `/dev/null` (never entered, never passed to the kernel).
+    pub(crate) fn inert(id: NetnsId) -> Self {
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").expect("/dev/null opens"));
+        Self {
+            fd,
+            id,
+            worker: worker::Worker::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Pin {
+    /// A pin of the inert `netns` at `path`, mounting nothing.
+    pub(crate) fn inert(path: PathBuf, netns: Netns) -> Self {
+        Self { path, netns }
+    }
+}
+
 fn io_to_nix(e: &std::io::Error) -> nix::Error {
     nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
