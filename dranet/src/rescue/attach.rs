@@ -29,20 +29,30 @@ pub struct PodRef<'a> {
 }
 
 /// What an attach has ready before anything is written or moved: the host and pod netlink
-/// handles, every device's snapshot (with its ifindex in the pod chosen) and its checked spec.
-struct Staged {
+/// handles and every planned device, ready to move.
+struct Staged<'p> {
     host_nl: Netlink,
     pod_nl: Netlink,
     /// `pod_nl`'s socket, kept for the sandbox's return once the attach is done.
     pod_socket: Option<PodSocket>,
-    records: Vec<DeviceRecord>,
-    specs: Vec<AttachSpec>,
+    /// In the plan's order (which is the record's).
+    devices: Vec<Ready<'p>>,
 }
 
-/// Where the devices went: their pod-side names and kernel identities in the pod.
-struct Moved {
-    names: Vec<String>,
-    placed: Vec<DeviceAt>,
+/// One planned device ready to move: its record (snapshot, pod-side name) as it is written
+/// ahead, its checked spec, and the place chosen for it in the pod.
+struct Ready<'p> {
+    plan: &'p DevicePlan,
+    record: DeviceRecord,
+    spec: AttachSpec,
+    /// Its ifindex in the pod netns, requested in the move (the record's `at`).
+    place: DeviceAt,
+}
+
+/// A device that moved in: its pod-side name and its kernel identity in the pod.
+struct InPod {
+    name: String,
+    at: DeviceAt,
 }
 
 impl Engine {
@@ -89,10 +99,10 @@ impl Engine {
         let staged = self.stage_attach(pod.uid, &plan, &netns).await?;
         times.staged = times.lap();
         let pin = self
-            .write_ahead(&pod, &key, netns_path, netns, &staged.records)
+            .write_ahead(&pod, &key, netns_path, netns, &staged.devices)
             .await?;
         times.written = times.lap();
-        let moved = self.move_devices(&pod, &key, &plan, staged, pin).await?;
+        let moved = self.move_devices(&pod, &key, staged, pin).await?;
         times.moved = times.lap();
         self.finish_attach(&pod, &key, netns_path, moved, times).await
     }
@@ -119,19 +129,19 @@ impl Engine {
 
     /// Everything an attach needs before it writes or moves anything: every device's snapshot and
     /// spec (every config error surfaces here) and the ifindex each device will have in the pod.
-    async fn stage_attach(
+    async fn stage_attach<'p>(
         &self,
         uid: &str,
-        plan: &[DevicePlan],
+        plan: &'p [DevicePlan],
         netns: &Netns,
-    ) -> Result<Staged, RescueError> {
+    ) -> Result<Staged<'p>, RescueError> {
         let host_nl = self
             .inner
             .kernel
             .host_netlink()
             .await
             .map_err(RescueError::HostNetlink)?;
-        let mut records = self.snapshots(&host_nl, uid, plan).await?;
+        let records = self.snapshots(&host_nl, uid, plan).await?;
         let specs = plan
             .iter()
             .zip(&records)
@@ -173,18 +183,30 @@ impl Engine {
                 pod: uid.to_owned(),
                 source,
             })?;
-        for (r, ifindex) in records.iter_mut().zip(places) {
-            r.at = Some(DeviceAt {
-                ifindex,
-                netns: netns.id(),
-            });
-        }
+        let devices = plan
+            .iter()
+            .zip(records)
+            .zip(specs)
+            .zip(places)
+            .map(|(((plan, mut record), spec), ifindex)| {
+                let place = DeviceAt {
+                    ifindex,
+                    netns: netns.id(),
+                };
+                record.at = Some(place);
+                Ready {
+                    plan,
+                    record,
+                    spec,
+                    place,
+                }
+            })
+            .collect();
         Ok(Staged {
             host_nl,
             pod_nl,
             pod_socket,
-            records,
-            specs,
+            devices,
         })
     }
 
@@ -196,7 +218,7 @@ impl Engine {
         key: &RecordKey,
         netns_path: &Path,
         netns: Netns,
-        records: &[DeviceRecord],
+        devices: &[Ready<'_>],
     ) -> Result<Pin, RescueError> {
         let pin_path = self.inner.store.pins_dir().join(pod.sandbox);
         self.update(|cp| {
@@ -211,7 +233,7 @@ impl Engine {
                     netns: netns.id(),
                     pin: Some(pin_path.clone()),
                     phase: PodPhase::Attaching,
-                    devices: records.to_vec(),
+                    devices: devices.iter().map(|d| d.record.clone()).collect(),
                     recovered: None,
                 }
                 .into(),
@@ -240,26 +262,23 @@ impl Engine {
         &self,
         pod: &PodRef<'_>,
         key: &RecordKey,
-        plan: &[DevicePlan],
-        staged: Staged,
+        staged: Staged<'_>,
         pin: Pin,
-    ) -> Result<(Moved, Live), RescueError> {
+    ) -> Result<(Vec<InPod>, Live), RescueError> {
         let Staged {
             host_nl,
             pod_nl,
             pod_socket,
-            records,
-            specs,
+            devices,
         } = staged;
         let live = Live {
             pin,
             socket: pod_socket,
         };
         let pod_id = live.pin.netns().id();
-        let mut names = Vec::with_capacity(plan.len());
-        let mut placed = Vec::with_capacity(plan.len());
-        for (i, d) in plan.iter().enumerate() {
-            let place = records[i].at.map_or(0, |a| a.ifindex);
+        let mut moved: Vec<InPod> = Vec::with_capacity(devices.len());
+        for (i, dev) in devices.iter().enumerate() {
+            let d = dev.plan;
             let attached = self
                 .link_op(
                     "moving the device into the pod",
@@ -267,17 +286,20 @@ impl Engine {
                         host_nl: &host_nl,
                         pod_nl: &pod_nl,
                         netns: live.pin.netns(),
-                        snap: &records[i].snapshot,
-                        spec: &specs[i],
-                        pod_ifindex: place,
+                        snap: &dev.record.snapshot,
+                        spec: &dev.spec,
+                        pod_ifindex: dev.place.ifindex,
                     }),
                 )
                 .await;
             let attached = match attached {
                 Ok(index) => {
-                    placed.push(DeviceAt {
-                        ifindex: index,
-                        netns: pod_id,
+                    moved.push(InPod {
+                        name: dev.record.pod_ifname.clone(),
+                        at: DeviceAt {
+                            ifindex: index,
+                            netns: pod_id,
+                        },
                     });
                     self.attach_rdma(key, i, d, live.pin.netns()).await
                 }
@@ -291,17 +313,17 @@ impl Engine {
                 // The rollback makes its own connection on the kept socket: this one goes
                 // first (two would read each other's answers).
                 drop(pod_nl);
+                let placed: Vec<DeviceAt> = moved.iter().map(|m| m.at).collect();
                 self.roll_back(pod.uid, key, i, &placed, live, &err).await?;
                 return Err(err);
             }
-            names.push(records[i].pod_ifname.clone());
             if let Some((n, pause)) = self.inner.opts.pause_after_device
                 && n == i
             {
                 tokio::time::sleep(pause).await;
             }
         }
-        Ok((Moved { names, placed }, live))
+        Ok((moved, live))
     }
 
     /// Every device is in: watch the netns, keep its handles, mark the record Attached, count.
@@ -310,7 +332,7 @@ impl Engine {
         pod: &PodRef<'_>,
         key: &RecordKey,
         netns_path: &Path,
-        (moved, live): (Moved, Live),
+        (moved, live): (Vec<InPod>, Live),
         mut times: Phases,
     ) -> Result<AttachOutcome, RescueError> {
         let started = times.started;
@@ -321,7 +343,7 @@ impl Engine {
             warn!(pod = pod.uid, error = %crate::telemetry::chain(&e), "cannot watch the pod netns; relying on hooks and rtnetlink");
         }
         self.inner.live_put(key, live);
-        let Moved { names, placed } = moved;
+        let (names, placed): (Vec<String>, Vec<DeviceAt>) = moved.into_iter().map(|m| (m.name, m.at)).unzip();
         self.transition(key, Transition::MarkAttached { placed }, Durability::Awaited)
             .await?;
         self.inner.metrics.attached.inc();
