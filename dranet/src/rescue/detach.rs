@@ -6,7 +6,7 @@
 use tracing::{info, warn};
 
 use super::activity::ActivityKind;
-use super::{DetachOutcome, Engine, Inner, Live, RescueError};
+use super::{DetachOutcome, Engine, Inner, Live, RescueError, lane};
 use crate::pci;
 use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, RecordKey, ReturnCount, ReturnReason,
@@ -203,8 +203,8 @@ impl Engine {
     }
 
     /// Phase 3, one device: its RDMA link first (it needs the pod netns alive), then the netdev
-    /// home by the ifindex recorded in the pinned netns (or repaired in the host), its state
-    /// recorded. A device that does not come home is `Failed` (logged here, once).
+    /// ([`NetdevStep`]: nothing to do, or brought home by [`Engine::bring_netdev_home`]). A
+    /// device that does not come home is `Failed` (logged here, once).
     async fn return_device(
         &self,
         ctx: &ReturnCtx<'_>,
@@ -212,84 +212,54 @@ impl Engine {
         d: &DeviceRecord,
         first_move: &mut Option<u64>,
     ) -> Result<DeviceReturn, RescueError> {
-        let (uid, key) = (ctx.uid, ctx.key);
-        let out = matches!(
-            d.state,
-            DeviceState::Moving | DeviceState::InPod | DeviceState::Returning
-        );
-        let slot = if ctx.foreground || !(out || d.rdma_in_pod) {
-            None
-        } else {
+        let step = NetdevStep::of(d.state);
+        // Returns of other pods wait for an attach (the lane): only a return that asks the
+        // kernel for something, and is not itself part of an attach, takes a background slot.
+        let asks_kernel = step == NetdevStep::BringHome || d.rdma_in_pod;
+        let slot = if asks_kernel && !ctx.foreground {
             Some(self.inner.lane.background().await)
+        } else {
+            None
         };
-        let mut failed = Vec::new();
-        if d.rdma_in_pod
-            && let Err(e) = self
-                .detach_rdma(uid, key, i, d, ctx.live.map(|l| l.pin.netns()))
-                .await
-        {
-            warn!(pod = uid, device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
-            failed.push(crate::telemetry::chain(&e).to_string());
-        }
-        if matches!(d.state, DeviceState::Home | DeviceState::HomeNameBusy) {
-            drop(slot);
-            return Ok(if failed.is_empty() {
-                DeviceReturn::AlreadyHome
-            } else {
-                DeviceReturn::Failed(failed)
-            });
-        }
-        // Judged gone by an earlier pass whose return did not finish (dranet killed before the
-        // record ended, or another device failed): it has no place left to look at (`at` was
-        // cleared), so looking again could only fail it, and the record would never end.
-        if d.state == DeviceState::Gone {
-            drop(slot);
-            return Ok(if failed.is_empty() {
-                DeviceReturn::Gone
-            } else {
-                DeviceReturn::Failed(failed)
-            });
-        }
-        let res = match (ctx.pod_nl, ctx.live) {
-            (Some(nl), Some(live)) => {
-                // Only the ifindex recorded in the netns we pinned identifies the device in
-                // the pod (a pod may have renamed it and made an impostor under its name).
-                let pod_ifindex =
-                    d.at.filter(|a| ctx.live.is_some_and(|l| l.pin.netns().id() == a.netns))
-                        .map(|a| a.ifindex);
-                let req = link::DetachRequest {
-                    pod_nl: nl,
-                    host_nl: ctx.host_nl,
-                    host: &self.inner.host,
-                    snap: &d.snapshot,
-                    pod_ifindex,
-                    pod_ifname: &d.pod_ifname,
-                    move_from: ctx.move_from,
-                };
-                self.link_op(
-                    "bringing the device home",
-                    self.inner.kernel.detach(&req, live.pin.netns(), first_move),
-                )
-                .await
-            }
-            _ => {
-                first_move.get_or_insert_with(crate::watch::monotonic_ns);
-                self.link_op(
-                    "repairing the device in the host",
-                    self.inner.kernel.find_and_repair(ctx.host_nl, &d.snapshot),
-                )
-                .await
-            }
+        let rdma_failed = self.return_rdma(ctx, i, d).await;
+        let netdev = match step {
+            NetdevStep::AlreadyHome => DeviceReturn::AlreadyHome,
+            NetdevStep::Gone => DeviceReturn::Gone,
+            NetdevStep::BringHome => self.bring_netdev_home(ctx, i, d, first_move, slot).await?,
         };
-        let res = match res {
+        Ok(netdev.after_rdma(rdma_failed))
+    }
+
+    /// The device's RDMA link home, if it is in the pod; the error, logged, if it is not home.
+    async fn return_rdma(&self, ctx: &ReturnCtx<'_>, i: usize, d: &DeviceRecord) -> Option<String> {
+        if !d.rdma_in_pod {
+            return None;
+        }
+        let e = self
+            .detach_rdma(ctx.uid, ctx.key, i, d, ctx.live.map(|l| l.pin.netns()))
+            .await
+            .err()?;
+        warn!(pod = ctx.uid, device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
+        Some(crate::telemetry::chain(&e).to_string())
+    }
+
+    /// A device that is out: home by the ifindex recorded in the pinned netns (or repaired in
+    /// the host without one), judged gone, or rebound (`--pci-rebind`); then its state recorded.
+    /// `slot` (the lane) is held for the kernel's part only.
+    async fn bring_netdev_home(
+        &self,
+        ctx: &ReturnCtx<'_>,
+        i: usize,
+        d: &DeviceRecord,
+        first_move: &mut Option<u64>,
+        slot: Option<lane::Slot>,
+    ) -> Result<DeviceReturn, RescueError> {
+        let (uid, key) = (ctx.uid, ctx.key);
+        let res = match self.move_netdev_home(ctx, d, first_move).await {
             Err(LinkError::Lost { .. }) if self.vanished(ctx, d) => {
                 drop(slot);
                 self.mark_gone(uid, key, i, d).await?;
-                return Ok(if failed.is_empty() {
-                    DeviceReturn::Gone
-                } else {
-                    DeviceReturn::Failed(failed)
-                });
+                return Ok(DeviceReturn::Gone);
             }
             Err(LinkError::Lost { .. }) if self.inner.opts.pci_rebind && d.pci_address.is_some() => {
                 self.last_resort(ctx.host_nl, uid, d).await
@@ -303,37 +273,57 @@ impl Engine {
         // The kernel's part is done: the next return may start while this one's state is
         // saved (the save's fsync needs no RTNL, and held the lane idle).
         drop(slot);
-        let ret = match res {
-            Ok(Returned::Restored) => {
-                // Staged, not awaited: the writer saves it right after, and the return's last
-                // save ([`Engine::finish_return`]) waits for it. A crash before that leaves the
-                // device `InPod` or `Returning` on disk with the pin still held, and the
-                // restart's reconcile returns the sandbox again: the device is no longer in the
-                // pod, so it is found in the host by its identity and restored
-                // (`find_and_repair`), which is what this save records.
-                self.transition(key, Transition::DeviceHome { device: i }, Durability::Staged)
-                    .await?;
-                DeviceReturn::Home(d.snapshot.name.clone())
-            }
-            Ok(Returned::NameBusy { temp_name }) => {
-                let t = Transition::HomeNameBusy {
-                    device: i,
-                    temp_name: temp_name.clone(),
-                };
-                self.transition(key, t, Durability::Awaited).await?;
-                DeviceReturn::NameBusy(temp_name)
+        match res {
+            Ok(returned) => {
+                let (t, durability, ret) = home_transition(i, d, returned);
+                self.transition(key, t, durability).await?;
+                Ok(ret)
             }
             Err(e) => {
                 warn!(pod = uid, record = %key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
-                failed.push(crate::telemetry::chain(&e).to_string());
-                return Ok(DeviceReturn::Failed(failed));
+                Ok(DeviceReturn::Failed(vec![
+                    crate::telemetry::chain(&e).to_string(),
+                ]))
             }
+        }
+    }
+
+    /// The kernel's part of a netdev's return: moved home through the pod netns when we hold
+    /// it, else found in the host by its identity and restored.
+    async fn move_netdev_home(
+        &self,
+        ctx: &ReturnCtx<'_>,
+        d: &DeviceRecord,
+        first_move: &mut Option<u64>,
+    ) -> Result<Returned, LinkError> {
+        let (Some(nl), Some(live)) = (ctx.pod_nl, ctx.live) else {
+            first_move.get_or_insert_with(crate::watch::monotonic_ns);
+            return self
+                .link_op(
+                    "repairing the device in the host",
+                    self.inner.kernel.find_and_repair(ctx.host_nl, &d.snapshot),
+                )
+                .await;
         };
-        Ok(if failed.is_empty() {
-            ret
-        } else {
-            DeviceReturn::Failed(failed)
-        })
+        // Only the ifindex recorded in the netns we pinned identifies the device in the pod (a
+        // pod may have renamed it and made an impostor under its name).
+        let pod_ifindex =
+            d.at.filter(|a| live.pin.netns().id() == a.netns)
+                .map(|a| a.ifindex);
+        let req = link::DetachRequest {
+            pod_nl: nl,
+            host_nl: ctx.host_nl,
+            host: &self.inner.host,
+            snap: &d.snapshot,
+            pod_ifindex,
+            pod_ifname: &d.pod_ifname,
+            move_from: ctx.move_from,
+        };
+        self.link_op(
+            "bringing the device home",
+            self.inner.kernel.detach(&req, live.pin.netns(), first_move),
+        )
+        .await
     }
 
     /// Phase 4, when a device is still out: the pin stays live (the engine retries), the failure
@@ -882,6 +872,57 @@ struct ReturnCtx<'a> {
     move_from: Option<&'a Netns>,
 }
 
+/// What a device's netdev needs in a return, from its recorded state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NetdevStep {
+    /// Home already (under its name, or a temporary one while its name is taken).
+    AlreadyHome,
+    /// Judged gone by an earlier pass whose return did not finish (dranet killed before the
+    /// record ended, or another device failed): it has no place left to look at (`at` was
+    /// cleared), so looking again could only fail it, and the record would never end.
+    Gone,
+    /// Out (moving in, in the pod, on its way home): brought home.
+    BringHome,
+}
+
+impl NetdevStep {
+    fn of(s: DeviceState) -> Self {
+        match s {
+            DeviceState::Home | DeviceState::HomeNameBusy => Self::AlreadyHome,
+            DeviceState::Gone => Self::Gone,
+            DeviceState::Moving | DeviceState::InPod | DeviceState::Returning => Self::BringHome,
+        }
+    }
+}
+
+/// The record's change for device `i` (`d`) once the kernel brought it home, how it is saved,
+/// and what the return reports.
+///
+/// Home under its name: staged, not awaited. The writer saves it right after, and the return's
+/// last save ([`Engine::finish_return`]) waits for it. A crash before that leaves the device
+/// `InPod` or `Returning` on disk with the pin still held, and the restart's reconcile returns
+/// the sandbox again: the device is no longer in the pod, so it is found in the host by its
+/// identity and restored (`find_and_repair`), which is what this save records.
+///
+/// Home under a temporary name: awaited before the return goes on.
+fn home_transition(i: usize, d: &DeviceRecord, returned: Returned) -> (Transition, Durability, DeviceReturn) {
+    match returned {
+        Returned::Restored => (
+            Transition::DeviceHome { device: i },
+            Durability::Staged,
+            DeviceReturn::Home(d.snapshot.name.clone()),
+        ),
+        Returned::NameBusy { temp_name } => (
+            Transition::HomeNameBusy {
+                device: i,
+                temp_name: temp_name.clone(),
+            },
+            Durability::Awaited,
+            DeviceReturn::NameBusy(temp_name),
+        ),
+    }
+}
+
 /// How one device's return ended.
 enum DeviceReturn {
     AlreadyHome,
@@ -891,4 +932,21 @@ enum DeviceReturn {
     Gone,
     /// Why it (or its RDMA link) is not home, each cause once.
     Failed(Vec<String>),
+}
+
+impl DeviceReturn {
+    /// This netdev outcome of a device whose RDMA link failed to come home (`rdma_failed`) is a
+    /// failure, the RDMA cause first.
+    fn after_rdma(self, rdma_failed: Option<String>) -> Self {
+        let Some(rdma) = rdma_failed else {
+            return self;
+        };
+        match self {
+            Self::Failed(mut why) => {
+                why.insert(0, rdma);
+                Self::Failed(why)
+            }
+            _ => Self::Failed(vec![rdma]),
+        }
+    }
 }
