@@ -159,125 +159,199 @@ pub struct DetachRequest<'a> {
 /// (or a temporary one if that is taken), then restores the snapshot. The device is taken by
 /// its recorded ifindex and checked ([`same_device`]); an impostor stays in the pod and dies with
 /// it. `moved_at` gets CLOCK_MONOTONIC ns (if still `None`) when the move is sent.
+///
+/// Steps: [`HomeMove::plan`] (find it, pick its host name, what the move carries);
+/// [`HomeMove::send`] (retried as the kernel's refusals require); then
+/// [`HomeMove::restore`], or [`HomeMove::after_failure`] when no move went through.
 pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Result<Returned, LinkError> {
-    let snap = req.snap;
-    // Both lookups at once (two sockets, two netns): the device in the pod, and its host name
-    // in the host. A round trip less before the move, which is the rescue's reaction time,
-    // and each of them waits for RTNL behind the other returns' moves.
-    let host_nsid = match snap.lower {
-        Some(_) => host_nsid_in(req.pod_nl, req.host).await,
-        None => None,
-    };
-    let (in_pod, in_host) = futures::join!(
-        find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname, host_nsid),
-        req.host_nl.link_by_name(&snap.name),
-    );
-    let Some(m) = in_pod? else {
+    let Some(mv) = HomeMove::plan(req).await? else {
         // Not in the pod: it never left the host (an attach that failed before its move), it
         // came home earlier, or the kernel returned it. Look in the host.
-        return find_and_repair(req.host_nl, snap).await;
+        return find_and_repair(req.host_nl, req.snap).await;
     };
-    let pod_index = m.header.index;
-    // The kernel moves first and renames after (a rename clash fails the request with the
-    // device already moved), so pick a free host name up front.
-    let host_busy = in_host?.is_some();
-    let name = if host_busy {
-        temp_name_of(snap, pod_index)
-    } else {
-        snap.name.clone()
-    };
-    // The host settings (MTU, MAC, GSO/GRO limits, alias) go back in the move itself: the
-    // kernel applies them in the host right after the netns change, under the same RTNL hold
-    // (`do_setlink`), before anything can see the device there, and with it still DOWN (a MAC
-    // change needs that). One RTNL round trip less per device, each of which queues behind
-    // the other returns' moves. A snapshot MAC we cannot parse is left to the restore, which
-    // reports it once the device is home.
-    let in_pod_now = snapshot_of(&m, &[]);
-    // Altnames the pod added: a free one would come home and squat a host name, one that names
-    // a host link (or a host link's altname) makes the kernel refuse the move (EEXIST) while
-    // the pod netns lives. Removed in the pod, through its netns, before the move.
-    drop_altnames(
-        req.pod_nl,
-        pod_index,
-        in_pod_now.altnames.iter().filter(|a| !snap.altnames.contains(a)),
-    )
-    .await?;
-    let settings = settings_diff(pod_index, snap, &in_pod_now)
-        .ok()
-        .filter(changes_anything);
-    // Back at its own host ifindex (free unless something asked for it; not looked up first:
-    // if it is taken the kernel refuses the move, see below).
-    let own_index = (snap.ifindex > 0).then_some(snap.ifindex);
-    let move_msg = |full: bool| {
-        let mut msg = settings.clone().filter(|_| full).unwrap_or_else(|| {
+    moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
+    match mv.send().await {
+        Ok(at_index) => mv.restore(at_index).await,
+        Err(e) => mv.after_failure(e).await,
+    }
+}
+
+/// Under which name a device is in the host once it is back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum HomeName {
+    /// Its own: a restore renames it back to its snapshot name if it is not.
+    Own,
+    /// The temporary one it has (its own was taken): a restore keeps it.
+    Temporary,
+}
+
+/// What a move home carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MoveKind {
+    /// The host settings that differ and the device's own host ifindex, in the move itself.
+    Full,
+    /// Only the netns and the name, to any free ifindex: the restore applies the settings.
+    Bare,
+}
+
+/// One device's move home, planned before it is sent.
+struct HomeMove<'r> {
+    req: &'r DetachRequest<'r>,
+    /// Its ifindex in the pod.
+    pod_index: u32,
+    /// The name it comes home under ([`HomeMove::home_name`] says which it is).
+    name: String,
+    home_name: HomeName,
+    /// Its host settings that differ in the pod (`None`: none, or one that cannot be parsed,
+    /// which the restore reports with the device home).
+    settings: Option<LinkMessage>,
+    /// Its own host ifindex (free unless something asked for it; not looked up first: if it is
+    /// taken the kernel refuses the move, see [`HomeMove::send`]).
+    own_index: Option<u32>,
+    /// Its altnames as they are in the pod.
+    pod_altnames: Vec<String>,
+}
+
+impl<'r> HomeMove<'r> {
+    /// Finds the device in the pod (`None`: not there) and its host name in the host, both at
+    /// once (two sockets, two netns: a round trip less before the move, which is the rescue's
+    /// reaction time, and each of them waits for RTNL behind the other returns' moves); picks
+    /// the name it comes home under; drops the altnames the pod added.
+    async fn plan(req: &'r DetachRequest<'r>) -> Result<Option<Self>, LinkError> {
+        let snap = req.snap;
+        let host_nsid = match snap.lower {
+            Some(_) => host_nsid_in(req.pod_nl, req.host).await,
+            None => None,
+        };
+        let (in_pod, in_host) = futures::join!(
+            find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname, host_nsid),
+            req.host_nl.link_by_name(&snap.name),
+        );
+        let Some(m) = in_pod? else {
+            return Ok(None);
+        };
+        let pod_index = m.header.index;
+        // The kernel moves first and renames after (a rename clash fails the request with the
+        // device already moved), so pick a free host name up front.
+        let (name, home_name) = if in_host?.is_some() {
+            (temp_name_of(snap, pod_index), HomeName::Temporary)
+        } else {
+            (snap.name.clone(), HomeName::Own)
+        };
+        let in_pod_now = snapshot_of(&m, &[]);
+        // Altnames the pod added: a free one would come home and squat a host name, one that
+        // names a host link (or a host link's altname) makes the kernel refuse the move (EEXIST)
+        // while the pod netns lives. Removed in the pod, through its netns, before the move.
+        drop_altnames(
+            req.pod_nl,
+            pod_index,
+            in_pod_now.altnames.iter().filter(|a| !snap.altnames.contains(a)),
+        )
+        .await?;
+        // The host settings (MTU, MAC, GSO/GRO limits, alias) go back in the move itself: the
+        // kernel applies them in the host right after the netns change, under the same RTNL
+        // hold (`do_setlink`), before anything can see the device there, and with it still
+        // DOWN (a MAC change needs that). One RTNL round trip less per device, each of which
+        // queues behind the other returns' moves.
+        let settings = settings_diff(pod_index, snap, &in_pod_now)
+            .ok()
+            .filter(changes_anything);
+        Ok(Some(Self {
+            req,
+            pod_index,
+            name,
+            home_name,
+            settings,
+            own_index: (snap.ifindex > 0).then_some(snap.ifindex),
+            pod_altnames: in_pod_now.altnames,
+        }))
+    }
+
+    /// The `RTM_NEWLINK` of the move.
+    fn message(&self, kind: MoveKind) -> LinkMessage {
+        let full = kind == MoveKind::Full;
+        let mut msg = self.settings.clone().filter(|_| full).unwrap_or_else(|| {
             let mut bare = LinkMessage::default();
-            bare.header.index = pod_index;
+            bare.header.index = self.pod_index;
             bare
         });
         msg.attributes
-            .insert(0, LinkAttribute::NetNsFd(req.host.as_fd().as_raw_fd()));
-        msg.attributes.insert(1, LinkAttribute::IfName(name.clone()));
-        if let Some(i) = own_index.filter(|_| full) {
+            .insert(0, LinkAttribute::NetNsFd(self.req.host.as_fd().as_raw_fd()));
+        msg.attributes.insert(1, LinkAttribute::IfName(self.name.clone()));
+        if let Some(i) = self.own_index.filter(|_| full) {
             msg.attributes
                 .push(LinkAttribute::NewIfIndex(i32::try_from(i).unwrap_or(0)));
         }
         msg
-    };
-    moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
-    let mut sent = send_move(req, move_msg(true)).await;
-    if let Err(e) = &sent
-        && e.errno() == Some(libc::EEXIST)
-        && snap.altnames.iter().any(|a| in_pod_now.altnames.contains(a))
-        && still_in_pod(req, snap, pod_index).await
-    {
-        // One of the device's own altnames was taken in the host meanwhile (a host link's name
-        // or altname): move it without altnames; the restore gives back the ones still free.
-        tracing::warn!(device = %snap.name, error = %e, "the move home collides with a host name: moving without altnames");
-        drop_altnames(req.pod_nl, pod_index, snap.altnames.iter()).await?;
-        sent = send_move(req, move_msg(true)).await;
     }
-    let mut at_index = own_index;
-    if sent.is_err()
-        && (settings.is_some() || own_index.is_some())
-        && still_in_pod(req, snap, pod_index).await
-    {
-        // The kernel checks a request before it moves anything (its attributes in
-        // `validate_linkmsg`, the new index in `dev_index_reserve`): a setting it refuses, or
-        // the old index taken by another link, must not keep the device in the pod. Move it
-        // bare, to a new index; the restore then applies the settings, and reports the one
-        // refused, with the device home.
-        sent = send_move(req, move_msg(false)).await;
-        at_index = None;
+
+    /// Sends the move, full first. Returns the host ifindex it asked for (`None`: any).
+    ///
+    /// Retried once without altnames when one of the device's own was taken in the host
+    /// meanwhile, and once bare when the kernel refused the full request with the device
+    /// still in the pod: the kernel checks a request before it moves anything (its attributes
+    /// in `validate_linkmsg`, the new index in `dev_index_reserve`), so a setting it refuses,
+    /// or the old index taken by another link, must not keep the device in the pod. The restore
+    /// then applies the settings, and reports the one refused, with the device home.
+    async fn send(&self) -> Result<Option<u32>, LinkError> {
+        let (req, snap) = (self.req, self.req.snap);
+        let mut sent = send_move(req, self.message(MoveKind::Full)).await;
+        if let Err(e) = &sent
+            && e.errno() == Some(libc::EEXIST)
+            && snap.altnames.iter().any(|a| self.pod_altnames.contains(a))
+            && still_in_pod(req, snap, self.pod_index).await
+        {
+            tracing::warn!(device = %snap.name, error = %e, "the move home collides with a host name: moving without altnames");
+            drop_altnames(req.pod_nl, self.pod_index, snap.altnames.iter()).await?;
+            sent = send_move(req, self.message(MoveKind::Full)).await;
+        }
+        match sent {
+            Ok(()) => Ok(self.own_index),
+            Err(_)
+                if (self.settings.is_some() || self.own_index.is_some())
+                    && still_in_pod(req, snap, self.pod_index).await =>
+            {
+                send_move(req, self.message(MoveKind::Bare)).await.map(|()| None)
+            }
+            Err(e) => Err(e),
+        }
     }
-    if let Err(e) = sent {
-        // Still in the pod: the error stands (the caller retries).
-        if still_in_pod(req, snap, pod_index).await {
+
+    /// No move went through: the error stands while the device is still in the pod (the
+    /// caller retries); if it moved anyway, it is in the host under the name asked for.
+    async fn after_failure(&self, e: LinkError) -> Result<Returned, LinkError> {
+        let (req, snap) = (self.req, self.req.snap);
+        if still_in_pod(req, snap, self.pod_index).await {
             return Err(e);
         }
-        // It moved anyway: it is in the host under the name we asked for.
-        return match moved_home(req.host_nl, &name, snap).await {
-            Ok(Some(m)) => restore_moved(req.host_nl, &m, snap, host_busy, None).await,
+        match moved_home(req.host_nl, &self.name, snap).await {
+            Ok(Some(m)) => restore_moved(req.host_nl, &m, snap, self.home_name, None).await,
             _ => Err(e),
-        };
-    }
-    // Its offloads are read while it is looked up: both wait for RTNL, once instead of twice.
-    // Only at the index the move gave it (the kernel refuses the move if that is taken).
-    let offloads = async {
-        match at_index {
-            Some(i) if !snap.features.is_empty() => off_async("reading offloads", move || {
-                Ethtool::open().and_then(|mut e| e.features(&Dev::Index(i)))
-            })
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .map(|f| (i, f)),
-            _ => None,
         }
-    };
-    let (m, offloads) = futures::join!(moved_home(req.host_nl, &name, snap), offloads);
-    let m = m?.ok_or(LinkError::NotFound(name))?;
-    let offloads = offloads.and_then(|(i, f)| (i == m.header.index).then_some(f));
-    restore_moved(req.host_nl, &m, snap, host_busy, offloads).await
+    }
+
+    /// The device is home: found under its name (checked), then restored. Its offloads are
+    /// read while it is looked up (both wait for RTNL: once instead of twice), only at the
+    /// index the move asked for, `at_index` (the kernel refuses the move if that is taken).
+    async fn restore(&self, at_index: Option<u32>) -> Result<Returned, LinkError> {
+        let (req, snap) = (self.req, self.req.snap);
+        let offloads = async {
+            match at_index {
+                Some(i) if !snap.features.is_empty() => off_async("reading offloads", move || {
+                    Ethtool::open().and_then(|mut e| e.features(&Dev::Index(i)))
+                })
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|f| (i, f)),
+                _ => None,
+            }
+        };
+        let (m, offloads) = futures::join!(moved_home(req.host_nl, &self.name, snap), offloads);
+        let m = m?.ok_or_else(|| LinkError::NotFound(self.name.clone()))?;
+        let offloads = offloads.and_then(|(i, f)| (i == m.header.index).then_some(f));
+        restore_moved(req.host_nl, &m, snap, self.home_name, offloads).await
+    }
 }
 
 /// Sends the move home: from a pool thread with `req.move_from`, else over `req.pod_nl`.
@@ -323,27 +397,27 @@ async fn restore_moved(
     nl: &Netlink,
     m: &LinkMessage,
     snap: &LinkSnapshot,
-    keep_name: bool,
+    home_name: HomeName,
     offloads: Option<ethtool::Features>,
 ) -> Result<Returned, LinkError> {
     let mut cur = snapshot_of(m, &[]);
     cur.sysctls = sysctl::of_link(m);
-    restore_from(nl, m.header.index, snap, &cur, keep_name, offloads).await
+    restore_from(nl, m.header.index, snap, &cur, home_name, offloads).await
 }
 
-/// Restores a host device (found at `index`) to `snap`: name (unless `keep_name`), MTU, MAC,
+/// Restores a host device (found at `index`) to `snap`: name (see [`HomeName`]), MTU, MAC,
 /// GSO/GRO sizes, alias, altnames, addresses, offload features and private flags, admin state.
 /// `nl` is the driver's own (host) netns, where the ethtool socket is opened too.
 pub(super) async fn restore(
     nl: &Netlink,
     index: u32,
     snap: &LinkSnapshot,
-    keep_name: bool,
+    home_name: HomeName,
 ) -> Result<Returned, LinkError> {
     let cur = snapshot_index(nl, index)
         .await?
         .ok_or_else(|| LinkError::NotFound(snap.name.clone()))?;
-    restore_from(nl, index, snap, &cur, keep_name, None).await
+    restore_from(nl, index, snap, &cur, home_name, None).await
 }
 
 /// [`restore`] from the device's current state `cur` (and its offload features, if read).
@@ -352,10 +426,10 @@ async fn restore_from(
     index: u32,
     snap: &LinkSnapshot,
     cur: &LinkSnapshot,
-    keep_name: bool,
+    home_name: HomeName,
     offloads: Option<ethtool::Features>,
 ) -> Result<Returned, LinkError> {
-    let result = restore_name(nl, index, snap, cur, keep_name).await?;
+    let result = restore_name(nl, index, snap, cur, home_name).await?;
     restore_settings(nl, index, snap, cur).await?;
     restore_altnames(nl, index, snap, cur).await?;
     // Phase 4: the addresses the move dropped.
@@ -386,19 +460,19 @@ async fn restore_from(
     Ok(result)
 }
 
-/// Phase 1: the host name back; under a temporary name when it is taken (or kept as it is with
-/// `keep_name`).
+/// Phase 1: the host name back; under a temporary name when it is taken (or kept as it is when
+/// it came home under one: [`HomeName::Temporary`]).
 async fn restore_name(
     nl: &Netlink,
     index: u32,
     snap: &LinkSnapshot,
     cur: &LinkSnapshot,
-    keep_name: bool,
+    home_name: HomeName,
 ) -> Result<Returned, LinkError> {
     if cur.name == snap.name {
         return Ok(Returned::Restored);
     }
-    if keep_name {
+    if home_name == HomeName::Temporary {
         return Ok(Returned::NameBusy {
             temp_name: cur.name.clone(),
         });
@@ -498,7 +572,7 @@ pub async fn reclaim_name(
             temp_name: temp.to_owned(),
         }));
     }
-    restore(nl, m.header.index, snap, false).await.map(Some)
+    restore(nl, m.header.index, snap, HomeName::Own).await.map(Some)
 }
 
 /// Removes altnames `alts` of link `index` (in the netns of `nl`); one already gone is fine.
@@ -612,7 +686,7 @@ pub async fn repair(nl: &Netlink, index: u32, snap: &LinkSnapshot) -> Result<Ret
             device: snap.name.clone(),
         });
     }
-    restore(nl, index, snap, false).await
+    restore(nl, index, snap, HomeName::Own).await
 }
 
 /// Looks for the device of `snap` in the host by its kernel identity (at its host ifindex, or
@@ -624,7 +698,7 @@ pub async fn find_and_repair(nl: &Netlink, snap: &LinkSnapshot) -> Result<Return
         None => find_in_host(nl, snap).await?,
     };
     match found {
-        Some(m) => restore(nl, m.header.index, snap, false).await,
+        Some(m) => restore(nl, m.header.index, snap, HomeName::Own).await,
         None => Err(LinkError::Lost {
             name: snap.name.clone(),
             mac: snap.mac.clone(),
