@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 
 use super::kernel::{AttachRequest, Kernel};
-use super::{AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef, RescueError, SandboxRef};
+use super::{
+    Action, AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef, RescueError, RescueTrigger,
+    SandboxRef,
+};
 use crate::plan::{ClaimRef, DevicePlan, PodPlan};
 use crate::state::{DeviceState, PodPhase, ReturnReason, pod_key};
 use crate::sys::link::{DetachRequest, LinkError, LinkSnapshot, Netlink, PodSocket, Returned, temp_name};
@@ -934,4 +937,148 @@ async fn reconcile_after_a_restart_readopts_a_running_sandbox() {
         .unwrap();
     assert_all_home(&k, 1);
     assert!(k.pins().is_empty());
+}
+
+/// The netns teardown signal (a probe event) brings every device home without a hook, from the
+/// rescue path (moves sent over the pod's netlink, `Returning` only staged); the sandbox can
+/// never run again, so its record ends with it.
+#[tokio::test]
+async fn a_rescue_at_netns_teardown_brings_every_device_home_and_ends_the_record() {
+    let (_dir, k, e) = setup(2).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    k.add_sandbox(&path);
+    e.attach_pod(pod("sb-a"), &path).await.unwrap();
+    k.remove_sandbox_path(&path);
+    let key = pod_key(UID, "sb-a");
+    e.act(Action::Rescue {
+        pod_uid: UID.into(),
+        key: key.clone(),
+        trigger: RescueTrigger::NetnsUnmounted,
+        at: crate::watch::monotonic_ns(),
+    })
+    .await;
+    assert_all_home(&k, 2);
+    assert!(k.pins().is_empty());
+    assert!(e.pod_record(&key).is_none());
+    let t = e.last_rescue().unwrap();
+    assert!(t.ok && t.first_move_ns.is_some(), "{t:?}");
+    // The same teardown signalled again (unlink after umount) finds nothing to do.
+    e.act(Action::Rescue {
+        pod_uid: UID.into(),
+        key,
+        trigger: RescueTrigger::NetnsUnlinked,
+        at: crate::watch::monotonic_ns(),
+    })
+    .await;
+    assert_eq!(k.moves().len(), 4, "{:?}", k.moves());
+}
+
+/// A device deleted while in the pod (a VF destroyed, a veth deleted) is found neither in the
+/// pod nor in the host: it is judged gone, and the return of the others finishes.
+#[tokio::test]
+async fn a_device_deleted_in_the_pod_is_judged_gone_and_the_return_finishes() {
+    let (_dir, k, e) = setup(2).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    k.add_sandbox(&path);
+    e.attach_pod(pod("sb-a"), &path).await.unwrap();
+    let gone = k.link_of(12).mac;
+    k.w().links.retain(|l| l.mac != gone);
+    let out = e
+        .detach_sandbox(sandbox("sb-a", &path), ReturnReason::Hook)
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        DetachOutcome::Returned {
+            devices: vec!["eth1".into()],
+            name_busy: vec![]
+        }
+    );
+    let rec = e.pod_record(&pod_key(UID, "sb-a")).unwrap();
+    assert_eq!(rec.phase, PodPhase::Returned(ReturnReason::Hook));
+    assert_eq!(rec.devices[1].state, DeviceState::Gone);
+    assert!(k.pins().is_empty());
+}
+
+/// The kernel returned a device to the host by itself (its netns died under a pin released by
+/// hand): the engine restores it there, and with every device home the return finishes.
+#[tokio::test]
+async fn a_device_the_kernel_returned_is_restored_in_the_host() {
+    let (_dir, k, e) = setup(1).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    k.add_sandbox(&path);
+    e.attach_pod(pod("sb-a"), &path).await.unwrap();
+    {
+        let mut w = k.w();
+        let host = w.host();
+        let l = w
+            .links
+            .iter_mut()
+            .find(|l| l.ifindex == 11 && l.netns != host)
+            .unwrap();
+        (l.netns, l.ifindex, l.name, l.up) = (host, 99, "dev99".into(), false);
+    }
+    let key = pod_key(UID, "sb-a");
+    e.repair(UID, &key, "dev-eth1", 99).await.unwrap();
+    let l = k.link_of(11);
+    assert_eq!((l.netns, l.name.as_str(), l.up), (k.host(), "eth1", true));
+    let rec = e.pod_record(&key).unwrap();
+    assert_eq!(rec.devices[0].state, DeviceState::Home);
+    assert_eq!(rec.phase, PodPhase::Returned(ReturnReason::NetnsTeardown));
+    assert!(k.pins().is_empty());
+    assert_eq!(e.counters().repaired_devices, 1);
+}
+
+/// Synchronize (NRI's list of the sandboxes the runtime has) without the sandbox: its devices
+/// come home and its record goes.
+#[tokio::test]
+async fn synchronize_returns_and_drops_a_sandbox_the_runtime_no_longer_has() {
+    let (_dir, k, e) = setup(1).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    k.add_sandbox(&path);
+    e.attach_pod(pod("sb-a"), &path).await.unwrap();
+    let report = e.synchronize(&[]).await;
+    let key = pod_key(UID, "sb-a").to_string();
+    assert_eq!(report.returned, vec![key.clone()], "{report:?}");
+    assert_eq!(report.dropped, vec![key], "{report:?}");
+    assert_all_home(&k, 1);
+    assert!(k.pins().is_empty());
+}
+
+/// A sandbox "netns" that is the host's own is refused before anything is written or moved.
+#[tokio::test]
+async fn the_host_netns_is_refused_as_a_sandbox_netns() {
+    let (_dir, k, e) = setup(1).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    let host = k.host();
+    k.w().paths.insert(path.clone(), host);
+    let err = e.attach_pod(pod("sb-a"), &path).await.unwrap_err();
+    assert!(matches!(err, RescueError::HostNetns { .. }), "{err:?}");
+    assert!(k.moves().is_empty());
+    assert!(e.pod_record(&pod_key(UID, "sb-a")).is_none());
+}
+
+/// Uninstall: release-all brings every device home, removes every pin and record, and every
+/// attach after it is refused.
+#[tokio::test]
+async fn release_all_brings_everything_home_and_refuses_later_attaches() {
+    let (_dir, k, e) = setup(2).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    k.add_sandbox(&path);
+    e.attach_pod(pod("sb-a"), &path).await.unwrap();
+    e.stop_attaching();
+    let report = e.release_all().await.unwrap();
+    assert_eq!(
+        report.returned,
+        vec![pod_key(UID, "sb-a").to_string()],
+        "{report:?}"
+    );
+    assert_eq!(report.dropped, 1, "{report:?}");
+    assert_all_home(&k, 2);
+    assert!(k.pins().is_empty());
+    assert!(e.pod_record(&pod_key(UID, "sb-a")).is_none());
+    let path_b = PathBuf::from("/run/netns/sb-b");
+    k.add_sandbox(&path_b);
+    let err = e.attach_pod(pod("sb-b"), &path_b).await.unwrap_err();
+    assert!(matches!(err, RescueError::Uninstalling { .. }), "{err:?}");
 }
