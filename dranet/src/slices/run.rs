@@ -94,12 +94,7 @@ pub async fn publish_loop<P, S, D>(
     let mut retry: Option<Duration> = None;
     loop {
         if let Some(t) = last_scan {
-            // Rate limit, then wait for a request, the periodic rescan or the retry.
-            let earliest = t + timing.min_interval;
-            tokio::select! {
-                () = tokio::time::sleep_until(earliest) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
-            }
+            // Wait for a request, the periodic rescan or the retry.
             let next = t + retry.map_or(timing.max_interval, |r| r.min(timing.max_interval));
             let requested = tokio::select! {
                 () = handle.notify.notified() => true,
@@ -107,6 +102,14 @@ pub async fn publish_loop<P, S, D>(
                 _ = shutdown.wait_for(|s| *s) => return,
             };
             if requested {
+                // Rate limit: no sooner than `min_interval` after the last scan. Waited for only
+                // when a request came: a timer armed after every scan would wake an idle node
+                // `min_interval` after each periodic rescan (issue 41). Requests coming meanwhile
+                // are folded into this one (the notify keeps one permit).
+                tokio::select! {
+                    () = tokio::time::sleep_until(t + timing.min_interval) => {}
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
                 // Debounce: scan once the burst of requests is over.
                 let cap = Instant::now() + timing.settle_max;
                 loop {
