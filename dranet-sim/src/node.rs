@@ -449,6 +449,47 @@ impl Node {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// Waits until the daemon's published ResourceSlices (`--slices-dir`, embedded mode) list a
+    /// device for host link `ifname` with MAC `mac`: the scheduler allocates only what a slice
+    /// publishes, so a NIC that just appeared (and whose MAC was set right after, as udev does)
+    /// is prepared only once dranet has seen it as it is.
+    pub async fn wait_published(&self, ifname: &str, mac: &str, within: Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if self.published(ifname, mac) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "{ifname} (MAC {mac}) is not in a published ResourceSlice after {within:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn published(&self, ifname: &str, mac: &str) -> bool {
+        let Ok(dir) = std::fs::read_dir(self.dir.join("slices")) else {
+            return false;
+        };
+        let attr = |d: &serde_json::Value, k: &str| {
+            d["attributes"][k]["string"]
+                .as_str()
+                .map(str::to_ascii_lowercase)
+        };
+        dir.flatten()
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .any(|s| {
+                s["spec"]["devices"].as_array().is_some_and(|devs| {
+                    devs.iter().any(|d| {
+                        attr(d, "dra.net/ifName").as_deref() == Some(&ifname.to_ascii_lowercase())
+                            && attr(d, "dra.net/mac").as_deref() == Some(&mac.to_ascii_lowercase())
+                    })
+                })
+            })
+    }
+
     /// Pins currently held in the state dir.
     pub fn pins(&self) -> Vec<PathBuf> {
         dranet::sys::netns::Pin::list(&self.state_dir().join("pins")).unwrap_or_default()
