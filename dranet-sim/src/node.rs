@@ -460,9 +460,7 @@ impl Node {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
-                bail!(
-                    "{ifname} (MAC {mac}) is not in a published ResourceSlice after {within:?}"
-                );
+                bail!("{ifname} (MAC {mac}) is not in a published ResourceSlice after {within:?}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -473,9 +471,7 @@ impl Node {
             return false;
         };
         let attr = |d: &serde_json::Value, k: &str| {
-            d["attributes"][k]["string"]
-                .as_str()
-                .map(str::to_ascii_lowercase)
+            d["attributes"][k]["string"].as_str().map(str::to_ascii_lowercase)
         };
         dir.flatten()
             .filter_map(|e| std::fs::read(e.path()).ok())
