@@ -454,3 +454,53 @@ async fn a_full_ring_buffer_is_reported_as_lost_without_a_poll() -> Result<()> {
     eprintln!("{count} probe events lost, reported");
     Ok(())
 }
+
+/// A ring-buffer loss still leads to a reconcile: the engine follows a watcher whose ring reader
+/// is late (1.5 s), the probes drop the unlinks of 6,000 files under a watched prefix, and the
+/// engine answers the `Lost` event with a reconcile (`dranet_lost_events`, counted as the
+/// reconcile starts), with no poll of the loss counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_buffer_loss_leads_to_a_reconcile() -> Result<()> {
+    root_or_skip!("a_ring_buffer_loss_leads_to_a_reconcile");
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Dir(std::path::PathBuf::from(format!(
+        "/run/dranet-lost-rec-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&dir.0)?;
+    let w = Watcher::start(WatcherOptions {
+        prefixes: vec![format!("{}/", dir.0.display())],
+        ring_reader_delay: Some(Duration::from_millis(1500)),
+        ..WatcherOptions::default()
+    })
+    .await?;
+    if !probe_active(&w, "unlink") {
+        anyhow::bail!("the unlink probe is not active: {:?}", w.status());
+    }
+    let state = dranet_sim::fixtures::StateDir::new("lost-reconcile");
+    let (engine, _events) = dranet_sim::fixtures::watched_engine(&state, w).await?;
+    let before = engine.metrics().lost_events.get();
+    for i in 0..6000 {
+        let f = dir.0.join(i.to_string());
+        std::fs::File::create(&f)?;
+        std::fs::remove_file(&f)?;
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(8);
+    while engine.metrics().lost_events.get() == before {
+        anyhow::ensure!(
+            std::time::Instant::now() < until,
+            "no reconcile within 8 s of a full ring buffer"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "reconciles after lost events: {}",
+        engine.metrics().lost_events.get() - before
+    );
+    Ok(())
+}
