@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use super::activity::ActivityKind;
 use super::kernel::AttachRequest;
@@ -62,7 +62,15 @@ impl Engine {
     /// [`Engine::stage_attach`] (snapshots, specs, pod-side ifindexes: every config error
     /// surfaces here); [`Engine::write_ahead`] (the record is durable, then the netns is pinned);
     /// [`Engine::move_devices`] (rolled back on failure); [`Engine::finish_attach`].
+    ///
+    /// Every line logged on the way carries the span's `pod` and `sandbox`.
     pub async fn attach_pod(&self, pod: PodRef<'_>, netns_path: &Path) -> Result<AttachOutcome, RescueError> {
+        let span = tracing::info_span!("attach", pod = pod.uid, sandbox = pod.sandbox);
+        self.attach_sandbox(pod, netns_path).instrument(span).await
+    }
+
+    /// [`Engine::attach_pod`] inside its span.
+    async fn attach_sandbox(&self, pod: PodRef<'_>, netns_path: &Path) -> Result<AttachOutcome, RescueError> {
         let started = std::time::Instant::now();
         // Checked once, here: every key and path below is built from these.
         let key = RecordKey::new(
@@ -340,7 +348,7 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(netns_path, pod_id, live.pin.netns().as_fd()).await
         {
-            warn!(pod = pod.uid, error = %crate::telemetry::chain(&e), "cannot watch the pod netns; relying on hooks and rtnetlink");
+            warn!(error = %crate::telemetry::chain(&e), "cannot watch the pod netns; relying on hooks and rtnetlink");
         }
         self.inner.live_put(key, live);
         let (names, placed): (Vec<String>, Vec<DeviceAt>) = moved.into_iter().map(|m| (m.name, m.at)).unzip();
@@ -360,8 +368,6 @@ impl Engine {
         );
         let finished = times.lap();
         info!(
-            pod = pod.uid,
-            sandbox = pod.sandbox,
             netns = %pod_id,
             devices = ?names,
             took_ms = ms(started.elapsed()),
@@ -388,7 +394,7 @@ impl Engine {
     ) -> Result<(), RescueError> {
         let device = err.device().map(str::to_owned);
         // The error itself is logged once, by whoever handles it (the NRI service for a hook).
-        info!(pod = uid, record = %key, device = ?device, "attach failed; rolling back");
+        info!(device = ?device, "attach failed; rolling back");
         self.record(
             uid,
             ActivityKind::Failed {
@@ -406,7 +412,7 @@ impl Engine {
         self.transition(key, t, Durability::Awaited).await?;
         self.inner.live_put(key, live);
         if let Err(e) = self.detach_locked(key, ReturnReason::Rollback).await {
-            warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "rollback incomplete");
+            warn!(error = %crate::telemetry::chain(&e), "rollback incomplete");
         }
         Ok(())
     }
@@ -475,7 +481,7 @@ impl Engine {
             .map(crate::state::PodRecord::key)
             .collect();
         for other in others {
-            info!(pod = uid, from = %other, to = %key, "new sandbox of the pod: devices come home from the old one first");
+            info!(from = %other, to = %key, "new sandbox of the pod: devices come home from the old one first");
             self.detach_locked(&other, ReturnReason::Replaced).await?;
         }
         Ok(())

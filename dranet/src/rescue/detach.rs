@@ -3,7 +3,7 @@
 //! release the pin. Used by StopPodSandbox, by the probe-triggered rescue, by rollback and by
 //! reconcile: the same code whatever the order.
 
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use super::activity::ActivityKind;
 use super::{DetachOutcome, Engine, Inner, Live, RescueError, lane};
@@ -62,7 +62,23 @@ impl Engine {
     /// Phases: [`Engine::begin_return`] (the record, the pin, `Returning`), the pod netns's
     /// netlink, one [`Engine::return_device`] per device, then [`Engine::finish_return`] or, with
     /// a device still out, [`Engine::incomplete_return`] (the engine retries).
+    ///
+    /// Every line logged on the way carries the span's `pod`, `record` and `reason`.
     pub(super) async fn detach_timed(
+        &self,
+        key: &RecordKey,
+        reason: ReturnReason,
+        first_move: &mut Option<u64>,
+    ) -> Result<DetachOutcome, RescueError> {
+        let span =
+            tracing::info_span!("return", pod = tracing::field::Empty, record = %key, reason = ?reason);
+        self.return_sandbox(key, reason, first_move)
+            .instrument(span)
+            .await
+    }
+
+    /// [`Engine::detach_timed`] inside its span.
+    async fn return_sandbox(
         &self,
         key: &RecordKey,
         reason: ReturnReason,
@@ -73,8 +89,9 @@ impl Engine {
             Begun::Ready { uid, devices, live } => (uid, devices, live),
             Begun::Done(outcome) => return Ok(outcome),
         };
+        tracing::Span::current().record("pod", uid.as_str());
         let uid = uid.as_str();
-        let pod_nl = self.pod_netlink(uid, key, live.as_ref()).await;
+        let pod_nl = self.pod_netlink(live.as_ref()).await;
         // Its own socket: the kernel runs one dump at a time per netlink socket.
         let host_nl = self
             .inner
@@ -117,7 +134,7 @@ impl Engine {
         }
         self.finish_return(key, live, reason).await?;
         self.say_what_was_not_restored(key, &devices);
-        info!(pod = uid, record = %key, ?reason, devices = ?home, name_busy = ?busy, "devices home");
+        info!(devices = ?home, name_busy = ?busy, "devices home");
         self.record(
             uid,
             ActivityKind::Returned {
@@ -170,7 +187,7 @@ impl Engine {
 
     /// Phase 2: rtnetlink inside the pod netns (the live one, or a new socket through the pin);
     /// `None` without a netns: the devices are repaired in the host instead.
-    async fn pod_netlink(&self, uid: &str, key: &RecordKey, live: Option<&Live>) -> Option<Netlink> {
+    async fn pod_netlink(&self, live: Option<&Live>) -> Option<Netlink> {
         let live = live?;
         // On the kept socket (no thread hop into the netns), its task on the rescue reactor as
         // the attach's was; else (none kept, or it fails) a new socket through the pin.
@@ -183,7 +200,7 @@ impl Engine {
             match self.inner.kernel.connect(socket, rt) {
                 Ok(nl) => return Some(nl),
                 Err(e) => {
-                    warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "the kept pod netlink socket failed; opening a new one");
+                    warn!(error = %crate::telemetry::chain(&e), "the kept pod netlink socket failed; opening a new one");
                 }
             }
         }
@@ -196,7 +213,7 @@ impl Engine {
         {
             Ok(nl) => Some(nl),
             Err(e) => {
-                warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
+                warn!(error = %crate::telemetry::chain(&e), "no netlink in the pod netns");
                 None
             }
         }
@@ -239,7 +256,7 @@ impl Engine {
             .detach_rdma(ctx.uid, ctx.key, i, d, ctx.live.map(|l| l.pin.netns()))
             .await
             .err()?;
-        warn!(pod = ctx.uid, device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
+        warn!(device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
         Some(crate::telemetry::chain(&e).to_string())
     }
 
@@ -280,7 +297,7 @@ impl Engine {
                 Ok(ret)
             }
             Err(e) => {
-                warn!(pod = uid, record = %key, device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
+                warn!(device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
                 Ok(DeviceReturn::Failed(vec![
                     crate::telemetry::chain(&e).to_string(),
                 ]))
@@ -517,12 +534,7 @@ impl Engine {
             device: d.device.clone(),
             source,
         };
-        warn!(
-            pod = uid,
-            device = d.device,
-            pci,
-            "device lost: rebinding its PCI driver"
-        );
+        warn!(device = d.device, pci, "device lost: rebinding its PCI driver");
         let name = pci::rebind_and_wait(&self.inner.opts.sysfs, pci, std::time::Duration::from_secs(10))
             .await
             .map_err(perr)?;
@@ -575,8 +587,6 @@ impl Engine {
             .await?;
         self.inner.metrics.vanished.inc();
         warn!(
-            pod = uid,
-            record = %key,
             device = d.device,
             host_name = d.snapshot.name,
             "device no longer exists anywhere (deleted while in the pod): its record ends"

@@ -27,7 +27,11 @@
 //! * `logger`: the target, only for lines from other crates (e.g. `aya_log`, `kube_client`);
 //! * a field named like one of these keys gets a `_` after its name (`v_`), so no key repeats.
 //!
-//! Spans are not written (dranet opens none). The `dranet ready` line the daemon prints on stdout
+//! * the fields of the spans the event is in (the engine opens one per sandbox operation:
+//!   `pod`, `record`/`sandbox`, the return's `reason`), innermost first, after the event's own;
+//!   an event's own field of the same name wins. Span names are not written.
+//!
+//! The `dranet ready` line the daemon prints on stdout
 //! once it serves is the same shape in JSON mode ([`ready_line`]).
 
 use std::fmt::Write as _;
@@ -37,8 +41,8 @@ use serde_json::Value;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
 /// Whether text logs are coloured: stderr is a terminal and `NO_COLOR` is unset or empty.
@@ -53,7 +57,11 @@ fn init(json: bool, filter: EnvFilter) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let _ = if json {
-        builder.event_format(KlogJson).try_init()
+        // Span fields kept as JSON, for [`KlogJson`] to write with each event.
+        builder
+            .fmt_fields(JsonFields::new())
+            .event_format(KlogJson)
+            .try_init()
     } else {
         builder.with_ansi(ansi_enabled()).try_init()
     };
@@ -205,7 +213,7 @@ where
 {
     fn format_event(
         &self,
-        _ctx: &FmtContext<'_, S, N>,
+        ctx: &FmtContext<'_, S, N>,
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> std::fmt::Result {
@@ -229,7 +237,35 @@ where
             rest.push(("logger".to_owned(), Value::from(target)));
         }
         rest.append(&mut f.rest);
+        span_fields(ctx, &mut rest);
         writeln!(writer, "{}", json_line(*meta.level(), &f.msg, &rest))
+    }
+}
+
+/// Adds to `rest` the fields of every span the event is in, innermost first, each unless `rest`
+/// has one of that name already. Span fields are kept as JSON when the subscriber formats them
+/// with [`JsonFields`] (as [`init_logging`] does in JSON mode); otherwise there are none to add.
+fn span_fields<S, N>(ctx: &FmtContext<'_, S, N>, rest: &mut Vec<(String, Value)>)
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    let Some(scope) = ctx.event_scope() else {
+        return;
+    };
+    for span in scope {
+        let ext = span.extensions();
+        let Some(fields) = ext.get::<FormattedFields<N>>() else {
+            continue;
+        };
+        let Ok(Value::Object(map)) = serde_json::from_str::<Value>(fields) else {
+            continue;
+        };
+        for (k, v) in map {
+            if !rest.iter().any(|(have, _)| *have == k) {
+                rest.push((k, v));
+            }
+        }
     }
 }
 
@@ -256,6 +292,56 @@ mod tests {
     struct Outer {
         #[source]
         source: std::io::Error,
+    }
+
+    /// The engine sets `pod` and `record` once, on the span of a sandbox operation: every line
+    /// inside it carries them (the innermost span's first), a line's own field wins.
+    #[test]
+    fn json_lines_carry_the_fields_of_their_spans() {
+        let buf = Buf::default();
+        let w = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .fmt_fields(JsonFields::new())
+            .event_format(KlogJson)
+            .finish();
+        tracing::subscriber::with_default(sub, || {
+            let outer = tracing::info_span!("attach", pod = "uid-1", sandbox = "sb-1");
+            let _o = outer.enter();
+            tracing::info!("in the attach");
+            let inner = tracing::info_span!("return", record = "uid-1/sb-0", pod = tracing::field::Empty);
+            inner.record("pod", "uid-0");
+            let _i = inner.enter();
+            tracing::info!(devices = 2, "devices home");
+            tracing::info!(record = "mine", "own field");
+        });
+        let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert_eq!(
+            (&lines[0]["pod"], &lines[0]["sandbox"]),
+            (&Value::from("uid-1"), &Value::from("sb-1"))
+        );
+        assert_eq!(
+            (
+                &lines[1]["pod"],
+                &lines[1]["record"],
+                &lines[1]["sandbox"],
+                &lines[1]["devices"]
+            ),
+            (
+                &Value::from("uid-0"),
+                &Value::from("uid-1/sb-0"),
+                &Value::from("sb-1"),
+                &Value::from(2)
+            )
+        );
+        assert_eq!(lines[2]["record"], "mine", "{out}");
+        assert_eq!(
+            out.lines().nth(2).unwrap().matches("\"record\"").count(),
+            1,
+            "{out}"
+        );
     }
 
     #[test]
