@@ -506,6 +506,58 @@ async fn plugin_stops_on_shutdown_signal() {
     assert!(r.is_ok(), "{r:?}");
 }
 
+/// A rolling update's SIGTERM lands while a hook runs: the hook is answered before the plugin
+/// closes its connection (closing under it made containerd 2.1.9 log "closing plugin 00-dranet,
+/// failed to handle CreateContainer request: ttrpc: closed" and run the request without dranet).
+#[tokio::test]
+async fn shutdown_answers_the_hook_in_flight_before_closing() {
+    let mut h = harness(RuntimeConfig::default(), "00").await;
+    *h.hooks.delay_run.lock().unwrap() = Some(Duration::from_millis(300));
+    let sb = sandbox("u1", "/n");
+    let stop = async {
+        let t = std::time::Instant::now();
+        while !h.hooks.calls().iter().any(|c| matches!(c, Call::Run(_))) {
+            assert!(t.elapsed() < WAIT, "the hook never started");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        h.stop.send(true).unwrap();
+    };
+    let (answered, ()) = tokio::join!(tokio::time::timeout(WAIT, h.rt.run_pod_sandbox(&sb)), stop);
+    let answered = answered.unwrap();
+    assert!(
+        answered.is_ok(),
+        "the hook in flight lost its answer: {answered:?}"
+    );
+    assert!(h.hooks.calls().contains(&Call::RunDone("u1".into())));
+    let r = tokio::time::timeout(WAIT, h.plugin.take().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(r.is_ok(), "{r:?}");
+}
+
+/// The SIGTERM lands right after a pod's RunPodSandbox was answered: the pod's CreateContainer,
+/// which follows within tens of milliseconds, is still answered (the connection closes once no
+/// request came for a while), then the plugin stops.
+#[tokio::test]
+async fn shutdown_answers_the_request_that_follows_right_after() {
+    let mut h = harness(RuntimeConfig::default(), "00").await;
+    let p = sandbox("u1", "/n");
+    h.rt.run_pod_sandbox(&p).await.unwrap();
+    h.stop.send(true).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = h.rt.create_container(&p, &container("c0", &p)).await;
+    assert!(
+        r.is_ok(),
+        "the CreateContainer after the signal was not answered: {r:?}"
+    );
+    let r = tokio::time::timeout(WAIT, h.plugin.take().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(r.is_ok(), "{r:?}");
+}
+
 #[tokio::test]
 async fn hook_errors() {
     let h = harness(RuntimeConfig::default(), "00").await;

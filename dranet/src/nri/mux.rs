@@ -462,6 +462,16 @@ impl MuxHandle {
         self.reader.abort();
         self.writer.abort();
     }
+
+    /// Closes the trunk after what is queued is written: stops reading, then lets the writer
+    /// send every message queued or still to come from a live [`MuxSender`] (it ends once every
+    /// sender is dropped and shuts the write side down, the peer sees end of file), for at most
+    /// `within`; then closes it now. The caller drops its own senders first.
+    pub async fn close_flushed(&mut self, within: std::time::Duration) {
+        self.reader.abort();
+        let _ = tokio::time::timeout(within, &mut self.writer).await;
+        self.close();
+    }
 }
 
 impl Drop for MuxHandle {

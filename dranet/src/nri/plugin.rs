@@ -288,7 +288,7 @@ async fn session<H: PodHooks>(
     let mut mux = Mux::new(stream, MuxOptions::default());
     let plugin_conn = mux.open(PLUGIN_SERVICE_CONN);
     let runtime_conn = mux.open(RUNTIME_SERVICE_CONN);
-    let trunk = mux.start();
+    let mut trunk = mux.start();
     let (configured_tx, mut configured) = watch::channel(None);
     // Hooks still running when the connection goes (their handlers outlive the server task) see
     // it here: their answers never reach the runtime.
@@ -301,8 +301,9 @@ async fn session<H: PodHooks>(
         sync_limits: SyncLimits::default(),
         configured: configured_tx,
         gone,
+        in_flight: watch::channel(0).0,
     });
-    let _server = AbortOnDrop(tokio::spawn(ttrpc::serve(plugin_conn, svc)));
+    let _server = AbortOnDrop(tokio::spawn(ttrpc::serve(plugin_conn, svc.clone())));
     let client = Client::new(runtime_conn);
     let req = pb::RegisterPluginRequest {
         plugin_name: cfg.name.clone(),
@@ -336,11 +337,36 @@ async fn session<H: PodHooks>(
     tokio::select! {
         why = trunk.closed() => Ok(SessionEnd::Lost(why)),
         () = stopped(shutdown) => {
-            trunk.close();
+            // The hooks in flight are answered before the connection closes, and it closes
+            // once no request came for SHUTDOWN_QUIET: a request cut off by the close, or sent
+            // just after it (a pod's CreateContainer follows its RunPodSandbox within tens of
+            // milliseconds), is one the runtime completes without dranet (containerd: "closing
+            // plugin …, failed to handle … request: ttrpc: closed"). At most SHUTDOWN_DRAIN.
+            let deadline = tokio::time::Instant::now() + SHUTDOWN_DRAIN;
+            loop {
+                if tokio::time::timeout_at(deadline, svc.idle()).await.is_err() {
+                    break;
+                }
+                let quiet = (tokio::time::Instant::now() + SHUTDOWN_QUIET).min(deadline);
+                if tokio::time::timeout_at(quiet, svc.busy()).await.is_err() {
+                    break;
+                }
+            }
+            drop(client);
+            trunk.close_flushed(SHUTDOWN_FLUSH).await;
             Ok(SessionEnd::Shutdown)
         }
     }
 }
+
+/// How long a shutdown waits for the hooks in flight (the runtime gives a request 2 s).
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
+
+/// How long a shutdown waits without a request before it closes the connection.
+const SHUTDOWN_QUIET: Duration = Duration::from_millis(200);
+
+/// How long a shutdown lets the answers already made reach the socket.
+const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 
 #[cfg(test)]
 mod tests {

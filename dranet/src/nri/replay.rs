@@ -118,6 +118,7 @@ pub async fn replay(input: &[u8], limits: SyncLimits) -> Replay {
         sync_limits: limits,
         configured: watch::channel(None).0,
         gone: Arc::default(),
+        in_flight: watch::channel(0).0,
     });
     let server = tokio::spawn(ttrpc::serve(plugin_conn, svc));
     let client = Client::new(runtime_conn);

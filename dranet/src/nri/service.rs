@@ -97,6 +97,24 @@ pub(super) struct PluginService<H> {
     /// Set once the connection this service answers on is closed: an answer after that never
     /// reaches the runtime, which went on without it.
     pub(super) gone: Arc<AtomicBool>,
+    /// Requests being answered: a shutdown closes the connection once none is.
+    pub(super) in_flight: watch::Sender<usize>,
+}
+
+/// Counts one request in flight until dropped.
+struct Busy<'a>(&'a watch::Sender<usize>);
+
+impl<'a> Busy<'a> {
+    fn enter(n: &'a watch::Sender<usize>) -> Self {
+        n.send_modify(|v| *v += 1);
+        Self(n)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|v| *v = v.saturating_sub(1));
+    }
 }
 
 /// How long a Stop or Remove hook waits for its work before answering the runtime (which gives a
@@ -325,7 +343,30 @@ impl<H: PodHooks> Service for PluginService<H> {
         }
         // Which dialect the runtime speaks (dedicated pod RPCs or StateChange) shows here.
         debug!(%method, "NRI request");
-        let hook = match method.as_str() {
+        let _busy = Busy::enter(&self.in_flight);
+        let start = Instant::now();
+        let r = self.answer(&service, &method, payload).await;
+        // When each request was answered and how long it took: the runtime gives a plugin 2 s,
+        // and an upgrade's gap runs from the old daemon's last answer to the new one's first.
+        debug!(%method, took_ms = start.elapsed().as_secs_f64() * 1000.0, ok = r.is_ok(), "NRI answer");
+        r
+    }
+}
+
+impl<H: PodHooks> PluginService<H> {
+    /// Waits until no request is being answered.
+    pub(super) async fn idle(&self) {
+        let _ = self.in_flight.subscribe().wait_for(|n| *n == 0).await;
+    }
+
+    /// Waits until a request is being answered.
+    pub(super) async fn busy(&self) {
+        let _ = self.in_flight.subscribe().wait_for(|n| *n > 0).await;
+    }
+
+    /// The answer to one request of the Plugin service.
+    async fn answer(&self, service: &str, method: &str, payload: Bytes) -> CallResult {
+        let hook = match method {
             "Configure" => {
                 let req: pb::ConfigureRequest = decode(payload)?;
                 debug!(runtime = %req.runtime_name, version = %req.runtime_version,
@@ -366,7 +407,7 @@ impl<H: PodHooks> Service for PluginService<H> {
                 reply(&pb::RemovePodSandboxResponse {})
             }
             Some(PodHook::CreateContainer) => self.create_container(decode(payload)?).await,
-            None => Err(ttrpc::unimplemented(&service, &method)),
+            None => Err(ttrpc::unimplemented(service, method)),
         }
     }
 }
@@ -414,6 +455,7 @@ mod tests {
             sync_limits: SyncLimits::default(),
             configured: watch::channel(None).0,
             gone: Arc::new(AtomicBool::new(gone)),
+            in_flight: watch::channel(0).0,
         }
     }
 
