@@ -513,3 +513,102 @@ pub async fn assert_home(
     crate::fixtures::wait_for("pins released", Duration::from_secs(5), || node.pins().is_empty()).await?;
     Ok(())
 }
+
+/// The value of sample `name` (with its labels) in a Prometheus text exposition, 0 if absent.
+#[must_use]
+pub fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// The slowest NRI hook answer of a daemon, from its latency histogram: per method and status,
+/// the exact time where one call was made (its `_sum`), else the histogram's bound on the
+/// slowest (the smallest bucket holding every call, at most the `_sum`). The slowest over all:
+/// (seconds, the labels of its method and status).
+#[must_use]
+pub fn slowest_hook(metrics: &str) -> (f64, String) {
+    const H: &str = "dranet_driver_nri_plugin_requests_latency_seconds";
+    let mut worst = (0.0, String::new());
+    for l in metrics.lines() {
+        let Some(rest) = l.strip_prefix(&format!("{H}_count")) else {
+            continue;
+        };
+        let Some((labels, n)) = rest.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(n) = n.trim().parse::<f64>() else {
+            continue;
+        };
+        let sum = sample(metrics, &format!("{H}_sum{labels}"));
+        let inner = labels.trim_start_matches('{').trim_end_matches('}');
+        let bound = metrics
+            .lines()
+            .filter_map(|b| {
+                let rest = b.strip_prefix(&format!("{H}_bucket{{{inner},le=\""))?;
+                let (le, v) = rest.split_once("\"} ")?;
+                let le: f64 = le.parse().ok()?;
+                let v: f64 = v.trim().parse().ok()?;
+                (v >= n).then_some(le)
+            })
+            .fold(f64::INFINITY, f64::min);
+        let t = if n <= 1.0 { sum } else { bound.min(sum) };
+        if t > worst.0 {
+            worst = (t, labels.to_owned());
+        }
+    }
+    worst
+}
+
+/// One `NRI answer` line of a daemon's JSON log (`--log-format=json`): when the daemon answered
+/// a runtime request, which, how long it took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NriAnswer {
+    /// Seconds since the Unix epoch (the line's `ts`).
+    pub ts: f64,
+    pub method: String,
+    pub took_ms: f64,
+    pub ok: bool,
+}
+
+/// The `NRI answer` lines (debug, `dranet::nri::service`) of a JSON log, raw or as a CRI
+/// container log (`<time> <stream> <tag> <line>`), in order.
+#[must_use]
+pub fn nri_answers(log: &str) -> Vec<NriAnswer> {
+    log.lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(&l[l.find('{')?..]).ok()?;
+            (v["msg"] == "NRI answer").then(|| NriAnswer {
+                ts: v["ts"].as_f64().unwrap_or_default(),
+                method: v["method"].as_str().unwrap_or_default().to_owned(),
+                took_ms: v["took_ms"].as_f64().unwrap_or_default(),
+                ok: v["ok"].as_bool().unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// The requests a daemon's JSON log shows received (`NRI request`) and never answered (no
+/// `NRI answer` of the same method after it), by method.
+#[must_use]
+pub fn nri_unanswered(log: &str) -> Vec<String> {
+    let mut open: Vec<String> = Vec::new();
+    for l in log.lines() {
+        let Some(v) = l
+            .find('{')
+            .and_then(|i| serde_json::from_str::<serde_json::Value>(&l[i..]).ok())
+        else {
+            continue;
+        };
+        let method = v["method"].as_str().unwrap_or_default().to_owned();
+        if v["msg"] == "NRI request" {
+            open.push(method);
+        } else if v["msg"] == "NRI answer"
+            && let Some(i) = open.iter().position(|m| *m == method)
+        {
+            open.remove(i);
+        }
+    }
+    open
+}

@@ -31,6 +31,10 @@
 //! RemovePodSandbox), the tenant's device stays in its pod and its pin on the host; (d) a new
 //! dranet pod brings the device home restored (name, MTU, MAC, addresses, up) at the tenant's
 //! teardown, and no pin is left.
+//!
+//! And a DaemonSet rolling update (issue 36) from the manifest's image to another (same base and
+//! binary, another revision label and digest), tenant pods run and stopped throughout: see
+//! [`rolling_update`].
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -45,11 +49,12 @@ use dranet_sim::kernel::{dranet_bin, host_has, unique};
 use dranet_sim::kubelet::{KubeletSim, RegisteredPlugin};
 use dranet_sim::nic::{Nic, wait_restored};
 use dranet_sim::oci;
-use dranet_sim::real_node::{CriPod, ip_in, netns_has};
+use dranet_sim::real_node::{
+    CriPod, HOME_WITHIN, device_config, ip_in, netns_has, nri_answers, nri_unanswered, slowest_hook,
+};
 use dranet_sim::root_tests;
 use serde_json::{Value, json};
 
-const HOME_WITHIN: Duration = Duration::from_secs(10);
 const READY_WITHIN: Duration = Duration::from_secs(60);
 const NODE_NAME: &str = "sim-node";
 
@@ -203,8 +208,15 @@ fn built_image(test: &str) -> Result<Option<PathBuf>> {
     }
 }
 
-/// The image as built, its binary layer replaced by the binary under test, under `reference`.
-fn image_under_test(built: &Path, reference: &str) -> Result<(Vec<u8>, Value)> {
+/// The image as built, its binary layer replaced by the binary under test, under `reference`,
+/// with its `org.opencontainers.image.revision` label set to `revision` if given (another image
+/// of the same binary: another config, another digest). The archive, the config, the manifest
+/// digest.
+fn image_under_test(
+    built: &Path,
+    reference: &str,
+    revision: Option<&str>,
+) -> Result<(Vec<u8>, Value, String)> {
     let img = oci::read_archive(&std::fs::read(built)?)?;
     ensure!(
         img.layers.len() == 2,
@@ -219,12 +231,16 @@ fn image_under_test(built: &Path, reference: &str) -> Result<(Vec<u8>, Value)> {
     let mut tree = oci::Tree::default();
     tree.file(&entry, 0o755, std::fs::read(dranet_bin()?)?);
     let top = oci::Layer::from_tar(&tree.to_tar()?, "the dranet binary under test");
+    let mut config = img.config.clone();
+    if let Some(r) = revision {
+        config["Labels"]["org.opencontainers.image.revision"] = json!(r);
+    }
     let archive = oci::image_archive(&oci::ImageSpec {
         reference,
         layers: vec![img.layers[0].clone(), top],
-        config: img.config.clone(),
+        config: config.clone(),
     })?;
-    Ok((archive.bytes, img.config))
+    Ok((archive.bytes, config, archive.manifest_digest))
 }
 
 /// Mount points under `dir` in this process's mount namespace (the host's).
@@ -295,6 +311,10 @@ struct ImageNode {
     netns: Vec<String>,
     /// The host source of each volume, made once (a bind mount is never stacked).
     sources: HashMap<String, String>,
+    /// Env of the dranet container set over the manifest's (same name: replaced).
+    env_over: Vec<(String, String)>,
+    /// The dranet images imported: (reference, manifest digest).
+    images: Vec<(String, String)>,
     ctrd: Containerd,
 }
 
@@ -342,7 +362,7 @@ impl ImageNode {
             oci::pause_archive(&pause, SANDBOX_IMAGE)?,
         )?;
         let t = Instant::now();
-        let (archive, config) = image_under_test(built, &d.image)?;
+        let (archive, config, digest) = image_under_test(built, &d.image, None)?;
         std::fs::write(dir.join("dranet.oci.tar"), archive)?;
         let packed = t.elapsed();
         for a in ["pause.oci.tar", "dranet.oci.tar"] {
@@ -373,6 +393,7 @@ impl ImageNode {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let images = vec![(d.image.clone(), digest)];
         let node = Self {
             dir,
             d,
@@ -383,6 +404,8 @@ impl ImageNode {
             dranet: None,
             netns: Vec::new(),
             sources: HashMap::new(),
+            env_over: Vec::new(),
+            images,
             ctrd,
         };
         // State dir: a shared mount, as a node's /run is (Bidirectional needs it).
@@ -392,6 +415,28 @@ impl ImageNode {
 
     fn state_dir(&self) -> PathBuf {
         self.dir.join("state")
+    }
+
+    /// Imports another image of the binary under test (`built`'s base and config, the label
+    /// `org.opencontainers.image.revision` set to `revision`) under `reference`; its digest.
+    async fn import_image(&mut self, built: &Path, reference: &str, revision: &str) -> Result<String> {
+        let (archive, _, digest) = image_under_test(built, reference, Some(revision))?;
+        let path = self.dir.join(format!("{revision}.oci.tar"));
+        std::fs::write(&path, archive)?;
+        self.ctrd
+            .ctr(&["-n", "k8s.io", "images", "import", &path.display().to_string()])
+            .with_context(|| format!("importing {reference}"))?;
+        let t = Instant::now();
+        while !self.cri.has_image(reference).await? {
+            ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "CRI never saw {reference}: {:?}",
+                self.cri.image_tags().await?
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.images.push((reference.to_owned(), digest.clone()));
+        Ok(digest)
     }
 
     /// The host source of a manifest volume on this node.
@@ -443,6 +488,12 @@ impl ImageNode {
 
     /// RunPodSandbox + CreateContainer + StartContainer of the DaemonSet's pod, as kubelet.
     async fn run_dranet(&mut self) -> Result<Duration> {
+        let image = self.d.image.clone();
+        self.run_dranet_image(&image).await
+    }
+
+    /// [`ImageNode::run_dranet`] from the image `image` (the pod template after an update).
+    async fn run_dranet_image(&mut self, image: &str) -> Result<Duration> {
         let uid = unique("ds-");
         let ident = PodIdentity {
             name: format!("dranet-{uid}"),
@@ -544,8 +595,8 @@ impl ImageNode {
                 attempt: 0,
             }),
             image: Some(pb::ImageSpec {
-                image: self.d.image.clone(),
-                user_specified_image: self.d.image.clone(),
+                image: image.to_owned(),
+                user_specified_image: image.to_owned(),
                 ..Default::default()
             }),
             args,
@@ -553,6 +604,8 @@ impl ImageNode {
                 .d
                 .env
                 .iter()
+                .filter(|(k, _)| !self.env_over.iter().any(|(o, _)| o == k))
+                .chain(&self.env_over)
                 .map(|(k, v)| pb::KeyValue {
                     key: k.clone(),
                     value: v.clone(),
@@ -608,6 +661,14 @@ impl ImageNode {
             .unwrap_or_default()
     }
 
+    /// The daemon's `/metrics` (its `--bind-address` on the host network).
+    async fn metrics(&self) -> Result<String> {
+        let (code, body) =
+            dranet_sim::node::http_get(&format!("127.0.0.1:{}", self.port), "/metrics").await?;
+        ensure!(code == 200, "/metrics answered {code}: {body}");
+        Ok(body)
+    }
+
     /// `GET <readiness path>` on the host network.
     fn readyz(&self) -> Option<(u16, String)> {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
@@ -643,16 +704,30 @@ impl ImageNode {
 
     /// kubelet's kill of the dranet pod (StopContainer with the grace period, StopPodSandbox),
     /// then the garbage collector's RemoveContainer and RemovePodSandbox.
+    /// The log of the removed container (all of it: read once it exited).
     async fn remove_dranet(&mut self) -> Result<String> {
-        let (sid, cid, _) = self.dranet.clone().context("no dranet pod")?;
-        let log = self.dranet_log();
+        let log = self.stop_dranet().await?;
+        self.remove_dranet_pod().await?;
+        Ok(log)
+    }
+
+    /// kubelet's StopContainer of the dranet container with the grace period (SIGTERM); returns
+    /// once the daemon exited, with its whole log.
+    async fn stop_dranet(&mut self) -> Result<String> {
+        let (_, cid, _) = self.dranet.clone().context("no dranet pod")?;
         self.plugin = None;
         self.cri.stop_container(&cid, self.d.grace).await?;
+        Ok(self.dranet_log())
+    }
+
+    /// The rest of the dranet pod's removal: StopPodSandbox, RemoveContainer, RemovePodSandbox.
+    async fn remove_dranet_pod(&mut self) -> Result<()> {
+        let (sid, cid, _) = self.dranet.clone().context("no dranet pod")?;
         self.cri.stop_pod_sandbox(&sid).await?;
         self.cri.remove_container(&cid).await?;
         self.cri.remove_pod_sandbox(&sid).await?;
         self.dranet = None;
-        Ok(log)
+        Ok(())
     }
 
     async fn prepare(&self, pod: &CriPod, devices: &[(String, Value)]) -> Result<()> {
@@ -690,16 +765,22 @@ fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Unmounts and removes pod netns files a failure left under /var/run/netns.
+fn drop_netns(paths: &[String]) {
+    use nix::mount::{MntFlags, umount2};
+    for ns in paths {
+        if Path::new(ns).exists() {
+            let _ = umount2(Path::new(ns), MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_file(ns);
+        }
+    }
+}
+
 impl Drop for ImageNode {
     fn drop(&mut self) {
         use nix::mount::{MntFlags, umount2};
         // Failure paths only: pods containerd did not remove leave their netns mounts.
-        for ns in &self.netns {
-            if Path::new(ns).exists() {
-                let _ = umount2(Path::new(ns), MntFlags::MNT_DETACH);
-                let _ = std::fs::remove_file(ns);
-            }
-        }
+        drop_netns(&self.netns);
         // Every mount under the node's dir, deepest first, as many times as it is stacked; the
         // state dir is one itself.
         let mut points = mounts_under(&self.dir);
@@ -841,6 +922,488 @@ async fn deployed_image(test: &str, suite: &str) -> Result<()> {
     Ok(())
 }
 
+/// The runtime's NRI plugin request timeout (both Debian builds: NRI's default).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the tenant loop acts (runs a pod, or stops one) throughout the update.
+const CHURN_EVERY: Duration = Duration::from_millis(150);
+/// A bound on the whole rolling-update case.
+const UPDATE_WITHIN: Duration = Duration::from_secs(240);
+
+/// Where the rolling update is: the old daemon serves; from the old container's StopContainer
+/// until the new one is ready (/readyz 200); the new daemon ready; every pod run while dranet was
+/// away has its device.
+const OLD: u8 = 0;
+const AWAY: u8 = 1;
+const NEW: u8 = 2;
+const SETTLED: u8 = 3;
+
+/// What the tenant pods share with the update.
+#[derive(Default)]
+struct Update {
+    phase: std::sync::atomic::AtomicU8,
+    /// Pods whose RunPodSandbox returned without their device (dranet away): (name, netns).
+    without: std::sync::Mutex<Vec<(String, String)>>,
+    /// Every tenant netns, removed by [`NetnsGuard`] if a failure leaves it.
+    netns: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Update {
+    fn phase(&self) -> u8 {
+        self.phase.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn set(&self, p: u8) {
+        self.phase.store(p, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The `time="YYYY-MM-DDTHH:MM:SS.fffffffffZ"` of a containerd log line, in seconds since the
+/// Unix epoch.
+fn containerd_log_time(line: &str) -> Option<f64> {
+    let t = line
+        .strip_prefix("time=\"")?
+        .split('"')
+        .next()?
+        .strip_suffix('Z')?;
+    let (date, clock) = t.split_once('T')?;
+    let d: Vec<i64> = date.split('-').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let (hms, frac) = clock.split_once('.').unwrap_or((clock, "0"));
+    let c: Vec<i64> = hms.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let ([y, m, day], [h, mi, sec]) = (d.as_slice(), c.as_slice()) else {
+        return None;
+    };
+    // Days from the civil date (Howard Hinnant's days_from_civil).
+    let y = if *m <= 2 { y - 1 } else { *y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let frac: f64 = format!("0.{frac}").parse().ok()?;
+    #[allow(clippy::cast_precision_loss)]
+    Some((days * 86_400 + h * 3600 + mi * 60 + sec) as f64 + frac)
+}
+
+/// Removes the tenant netns mounts a failure left (containerd's removal removes them otherwise).
+struct NetnsGuard(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        if let Ok(v) = self.0.lock() {
+            drop_netns(&v);
+        }
+    }
+}
+
+/// A tenant pod of the rolling update: one veth "NIC" claimed as `net0`.
+struct Tenant {
+    pod: CriPod,
+    nic: String,
+    ns: String,
+    /// The update's phase when its RunPodSandbox was sent and when it returned.
+    ran: Option<(u8, u8)>,
+    /// Its device was in its netns when RunPodSandbox returned (before its container).
+    at_sandbox: bool,
+    /// The update's phase when it was stopped.
+    stopped: Option<u8>,
+    /// Stopped only at the end (runs through the update).
+    keep: bool,
+}
+
+impl Tenant {
+    fn new(tag: &str, nic: &Nic) -> Self {
+        Self {
+            pod: CriPod::new(tag),
+            nic: nic.name.clone(),
+            ns: String::new(),
+            ran: None,
+            at_sandbox: false,
+            stopped: None,
+            keep: false,
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.ran.is_some() && self.stopped.is_none()
+    }
+}
+
+/// kubelet's SyncPod of a tenant: RunPodSandbox; its device checked in its netns before the
+/// container is created (with dranet serving: there, and gone from the host; a pod run while
+/// dranet was away is listed for the check after the new daemon is ready); then its container.
+async fn run_tenant(cri: &Cri, up: &Update, t: &mut Tenant) -> Result<()> {
+    let sent = up.phase();
+    let sid = cri.run_pod_sandbox(&t.pod.ident).await?;
+    let back = up.phase();
+    t.pod.sandbox = Some(sid.clone());
+    t.ns = t.pod.netns(cri).await?;
+    if let Ok(mut v) = up.netns.lock() {
+        v.push(t.ns.clone());
+    }
+    t.ran = Some((sent, back));
+    t.at_sandbox = netns_has(&t.ns, "net0");
+    if t.at_sandbox {
+        ensure!(
+            !host_has(&t.nic),
+            "{}: {} in its netns and in the host",
+            t.pod.ident.name,
+            t.nic
+        );
+    } else {
+        ensure!(
+            sent <= AWAY && back >= AWAY,
+            "{}: RunPodSandbox returned without its device ({}) while dranet served (phase {sent} to {back})",
+            t.pod.ident.name,
+            t.nic
+        );
+        if let Ok(mut v) = up.without.lock() {
+            v.push((t.pod.ident.name.clone(), t.ns.clone()));
+        }
+    }
+    t.pod.container = Some(
+        cri.create_and_start(&sid, &t.pod.ident, "app", SANDBOX_IMAGE)
+            .await?,
+    );
+    Ok(())
+}
+
+/// kubelet's kill of a tenant then the garbage collector's removal; its device was still in its
+/// netns up to the kill.
+async fn stop_tenant(cri: &Cri, up: &Update, t: &mut Tenant) -> Result<()> {
+    ensure!(
+        netns_has(&t.ns, "net0"),
+        "{}: net0 left the running pod (phase {})",
+        t.pod.ident.name,
+        up.phase()
+    );
+    t.stopped = Some(up.phase());
+    t.pod.stop(cri).await?;
+    t.pod.remove(cri).await
+}
+
+/// The tenant loop: every [`CHURN_EVERY`], alternately runs the next pod of its queue and stops
+/// the oldest running pod whose device was seen in it (never a pod run while dranet was away
+/// before the update settled, never one marked `keep`). Ends once the queue is closed and empty.
+async fn churn(
+    cri: Cri,
+    up: std::sync::Arc<Update>,
+    mut queue: tokio::sync::mpsc::UnboundedReceiver<Tenant>,
+) -> Result<Vec<Tenant>> {
+    use tokio::sync::mpsc::error::TryRecvError;
+    let mut waiting = std::collections::VecDeque::new();
+    let mut seen: Vec<Tenant> = Vec::new();
+    let mut closed = false;
+    let mut run_turn = true;
+    loop {
+        loop {
+            match queue.try_recv() {
+                Ok(t) => waiting.push_back(t),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if closed && waiting.is_empty() {
+            return Ok(seen);
+        }
+        let settled = up.phase() == SETTLED;
+        let stoppable = seen
+            .iter()
+            .position(|t| t.running() && !t.keep && (t.at_sandbox || settled));
+        let running = seen.iter().filter(|t| t.running()).count();
+        if (run_turn || stoppable.is_none() || running < 2)
+            && let Some(mut t) = waiting.pop_front()
+        {
+            run_tenant(&cri, &up, &mut t).await?;
+            seen.push(t);
+        } else if let Some(i) = stoppable.filter(|_| running >= 2) {
+            stop_tenant(&cri, &up, &mut seen[i]).await?;
+        }
+        run_turn = !run_turn;
+        tokio::time::sleep(CHURN_EVERY).await;
+    }
+}
+
+/// A DaemonSet rolling update of dranet on the real containerd (issue 36), maxSurge 0 as the
+/// manifest says: the old dranet pod (the manifest's image) is stopped with the grace period
+/// (SIGTERM) and removed, then the new one is run from another image (same base and binary, its
+/// own revision label, so its own digest). Tenant pods are run and stopped throughout by a loop,
+/// and at the gap itself one is run and one stopped. Asserted: every tenant has its device in its
+/// netns before its container is created, or (run while dranet was away) within 1 s of the new
+/// daemon's readiness; no device left a running pod; every device comes home restored, no pin
+/// left; no NRI answer of either daemon took the runtime's 2 s, and containerd logged no plugin
+/// timeout. Printed: the gap (the old daemon's last NRI answer to the new one's first, from their
+/// `NRI answer` log lines) and the slowest hook answer.
+async fn rolling_update(test: &str, suite: &str) -> Result<()> {
+    let Some(rt) = containerd::require(test, suite)? else {
+        return Ok(());
+    };
+    let Some(built) = built_image(test)? else {
+        return Ok(());
+    };
+    // The binary under test is built (when out of date) before the clock starts.
+    dranet_bin()?;
+    tokio::time::timeout(UPDATE_WITHIN, rolling_update_on(&rt, &built))
+        .await
+        .with_context(|| format!("the rolling update took over {UPDATE_WITHIN:?}"))?
+}
+
+async fn rolling_update_on(rt: &Runtime, built: &Path) -> Result<()> {
+    use std::sync::Arc;
+    let version = rt.upstream().to_owned();
+    // Three tenants the update itself drives (one kept through it, one stopped and one run in the
+    // gap), five in the loop's first batch (prepared by the old daemon), three in its second
+    // (prepared by the new one).
+    let (nics, before) = Nic::many_with_views(11)?;
+    dranet_bin()?;
+    let mut node = ImageNode::start(rt, built).await?;
+    // Each NRI answer logged (debug) with its time: the gap and the hook times come from them.
+    node.env_over = vec![(
+        "RUST_LOG".to_owned(),
+        "info,dranet::nri::service=debug".to_owned(),
+    )];
+    let new_image = format!("{}-next", node.d.image);
+    let new_digest = node
+        .import_image(built, &new_image, "rolling-update-next")
+        .await?;
+    let (old_image, old_digest) = node.images[0].clone();
+    ensure!(
+        old_digest != new_digest,
+        "the two images have one digest {old_digest}"
+    );
+    println!(
+        "containerd {version}: rolling update from {old_image} ({old_digest}) to {new_image} ({new_digest})"
+    );
+    node.run_dranet().await?;
+    let up = Arc::new(Update::default());
+    let _guard = NetnsGuard(up.netns.clone());
+    let cri = node.cri.clone();
+    let devices = |n: &Nic| vec![nic_device(n, device_config(0))];
+    let mut kept = Tenant::new("upd-kept-", &nics[0]);
+    kept.keep = true;
+    let mut gone = Tenant::new("upd-gapstop-", &nics[1]);
+    let mut gap = Tenant::new("upd-gaprun-", &nics[2]);
+    for (t, n) in [(&kept, &nics[0]), (&gone, &nics[1]), (&gap, &nics[2])] {
+        node.prepare(&t.pod, &devices(n)).await?;
+    }
+    run_tenant(&cri, &up, &mut kept).await?;
+    run_tenant(&cri, &up, &mut gone).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for n in &nics[3..8] {
+        let t = Tenant::new("upd-loop-", n);
+        node.prepare(&t.pod, &devices(n)).await?;
+        tx.send(t).map_err(|_| anyhow::anyhow!("the tenant loop ended"))?;
+    }
+    let looping = tokio::spawn(churn(cri.clone(), up.clone(), rx));
+    // The loop runs pods with the old daemon first.
+    let t = Instant::now();
+    while up.netns.lock().map(|v| v.len()).unwrap_or(0) < 4 {
+        ensure!(
+            !looping.is_finished() && t.elapsed() < Duration::from_secs(60),
+            "the tenant loop ran no pod with the old daemon"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The update: kubelet kills the old pod (StopContainer with the grace period: SIGTERM).
+    up.set(AWAY);
+    let update = Instant::now();
+    let old_log = node.stop_dranet().await?;
+    let stopped = update.elapsed();
+    // The gap: a pod run and one stopped while no dranet runs, beside the loop's.
+    let gap_run = {
+        let (cri, up) = (cri.clone(), up.clone());
+        tokio::spawn(async move {
+            let r = run_tenant(&cri, &up, &mut gap).await;
+            r.map(|()| gap)
+        })
+    };
+    let gap_stop = {
+        let (cri, up) = (cri.clone(), up.clone());
+        tokio::spawn(async move {
+            let r = stop_tenant(&cri, &up, &mut gone).await;
+            r.map(|()| gone)
+        })
+    };
+    node.remove_dranet_pod().await?;
+    let removed = update.elapsed();
+    // maxSurge 0: the new pod once the old one is gone.
+    node.run_dranet_image(&new_image).await?;
+    up.set(NEW);
+    let ready = Instant::now();
+    let gap = gap_run.await??;
+    let gone = gap_stop.await??;
+    // Validator off: a pod run while dranet was away has its device within 1 s of the return.
+    let without = up.without.lock().map(|v| v.clone()).unwrap_or_default();
+    ensure!(
+        without.iter().any(|(n, _)| *n == gap.pod.ident.name),
+        "the pod run in the gap ({}) had its device at RunPodSandbox: no gap? ran {:?}",
+        gap.pod.ident.name,
+        gap.ran
+    );
+    let mut late_ms = 0.0f64;
+    for (name, ns) in &without {
+        wait_for(
+            "a device of a pod run while dranet was away, within 1 s of the new daemon's readiness",
+            Duration::from_secs(1).saturating_sub(ready.elapsed()),
+            || netns_has(ns, "net0"),
+        )
+        .await
+        .with_context(|| format!("{name}; new daemon's log:\n{}", node.dranet_log()))?;
+        late_ms = late_ms.max(ready.elapsed().as_secs_f64() * 1000.0);
+    }
+    up.set(SETTLED);
+    println!(
+        "containerd {version}: old daemon exited {stopped:?} after StopContainer, its pod removed at {removed:?}, new daemon ready at {:?}; {} pod(s) run while dranet was away, every device in its pod by {late_ms:.0} ms after readiness",
+        ready - update,
+        without.len()
+    );
+    // Pods prepared by the new daemon, run and stopped by the loop.
+    for n in &nics[8..11] {
+        let t = Tenant::new("upd-after-", n);
+        node.prepare(&t.pod, &devices(n)).await?;
+        tx.send(t).map_err(|_| anyhow::anyhow!("the tenant loop ended"))?;
+    }
+    drop(tx);
+    let mut tenants = looping.await??;
+    tenants.extend([kept, gone, gap]);
+    // Every pod still running has its device, configured; then all are stopped and removed.
+    for t in tenants.iter().filter(|t| t.running()) {
+        let v = ip_in(&t.ns, &["-j", "addr", "show", "dev", "net0"])?;
+        ensure!(
+            v.contains("192.168.70.2") && !host_has(&t.nic),
+            "{}: net0 in its pod: {v}",
+            t.pod.ident.name
+        );
+    }
+    for t in &mut tenants {
+        if t.running() {
+            stop_tenant(&cri, &up, t).await?;
+        }
+    }
+    for (n, b) in nics.iter().zip(&before) {
+        wait_restored(&n.name, b, HOME_WITHIN)
+            .await
+            .with_context(|| format!("{} not home; new daemon's log:\n{}", n.name, node.dranet_log()))?;
+    }
+    wait_for("no pin on the host", Duration::from_secs(5), || {
+        node.host_pins().is_empty()
+    })
+    .await?;
+    for t in &tenants {
+        node.unprepare(&t.pod).await?;
+    }
+    let count = |p: u8| tenants.iter().filter(|t| t.stopped == Some(p)).count();
+    let run_in = |p: u8| {
+        tenants
+            .iter()
+            .filter(|t| t.ran.is_some_and(|(s, _)| s == p))
+            .count()
+    };
+    println!(
+        "containerd {version}: {} tenant pods: run with the old daemon {}, while away {}, with the new {}; stopped with the old {}, while away {}, after {}; every device home restored, no pin",
+        tenants.len(),
+        run_in(OLD),
+        run_in(AWAY),
+        run_in(NEW) + run_in(SETTLED),
+        count(OLD),
+        count(AWAY),
+        count(NEW) + count(SETTLED)
+    );
+    ensure!(count(AWAY) >= 1, "no pod stopped while dranet was away");
+    // The hooks: every answer of both daemons, and the gap between them.
+    let (hist, which) = slowest_hook(&node.metrics().await?);
+    let new_log = node.remove_dranet().await?;
+    let (old_answers, new_answers) = (nri_answers(&old_log), nri_answers(&new_log));
+    let last_old = old_answers
+        .last()
+        .with_context(|| format!("no NRI answer in the old daemon's log:\n{old_log}"))?;
+    let first_new = new_answers
+        .first()
+        .with_context(|| format!("no NRI answer in the new daemon's log:\n{new_log}"))?;
+    let gap_ms = (first_new.ts - last_old.ts) * 1000.0;
+    let slowest = old_answers
+        .iter()
+        .chain(&new_answers)
+        .max_by(|a, b| a.took_ms.total_cmp(&b.took_ms))
+        .context("no answers")?;
+    let hooks = old_answers.len() + new_answers.len();
+    let unanswered = (nri_unanswered(&old_log), nri_unanswered(&new_log));
+    let ctrd_log = node.ctrd.log_text();
+    // What containerd logged of the plugin (its name is <index>-<name>).
+    let nri_lines: Vec<&str> = ctrd_log.lines().filter(|l| l.contains("00-dranet")).collect();
+    for l in &nri_lines {
+        println!("containerd: {l}");
+    }
+    // A request past the timeout. (A request the runtime sends as the old daemon closes its
+    // connection fails at once, "closing plugin 00-dranet, failed to handle <request> request:
+    // ttrpc: closed", and the runtime completes it without dranet, as in the gap: counted
+    // below; one dranet received and did not answer would be in `unanswered`.)
+    let timeouts: Vec<&&str> = nri_lines
+        .iter()
+        .filter(|l| {
+            let l = l.to_lowercase();
+            ["timeout", "deadline exceeded", "timed out"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
+        .collect();
+    let at_close = nri_lines
+        .iter()
+        .filter(|l| l.contains("failed to handle"))
+        .count();
+    // containerd's view: the old connection closed, the new one connected and synchronized.
+    let at = |what: &[&str], after: f64| {
+        nri_lines
+            .iter()
+            .filter(|l| what.iter().all(|w| l.contains(w)))
+            .filter_map(|l| containerd_log_time(l))
+            .find(|t| *t >= after)
+    };
+    let closed = at(&["connection to plugin", "closed"], last_old.ts - 1.0);
+    let synced = closed.and_then(|c| at(&["plugin", "connected"], c));
+    let runtime_gap_ms = closed.zip(synced).map(|(c, s)| (s - c) * 1000.0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "RESULT containerd {version} rolling update: gap {gap_ms:.1} ms (old daemon's last NRI answer {} to the new one's first {}), containerd's plugin connection closed to connected {runtime_gap_ms:.1?} ms, {at_close} request(s) sent to the closed connection; {hooks} NRI answers, slowest {:.1} ms ({}), new daemon's histogram slowest {:.1} ms {which}; StopContainer to new ready {:.0} ms; load average {}",
+        last_old.method,
+        first_new.method,
+        slowest.took_ms,
+        slowest.method,
+        hist * 1000.0,
+        (ready - update).as_secs_f64() * 1000.0,
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    ensure!(
+        old_answers.iter().chain(&new_answers).all(|a| a.ok),
+        "an NRI answer was an error: {:?}",
+        old_answers
+            .iter()
+            .chain(&new_answers)
+            .filter(|a| !a.ok)
+            .collect::<Vec<_>>()
+    );
+    ensure!(
+        slowest.took_ms < REQUEST_TIMEOUT.as_secs_f64() * 1000.0 && hist < REQUEST_TIMEOUT.as_secs_f64(),
+        "an NRI hook answered past the runtime's {REQUEST_TIMEOUT:?}: {slowest:?}, histogram {hist} {which}"
+    );
+    ensure!(
+        timeouts.is_empty(),
+        "containerd logged a plugin request timeout: {timeouts:?}"
+    );
+    ensure!(
+        unanswered.0.is_empty() && unanswered.1.is_empty(),
+        "NRI requests received and never answered: old daemon {:?}, new daemon {:?}",
+        unanswered.0,
+        unanswered.1
+    );
+    ensure!(
+        gap_ms > 0.0,
+        "the new daemon answered before the old one's last answer"
+    );
+    Ok(())
+}
+
 /// `cargo xtask demo --runtime containerd`'s program: one pod life cycle on the real containerd
 /// 2.x with `dranet trace`, ending in PASS (each device in the pod, then home restored, no pin).
 async fn demo_on_the_real_runtime(test: &str) -> Result<()> {
@@ -874,4 +1437,18 @@ root_tests! {
         deployed_image("containerd_2_dranet_from_its_image_as_the_daemonset_keeps_and_returns_devices", "sid");
     containerd_1_7_dranet_from_its_image_as_the_daemonset_keeps_and_returns_devices =>
         deployed_image("containerd_1_7_dranet_from_its_image_as_the_daemonset_keeps_and_returns_devices", "trixie");
+    containerd_2_rolling_update_to_another_image_leaves_no_pod_without_its_devices =>
+        rolling_update("containerd_2_rolling_update_to_another_image_leaves_no_pod_without_its_devices", "sid");
+    containerd_1_7_rolling_update_to_another_image_leaves_no_pod_without_its_devices =>
+        rolling_update("containerd_1_7_rolling_update_to_another_image_leaves_no_pod_without_its_devices", "trixie");
+}
+
+#[test]
+fn containerd_log_times_are_epoch_seconds() {
+    let t = |l: &str| containerd_log_time(l).unwrap();
+    assert!(
+        (t("time=\"2026-12-07T11:15:15.654055332Z\" level=info msg=x") - 1_796_642_115.654_055).abs() < 1e-5
+    );
+    assert!((t("time=\"2024-02-29T00:00:01Z\" level=info") - 1_709_164_801.0).abs() < 1e-6);
+    assert_eq!(containerd_log_time("level=info msg=x"), None);
 }

@@ -29,7 +29,7 @@ use dranet_sim::fixtures::{nic_device, wait_for};
 use dranet_sim::kernel::host_has;
 use dranet_sim::nic::Nic;
 use dranet_sim::real_node::{
-    CriPod, RealNode, assert_home, assert_in_pod, device_config, netns_has, node_on,
+    CriPod, RealNode, assert_home, assert_in_pod, device_config, netns_has, node_on, sample, slowest_hook,
 };
 use dranet_sim::root_tests;
 
@@ -42,50 +42,6 @@ enum Away {
     Term,
     Kill,
     Stall,
-}
-
-/// The value of sample `name` (with its labels) in a Prometheus text exposition, 0 if absent.
-fn sample(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
-}
-
-/// The slowest NRI hook answer of a daemon, from its latency histogram: per method and status,
-/// the exact time where one call was made (its `_sum`), else the histogram's bound on the
-/// slowest (the smallest bucket holding every call, at most the `_sum`). The slowest over all.
-fn slowest_hook(metrics: &str) -> (f64, String) {
-    const H: &str = "dranet_driver_nri_plugin_requests_latency_seconds";
-    let mut worst = (0.0, String::new());
-    for l in metrics.lines() {
-        let Some(rest) = l.strip_prefix(&format!("{H}_count")) else {
-            continue;
-        };
-        let Some((labels, n)) = rest.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(n) = n.trim().parse::<f64>() else {
-            continue;
-        };
-        let sum = sample(metrics, &format!("{H}_sum{labels}"));
-        let inner = labels.trim_start_matches('{').trim_end_matches('}');
-        let bound = metrics
-            .lines()
-            .filter_map(|b| {
-                let rest = b.strip_prefix(&format!("{H}_bucket{{{inner},le=\""))?;
-                let (le, v) = rest.split_once("\"} ")?;
-                let le: f64 = le.parse().ok()?;
-                let v: f64 = v.trim().parse().ok()?;
-                (v >= n).then_some(le)
-            })
-            .fold(f64::INFINITY, f64::min);
-        let t = if n <= 1.0 { sum } else { bound.min(sum) };
-        if t > worst.0 {
-            worst = (t, labels.to_owned());
-        }
-    }
-    worst
 }
 
 /// One daemon's slowest hook, checked against the runtime's timeout, printed.
