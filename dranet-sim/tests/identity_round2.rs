@@ -1,3 +1,4 @@
+// Over 500 lines: one root scenario per issue 38 finding, sharing the record, slice and wait helpers above them.
 //! Issue 38 (device identity and state, round two), each failure reproduced as a tenant holding
 //! NET_ADMIN in its pod netns, or the host, would, on real netns and veth pairs standing in for
 //! NICs, against the real `dranet run` binary:
@@ -400,6 +401,228 @@ async fn attach_by_identity() -> Result<()> {
     Ok(())
 }
 
+/// The attributes of device `name` in the daemon's published ResourceSlices (`--slices-dir`),
+/// and the `dra.net/ifName` of every published device.
+fn published(node: &Node, name: &str) -> (Option<Value>, Vec<String>) {
+    let mut found = None;
+    let mut ifnames = Vec::new();
+    let files = std::fs::read_dir(node.dir.join("slices"))
+        .into_iter()
+        .flatten()
+        .flatten();
+    for f in files {
+        let Some(s) = std::fs::read(f.path())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        else {
+            continue;
+        };
+        for d in s["spec"]["devices"].as_array().into_iter().flatten() {
+            if let Some(i) = d["attributes"]["dra.net/ifName"]["string"].as_str() {
+                ifnames.push(i.to_owned());
+            }
+            if d["name"] == name {
+                found = Some(d["attributes"].clone());
+            }
+        }
+    }
+    (found, ifnames)
+}
+
+/// For `within`: the slices publish device `name` as the NIC (its host name `ifname`, its MAC
+/// `mac`), never with another link's MAC, and no device under `temp` (the NIC home under a
+/// temporary name is that device, not another one).
+async fn published_as_the_nic(
+    node: &Node,
+    name: &str,
+    ifname: &str,
+    mac: &str,
+    temp: Option<&str>,
+    within: Duration,
+) -> Result<()> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        let (attrs, ifnames) = published(node, name);
+        let attrs = attrs.with_context(|| format!("{name} not published"))?;
+        let got = |k: &str| attrs[k]["string"].as_str().map(str::to_ascii_lowercase);
+        if got("dra.net/mac").as_deref() != Some(mac) || got("dra.net/ifName").as_deref() != Some(ifname) {
+            bail!("{name} is published as another link: {attrs}");
+        }
+        if let Some(t) = temp.filter(|t| ifnames.iter().any(|i| i == t)) {
+            bail!("the NIC home as {t} is published as a device of its own: {ifnames:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// The `temp_name` of a device of any record, waiting up to `within` for one.
+async fn temp_name(node: &Node, within: Duration) -> Result<String> {
+    let start = std::time::Instant::now();
+    loop {
+        let cp = node.checkpoint()?;
+        let t = cp["pods"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+            .find_map(|r| {
+                r["devices"]
+                    .as_array()?
+                    .iter()
+                    .find_map(|d| d["temp_name"].as_str().map(str::to_owned))
+            });
+        if let Some(t) = t {
+            return Ok(t);
+        }
+        if start.elapsed() > within {
+            bail!("the device did not come home under a temporary name: {cp}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Squatter bug 1 (soak seed 20261204, steps 42-49): pod A holds the NIC, a host link (the
+/// squatter) takes its free host name, A ends and the NIC comes home as `dn<ifindex>`, A's claim
+/// is unprepared. The slices publish the device as the NIC all along, never with the squatter's
+/// MAC, and the NIC under its temporary name is no device of its own. (a) While the squatter
+/// holds the name, a new pod B's claim on the device is prepared: either B gets the NIC, or
+/// Prepare fails saying that another link holds the device's name; the squatter is never moved
+/// or touched. (b) The squatter goes, the NIC gets its name back, and at once a new pod C's
+/// claim on it is prepared and run: C gets the NIC (its MAC), which comes home restored.
+async fn prepare_by_identity() -> Result<()> {
+    use dranet_sim::kernel::Veth;
+    let (nic, before) = Nic::with_view()?;
+    let mut node = Node::start(node_opts()).await?;
+    let dev = nic_device(&nic, json!({"interface": {"name": "net0"}}));
+    let dev_name = dev.0.clone();
+    let mac = nic.mac.to_ascii_lowercase();
+    node.wait_published(&nic.name, &nic.mac, Duration::from_secs(5))
+        .await?;
+    let uid_a = unique("sqa-");
+    let claim_a = prepare_claim(&node, &uid_a, std::slice::from_ref(&dev)).await?;
+    let mut ns_a = PodNetns::create(&unique("dranet-r2q-"))?;
+    let a = sandbox_with_id(&uid_a, &sandbox_id(), &ns_a.path);
+    node.runtime.run_pod_sandbox(&a).await.context("Run(A)")?;
+    node.runtime.set_state(vec![a.clone()], vec![]);
+    assert!(ns_a.has("net0"));
+    let squatter = Veth::create(&nic.name, &unique("drs"))?;
+    let squatter_index = Veth::ifindex(&nic.name)?;
+    let squatter_view = dranet_sim::nic::view(&nic.name, None)?;
+    // While the NIC is in pod A: published as it was, not as the squatter.
+    published_as_the_nic(&node, &dev_name, &nic.name, &mac, None, Duration::from_secs(2))
+        .await
+        .context("NIC in pod A, squatter in the host")?;
+    ns_a.remove_crio_style()?;
+    let temp = temp_name(&node, Duration::from_secs(5)).await?;
+    node.runtime.stop_pod_sandbox(&a).await.context("Stop(A)")?;
+    node.runtime.remove_pod_sandbox(&a).await.context("Remove(A)")?;
+    node.runtime.set_state(vec![], vec![]);
+    node.unprepare(&claim_a).await?;
+    assert!(host_has(&temp), "{temp} not in the host");
+    published_as_the_nic(
+        &node,
+        &dev_name,
+        &nic.name,
+        &mac,
+        Some(&temp),
+        Duration::from_secs(2),
+    )
+    .await
+    .with_context(|| format!("NIC home as {temp}, squatter in the host"))?;
+    // (a) A new pod's claim while the squatter holds the name.
+    let uid_b = unique("sqb-");
+    let claim_b = dranet_sim::fixtures::pod_claim(&uid_b);
+    node.write_claim(&claim_b, &uid_b, std::slice::from_ref(&dev))?;
+    let prep_b = node.prepare(&claim_b).await;
+    let mut ns_b = PodNetns::create(&unique("dranet-r2q-"))?;
+    let b = sandbox_with_id(&uid_b, &sandbox_id(), &ns_b.path);
+    let run_b = match &prep_b {
+        Ok(()) => {
+            let r = node.runtime.run_pod_sandbox(&b).await;
+            node.runtime.set_state(vec![b.clone()], vec![]);
+            Some(r)
+        }
+        Err(e) => {
+            let e = format!("{e:#}");
+            assert!(
+                e.contains(&dev_name) && e.contains("held by another link"),
+                "Prepare(B) failed without saying why: {e}"
+            );
+            None
+        }
+    };
+    assert_eq!(
+        Veth::ifindex(&nic.name).ok(),
+        Some(squatter_index),
+        "the squatter left the host (Prepare(B): {prep_b:?}, Run(B): {run_b:?})"
+    );
+    assert_eq!(
+        dranet_sim::nic::view(&nic.name, None)?,
+        squatter_view,
+        "the squatter was touched"
+    );
+    if let Some(run_b) = run_b {
+        run_b.with_context(|| {
+            format!(
+                "Run(B), prepared while the squatter held the name; daemon log:\n{}",
+                node.log()
+            )
+        })?;
+        let got: Value = serde_json::from_str(&ns_b.ip(&["-j", "link", "show", "dev", "net0"])?)?;
+        assert_eq!(
+            got[0]["address"].as_str(),
+            Some(mac.as_str()),
+            "B got another link"
+        );
+        ns_b.remove_crio_style()?;
+        node.runtime.stop_pod_sandbox(&b).await.context("Stop(B)")?;
+        node.runtime.remove_pod_sandbox(&b).await.context("Remove(B)")?;
+        node.runtime.set_state(vec![], vec![]);
+    }
+    let _ = node.unprepare(&claim_b).await;
+    // (b) The squatter goes; the NIC gets its name back; a new pod's claim at once.
+    drop(squatter);
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
+        .await
+        .with_context(|| format!("the device kept {temp}; daemon log:\n{}", node.log()))?;
+    let uid_c = unique("sqc-");
+    let claim_c = prepare_claim(&node, &uid_c, std::slice::from_ref(&dev))
+        .await
+        .context("Prepare(C), the NIC home under its name")?;
+    let mut ns_c = PodNetns::create(&unique("dranet-r2q-"))?;
+    let c = sandbox_with_id(&uid_c, &sandbox_id(), &ns_c.path);
+    node.runtime
+        .run_pod_sandbox(&c)
+        .await
+        .with_context(|| format!("Run(C); daemon log:\n{}", node.log()))?;
+    node.runtime.set_state(vec![c.clone()], vec![]);
+    let got: Value = serde_json::from_str(&ns_c.ip(&["-j", "link", "show", "dev", "net0"])?)?;
+    assert_eq!(
+        got[0]["address"].as_str(),
+        Some(mac.as_str()),
+        "C got another link"
+    );
+    ns_c.remove_crio_style()?;
+    wait_restored(&nic.name, &before, Duration::from_secs(5))
+        .await
+        .with_context(|| format!("daemon log:\n{}", node.log()))?;
+    node.runtime.stop_pod_sandbox(&c).await.context("Stop(C)")?;
+    node.runtime.remove_pod_sandbox(&c).await.context("Remove(C)")?;
+    node.unprepare(&claim_c).await?;
+    published_as_the_nic(
+        &node,
+        &dev_name,
+        &nic.name,
+        &mac,
+        None,
+        Duration::from_millis(500),
+    )
+    .await?;
+    node.stop()?;
+    drop(ns_b);
+    Ok(())
+}
+
 /// [`node_opts`] with `/metrics` on a port of its own.
 fn node_opts_with_metrics() -> Result<(NodeOptions, u16)> {
     let port = free_port()?;
@@ -691,4 +914,5 @@ dranet_sim::root_tests! {
     a_device_deleted_in_the_pod_is_reported_once_and_its_record_and_pin_end => vanished_device();
     a_move_home_that_keeps_failing_is_reported_not_waited_for_silently => stuck_return();
     a_tenants_own_veth_in_the_devices_place_never_comes_home_as_the_device => virtual_impostor();
+    a_claim_on_a_device_whose_name_a_host_link_took_is_prepared_by_identity_never_as_that_link => prepare_by_identity();
 }

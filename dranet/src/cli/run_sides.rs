@@ -261,8 +261,16 @@ async fn start_kubelet_side(
         claims,
         // A device missing from the last scan (it came home from a pod a moment ago, or
         // appeared since) triggers a rescan on the blocking pool, shared by concurrent misses.
-        Arc::new(crate::dra::RescanOnMiss::new(inventory, move || {
-            crate::inventory::scan(&scan_opts)
+        // Links that hold a held device's name but not its identity are not that device.
+        Arc::new(crate::dra::RescanOnMiss::new(inventory, {
+            let engine = engine.clone();
+            move || {
+                let mut devs = crate::inventory::scan(&scan_opts)?;
+                engine
+                    .with_checkpoint(crate::inventory::Held::from_checkpoint)
+                    .drop_impostors(&mut devs);
+                Ok(devs)
+            }
         })),
         Arc::new(engine.clone()),
     )

@@ -54,6 +54,12 @@ pub trait DeviceLookup: Send + Sync + 'static {
         Box::pin(async {})
     }
 
+    /// Why device `name`, published but not found, is not to be prepared now (another link
+    /// holds its host name: [`crate::inventory::Device::squatted`]). The default knows none.
+    fn unavailable(&self, _name: &str) -> Option<String> {
+        None
+    }
+
     /// The offload features and private flags of host interface `ifname`, which a config's
     /// `ethtool` block is checked against. The default asks the kernel (ethtool netlink in the
     /// driver's netns, the host's).
@@ -135,6 +141,10 @@ impl DeviceLookup for RescanOnMiss {
         self.inventory.get(name)
     }
 
+    fn unavailable(&self, name: &str) -> Option<String> {
+        self.inventory.squatted(name)
+    }
+
     fn refresh<'a>(&'a self) -> BoxFuture<'a, ()> {
         use std::sync::atomic::Ordering;
         Box::pin(async move {
@@ -176,6 +186,10 @@ impl DeviceLookup for SharedInventory {
     fn device(&self, name: &str) -> Option<Device> {
         self.get(name)
     }
+
+    fn unavailable(&self, name: &str) -> Option<String> {
+        self.squatted(name)
+    }
 }
 
 /// Why one claim could not be prepared (goes into the per-claim `error` field).
@@ -205,6 +219,10 @@ pub enum PrepareError {
     },
     #[error("device {device} not found in the node inventory")]
     UnknownDevice { device: String },
+    #[error(
+        "device {device} not prepared: {why}; it is known by its kernel identity, not its name, and is prepared once the name is its own again"
+    )]
+    NameTaken { device: String, why: String },
     #[error("device {device} has no network interface and no RDMA device on the host")]
     NoInterface { device: String },
     #[error("invalid configuration for device {device} (request {request})")]
@@ -624,11 +642,13 @@ async fn plan_result(
         source,
     };
     let cfg = device_config(driver, &r.request, configs).map_err(config_err)?;
-    let dev = devices
-        .device(&r.device)
-        .ok_or_else(|| PrepareError::UnknownDevice {
-            device: r.device.clone(),
-        })?;
+    let dev = devices.device(&r.device).ok_or_else(|| {
+        let device = r.device.clone();
+        match devices.unavailable(&r.device) {
+            Some(why) => PrepareError::NameTaken { device, why },
+            None => PrepareError::UnknownDevice { device },
+        }
+    })?;
     // A repeated Prepare keeps what the profile gave (it is not taken twice).
     let profiled_before = previous.iter().find(|p| {
         p.device == r.device

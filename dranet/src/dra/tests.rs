@@ -695,6 +695,46 @@ async fn a_rescan_on_a_miss_keeps_entries_it_did_not_see() {
     assert_eq!(names, ["home0", "inpod0"]);
 }
 
+/// Issue 38 squatter bug 1: a device whose host name another link holds is published as it
+/// was (held, [`Device::squatted`]); Prepare plans neither the device nor that link, and says
+/// why. A miss rescans once first (the name may be the device's again by now).
+#[tokio::test]
+async fn a_device_whose_name_another_link_holds_is_not_prepared_and_says_why() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let inv = SharedInventory::new(vec![Device {
+        name: "drn1".into(),
+        ifname: Some("drn1".into()),
+        mac: Some("02:d7:00:00:00:01".into()),
+        held: true,
+        squatted: Some("its host name drn1 is held by another link".into()),
+        ..Device::default()
+    }]);
+    let scans = Arc::new(AtomicUsize::new(0));
+    let s2 = scans.clone();
+    // The daemon's rescan drops the squatter (`Held::drop_impostors`): it sees nothing else.
+    let lookup = RescanOnMiss::new(inv, move || {
+        s2.fetch_add(1, Ordering::SeqCst);
+        Ok(Vec::new())
+    });
+    let (p, claims, rec) = setup_with(Arc::new(lookup));
+    claims.insert(claim(
+        "c",
+        "u",
+        "pod",
+        json!([{"request": "r", "driver": "dra.net", "pool": "node-a", "device": "drn1"}]),
+        json!([]),
+    ));
+    let err = p.prepare(&cref("c", "u")).await.unwrap_err();
+    assert!(matches!(err, PrepareError::NameTaken { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("drn1") && msg.contains("held by another link"),
+        "{msg}"
+    );
+    assert_eq!(scans.load(Ordering::SeqCst), 1);
+    assert!(rec.plans().is_empty());
+}
+
 #[tokio::test]
 async fn claim_without_our_devices_stores_no_plan() {
     let (p, claims, rec) = setup();

@@ -1,3 +1,4 @@
+// Over 500 lines: the kept attributes of held devices and the identity rule for their names share one merge (apply); most of the length is its tests.
 //! Devices in pods keep their published attributes (upstream's `PersistentResourceSliceAttributes`,
 //! always on here), across restarts too.
 //!
@@ -12,6 +13,12 @@
 //! every device that is prepared or attached, so a restarted dranet publishes the same slice.
 //! The window it cannot cover: a device prepared, moved and dranet restarted before any scan saw
 //! it home (scans follow link events within a second).
+//!
+//! A held device named after its host netdev is bound to the MAC its plan or record holds
+//! ([`Held::drop_impostors`], issue 38): a host link that takes its name meanwhile (a squatter)
+//! is neither published as the device nor merged into it, and the device home under a temporary
+//! name is no device of its own. The device is then published as it was, and Prepare says why
+//! it does not take it ([`Device::squatted`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write;
@@ -144,6 +151,20 @@ pub struct Held {
     /// In a pod now (moving, in the pod or on their way back): their kept attributes are
     /// published.
     pub out: BTreeSet<String>,
+    /// What the checkpoint knows of the kernel identity of tracked devices named after their
+    /// host netdev (no PCI function): see [`Held::drop_impostors`].
+    pub identity: BTreeMap<String, HeldIdentity>,
+}
+
+/// The kernel identity of a held netdev device, as the checkpoint recorded it (issue 38: a name
+/// anyone can set is only a hint).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldIdentity {
+    /// The permanent MAC, else the MAC, Prepare recorded from the device itself: what an attach
+    /// checks the host link against.
+    pub mac: String,
+    /// The name the device has in the host while another link holds its own (`HomeNameBusy`).
+    pub temp_name: Option<String>,
 }
 
 impl Held {
@@ -153,9 +174,7 @@ impl Held {
     pub fn from_checkpoint(cp: &crate::state::Checkpoint) -> Self {
         use crate::state::DeviceState;
         let mut h = Self::default();
-        for plan in cp.plans.values() {
-            h.tracked.extend(plan.devices.iter().map(|d| d.device.clone()));
-        }
+        // Records first: what an attach found in the kernel; a plan only adds what no record has.
         for rec in cp.pods.values() {
             for d in &rec.devices {
                 h.tracked.insert(d.device.clone());
@@ -165,9 +184,80 @@ impl Held {
                 ) {
                     h.out.insert(d.device.clone());
                 }
+                if d.state != DeviceState::Gone && d.pci_address.is_none() {
+                    h.add_identity(&d.device, d.permanent_mac.as_deref());
+                    if d.state == DeviceState::HomeNameBusy
+                        && let Some(id) = h.identity.get_mut(&d.device)
+                    {
+                        id.temp_name.clone_from(&d.temp_name);
+                    }
+                }
+            }
+        }
+        for plan in cp.plans.values() {
+            for d in &plan.devices {
+                h.tracked.insert(d.device.clone());
+                if d.pci_address.is_none() {
+                    h.add_identity(&d.device, d.permanent_mac.as_deref());
+                }
             }
         }
         h
+    }
+
+    fn add_identity(&mut self, device: &str, mac: Option<&str>) {
+        if let Some(mac) = mac.filter(|m| !m.is_empty())
+            && !self.identity.contains_key(device)
+        {
+            self.identity.insert(
+                device.to_owned(),
+                HeldIdentity {
+                    mac: mac.to_owned(),
+                    temp_name: None,
+                },
+            );
+        }
+    }
+
+    /// Issue 38: a held netdev device is the link with its kernel identity, not whatever link
+    /// has its name. Removes from a scan every link that has the name of a held device but not
+    /// its MAC (a squatter: a host link that took the name while the device was in a pod, or
+    /// while it is home under a temporary name), and the held device's own link under its
+    /// temporary name (it is that device, not a device of its own). Devices with a PCI function
+    /// are left alone: their netdev is found through sysfs, by the kernel. Returns, by device
+    /// name, why each squatted device is not its link.
+    pub fn drop_impostors(&self, devs: &mut Vec<Device>) -> BTreeMap<String, String> {
+        if self.identity.is_empty() {
+            return BTreeMap::new();
+        }
+        let temp: HashMap<&str, (&str, &HeldIdentity)> = self
+            .identity
+            .iter()
+            .filter_map(|(dev, id)| Some((id.temp_name.as_deref()?, (dev.as_str(), id))))
+            .collect();
+        let mut squatted = BTreeMap::new();
+        devs.retain(|d| {
+            let (None, Some(ifname)) = (&d.pci_address, d.ifname.as_deref()) else {
+                return true;
+            };
+            let has = |id: &HeldIdentity| d.mac.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(&id.mac));
+            if let Some(id) = self.identity.get(&d.name)
+                && !has(id)
+            {
+                let why = format!(
+                    "its host name {ifname} is held by another link (MAC {}, the device's is {})",
+                    d.mac.as_deref().unwrap_or("none"),
+                    id.mac
+                );
+                tracing::debug!(device = %d.name, %why, "a link with a held device's name is not the device");
+                squatted.insert(d.name.clone(), why);
+                return false;
+            }
+            !temp
+                .get(ifname)
+                .is_some_and(|(dev, id)| *dev != d.name && has(id))
+        });
+        squatted
     }
 }
 
@@ -267,11 +357,13 @@ impl HeldAttributes {
         last: &[Shared<Device>],
     ) -> Vec<Shared<Device>> {
         let now = Instant::now();
+        let squatted = held.drop_impostors(&mut devs);
         self.reuse_unchanged(&mut devs, last, now);
         let last_of = |name: &str| last.iter().find(|d| d.name == name);
         let mut keep: BTreeMap<String, Attributes> = BTreeMap::new();
         for name in &held.tracked {
-            let out = held.out.contains(name);
+            // A device whose name another link holds is published as it was, as one in a pod.
+            let out = held.out.contains(name) || squatted.contains_key(name);
             let idx = devs.iter().position(|d| &d.name == name);
             if out {
                 let prev: Option<Attributes> = last_of(name)
@@ -293,6 +385,7 @@ impl HeldAttributes {
                         );
                         d.attributes = prev;
                         d.held = true;
+                        d.squatted = squatted.get(name).cloned();
                         devs.push(d);
                     }
                     (_, None) => {}
@@ -399,6 +492,7 @@ mod tests {
         Held {
             tracked: tracked.iter().map(|s| (*s).to_owned()).collect(),
             out: out.iter().map(|s| (*s).to_owned()).collect(),
+            identity: BTreeMap::new(),
         }
     }
 
@@ -508,6 +602,93 @@ mod tests {
         // Nothing is kept once everything is back to what it was.
         assert!(h.devices.kept.is_empty(), "{:?}", h.devices.kept.keys());
         assert!(h.attributes.kept.is_empty(), "{:?}", h.attributes.kept.keys());
+    }
+
+    /// A live netdev entry with `mac`.
+    fn link(name: &str, ifname: &str, mac: &str) -> Device {
+        Device {
+            ifname: Some(ifname.into()),
+            mac: Some(mac.into()),
+            ..dev(name, &[("dra.net/ifName", ifname), ("dra.net/mac", mac)])
+        }
+    }
+
+    fn identity(mac: &str, temp: Option<&str>) -> HeldIdentity {
+        HeldIdentity {
+            mac: mac.into(),
+            temp_name: temp.map(str::to_owned),
+        }
+    }
+
+    /// Issue 38 squatter bug 1: a host link takes the host name of a device held by a pod. It is
+    /// not published as the device (the device is published as it was, held, saying why, so
+    /// Prepare neither takes it nor the link), the device home under its temporary name is not a
+    /// device of its own, and once the device has its name back it is published live again.
+    #[test]
+    fn a_link_with_a_held_devices_name_but_not_its_identity_is_not_that_device() {
+        let nic = "02:d7:00:00:00:01";
+        let mut h = HeldAttributes::in_memory();
+        let home = h.apply(
+            vec![
+                link("drn1", "drn1", nic),
+                link("eth9", "eth9", "02:00:00:00:00:09"),
+            ],
+            &Held::default(),
+            &[],
+        );
+        // In pod A; a squatter takes the name.
+        let mut out = held(&["drn1"], &["drn1"]);
+        out.identity.insert("drn1".into(), identity(nic, None));
+        let squatter = link("drn1", "drn1", "D2:F6:9A:FB:15:98");
+        let published = h.apply(vec![squatter.clone()], &out, &home);
+        let d = published.iter().find(|d| d.name == "drn1").unwrap();
+        assert!(d.held, "the squatter is published as the device: {d:?}");
+        assert_eq!(d.attributes, home[0].attributes);
+        assert!(
+            d.squatted.as_deref().unwrap().contains("held by another link"),
+            "{d:?}"
+        );
+        // Home under a temporary name (A's record HomeNameBusy, its plan gone).
+        let mut busy = held(&["drn1"], &[]);
+        busy.identity.insert("drn1".into(), identity(nic, Some("dn7")));
+        let scan = vec![squatter.clone(), link("dn7", "dn7", nic)];
+        let published = h.apply(scan, &busy, &published);
+        let names: Vec<&str> = published.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["drn1"], "{published:?}");
+        assert!(published[0].held && published[0].attributes == home[0].attributes);
+        let inv = crate::inventory::SharedInventory::new(plain(&published));
+        assert!(inv.get("drn1").is_none(), "Prepare would take the squatter");
+        let why = inv.squatted("drn1").unwrap();
+        assert!(why.contains("drn1") && why.contains("D2:F6:9A:FB:15:98"), "{why}");
+        // The squatter goes, the device has its name back: published live, as before.
+        let back = h.apply(vec![link("drn1", "drn1", nic)], &busy, &published);
+        assert!(!back[0].held && back[0].squatted.is_none(), "{:?}", back[0]);
+        assert_eq!(back[0].mac.as_deref(), Some(nic));
+        // The MAC is compared as the kernel's, whatever its case.
+        let mut devs = vec![link("drn1", "drn1", &nic.to_uppercase())];
+        assert!(busy.drop_impostors(&mut devs).is_empty());
+        assert_eq!(devs.len(), 1);
+    }
+
+    /// Only netdev-named devices are bound to a MAC: a PCI device's netdev is found through
+    /// sysfs, and devices nothing holds, or holds without a MAC, are published as scanned.
+    #[test]
+    fn pci_devices_and_devices_without_a_held_identity_are_published_as_scanned() {
+        let mut held = held(&["pci-0000-17-00-0", "drn2"], &[]);
+        held.identity
+            .insert("pci-0000-17-00-0".into(), identity("02:00:00:00:00:01", None));
+        let pci = Device {
+            pci_address: Some("0000:17:00.0".into()),
+            ..link("pci-0000-17-00-0", "ens1", "02:00:00:00:00:02")
+        };
+        let mut devs = vec![
+            pci,
+            link("drn2", "drn2", "02:00:00:00:00:03"),
+            link("drn3", "drn3", "02:00:00:00:00:04"),
+        ];
+        let before = devs.clone();
+        assert!(held.drop_impostors(&mut devs).is_empty());
+        assert_eq!(devs, before);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 
 pub use filter::{DEFAULT_FILTER, Filter};
-pub use held::{HELD_FILE, Held, HeldAttributes, HeldError};
+pub use held::{HELD_FILE, Held, HeldAttributes, HeldError, HeldIdentity};
 pub use names::{base32_lower_nopad, is_dns_label, netdev_device_name, pci_device_name};
 pub use netlink::{LinkRecord, MAX_ATTRIBUTE_LEN, NetScan, NetnsTarget, capped_join, is_global_unicast};
 pub use pciids::{PciIds, PciIdsSource};
@@ -175,6 +175,9 @@ pub struct Device {
     /// ([`HeldAttributes`]): in the slices, but not found by [`SharedInventory::get`] (Prepare
     /// rescans for the live device instead).
     pub held: bool,
+    /// For a [`Device::held`] entry: why the link that has the device's name is not the device
+    /// ([`Held::drop_impostors`]), which Prepare answers with.
+    pub squatted: Option<String>,
 }
 
 impl Device {
@@ -539,6 +542,19 @@ impl SharedInventory {
             Ok(g) => g.clone(),
             Err(p) => p.into_inner().clone(),
         }
+    }
+
+    /// Why device `name` is published but not to be prepared: another link holds its host
+    /// name ([`Device::squatted`]).
+    #[must_use]
+    pub fn squatted(&self, name: &str) -> Option<String> {
+        let g = match self.devices.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.iter()
+            .find(|d| d.name == name && d.held)
+            .and_then(|d| d.squatted.clone())
     }
 
     /// A device the scan saw (not one only kept for the slices).
