@@ -1,7 +1,8 @@
 //! A kubelet stand-in for tests: finds the plugin's registration socket the way the plugin
 //! watcher does (any socket in `<root>/plugins_registry/` not starting with `.`), calls GetInfo
 //! and NotifyRegistrationStatus, then calls NodePrepareResources / NodeUnprepareResources on the
-//! advertised endpoint (v1 or v1beta1), all gRPC over unix sockets. Test support only.
+//! advertised endpoint (v1 or v1beta1), all gRPC over unix sockets. Also kubelet's retry of a
+//! container the runtime refused to create ([`create_container_with_retries`]). Test support only.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,9 @@ use dranet::dra::proto::pluginregistration::{InfoRequest, PluginInfo, Registrati
 use dranet::dra::proto::{v1, v1beta1};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::nri_runtime::{RuntimeError, RuntimeHandle};
+use dranet::nri::pb::nri as pb;
 
 /// kubelet's `defaultClientCallTimeout` for DRA calls.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(45);
@@ -331,4 +335,87 @@ fn v1_claims(claims: &[Claim]) -> Vec<v1::Claim> {
 /// A message as another version's message with the same fields and numbers.
 fn recode<A: prost::Message, B: prost::Message + Default>(m: &A) -> Result<B> {
     Ok(B::decode(m.encode_to_vec().as_slice())?)
+}
+
+/// kubelet's pod worker after a sync that failed, a CreateContainerError among them: it requeues
+/// the pod after `wait.Jitter(backOffPeriod, 0.5)`, `backOffPeriod = 10 s` (`pkg/kubelet/kubelet.go`,
+/// `pod_workers.go` `completeWork`), so 10–15 s, the same after every failure. The doubling
+/// back-off (10 s up to 300 s) is the container restart back-off (CrashLoopBackOff) of a container
+/// that ran and exited; a container that was never created has no such entry. A pod update or a
+/// PLEG event may sync the pod sooner. Tests shorten `period`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PodSyncBackoff {
+    pub period: Duration,
+    /// `wait.Jitter`'s factor: the delay is `period * (1 + jitter * r)`, `r` in [0, 1).
+    pub jitter: f64,
+}
+
+impl PodSyncBackoff {
+    /// Real kubelet's.
+    pub const KUBELET: Self = Self {
+        period: Duration::from_secs(10),
+        jitter: 0.5,
+    };
+
+    /// The delay before the next sync.
+    #[must_use]
+    pub fn delay(&self) -> Duration {
+        use ring::rand::SecureRandom;
+        let mut b = [0u8; 2];
+        let r = if ring::rand::SystemRandom::new().fill(&mut b).is_ok() {
+            f64::from(u16::from_le_bytes(b)) / 65536.0
+        } else {
+            0.0
+        };
+        self.period.mul_f64(1.0 + self.jitter.max(0.0) * r)
+    }
+}
+
+/// A container kubelet got created after zero or more refusals.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// When the runtime's CreateContainer returned (the container is created right after).
+    pub at: Instant,
+    /// Each refused attempt: when, and the runtime's error text.
+    pub refused: Vec<(Instant, String)>,
+    /// The plugins' adjustment.
+    pub adjust: Option<pb::ContainerAdjustment>,
+}
+
+/// kubelet creating a container of a running sandbox: CreateContainer, and after each refusal
+/// by the runtime's validator ([`RuntimeError::Refused`]) the pod is synced again after
+/// `backoff`, in the same sandbox. Any other error returns at once.
+///
+/// # Errors
+/// Another error than a refusal, or still refused after `give_up`.
+pub async fn create_container_with_retries(
+    rt: &RuntimeHandle,
+    pod: &pb::PodSandbox,
+    container: &pb::Container,
+    backoff: PodSyncBackoff,
+    give_up: Duration,
+) -> Result<Created> {
+    let start = Instant::now();
+    let mut refused = Vec::new();
+    loop {
+        match rt.create_container(pod, container).await {
+            Ok(adjust) => {
+                return Ok(Created {
+                    at: Instant::now(),
+                    refused,
+                    adjust,
+                });
+            }
+            Err(RuntimeError::Refused(msg)) => refused.push((Instant::now(), msg)),
+            Err(e) => return Err(e).context("CreateContainer"),
+        }
+        if start.elapsed() >= give_up {
+            bail!(
+                "CreateContainer still refused after {give_up:?} ({} attempts): {:?}",
+                refused.len(),
+                refused.last().map(|r| &r.1)
+            );
+        }
+        tokio::time::sleep(backoff.delay()).await;
+    }
 }

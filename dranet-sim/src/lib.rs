@@ -17,6 +17,7 @@ pub mod limits;
 pub mod nic;
 pub mod node;
 pub mod nri_runtime;
+pub mod nri_validator;
 pub mod oci;
 pub mod real_node;
 pub mod soak;

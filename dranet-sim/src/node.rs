@@ -266,6 +266,31 @@ impl Node {
         Ok(())
     }
 
+    /// SIGSTOPs the daemon: a stall (its sockets stay open, nothing answers, so the runtime's
+    /// next request times out and the runtime drops it). [`Node::resume`] ends it.
+    pub fn pause(&self) -> Result<()> {
+        self.signal(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// SIGCONTs a daemon stalled by [`Node::pause`], then waits until it completed a new
+    /// handshake with the runtime (it reconnects when the runtime dropped it meanwhile).
+    pub async fn resume(&mut self) -> Result<()> {
+        let before = self.runtime.sessions();
+        self.signal(nix::sys::signal::Signal::SIGCONT)?;
+        self.runtime
+            .wait_ready(before + 1, START_TIMEOUT)
+            .await
+            .context("the daemon did not reconnect after SIGCONT")?;
+        self.sessions = before + 1;
+        Ok(())
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        let c = self.child.as_ref().context("the daemon is not running")?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(c.id())?), sig)?;
+        Ok(())
+    }
+
     /// Starts the daemon again (after [`Node::kill`] or [`Node::stop`]).
     pub async fn restart(&mut self) -> Result<()> {
         self.kill()?;

@@ -7,7 +7,9 @@
 //! Runtime service (conn 2) answers RegisterPlugin; then the runtime calls Configure and
 //! Synchronize (whole, or in chunks with `more`), checks the answers, and the plugin is ready for
 //! the test's [`NriRuntime::run_pod_sandbox`] & co. Every call has the runtimes' 2 s timeout; a
-//! timeout or a closed connection makes the runtime drop the plugin, like the real ones.
+//! timeout or a closed connection makes the runtime drop the plugin, like the real ones. With
+//! [`RuntimeConfig::validator`] enabled, CreateContainer goes through NRI's default validator
+//! ([`crate::nri_validator`]) as in containerd ≥ 2.2 and CRI-O with NRI ≥ v0.10.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,6 +22,8 @@ use dranet::nri::mux::{
 use dranet::nri::pb::nri as pb;
 use dranet::nri::plugin::{PLUGIN_SERVICE, RUNTIME_SERVICE, event_bit};
 use dranet::nri::ttrpc::{self, CallResult, Client, Service, TtrpcError, code};
+
+use crate::nri_validator::{DefaultValidatorConfig, PluginInstance, rejection, validate_required_plugins};
 use prost::Message;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
@@ -75,6 +79,8 @@ pub struct RuntimeConfig {
     /// Pods and containers reported by Synchronize.
     pub pods: Vec<pb::PodSandbox>,
     pub containers: Vec<pb::Container>,
+    /// NRI's builtin default validator (off, as in both runtimes by default).
+    pub validator: DefaultValidatorConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -91,6 +97,7 @@ impl Default for RuntimeConfig {
             runtime_version: "0.0.0".into(),
             pods: Vec::new(),
             containers: Vec::new(),
+            validator: DefaultValidatorConfig::default(),
         }
     }
 }
@@ -119,6 +126,9 @@ pub enum RuntimeError {
     Wait(&'static str),
     #[error("socket error")]
     Io(#[from] std::io::Error),
+    /// A validator refused CreateContainer; the text is the runtime's.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl RuntimeError {
@@ -168,6 +178,7 @@ struct Log {
     methods: Vec<String>,
     syncs: Vec<SyncRecord>,
     errors: Vec<String>,
+    refusals: Vec<String>,
     max_frame_in: u64,
 }
 
@@ -178,11 +189,26 @@ struct Inner {
     log: Mutex<Log>,
 }
 
-/// The simulated runtime: owns the listening socket (removed on drop).
+/// The simulated runtime: owns the listening socket (removed on drop). Everything else is on
+/// [`RuntimeHandle`], which it dereferences to.
 pub struct NriRuntime {
-    inner: Arc<Inner>,
+    handle: RuntimeHandle,
     path: PathBuf,
     accept: JoinHandle<()>,
+}
+
+/// A shared handle on the runtime: what kubelet calls it through (e.g. from a task of its own
+/// while the test restarts dranet).
+#[derive(Clone)]
+pub struct RuntimeHandle {
+    inner: Arc<Inner>,
+}
+
+impl std::ops::Deref for NriRuntime {
+    type Target = RuntimeHandle;
+    fn deref(&self) -> &RuntimeHandle {
+        &self.handle
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -205,9 +231,27 @@ impl NriRuntime {
             log: Mutex::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, inner.clone()));
-        Ok(Self { inner, path, accept })
+        Ok(Self {
+            handle: RuntimeHandle { inner },
+            path,
+            accept,
+        })
     }
 
+    /// A shared handle on this runtime.
+    #[must_use]
+    pub fn handle(&self) -> RuntimeHandle {
+        self.handle.clone()
+    }
+
+    /// The socket path.
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl RuntimeHandle {
     /// Serves an already connected stream, as a runtime does for a plugin it launched itself
     /// (the other end goes to the plugin in `NRI_PLUGIN_SOCKET`).
     pub fn attach(&self, stream: UnixStream) {
@@ -217,12 +261,6 @@ impl NriRuntime {
                 lock(&inner.log).errors.push(why);
             }
         });
-    }
-
-    /// The socket path.
-    #[must_use]
-    pub fn socket(&self) -> &Path {
-        &self.path
     }
 
     /// Waits until `n` plugin sessions in all have completed the handshake.
@@ -257,6 +295,18 @@ impl NriRuntime {
     /// the plugin and carries on without it, as containerd and CRI-O do).
     pub fn set_request_timeout(&self, t: Duration) {
         lock(&self.inner.cfg).request_timeout = t;
+    }
+
+    /// NRI's default validator from the next CreateContainer on (the runtime restarted with
+    /// another config).
+    pub fn set_validator(&self, v: DefaultValidatorConfig) {
+        lock(&self.inner.cfg).validator = v;
+    }
+
+    /// CreateContainer requests the validator refused so far, with the runtime's error text.
+    #[must_use]
+    pub fn refusals(&self) -> Vec<String> {
+        lock(&self.inner.log).refusals.clone()
     }
 
     /// Pods and containers for the next Synchronize (e.g. after a reconnect).
@@ -425,14 +475,52 @@ impl NriRuntime {
 
     /// NRI CreateContainer: the plugin's adjustment (`None` if not subscribed or none given).
     ///
+    /// With the default validator enabled, as the real runtimes: no plugin, or a plugin dropped
+    /// on this request (timeout, closed), is no error by itself; the validator then refuses the
+    /// container if a required plugin was not in the runtime's list when the request began.
+    ///
     /// # Errors
-    /// As [`NriRuntime::run_pod_sandbox`].
+    /// As [`NriRuntime::run_pod_sandbox`]; [`RuntimeError::Refused`] when the validator refuses.
     pub async fn create_container(
         &self,
         pod: &pb::PodSandbox,
         container: &pb::Container,
     ) -> Result<Option<pb::ContainerAdjustment>, RuntimeError> {
-        let s = self.session()?;
+        let validator = lock(&self.inner.cfg).validator.clone();
+        if !validator.enable {
+            let s = self.session()?;
+            return self.create_container_call(&s, pod, container).await;
+        }
+        // The runtime's plugin list when the request begins: the builtin validator, and the
+        // plugin if connected, each recorded before it is called (pkg/adaptation CreateContainer).
+        let mut present = vec![PluginInstance::validator()];
+        let mut adjust = None;
+        if let Ok(s) = self.session() {
+            present.push(PluginInstance {
+                name: s.plugin.name.clone(),
+                index: s.plugin.index.clone(),
+            });
+            match self.create_container_call(&s, pod, container).await {
+                Ok(a) => adjust = a,
+                // Fatal: the runtime dropped the plugin (`call` did) and goes on without it.
+                Err(RuntimeError::Rpc(e)) if is_fatal(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Err(reason) = validate_required_plugins(&validator, pod, container, &present) {
+            let msg = rejection(&PluginInstance::validator(), &reason);
+            lock(&self.inner.log).refusals.push(msg.clone());
+            return Err(RuntimeError::Refused(msg));
+        }
+        Ok(adjust)
+    }
+
+    async fn create_container_call(
+        &self,
+        s: &Session,
+        pod: &pb::PodSandbox,
+        container: &pb::Container,
+    ) -> Result<Option<pb::ContainerAdjustment>, RuntimeError> {
         if s.events & event_bit(pb::Event::CreateContainer) == 0 {
             return Ok(None);
         }
@@ -441,7 +529,7 @@ impl NriRuntime {
             container: Some(container.clone()),
         };
         let out = self
-            .call(&s, PLUGIN_SERVICE, "CreateContainer", req.encode_to_vec().into())
+            .call(s, PLUGIN_SERVICE, "CreateContainer", req.encode_to_vec().into())
             .await?;
         let resp = pb::CreateContainerResponse::decode(out).map_err(|source| TtrpcError::Decode {
             what: "CreateContainerResponse",

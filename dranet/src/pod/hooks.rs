@@ -20,7 +20,8 @@ use crate::adoption::Adopter;
 use crate::nri::hooks::{
     ContainerInfo, DeviceKind, HookError, LinuxDevice, Outcome, Pod, PodHook, PodHooks, Teardown,
 };
-use crate::pod::late::LateAttacher;
+use crate::pod::inflight::{InFlight, Waited};
+use crate::pod::late::{CREATE_CONTAINER_BUDGET, LateAttacher};
 use crate::report::{ObjectRef, Reporter};
 use crate::rescue::activity::ActivityKind;
 use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef, RescueError, SandboxInfo, SandboxRef};
@@ -33,6 +34,9 @@ pub struct Driver {
     reporter: Reporter,
     adopter: Option<Adopter>,
     late: LateAttacher,
+    /// Attaches still running after their RunPodSandbox answered ([`crate::pod::inflight`]).
+    inflight: InFlight,
+    run_budget: std::time::Duration,
 }
 
 impl Driver {
@@ -43,7 +47,17 @@ impl Driver {
             engine,
             reporter: Reporter::disabled(),
             adopter: None,
+            inflight: InFlight::default(),
+            run_budget: RUN_POD_SANDBOX_BUDGET,
         }
+    }
+
+    /// How long RunPodSandbox waits for its attach before answering (default
+    /// [`RUN_POD_SANDBOX_BUDGET`]; tests shorten it).
+    #[must_use]
+    pub fn with_run_budget(mut self, budget: std::time::Duration) -> Self {
+        self.run_budget = budget;
+        self
     }
 
     /// Attaches late through `late` (shared with the adopter: one set of counters).
@@ -230,6 +244,10 @@ pub(crate) fn report_claims(engine: &Engine, reporter: &Reporter, uid: &str, san
     }
 }
 
+/// How long RunPodSandbox waits for its attach before answering (the runtimes give a plugin 2 s
+/// per request, and close a plugin that takes longer).
+pub const RUN_POD_SANDBOX_BUDGET: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// How long the Synchronize hook waits for its work before answering (the runtimes give a plugin
 /// 2 s per request).
 pub const SYNCHRONIZE_BUDGET: std::time::Duration = std::time::Duration::from_millis(1500);
@@ -252,7 +270,38 @@ impl PodHooks for Driver {
                 name: PodHook::RunPodSandbox,
             },
         );
-        self.attach(&pod).await
+        // In a task of its own, answered within the budget: past the runtime's 2 s the runtime
+        // closes dranet's connection and runs this sandbox, and every request until dranet is
+        // back, without it. An attach past the budget goes on; the sandbox has no container yet,
+        // and its first CreateContainer waits for the attach (crate::pod::inflight).
+        let ticket = self.inflight.begin(crate::state::pod_key(&pod.uid, &pod.id));
+        let (me, p) = (self.clone(), pod.clone());
+        let work = tokio::spawn(async move {
+            let r = me.attach(&p).await;
+            ticket.end(match &r {
+                Ok(_) => Ok(()),
+                Err(e) => Err(crate::telemetry::chain(e).to_string()),
+            });
+            r
+        });
+        match tokio::time::timeout(self.run_budget, work).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(join)) => Err(HookError::Failed {
+                pod: pod.uid.clone(),
+                action: "attach",
+                source: format!("the attach task stopped: {join}").into(),
+            }),
+            Err(_) => {
+                tracing::warn!(
+                    pod = %format!("{}/{}", pod.namespace, pod.name),
+                    pod_uid = pod.uid,
+                    sandbox = pod.id,
+                    budget = ?self.run_budget,
+                    "RunPodSandbox: the attach is still running; answering the runtime now (its request timeout is 2 s); the sandbox's containers wait for the devices"
+                );
+                Ok(Outcome::Applied)
+            }
+        }
     }
 
     async fn stop_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
@@ -268,6 +317,33 @@ impl PodHooks for Driver {
         pod: Pod,
         container: ContainerInfo,
     ) -> Result<Vec<LinuxDevice>, HookError> {
+        // An attach that outlived its RunPodSandbox: the container waits for it.
+        let key = crate::state::pod_key(&pod.uid, &pod.id);
+        match self.inflight.wait(&key, CREATE_CONTAINER_BUDGET).await {
+            Waited::NoneRunning | Waited::Ended(Ok(())) => {}
+            Waited::Ended(Err(why)) => {
+                return Err(HookError::Failed {
+                    pod: pod.uid.clone(),
+                    action: "attach before the container",
+                    source: format!(
+                        "container {}: the pod's devices could not be attached: {why}",
+                        container.name
+                    )
+                    .into(),
+                });
+            }
+            Waited::StillRunning => {
+                return Err(HookError::Failed {
+                    pod: pod.uid.clone(),
+                    action: "attach before the container",
+                    source: format!(
+                        "container {}: the pod's devices are still being attached after {CREATE_CONTAINER_BUDGET:?}: the container waits for them (kubelet retries)",
+                        container.name
+                    )
+                    .into(),
+                });
+            }
+        }
         // A sandbox the runtime ran while dranet was away: its devices first, so the container
         // starts with them (crate::pod::late).
         if self.late.pending(&pod.uid, &pod.id, pod.netns.as_deref()) {

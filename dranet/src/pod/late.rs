@@ -31,7 +31,7 @@ use tracing::warn;
 
 use crate::report::{ObjectRef, Reporter};
 use crate::rescue::{AttachOutcome, Engine, PodRef, RescueError, SandboxInfo};
-use crate::state::pod_key;
+use crate::state::{PodPhase, pod_key};
 
 /// How long CreateContainer waits for a late attach before it fails the container (kubelet
 /// retries it): under the runtimes' default 2 s plugin request timeout, with margin.
@@ -137,12 +137,18 @@ impl LateAttacher {
     }
 
     /// Whether the sandbox runs without its devices as far as the checkpoint knows: its pod has
-    /// planned devices, it has a netns that is there, and dranet has no record of it.
+    /// planned devices, it has a netns that is there, and dranet has no record of it, or only
+    /// the write-ahead record of an attach under way (Synchronize's late attach, in the
+    /// background, with the devices not moved yet): [`LateAttacher::attach_before_container`]
+    /// then waits for it under the pod's lock (the engine finds it attached, or attaches).
     #[must_use]
     pub fn pending(&self, uid: &str, sandbox: &str, netns: Option<&Path>) -> bool {
         netns.is_some_and(Path::exists)
             && self.engine.plan(uid).is_some_and(|p| !p.is_empty())
-            && self.engine.pod_record(&pod_key(uid, sandbox)).is_none()
+            && self
+                .engine
+                .pod_record(&pod_key(uid, sandbox))
+                .is_none_or(|r| r.phase == PodPhase::Attaching)
     }
 
     /// Attaches the pod's devices to the running sandbox `sb`, and reports it.

@@ -10,6 +10,7 @@
 //! engine ([`crate::rescue`]) owns every device move of it.
 
 pub mod hooks;
+pub mod inflight;
 pub mod late;
 mod plans;
 
