@@ -196,18 +196,16 @@ impl Pod {
 
 /// Known dranet bugs the squatter steps found (issue 38), which the soak steers around unless
 /// `DRANET_SOAK_SQUATTER_BUGS=1`:
-/// 1. seed 20261204, 150 cycles, steps 42-49: a squatter took NIC 3's name while its pod held
-///    it, the NIC came home as `dn<ifindex>`, the squatter was deleted and the NIC got its name
-///    back (checked); a new pod's claim on that NIC then fails RunPodSandbox: "device drn..: link
-///    0 is not device drn.. (the host link named drn.. is another link) by its kernel identity"
-///    (`rescue::attach`: the plan's identity is the squatter's, seen while it held the name).
-///    Steered around: such a NIC is made anew before it is handed out again.
+/// 1. (fixed in 325e156, no longer steered around) seed 20261204, steps 42-49: after a squatter
+///    held NIC 3's name and was deleted, a new pod's claim on the NIC failed RunPodSandbox ("link
+///    0 is not device ..."): Prepare had planned the squatter's identity from the inventory.
+///    Now a NIC whose squatter is gone is handed out again as it is.
 /// 2. seed 7, 150 cycles, steps 23-27: a squatter takes NIC 1's name while the pod holds it,
 ///    the tenant deletes the device in the pod, Stop with a SIGKILL during it, restart: dranet
 ///    logs "device no longer exists anywhere ... its record ends" and the squatter is gone from
 ///    the host (veth stand-ins: kind, parent and permanent MAC do not tell it from the NIC).
 ///    Steered around: a tenant does not delete a device whose host name a squatter holds.
-pub const KNOWN_SQUATTER_BUGS: &str = "issue 38 squatter bugs 1-2 (see soak.rs)";
+pub const KNOWN_SQUATTER_BUGS: &str = "issue 38 squatter bug 2 (see soak.rs)";
 
 /// A host link that took a NIC's host name while a pod held the NIC.
 struct Squatter {
@@ -245,9 +243,6 @@ struct World {
     removed: HashSet<String>,
     decoys: Vec<(Veth, Value)>,
     squatters: Vec<Squatter>,
-    /// NICs whose host name a squatter held: made anew once free and unsquatted (see
-    /// [`KNOWN_SQUATTER_BUGS`]).
-    tainted: BTreeSet<usize>,
     /// `DRANET_SOAK_SQUATTER_BUGS=1`: do not steer around the known squatter bugs.
     squatter_bugs: bool,
     hostile: Vec<Hostile>,
@@ -296,7 +291,6 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
         removed: HashSet::new(),
         decoys: Vec::new(),
         squatters: Vec::new(),
-        tainted: BTreeSet::new(),
         squatter_bugs: std::env::var_os("DRANET_SOAK_SQUATTER_BUGS").is_some(),
         hostile: Vec::new(),
         host_links,
@@ -400,10 +394,6 @@ impl World {
     /// One step, chosen from the model's state alone.
     async fn step(&mut self, opts: &SoakOptions) -> Result<()> {
         let v = opts.verbose;
-        if !self.squatter_bugs && self.down.is_none() {
-            // A NIC whose squatter is gone was checked back under its own name: made anew.
-            self.renew_deleted()?;
-        }
         if let Some(left) = self.down {
             if left == 0 {
                 return self.restart(v).await;
@@ -414,9 +404,7 @@ impl World {
         // until the squatter is gone: the model does not judge which of the two the claim means.
         let free: Vec<usize> = (0..self.nics.len())
             .filter(|i| {
-                !self.owned_nics().contains(i)
-                    && !self.squatted(*i)
-                    && (self.squatter_bugs || !self.tainted.contains(i))
+                !self.owned_nics().contains(i) && !self.squatted(*i)
             })
             .collect();
         let running: Vec<usize> = (0..self.pods.len())
@@ -1071,7 +1059,6 @@ impl World {
         let free: Vec<usize> = self
             .deleted
             .iter()
-            .chain(self.tainted.iter())
             .copied()
             .filter(|k| !owned.contains(k) && !self.squatted(*k))
             .collect::<BTreeSet<usize>>()
@@ -1086,7 +1073,6 @@ impl World {
             renewed.push((nic.name.clone(), nic.mac.clone()));
             self.nics[k] = nic;
             self.deleted.remove(&k);
-            self.tainted.remove(&k);
         }
         Ok(renewed)
     }
@@ -1129,9 +1115,6 @@ impl World {
                 veth.is_some()
             ),
         );
-        if veth.is_some() {
-            self.tainted.insert(k);
-        }
         self.squatters.push(Squatter { name, veth });
         Ok(())
     }
