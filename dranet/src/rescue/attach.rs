@@ -143,12 +143,7 @@ impl Engine {
         plan: &'p [DevicePlan],
         netns: &Netns,
     ) -> Result<Staged<'p>, RescueError> {
-        let host_nl = self
-            .inner
-            .kernel
-            .host_netlink()
-            .await
-            .map_err(RescueError::HostNetlink)?;
+        let host_nl = self.host_netlink().await?;
         let records = self.snapshots(&host_nl, uid, plan).await?;
         let specs = plan
             .iter()

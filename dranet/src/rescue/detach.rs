@@ -93,12 +93,7 @@ impl Engine {
         let uid = uid.as_str();
         let pod_nl = self.pod_netlink(live.as_ref()).await;
         // Its own socket: the kernel runs one dump at a time per netlink socket.
-        let host_nl = self
-            .inner
-            .kernel
-            .host_netlink()
-            .await
-            .map_err(RescueError::HostNetlink)?;
+        let host_nl = self.host_netlink().await?;
         let mut home = Vec::new();
         let mut busy = Vec::new();
         let mut failed = Vec::new();
@@ -670,12 +665,7 @@ impl Engine {
             return Ok(());
         };
         let _slot = self.inner.lane.background().await;
-        let host_nl = self
-            .inner
-            .kernel
-            .host_netlink()
-            .await
-            .map_err(RescueError::HostNetlink)?;
+        let host_nl = self.host_netlink().await?;
         let res = self
             .link_op(
                 "giving the device its name back",
@@ -743,12 +733,7 @@ impl Engine {
             return Ok(());
         };
         let _slot = self.inner.lane.background().await;
-        let host_nl = self
-            .inner
-            .kernel
-            .host_netlink()
-            .await
-            .map_err(RescueError::HostNetlink)?;
+        let host_nl = self.host_netlink().await?;
         let res = self
             .link_op(
                 "repairing the device",

@@ -862,6 +862,15 @@ impl Engine {
         }
     }
 
+    /// A host rtnetlink socket of its own (the kernel runs one dump at a time per socket).
+    pub(super) async fn host_netlink(&self) -> Result<crate::sys::link::Netlink, RescueError> {
+        self.inner
+            .kernel
+            .host_netlink()
+            .await
+            .map_err(RescueError::HostNetlink)
+    }
+
     /// Bounds one rtnetlink operation by [`EngineOptions::kernel_timeout`] (a reply the kernel
     /// never sends, a request stuck behind RTNL).
     pub(super) async fn link_op<T>(
