@@ -311,6 +311,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Never fails on the checkpoint's content (moved aside, `.prev`, the pins); it does fail
     // when another dranet keeps the state dir.
     let engine = Engine::new(opts, watcher).await?;
+    // Subscribed before the reconcile: what it finds (a device vanished while dranet was down,
+    // a return that keeps failing) reaches the reporter (pod event, claim status) once that
+    // starts, instead of going to no subscriber.
+    let startup_activity = engine.activity();
     let report = engine.reconcile().await?;
     let (checkpoint, checkpoint_problem) = load_source(engine.load_source());
     if report.rebuilt.is_empty() {
@@ -365,7 +369,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             warn!(socket = %sock.display(), error = %crate::telemetry::chain(&e), "no control socket: `dranet release-all` must wait for the daemon to stop")
         }
     }
-    let runtime = super::run_sides::start_runtime(&args, &engine, &mut registry, &readiness).await?;
+    let runtime =
+        super::run_sides::start_runtime(&args, &engine, &mut registry, &readiness, startup_activity).await?;
     let status = Arc::new(Status {
         readiness: readiness.clone(),
         registry,

@@ -38,6 +38,9 @@ pub struct Sides {
     pub(super) reporter: Reporter,
     /// The node's allocations for adoption, set once the kubelet side is up.
     pub(super) allocations: crate::adoption::AllocationsCell,
+    /// The engine's activity since before the start-up reconcile, for the rescue-event
+    /// reporter (taken when it starts; dropped without a kubelet side).
+    startup_activity: Option<tokio::sync::broadcast::Receiver<crate::rescue::activity::Activity>>,
 }
 
 impl Sides {
@@ -122,6 +125,7 @@ pub async fn start_runtime(
     engine: &Engine,
     registry: &mut Registry,
     readiness: &Readiness,
+    startup_activity: tokio::sync::broadcast::Receiver<crate::rescue::activity::Activity>,
 ) -> anyhow::Result<RuntimeSide> {
     let late = Arc::new(LateSink::default());
     let reporter = if args.no_dra {
@@ -138,6 +142,7 @@ pub async fn start_runtime(
         slices_stop: None,
         reporter,
         allocations: crate::adoption::AllocationsCell::default(),
+        startup_activity: (!args.no_dra).then_some(startup_activity),
     };
     let slice_metrics = crate::slices::SliceMetrics::default();
     let dra_metrics = crate::dra::DraMetrics::default();
@@ -431,7 +436,7 @@ where
     let plans = engine.clone();
     sides.tasks.push(tokio::spawn(crate::report::rescue_events(
         sides.reporter.clone(),
-        engine.activity(),
+        sides.startup_activity.take().unwrap_or_else(|| engine.activity()),
         move |uid| plans.plan(uid),
     )));
     rescan

@@ -1000,6 +1000,48 @@ async fn a_device_deleted_in_the_pod_is_judged_gone_and_the_return_finishes() {
     assert!(k.pins().is_empty());
 }
 
+/// Issue 38, a device that vanished while dranet was down (the soak's squatter bug 2): the pod
+/// held the device, a host link took its host name, the tenant deleted the device in the pod,
+/// and the runtime tore the sandbox down while dranet was killed. The restart's reconcile ends
+/// the record, releases the pin and reports the device once on the activity feed (subscribed
+/// before the reconcile, as `dranet run` does); the host link that has the device's name is
+/// neither moved, renamed nor reconfigured.
+#[tokio::test]
+async fn a_device_deleted_while_dranet_was_down_ends_at_the_restart_and_its_name_squatter_stays() {
+    let (dir, k, e) = setup(1).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    k.add_sandbox(&path);
+    e.attach_pod(pod("sb-a"), &path).await.unwrap();
+    k.add_host_link("eth1", 40);
+    let squatter = k.link_of(40);
+    let gone = k.link_of(11).mac;
+    k.w().links.retain(|l| l.mac != gone);
+    e.durable().await.unwrap();
+    drop(e);
+    k.remove_sandbox_path(&path);
+    let e = engine(&dir, &k).await;
+    let mut feed = e.activity();
+    let report = e.reconcile().await.unwrap();
+    let key = pod_key(UID, "sb-a");
+    assert_eq!(report.returned, vec![key.to_string()], "{report:?}");
+    assert!(e.pod_record(&key).is_none(), "the record stayed");
+    assert!(k.pins().is_empty(), "pins left: {:?}", k.pins());
+    assert_eq!(
+        k.link_of(40),
+        squatter,
+        "the host link with the device's name was touched"
+    );
+    assert_eq!(k.moves(), vec!["in eth1"]);
+    let mut vanished = 0;
+    while let Ok(a) = feed.try_recv() {
+        if let super::activity::ActivityKind::Vanished { device, host_name } = a.kind {
+            assert_eq!((device.as_str(), host_name.as_str()), ("dev-eth1", "eth1"));
+            vanished += 1;
+        }
+    }
+    assert_eq!(vanished, 1, "reported once");
+}
+
 /// The kernel returned a device to the host by itself (its netns died under a pin released by
 /// hand): the engine restores it there, and with every device home the return finishes.
 #[tokio::test]
