@@ -194,18 +194,12 @@ impl Pod {
     }
 }
 
-/// Known dranet bugs the squatter steps found (issue 38), which the soak steers around unless
-/// `DRANET_SOAK_SQUATTER_BUGS=1`:
-/// 1. (fixed in 325e156, no longer steered around) seed 20261204, steps 42-49: after a squatter
-///    held NIC 3's name and was deleted, a new pod's claim on the NIC failed RunPodSandbox ("link
-///    0 is not device ..."): Prepare had planned the squatter's identity from the inventory.
-///    Now a NIC whose squatter is gone is handed out again as it is.
-/// 2. seed 7, 150 cycles, steps 23-27: a squatter takes NIC 1's name while the pod holds it,
-///    the tenant deletes the device in the pod, Stop with a SIGKILL during it, restart: dranet
-///    logs "device no longer exists anywhere ... its record ends" and the squatter is gone from
-///    the host (veth stand-ins: kind, parent and permanent MAC do not tell it from the NIC).
-///    Steered around: a tenant does not delete a device whose host name a squatter holds.
-pub const KNOWN_SQUATTER_BUGS: &str = "issue 38 squatter bug 2 (see soak.rs)";
+// The squatter steps (issue 38) found two failures, neither steered around any more: a claim on a
+// NIC whose squatter had gone failed RunPodSandbox (Prepare planned the squatter's identity from
+// the inventory; fixed in 325e156), and a squatter vanished from the host after its NIC was
+// deleted in the pod (the soak itself: a deleted NIC made anew dropped its old `Veth` guard,
+// which deletes by name, while the squatter held that name; `renew_deleted` waits for the
+// squatter to go).
 
 /// A host link that took a NIC's host name while a pod held the NIC.
 struct Squatter {
@@ -243,8 +237,6 @@ struct World {
     removed: HashSet<String>,
     decoys: Vec<(Veth, Value)>,
     squatters: Vec<Squatter>,
-    /// `DRANET_SOAK_SQUATTER_BUGS=1`: do not steer around the known squatter bugs.
-    squatter_bugs: bool,
     hostile: Vec<Hostile>,
     /// Host links at the start (ifindex → name, mtu, address, up), other than ours.
     host_links: HashMap<u64, Value>,
@@ -291,7 +283,6 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
         removed: HashSet::new(),
         decoys: Vec::new(),
         squatters: Vec::new(),
-        squatter_bugs: std::env::var_os("DRANET_SOAK_SQUATTER_BUGS").is_some(),
         hostile: Vec::new(),
         host_links,
         pending: Vec::new(),
@@ -373,9 +364,20 @@ impl World {
         }
         self.pending.clear();
         self.settle().await?;
-        let recs = self.node.records()?;
+        // The host removes its squatters: a record that waits for a NIC's name (home_name_busy, it
+        // may outlive its sandbox) ends once the NIC has its own name back.
+        while !self.squatters.is_empty() {
+            self.unsquat(opts.verbose).await?;
+            self.settle().await?;
+        }
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut recs = self.node.records()?;
+        while !recs.is_empty() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            recs = self.node.records()?;
+        }
         if !recs.is_empty() {
-            bail!("records left after every pod was removed: {recs:?}");
+            bail!("records left after every pod and squatter was removed: {recs:?}");
         }
         if !self.node.pins().is_empty() {
             bail!("pins left after every pod was removed: {:?}", self.node.pins());
@@ -403,9 +405,7 @@ impl World {
         // A NIC home under a temporary name (a squatter holds its name) is not handed out again
         // until the squatter is gone: the model does not judge which of the two the claim means.
         let free: Vec<usize> = (0..self.nics.len())
-            .filter(|i| {
-                !self.owned_nics().contains(i) && !self.squatted(*i)
-            })
+            .filter(|i| !self.owned_nics().contains(i) && !self.squatted(*i) && !self.deleted.contains(i))
             .collect();
         let running: Vec<usize> = (0..self.pods.len())
             .filter(|i| self.pods[*i].current().is_some())
@@ -510,10 +510,7 @@ impl World {
                 let i = *self.rng.pick(&running).context("no running pod")?;
                 self.squat(i, v)
             }
-            12 => {
-                self.unsquat(v);
-                Ok(())
-            }
+            12 => self.unsquat(v).await,
             13 => self.hostile_record(v),
             7 => {
                 self.summary.kills += 1;
@@ -1028,7 +1025,7 @@ impl World {
         let Some(cfg) = pod.nics.first() else {
             return Ok(());
         };
-        if self.deleted.contains(&cfg.nic) || (self.squatted(cfg.nic) && !self.squatter_bugs) {
+        if self.deleted.contains(&cfg.nic) {
             return Ok(());
         }
         let ns_name = ns.name.clone();
@@ -1060,6 +1057,8 @@ impl World {
             .deleted
             .iter()
             .copied()
+            // Not while a squatter holds its old name: dropping the old NIC's `Veth` guard deletes
+            // links by name, and would delete the squatter.
             .filter(|k| !owned.contains(k) && !self.squatted(*k))
             .collect::<BTreeSet<usize>>()
             .into_iter()
@@ -1120,12 +1119,22 @@ impl World {
     }
 
     /// A squatter is deleted: the NIC it blocked must get its own name back.
-    fn unsquat(&mut self, v: bool) {
+    async fn unsquat(&mut self, v: bool) -> Result<()> {
         let k = usize::try_from(self.rng.below(self.squatters.len() as u64)).unwrap_or(0);
         let s = self.squatters.remove(k);
         self.summary.squatters_removed += 1;
         self.log(v, format!("host squatter {} deleted", s.name));
         drop(s);
+        // A NIC deleted in a pod that is gone waited for this name: made anew now (with dranet
+        // down, at the next pod's end).
+        if self.down.is_none() {
+            for (name, mac) in self.renew_deleted()? {
+                self.node
+                    .wait_published(&name, &mac, Duration::from_secs(15))
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// While dranet is down: an extra record file in its checkpoint whose pin and netns path are
