@@ -478,6 +478,15 @@ impl ImageNode {
             return Ok(p.display().to_string());
         }
         let real = host.canonicalize()?;
+        if needs_propagation && !propagates(&real) && real == Path::new("/run/netns") {
+            // As the runtimes do before their first pod netns (containerd's and CNI's netns
+            // package, `ip netns add`): the netns dir becomes a shared mount of itself, so the
+            // mounts made in it later reach the containers that mount it. A copy bound elsewhere
+            // would not see them (this machine's `/` is private, and nothing may have run a pod
+            // netns under /run/netns yet).
+            bind_shared(&real, &real)?;
+            return Ok(real.display().to_string());
+        }
         if needs_propagation && !propagates(&real) {
             let p = self.dir.join("host").join(m.host_path.trim_start_matches('/'));
             bind_shared(&real, &p)?;
