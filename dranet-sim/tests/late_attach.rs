@@ -14,7 +14,7 @@
 //!   refused while dranet was away) starts only once the devices are in the sandbox: the hook
 //!   attaches them before it answers.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use dranet::nri::pb::nri as pb;
@@ -48,6 +48,7 @@ fn node_opts(port: u16) -> NodeOptions {
             ..RuntimeConfig::default()
         },
         bind_address: format!("127.0.0.1:{port}"),
+        capture_log: true,
         ..NodeOptions::default()
     }
 }
@@ -81,7 +82,10 @@ async fn case(away: Away, learns: Learns) -> Result<()> {
     let (nic, before) = Nic::with_view()?;
     let port = free_port()?;
     let mut node = Node::start(node_opts(port)).await?;
+    // The sandbox's netns is made here: the pod runs without its devices from now on.
+    let made_after = SystemTime::now();
     let mut p = TestPod::new("late-")?;
+    let made_before = SystemTime::now();
     p.prepare(
         &node,
         &[nic_device(
@@ -99,6 +103,9 @@ async fn case(away: Away, learns: Learns) -> Result<()> {
     if learns == Learns::Synchronize {
         node.runtime.set_state(vec![p.sandbox.clone()], vec![]);
     }
+    // The pod runs a while without its devices before dranet is back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let restarted = SystemTime::now();
     node.restart().await?;
     let back = Instant::now();
     match learns {
@@ -131,6 +138,7 @@ async fn case(away: Away, learns: Learns) -> Result<()> {
         "{away:?}/{learns:?}: NIC in the pod {:?} after dranet's return",
         back.elapsed()
     );
+    let attached = SystemTime::now();
     assert!(!host_has(&nic.name));
     let addr = p.ns.ip(&["-j", "addr", "show", "dev", "net0"])?;
     assert!(
@@ -155,6 +163,38 @@ async fn case(away: Away, learns: Learns) -> Result<()> {
         events(&node).contains("NetworkDeviceLateAttach")
     })
     .await?;
+    // Both the event and the WARN say how long the pod ran without its devices: from when its
+    // netns was made (between `made_after` and `made_before`) until the attach (between
+    // `restarted` and `attached`), with a tick of the kernel's coarse clock to spare.
+    let lo = restarted.duration_since(made_before)?.as_secs_f64() - 0.05;
+    let hi = attached.duration_since(made_after)?.as_secs_f64() + 0.05;
+    let evs = events(&node);
+    let said: f64 = evs
+        .split("ran without them for ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no 'ran without them for <s>' in the event: {evs}"))?;
+    assert!(
+        said + 0.05 >= lo && said <= hi + 0.05,
+        "event says {said} s without the devices; it was between {lo:.3} and {hi:.3} s: {evs}"
+    );
+    let log = node.log();
+    let warn_line = log
+        .lines()
+        .find(|l| l.contains("late attach:") && l.contains("without_devices_ms"))
+        .with_context(|| format!("no late attach WARN with without_devices_ms in:\n{log}"))?;
+    let ms: f64 = warn_line
+        .split("without_devices_ms")
+        .nth(1)
+        .map(|t| t.trim_start_matches(['=', ':', '"', ' ']))
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("without_devices_ms unreadable: {warn_line}"))?;
+    assert!(
+        ms / 1000.0 >= lo && ms / 1000.0 <= hi,
+        "WARN says {ms} ms without the devices; it was between {lo:.3} and {hi:.3} s: {warn_line}"
+    );
     let st = node.claim_status(&p.claim, Duration::from_secs(3)).await?;
     assert_eq!(
         st["status"]["devices"][0]["networkData"]["interfaceName"], "net0",

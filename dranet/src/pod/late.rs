@@ -21,7 +21,7 @@
 //! never kills a workload; the event says they ran without the devices.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -160,6 +160,7 @@ impl LateAttacher {
             return Ok(AttachOutcome::NotOurs);
         };
         let started = Instant::now();
+        let made = crate::sys::netns::made_at(netns);
         let pod = PodRef {
             uid: &sb.uid,
             sandbox: &sb.sandbox,
@@ -170,7 +171,7 @@ impl LateAttacher {
         let object = ObjectRef::pod(&sb.namespace, &sb.name, &sb.uid);
         match &r {
             Ok(AttachOutcome::Attached { devices }) => {
-                self.report_attached(sb, trigger, devices, started.elapsed());
+                self.report_attached(sb, trigger, devices, started.elapsed(), made);
             }
             Ok(AttachOutcome::AlreadyAttached | AttachOutcome::NotOurs) => {}
             Err(e) => {
@@ -200,9 +201,29 @@ impl LateAttacher {
 
     /// The operator is told that `devices` of the sandbox `sb` came late (`took`: the attach, or
     /// the hook that did it): the metric, a WARN naming the pod and its devices, a
-    /// `NetworkDeviceLateAttach` Warning event on the pod, the claims' status.
-    fn report_attached(&self, sb: &SandboxInfo, trigger: Trigger, devices: &[String], took: Duration) {
+    /// `NetworkDeviceLateAttach` Warning event on the pod, the claims' status. Both say how long
+    /// the pod ran without its devices: from when its netns was made (`made`: the runtime makes
+    /// it as it starts the sandbox, see [`crate::sys::netns::made_at`]) until now.
+    fn report_attached(
+        &self,
+        sb: &SandboxInfo,
+        trigger: Trigger,
+        devices: &[String],
+        took: Duration,
+        made: Option<SystemTime>,
+    ) {
         self.metrics.count(&self.metrics.attached, trigger);
+        let without = made.and_then(|t| SystemTime::now().duration_since(t).ok());
+        let without_ms = without.map(|d| d.as_millis());
+        let for_how_long = without.map_or_else(
+            || " (how long is unknown: the sandbox's netns file could not be read)".to_owned(),
+            |d| {
+                format!(
+                    " for {:.1} s (since its network namespace was made)",
+                    d.as_secs_f64()
+                )
+            },
+        );
         let why = match trigger {
             Trigger::LateAnswer => {
                 "the runtime stopped waiting for dranet's answer to the pod's RunPodSandbox (a stall past its request timeout, or a closed connection) and ran the sandbox without its devices"
@@ -218,7 +239,8 @@ impl LateAttacher {
             trigger = trigger.label(),
             devices = %devices.join(","),
             took_ms = took.as_millis(),
-            "late attach: {why}; they are attached now"
+            without_devices_ms = without_ms,
+            "late attach: {why}; the pod ran without them{for_how_long}; they are attached now"
         );
         let object = ObjectRef::pod(&sb.namespace, &sb.name, &sb.uid);
         let ev = self.reporter.make_event(
@@ -227,11 +249,11 @@ impl LateAttacher {
             "NetworkDeviceLateAttach",
             match trigger {
                 Trigger::LateAnswer => format!(
-                    "devices {} attached late: the container runtime stopped waiting for dranet (its request timeout, or a closed connection) and ran the sandbox without them; containers that started before now ran without them",
+                    "devices {} attached late: the container runtime stopped waiting for dranet (its request timeout, or a closed connection) and ran the sandbox without them{for_how_long}; containers that started before now ran without them",
                     devices.join(", ")
                 ),
                 Trigger::Synchronize | Trigger::CreateContainer => format!(
-                    "devices {} attached late (at {trigger}): the pod's sandbox was created while dranet was not connected to the container runtime; containers that started before now ran without them",
+                    "devices {} attached late (at {trigger}): the pod's sandbox was created while dranet was not connected to the container runtime and ran without them{for_how_long}; containers that started before now ran without them",
                     devices.join(", ")
                 ),
             },
@@ -247,7 +269,8 @@ impl LateAttacher {
             return;
         };
         let devices: Vec<String> = rec.devices.iter().map(|d| d.device.clone()).collect();
-        self.report_attached(sb, Trigger::LateAnswer, &devices, took);
+        let made = sb.netns.as_deref().and_then(crate::sys::netns::made_at);
+        self.report_attached(sb, Trigger::LateAnswer, &devices, took, made);
     }
 
     /// CreateContainer's late attach: waits at most [`CREATE_CONTAINER_BUDGET`]; past it the

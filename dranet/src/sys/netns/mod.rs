@@ -281,6 +281,25 @@ pub fn inode_cookie(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
     Ok(ns | INODE_COOKIE_BIT)
 }
 
+/// When the netns bind-mounted at `path` was made, as near as the kernel tells: the change time
+/// of its nsfs inode, which the kernel sets when the first fd or bind mount opens the netns and
+/// keeps while any does (`ns->stashed`; see [`inode_cookie`]). The runtime bind-mounts a pod's
+/// netns right after making it, and that mount holds the inode for the sandbox's life, so this is
+/// when the sandbox's netns was made (coarse clock: a few ms). `None` when `path` is not an nsfs
+/// file or cannot be read.
+#[must_use]
+pub fn made_at(path: &Path) -> Option<std::time::SystemTime> {
+    let fs = nix::sys::statfs::statfs(path).ok()?;
+    #[allow(clippy::unnecessary_cast)]
+    if fs.filesystem_type().0 as i64 != NSFS_MAGIC {
+        return None;
+    }
+    let st = nix::sys::stat::stat(path).ok()?;
+    let secs = u64::try_from(st.st_ctime).ok()?;
+    let nanos = u32::try_from(st.st_ctime_nsec).ok()?;
+    std::time::UNIX_EPOCH.checked_add(std::time::Duration::new(secs, nanos))
+}
+
 fn kernel_cookie(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
     let mut cookie: u64 = 0;
     // SAFETY: NS_GET_ID writes one u64 through the pointer, which points at a live local.

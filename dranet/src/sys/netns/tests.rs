@@ -209,3 +209,35 @@ fn the_inode_cookie_is_stable_while_the_netns_is_held_and_marked() {
     );
     assert_ne!((a, ia), (b, ib), "two live netns, two identities");
 }
+
+#[test]
+fn made_at_is_when_the_netns_was_first_opened_and_none_off_nsfs() {
+    assert_eq!(made_at(Path::new("/")), None, "/ is not on nsfs");
+    assert_eq!(made_at(Path::new("/nonexistent-dranet-path")), None);
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
+        eprintln!("skipping: unshare needs root");
+        return;
+    }
+    // The coarse clock of inode times lags the fine one by up to a tick.
+    let slack = std::time::Duration::from_millis(20);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let before = std::time::SystemTime::now();
+    let held = std::thread::spawn(|| {
+        nix::sched::unshare(CloneFlags::CLONE_NEWNET).unwrap();
+        std::fs::File::open("/proc/thread-self/ns/net").unwrap()
+    })
+    .join()
+    .unwrap();
+    let after = std::time::SystemTime::now();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let path = format!("/proc/self/fd/{}", held.as_raw_fd());
+    let t = made_at(Path::new(&path)).unwrap();
+    assert!(
+        t + slack >= before && t <= after + slack,
+        "made at {t:?}, opened between {before:?} and {after:?}"
+    );
+    // Read again later: the same time while the netns is held (not the time of the read).
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(made_at(Path::new(&path)), Some(t));
+}
