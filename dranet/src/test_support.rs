@@ -147,6 +147,7 @@ pub fn device_record(device: &str, state: DeviceState) -> DeviceRecord {
         at: None,
         rebuilt: false,
         return_error: None,
+        vanish_unreported: false,
     }
 }
 

@@ -315,6 +315,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // a return that keeps failing) reaches the reporter (pod event, claim status) once that
     // starts, instead of going to no subscriber.
     let startup_activity = engine.activity();
+    // The kubelet side's reporter confirms each vanished device's report: until it does, the
+    // device's record says so and stays (a kill in between re-sends it at the next start).
+    if !args.no_dra {
+        engine.report_vanished_with_acks();
+    }
     let report = engine.reconcile().await?;
     let (checkpoint, checkpoint_problem) = load_source(engine.load_source());
     if report.rebuilt.is_empty() {

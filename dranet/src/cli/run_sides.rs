@@ -433,12 +433,28 @@ where
         providers,
         move || r.request_rescan(),
     )));
-    let plans = engine.clone();
-    sides.tasks.push(tokio::spawn(crate::report::rescue_events(
-        sides.reporter.clone(),
-        sides.startup_activity.take().unwrap_or_else(|| engine.activity()),
-        move |uid| plans.plan(uid),
-    )));
+    let (plans, confirms) = (engine.clone(), engine.clone());
+    sides
+        .tasks
+        .push(tokio::spawn(crate::report::rescue_events_confirmed(
+            sides.reporter.clone(),
+            sides.startup_activity.take().unwrap_or_else(|| engine.activity()),
+            move |uid| plans.plan(uid),
+            move |a: &crate::rescue::activity::Activity| {
+                let (e, uid) = (confirms.clone(), a.pod_uid.clone());
+                let what = match &a.kind {
+                    crate::rescue::activity::ActivityKind::Vanished { device, record, .. } => {
+                        Some((record.clone(), device.clone()))
+                    }
+                    _ => None,
+                };
+                async move {
+                    if let Some((record, device)) = what {
+                        e.vanish_reported(&uid, &record, &device).await;
+                    }
+                }
+            },
+        )));
     rescan
 }
 

@@ -275,7 +275,9 @@ fn activity_line(a: &Activity, start: u64) -> String {
         ActivityKind::Failed { action, error, .. } => {
             ("dranet_failed", format!("pod {who} {action}: {error}"))
         }
-        ActivityKind::Vanished { device, host_name } => (
+        ActivityKind::Vanished {
+            device, host_name, ..
+        } => (
             "dranet_vanished",
             format!("pod {who} device {device} ({host_name}) no longer exists anywhere"),
         ),

@@ -654,6 +654,7 @@ fn a_vanished_device_is_gone_and_a_stuck_return_is_unhealthy_with_its_error() {
         &activity(ActivityKind::Vanished {
             device: "eth1".into(),
             host_name: "eth1".into(),
+            record: "uid-1/sb-1".into(),
         }),
         &cp,
     );

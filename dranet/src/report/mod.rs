@@ -80,6 +80,8 @@ pub enum ReportError {
     Encode(#[source] serde_json::Error),
     #[error("{name:?} is not usable as a file name")]
     BadName { name: String },
+    #[error("{what} timed out after {after:?}")]
+    Timeout { what: &'static str, after: Duration },
 }
 
 /// Where reports go.
@@ -89,7 +91,8 @@ pub trait Sink: Send + Sync + 'static {
         &'a self,
         apply: &'a ClaimStatusApply,
     ) -> BoxFuture<'a, Result<(), ReportError>>;
-    /// Creates one event (an Event of that name existing already is success).
+    /// Creates one event (an Event of that name existing already is success, and adds
+    /// nothing: a report sent again under its fixed name is not a second one).
     fn event<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), ReportError>>;
     /// Updates the Event of `event`'s name, created before, to `event`'s `count`,
     /// `lastTimestamp` and `message` ([`Event::patch`]). A sink without updates (files, test
@@ -232,6 +235,35 @@ impl Reporter {
             send_events(sink, slot, timeout).await;
             drop(permit);
         });
+    }
+
+    /// Creates `event` now and waits for the sink (at most the report deadline): no
+    /// correlation, no spam filter. For reports that are confirmed once sent (a vanished
+    /// device's, under a fixed name). Without a sink there is nothing to send: `Ok`.
+    pub async fn event_now(&self, event: &Event) -> Result<(), ReportError> {
+        let Some(sink) = &self.sink else {
+            return Ok(());
+        };
+        tokio::time::timeout(self.timeout, sink.event(event))
+            .await
+            .unwrap_or(Err(ReportError::Timeout {
+                what: "event",
+                after: self.timeout,
+            }))
+    }
+
+    /// Applies a claim's device status now and waits for the sink (at most the report
+    /// deadline). Without a sink: `Ok`.
+    pub async fn claim_status_now(&self, apply: &ClaimStatusApply) -> Result<(), ReportError> {
+        let Some(sink) = &self.sink else {
+            return Ok(());
+        };
+        tokio::time::timeout(self.timeout, sink.apply_claim_status(apply))
+            .await
+            .unwrap_or(Err(ReportError::Timeout {
+                what: "claim status",
+                after: self.timeout,
+            }))
     }
 
     /// A Warning or Normal event about `object`, sourced from this driver and node.
@@ -694,7 +726,9 @@ pub fn trouble_event(
     a: &Activity,
 ) -> Option<(Event, Vec<String>, &'static str, String)> {
     let (reason, devices, message) = match &a.kind {
-        ActivityKind::Vanished { device, host_name } => (
+        ActivityKind::Vanished {
+            device, host_name, ..
+        } => (
             "NetworkDeviceVanished",
             vec![device.clone()],
             format!(
@@ -716,13 +750,37 @@ pub fn trouble_event(
         _ => return None,
     };
     let (namespace, name) = a.pod.split_once('/')?;
-    let ev = reporter.make_event(
+    let mut ev = reporter.make_event(
         ObjectRef::pod(namespace, name, &a.pod_uid),
         true,
         reason,
         message.clone(),
     );
+    if let ActivityKind::Vanished { device, record, .. } = &a.kind {
+        ev.metadata.name = vanished_event_name(name, &a.pod_uid, record, device);
+    }
     Some((ev, devices, reason, message))
+}
+
+/// The fixed name of the `NetworkDeviceVanished` event of `device` in sandbox record `record` of
+/// pod `pod_uid` (named `pod`): `<pod>.vanished-<first 16 hex digits of SHA-256(uid, record,
+/// device)>`, at most 253 bytes (the pod's name is cut). The same report sent again (a restart
+/// after a kill before its confirmation was saved) has the same name, and the sink adds nothing.
+#[must_use]
+pub fn vanished_event_name(pod: &str, pod_uid: &str, record: &str, device: &str) -> String {
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{pod_uid}\n{record}\n{device}").as_bytes(),
+    );
+    let hex: String = digest
+        .as_ref()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let suffix = format!(".vanished-{hex}");
+    let pod = crate::text::cut_at_char(pod, 253 - suffix.len());
+    format!("{pod}{suffix}")
 }
 
 /// One apply body per claim for `devices` of a pod in trouble (see [`trouble_event`]): `Ready`
@@ -754,11 +812,33 @@ pub fn trouble_statuses(
 
 /// Sends [`rescue_event`]s and [`trouble_event`]s (with the claims' status, from the pod's plans
 /// as `plans` gives them) for the engine's activity feed `rx`; runs until the feed closes.
+/// Vanished devices' reports are not confirmed ([`rescue_events_confirmed`]).
 pub async fn rescue_events(
+    reporter: Reporter,
+    rx: tokio::sync::broadcast::Receiver<Activity>,
+    plans: impl Fn(&str) -> Option<Vec<DevicePlan>> + Send,
+) {
+    rescue_events_confirmed(reporter, rx, plans, |_: &Activity| async {}).await;
+}
+
+/// Attempts of a vanished device's report before it is confirmed all the same (logged): a
+/// record must not wait for an API server that does not answer.
+const VANISHED_ATTEMPTS: u32 = 3;
+
+/// [`rescue_events`], and each vanished device's report (its event under a fixed name, the
+/// claims' status) is sent right away in a task of its own, awaited, and then confirmed:
+/// `confirm(&activity)` runs once the sink took it (or after [`VANISHED_ATTEMPTS`] failed
+/// attempts). `dranet run` confirms to the engine ([`crate::rescue::Engine::vanish_reported`]),
+/// which keeps the device's record until then.
+pub async fn rescue_events_confirmed<C, F>(
     reporter: Reporter,
     mut rx: tokio::sync::broadcast::Receiver<Activity>,
     plans: impl Fn(&str) -> Option<Vec<DevicePlan>> + Send,
-) {
+    confirm: C,
+) where
+    C: Fn(&Activity) -> F + Send,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
     use tokio::sync::broadcast::error::RecvError;
     loop {
         match rx.recv().await {
@@ -766,7 +846,17 @@ pub async fn rescue_events(
                 if let Some(ev) = rescue_event(&reporter, &a) {
                     reporter.event(ev);
                 }
-                if let Some((ev, devices, reason, message)) = trouble_event(&reporter, &a) {
+                if matches!(a.kind, ActivityKind::Vanished { .. })
+                    && let Some((ev, devices, reason, message)) = trouble_event(&reporter, &a)
+                {
+                    let plans = plans(&a.pod_uid).unwrap_or_default();
+                    let applies = trouble_statuses(reporter.driver(), &plans, &devices, reason, &message);
+                    let (r, done) = (reporter.clone(), confirm(&a));
+                    tokio::spawn(async move {
+                        send_vanished(&r, &ev, &applies).await;
+                        done.await;
+                    });
+                } else if let Some((ev, devices, reason, message)) = trouble_event(&reporter, &a) {
                     reporter.event(ev);
                     let plans = plans(&a.pod_uid).unwrap_or_default();
                     for apply in trouble_statuses(reporter.driver(), &plans, &devices, reason, &message) {
@@ -776,6 +866,30 @@ pub async fn rescue_events(
             }
             Err(RecvError::Lagged(n)) => tracing::debug!(missed = n, "activity feed lagged"),
             Err(RecvError::Closed) => break,
+        }
+    }
+}
+
+/// Sends a vanished device's event and claim statuses, each retried up to [`VANISHED_ATTEMPTS`]
+/// times a second apart; failures are logged.
+async fn send_vanished(r: &Reporter, ev: &Event, applies: &[ClaimStatusApply]) {
+    let retried = |what: &'static str, attempt: u32, e: &ReportError| {
+        tracing::warn!(what, attempt, event = ev.metadata.name, error = %crate::telemetry::chain(e), "vanished device report failed");
+    };
+    for attempt in 1..=VANISHED_ATTEMPTS {
+        match r.event_now(ev).await {
+            Ok(()) => break,
+            Err(e) => retried("event", attempt, &e),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for apply in applies {
+        for attempt in 1..=VANISHED_ATTEMPTS {
+            match r.claim_status_now(apply).await {
+                Ok(()) => break,
+                Err(e) => retried("claim status", attempt, &e),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
 }

@@ -325,6 +325,19 @@ async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
         lines.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
         ["A", "B"]
     );
+    // A create of a name that is there adds nothing (as the API server's AlreadyExists); a
+    // repeat's update is a line of its own.
+    let mut fixed = r.make_event(ObjectRef::pod("ns", "p", "u"), true, "V", "m".into());
+    fixed.metadata.name = "p.vanished-0123".into();
+    sink.event(&fixed).await.unwrap();
+    sink.event(&fixed).await.unwrap();
+    sink.patch_event(&lines[0]).await.unwrap();
+    let reasons: Vec<String> = std::fs::read_to_string(sink.events_path())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Event>(l).unwrap().reason)
+        .collect();
+    assert_eq!(reasons, ["A", "B", "V", "A"]);
     for bad in ["", "..", ".hidden", "a/b"] {
         assert!(
             matches!(sink.status_path("ns", bad), Err(ReportError::BadName { .. })),
@@ -717,9 +730,28 @@ fn a_vanished_device_and_a_stuck_return_are_warnings_with_a_claim_status() {
         kind: ActivityKind::Vanished {
             device: "eth1".into(),
             host_name: "ens1".into(),
+            record: "uid-1/sb-1".into(),
         },
     };
     let (ev, devices, reason, message) = trouble_event(&r, &base).unwrap();
+    // A fixed name: the same report sent again (after a restart) is the same Event.
+    let again = trouble_event(&r, &base).unwrap().0;
+    assert_eq!(ev.metadata.name, again.metadata.name);
+    assert!(
+        ev.metadata.name.starts_with("pod-a.vanished-"),
+        "{}",
+        ev.metadata.name
+    );
+    assert_eq!(
+        ev.metadata.name,
+        crate::report::vanished_event_name("pod-a", "uid-1", "uid-1/sb-1", "eth1")
+    );
+    assert_ne!(
+        ev.metadata.name,
+        crate::report::vanished_event_name("pod-a", "uid-1", "uid-1/sb-2", "eth1"),
+        "another sandbox's report is another Event"
+    );
+    assert!(crate::report::vanished_event_name(&"p".repeat(300), "u", "r", "d").len() <= 253);
     assert_eq!(ev.reason, "NetworkDeviceVanished");
     assert_eq!(ev.type_, "Warning");
     assert_eq!(ev.involved_object, ObjectRef::pod("ns", "pod-a", "uid-1"));

@@ -44,12 +44,18 @@ pub enum ActivityKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         device: Option<String>,
     },
-    /// A device no longer exists anywhere (deleted while in the pod): its record ends. Sent once.
+    /// A device no longer exists anywhere (deleted while in the pod): its record ends. Sent once
+    /// per process; a restart sends it again while its record still says it is unreported
+    /// ([`crate::state::DeviceRecord::vanish_unreported`]).
     Vanished {
         /// ResourceSlice device name.
         device: String,
         /// Its host name before the attach.
         host_name: String,
+        /// The sandbox record it was in (its key): with the pod and the device, it fixes the
+        /// report's event name, and the reporter's confirmation names it.
+        #[serde(default)]
+        record: String,
     },
     /// A return still failed after the rescue's retries: the devices stay out (in the pinned
     /// pod netns) until the next trigger, hook or reconcile. Sent once per rescue given up.

@@ -248,6 +248,7 @@ fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::sys::netns:
         }),
         rebuilt: false,
         return_error: None,
+        vanish_unreported: false,
     }
 }
 

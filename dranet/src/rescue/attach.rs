@@ -534,6 +534,7 @@ impl Engine {
                 at: None,
                 rebuilt: false,
                 return_error: None,
+                vanish_unreported: false,
             });
         }
         Ok(out)

@@ -94,6 +94,7 @@ fn random_device(r: &mut Rng, i: usize) -> DeviceRecord {
         }),
         rebuilt: r.below(8) == 0,
         return_error: None,
+        vanish_unreported: false,
     }
 }
 

@@ -53,6 +53,7 @@ fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
                 }),
                 rebuilt: false,
                 return_error: None,
+                vanish_unreported: false,
             }],
             recovered: None,
         }

@@ -568,34 +568,6 @@ impl Engine {
         placed && !function_left
     }
 
-    /// Records device `i` of sandbox `key` as gone (staged: the return's last save carries it)
-    /// and reports it once: a WARN, the activity feed (the pod's Warning event, its claim's
-    /// status, device health) and `dranet_devices_vanished_total`.
-    async fn mark_gone(
-        &self,
-        uid: &str,
-        key: &RecordKey,
-        i: usize,
-        d: &DeviceRecord,
-    ) -> Result<(), RescueError> {
-        self.transition(key, Transition::DeviceGone { device: i }, Durability::Staged)
-            .await?;
-        self.inner.metrics.vanished.inc();
-        warn!(
-            device = d.device,
-            host_name = d.snapshot.name,
-            "device no longer exists anywhere (deleted while in the pod): its record ends"
-        );
-        self.record(
-            uid,
-            ActivityKind::Vanished {
-                device: d.device.clone(),
-                host_name: d.snapshot.name.clone(),
-            },
-        );
-        Ok(())
-    }
-
     /// A rescue gave up with devices still out: each gets the error in its record (`dranet
     /// status`), and each device not reported yet since it was last home is reported once: a WARN, the activity feed (the pod's Warning event,
     /// its claim's status, device health) and `dranet_return_stuck_total{reason}`.

@@ -1034,7 +1034,10 @@ async fn a_device_deleted_while_dranet_was_down_ends_at_the_restart_and_its_name
     assert_eq!(k.moves(), vec!["in eth1"]);
     let mut vanished = 0;
     while let Ok(a) = feed.try_recv() {
-        if let super::activity::ActivityKind::Vanished { device, host_name } = a.kind {
+        if let super::activity::ActivityKind::Vanished {
+            device, host_name, ..
+        } = a.kind
+        {
             assert_eq!((device.as_str(), host_name.as_str()), ("dev-eth1", "eth1"));
             vanished += 1;
         }

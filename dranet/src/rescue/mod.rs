@@ -36,6 +36,7 @@ mod lane;
 mod rebuild;
 mod reconcile;
 mod sandbox;
+mod vanished;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -247,6 +248,10 @@ struct Inner {
     /// Set by [`Engine::stop_attaching`] (`dranet release-all` beside the daemon): every attach
     /// is refused from then on.
     attaching_stopped: std::sync::atomic::AtomicBool,
+    /// Set by [`Engine::report_vanished_with_acks`]: a reporter confirms every vanished
+    /// device's report ([`Engine::vanish_reported`]), so a `Gone` device is saved
+    /// `vanish_unreported` before its report and its record waits for the confirmation.
+    vanish_acks: std::sync::atomic::AtomicBool,
 }
 
 /// Timestamps (CLOCK_MONOTONIC ns, the clock of [`crate::watch::monotonic_ns`] and of the probes)
@@ -372,6 +377,7 @@ impl Engine {
                 last_rescue: Mutex::new(None),
                 lane: lane::Lane::new(),
                 attaching_stopped: std::sync::atomic::AtomicBool::new(false),
+                vanish_acks: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

@@ -429,5 +429,6 @@ fn rebuilt_device(f: &Found, netns: NetnsId) -> DeviceRecord {
         }),
         rebuilt: true,
         return_error: None,
+        vanish_unreported: false,
     }
 }

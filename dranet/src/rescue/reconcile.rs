@@ -82,6 +82,9 @@ impl Engine {
                 warn!(pod = pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
             }
         }
+        // Reports of vanished devices a kill cut short go out again (the reporter subscribed
+        // before this reconcile).
+        self.resend_unreported();
         report.dropped = self.sweep().await;
         self.watch_returned().await;
         // Added to the pins `recover_pins` released (it counted them; this used to overwrite them).

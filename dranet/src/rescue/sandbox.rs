@@ -235,6 +235,17 @@ impl Engine {
             );
             return Ok(false);
         }
+        // A vanished device's report not confirmed yet: the record that says so stays until it
+        // is ([`Engine::vanish_reported`] drops it then).
+        if self
+            .cp()
+            .pods
+            .get(key)
+            .is_some_and(|r| self.waits_for_a_report(r))
+        {
+            info!(record = %key, why, "sandbox record kept: a vanished device's report is not confirmed yet");
+            return Ok(false);
+        }
         let id = self.cp().pods.get(key).map(|r| r.netns);
         // Staged, not awaited (the next save carries it): a crash that loses it leaves a
         // record with every device home and no pin, of a sandbox the runtime no longer has,

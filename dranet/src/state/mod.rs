@@ -206,6 +206,18 @@ pub struct DeviceRecord {
     /// `dranet status` shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_error: Option<String>,
+    /// A `Gone` device whose report (the pod's `NetworkDeviceVanished` event, its claim's status,
+    /// device health) is not confirmed sent yet. **Write-ahead, at least once to an idempotent
+    /// sink:** set and saved (awaited) *before* the report is handed to the reporter, cleared
+    /// (awaited) once the reporter says its sink took it; the record does not end while it is
+    /// set. A restart re-sends the report of every device still flagged. The event's name is
+    /// fixed by the pod, the record and the device, so a re-sent report that had gone out finds
+    /// its Event there and adds nothing (the API server: `AlreadyExists`; embedded mode: the
+    /// name already in `events.jsonl`), and a claim status apply is idempotent: reported
+    /// exactly once across a SIGKILL anywhere on the way. Absent in records written before it
+    /// (their report went out before the save): `false`, no format change.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub vanish_unreported: bool,
 }
 
 /// A device's kernel identity in one netns: the ifindex is fixed while the device stays in that

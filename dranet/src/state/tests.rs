@@ -445,6 +445,7 @@ fn the_on_disk_snapshot_of_format_2_is_fixed() {
         at: None,
         rebuilt: false,
         return_error: None,
+        vanish_unreported: false,
     };
     let json = serde_json::to_string(&record).unwrap();
     assert_eq!(

@@ -53,9 +53,14 @@ pub enum Transition {
     /// `temp_name`, no place in a pod, no return error. Awaited (the name it carries must be
     /// known after a crash).
     HomeNameBusy { device: usize, temp_name: String },
-    /// Device `device` no longer exists anywhere: `Gone`, no place, no return error. Staged (the
-    /// return's last save carries it).
-    DeviceGone { device: usize },
+    /// Device `device` no longer exists anywhere: `Gone`, no place, no return error, and
+    /// [`DeviceRecord::vanish_unreported`](super::DeviceRecord::vanish_unreported) as
+    /// `unreported` says. Awaited when `unreported` (the write-ahead of the report: on disk
+    /// before it is sent); staged otherwise (the return's last save carries it).
+    DeviceGone { device: usize, unreported: bool },
+    /// The report of `Gone` device `device` was taken by the reporter's sink: its
+    /// `vanish_unreported` is cleared. Awaited (a record ends only after it).
+    VanishReported { device: usize },
     /// A rescue gave up with devices still out: each of them (`Moving`, `InPod`, `Returning`)
     /// carries `error` for `dranet status`. Awaited.
     ReturnStuck { error: String },
@@ -86,6 +91,7 @@ impl Transition {
             Self::DeviceHome { .. } => "device_home",
             Self::HomeNameBusy { .. } => "home_name_busy",
             Self::DeviceGone { .. } => "device_gone",
+            Self::VanishReported { .. } => "vanish_reported",
             Self::ReturnStuck { .. } => "return_stuck",
             Self::NameBack { .. } => "name_back",
             Self::RdmaInPod { .. } => "rdma_in_pod",
@@ -150,13 +156,23 @@ impl Transition {
                 d.at = None;
                 d.return_error = None;
             }
-            Self::DeviceGone { device: i } => {
+            Self::DeviceGone {
+                device: i,
+                unreported,
+            } => {
                 let Some(d) = rec.devices.get_mut(i) else {
                     return false;
                 };
                 d.state = DeviceState::Gone;
                 d.at = None;
                 d.return_error = None;
+                d.vanish_unreported = unreported;
+            }
+            Self::VanishReported { device: i } => {
+                let Some(d) = rec.devices.get_mut(i) else {
+                    return false;
+                };
+                d.vanish_unreported = false;
             }
             Self::ReturnStuck { error } => {
                 for d in rec.devices.iter_mut().filter(|d| {
@@ -208,7 +224,8 @@ impl Checkpoint {
         let fits = match &t {
             Transition::DeviceHome { device }
             | Transition::HomeNameBusy { device, .. }
-            | Transition::DeviceGone { device }
+            | Transition::DeviceGone { device, .. }
+            | Transition::VanishReported { device }
             | Transition::NameBack { device }
             | Transition::RdmaInPod { device, .. } => *device < rec.devices.len(),
             Transition::DeviceMoved { device, .. } => rec.devices.iter().any(|d| &d.device == device),
