@@ -109,6 +109,9 @@ pub struct SoakSummary {
     pub squatters_removed: usize,
     /// Issue 38: hostile record files written while dranet was down (pin outside `pins/`).
     pub hostile_records: usize,
+    /// Issue 38 (#6): a tenant moves its device into a netns of its own and makes a veth of its
+    /// own in its place (same name, MAC and ifindex); the device dies with that netns.
+    pub nested_impostors: usize,
     pub elapsed: Duration,
     /// The failure, with the seed and the steps that led to it.
     pub failure: Option<String>,
@@ -122,7 +125,7 @@ impl SoakSummary {
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {} devices deleted in the pod, {} host squatters, {} squatters removed, {} hostile records, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
+            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {} devices deleted in the pod, {} host squatters, {} squatters removed, {} hostile records, {} nested netns + impostors, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
             self.passed,
             self.failed,
             self.seed,
@@ -138,6 +141,7 @@ impl SoakSummary {
             self.host_squatters,
             self.squatters_removed,
             self.hostile_records,
+            self.nested_impostors,
             self.elapsed.as_secs_f64(),
             self.fds.0,
             self.fds.1,
@@ -167,6 +171,9 @@ struct Sandbox {
     state: SbState,
     /// Recovered by a runtime that restarted like containerd 2.3.4: it sends no more hooks.
     silent: bool,
+    /// A netns a tenant made and moved its device into ([`World::nest`]): its processes hold it
+    /// until the sandbox goes, so it goes with the sandbox's netns.
+    nested: Option<PodNetns>,
 }
 
 /// One NIC of a pod, as its claim configures it.
@@ -243,6 +250,9 @@ struct World {
     pending: Vec<Pending>,
     /// NICs a tenant deleted in its pod: nowhere until their pod is gone, then made anew.
     deleted: BTreeSet<usize>,
+    /// The veths tenants made in a nested device's place, by NIC: their MAC and their peer's
+    /// ifindex in the pod. Never in the host.
+    impostors: Vec<(usize, String, u64)>,
     /// Steps left with the daemon down.
     down: Option<usize>,
     kill_next: bool,
@@ -287,6 +297,7 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakSummary> {
         host_links,
         pending: Vec::new(),
         deleted: BTreeSet::new(),
+        impostors: Vec::new(),
         down: None,
         kill_next: false,
         steps: Vec::new(),
@@ -434,6 +445,7 @@ impl World {
             if self.squatters.len() < 2 {
                 menu.push((1, 11)); // host squatter takes a NIC's host name
             }
+            menu.push((1, 14)); // tenant nests its device, an impostor in its place
         }
         if !self.squatters.is_empty() {
             menu.push((1, 12)); // the squatter is deleted
@@ -511,6 +523,10 @@ impl World {
                 self.squat(i, v)
             }
             12 => self.unsquat(v).await,
+            14 => {
+                let i = *self.rng.pick(&running).context("no running pod")?;
+                self.nest(i, v)
+            }
             13 => self.hostile_record(v),
             7 => {
                 self.summary.kills += 1;
@@ -660,6 +676,7 @@ impl World {
             netns: Some(ns),
             state: SbState::Running,
             silent: false,
+            nested: None,
         });
         self.pods[i].renamed.clear();
         self.pods[i].impostor = false;
@@ -742,6 +759,7 @@ impl World {
         if let Some(mut ns) = self.pods[i].sandboxes[s].netns.take() {
             ns.remove_crio_style()?;
         }
+        self.pods[i].sandboxes[s].nested = None;
         if kill {
             tokio::time::sleep(Duration::from_micros(self.rng.below(3000))).await;
             self.kill()?;
@@ -798,6 +816,7 @@ impl World {
                 if let Some(mut ns) = self.pods[i].sandboxes[s].netns.take() {
                     ns.remove_crio_style()?;
                 }
+                self.pods[i].sandboxes[s].nested = None;
                 self.remove_sandbox(i, s).await?;
             }
         }
@@ -1049,6 +1068,86 @@ impl World {
         Ok(())
     }
 
+    /// Issue 38 (#6): a tenant moves its first device into a netns of its own and makes a veth of
+    /// its own in its place, with the device's name, MAC and (pod) ifindex. That veth must never
+    /// come home as the device. The device is in a netns the runtime does not know; it dies with
+    /// that netns when the sandbox goes (a veth NIC is deleted with its netns), and dranet must
+    /// end its record then, as for a device deleted in the pod; a fresh NIC takes its place.
+    fn nest(&mut self, i: usize, v: bool) -> Result<()> {
+        let pod = &self.pods[i];
+        let Some(ns) = pod.current().and_then(|s| s.netns.as_ref()) else {
+            return Ok(());
+        };
+        let Some(cfg) = pod.nics.first() else {
+            return Ok(());
+        };
+        if self.deleted.contains(&cfg.nic) {
+            return Ok(());
+        }
+        let ns_name = ns.name.clone();
+        let dev = pod.renamed.get(&cfg.nic).unwrap_or(&cfg.name).clone();
+        let (nic, uid) = (cfg.nic, pod.uid.clone());
+        // Only the real device (its peer is this NIC's), as it is now in the pod.
+        let links = links_json(Some(&ns_name))?;
+        let real = links.as_array().and_then(|a| {
+            a.iter().find(|l| {
+                l["ifname"] == dev.as_str() && l["link_index"].as_u64() == Some(u64::from(self.peers[nic]))
+            })
+        });
+        let Some((index, mac)) = real.map(|l| {
+            (
+                l["ifindex"].as_u64().unwrap_or_default().to_string(),
+                l["address"].as_str().unwrap_or_default().to_owned(),
+            )
+        }) else {
+            self.log(v, format!("tenant of {uid} would nest {dev}: not in the pod"));
+            return Ok(());
+        };
+        self.summary.nested_impostors += 1;
+        let nested = PodNetns::create(&unique("dranet-nest-"))?;
+        if sh(&[
+            "ip",
+            "-n",
+            &ns_name,
+            "link",
+            "set",
+            "dev",
+            &dev,
+            "netns",
+            &nested.name,
+        ])
+        .is_err()
+        {
+            self.log(v, format!("tenant of {uid} could not nest {dev}"));
+            return Ok(());
+        }
+        self.deleted.insert(nic);
+        let peer = unique("dni");
+        let made = sh(&[
+            "ip", "-n", &ns_name, "link", "add", &dev, "index", &index, "address", &mac, "type", "veth",
+            "peer", "name", &peer,
+        ])
+        .is_ok();
+        self.log(
+            v,
+            format!(
+                "tenant of {uid} moves {dev} (pod ifindex {index}) into its own netns; its impostor {dev} with MAC {mac} at that ifindex: {made}"
+            ),
+        );
+        let peer_index = links_json(Some(&ns_name))?.as_array().and_then(|a| {
+            a.iter()
+                .find(|l| l["ifname"] == peer.as_str())
+                .and_then(|l| l["ifindex"].as_u64())
+        });
+        if let (true, Some(p)) = (made, peer_index) {
+            self.impostors.push((nic, mac, p));
+        }
+        if let Some(sb) = self.pods[i].sandboxes.last_mut() {
+            sb.nested = Some(nested);
+        }
+        Ok(())
+    }
+
     /// NICs deleted in a pod that is gone now are made anew (a new veth pair, its views);
     /// returns their host names and MACs.
     fn renew_deleted(&mut self) -> Result<Vec<(String, String)>> {
@@ -1072,6 +1171,7 @@ impl World {
             renewed.push((nic.name.clone(), nic.mac.clone()));
             self.nics[k] = nic;
             self.deleted.remove(&k);
+            self.impostors.retain(|(n, ..)| *n != k);
         }
         Ok(renewed)
     }
@@ -1326,6 +1426,23 @@ impl World {
                 }
             }
         }
+        // No tenant's impostor in the host: a link with its MAC whose peer is its peer in the pod
+        // (decoys take NICs' MACs too, with their peers in the host).
+        let host = links_json(None)?;
+        for (k, mac, peer) in &self.impostors {
+            if let Some(l) = host.as_array().and_then(|a| {
+                a.iter().find(|l| {
+                    l["address"] == mac.as_str()
+                        && !l["link_netnsid"].is_null()
+                        && l["link_index"].as_u64() == Some(*peer)
+                })
+            }) {
+                bail!(
+                    "the tenant's impostor of NIC {} (MAC {mac}) came to the host: {l}",
+                    self.nics[*k].name
+                );
+            }
+        }
         // No other host link renamed, moved or reconfigured.
         for (veth, seen) in &self.decoys {
             let now =
@@ -1488,6 +1605,7 @@ impl World {
                 if let Some(mut ns) = s.netns.take() {
                     let _ = ns.remove_crio_style();
                 }
+                s.nested = None;
             }
         }
         self.decoys.clear();
