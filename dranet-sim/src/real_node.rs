@@ -144,7 +144,19 @@ impl RealNode {
         let stdout = child.stdout.take().context("daemon stdout")?;
         let ready = tokio::spawn(crate::fixtures::until_ready(stdout, 2 * START_TIMEOUT));
         self.child = Some(child);
-        self.plugin = Some(self.kubelet.register_when_ready(START_TIMEOUT).await?);
+        // A daemon that never registers (seen once in CI with 8 tests side by side) says why in
+        // its log.
+        let plugin = self
+            .kubelet
+            .register_when_ready(START_TIMEOUT)
+            .await
+            .with_context(|| {
+                format!(
+                    "the daemon did not register with kubelet; its log:\n{}",
+                    self.log()
+                )
+            })?;
+        self.plugin = Some(plugin);
         if !tokio::time::timeout(START_TIMEOUT, ready)
             .await
             .context("daemon never printed ready")???
