@@ -181,3 +181,84 @@ dranet_sim::root_tests! {
     a_vanished_device_killed_right_after_its_event_is_reported_once => repeatedly(KillAt::EventWritten, 4);
     a_vanished_device_killed_right_after_its_end_was_saved_is_reported_once => repeatedly(KillAt::GoneSaved, 4);
 }
+
+/// Device `device`'s health in kubelet's stream of the daemon's DRA socket (v1alpha1, as kubelet
+/// 1.34–1.36 calls it): waits up to `within` for a list that names it, `None` if none did.
+async fn health_of(node: &Node, device: &str, within: Duration) -> Result<Option<(i32, String)>> {
+    use dranet::dra::proto::health_v1alpha1::NodeWatchResourcesRequest;
+    use dranet::dra::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
+    let endpoint = node
+        .plugin
+        .as_ref()
+        .context("not registered")?
+        .info
+        .endpoint
+        .clone();
+    let mut c = DraResourceHealthClient::new(dranet_sim::kubelet::uds_channel(Path::new(&endpoint)).await?);
+    let mut stream = c
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await?
+        .into_inner();
+    let found = tokio::time::timeout(within, async {
+        while let Ok(Some(r)) = stream.message().await {
+            let hit = r.devices.iter().find_map(|d| {
+                let id = d.device.as_ref()?;
+                (id.device_name == device).then(|| (d.health, d.message.clone()))
+            });
+            if hit.is_some() {
+                return hit;
+            }
+        }
+        None
+    })
+    .await;
+    Ok(found.ok().flatten())
+}
+
+/// A device the tenant deleted while dranet was down, found gone by the start-up reconcile:
+/// kubelet's health stream (opened after the restart, as kubelet does when the plugin registers
+/// again) lists it UNHEALTHY, not at all before the fix (the health follower subscribed to the
+/// engine's activity only after the reconcile, and the device is in neither the host nor a pod).
+async fn gone_at_restart_is_unhealthy() -> Result<()> {
+    let nic = Nic::create()?;
+    let mut node = Node::start(NodeOptions {
+        capture_log: true,
+        ..NodeOptions::default()
+    })
+    .await?;
+    let uid = unique("vh-");
+    let dev = nic_device(&nic, json!({"interface": {"name": "net0"}}));
+    let dev_name = dev.0.clone();
+    let claim = prepare_claim(&node, &uid, &[dev]).await?;
+    let mut ns = PodNetns::create(&unique("dranet-vh-"))?;
+    let sb = sandbox_with_id(&uid, &sandbox_id(), &ns.path);
+    node.runtime.run_pod_sandbox(&sb).await.context("Run")?;
+    node.runtime.set_state(vec![sb.clone()], vec![]);
+    assert!(ns.has("net0"), "the pod did not get the device");
+    // Healthy while in its pod.
+    let before = health_of(&node, &dev_name, Duration::from_secs(5)).await?;
+    assert!(matches!(before, Some((h, _)) if h == 1), "before: {before:?}");
+    node.kill()?;
+    // While dranet is down: the tenant deletes its device, the runtime removes the sandbox's
+    // netns (dranet's pin keeps it alive).
+    ns.ip(&["link", "del", "dev", "net0"])?;
+    ns.remove_crio_style()?;
+    node.runtime.set_state(vec![], vec![]);
+    node.restart().await.context("restart")?;
+    let after = health_of(&node, &dev_name, Duration::from_secs(5)).await?;
+    let log = node.log();
+    match &after {
+        // HealthStatus::Unhealthy = 2.
+        Some((2, message)) if !message.is_empty() => {}
+        other => bail!(
+            "kubelet's health stream after the restart says {other:?} for {dev_name}, which the reconcile found gone (want UNHEALTHY)\ndaemon log:\n{log}"
+        ),
+    }
+    node.unprepare(&claim).await?;
+    node.stop()?;
+    Ok(())
+}
+
+dranet_sim::root_tests! {
+    a_device_found_gone_at_the_restart_is_unhealthy_in_kubelets_health_stream => gone_at_restart_is_unhealthy();
+}

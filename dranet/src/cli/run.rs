@@ -312,9 +312,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // when another dranet keeps the state dir.
     let engine = Engine::new(opts, watcher).await?;
     // Subscribed before the reconcile: what it finds (a device vanished while dranet was down,
-    // a return that keeps failing) reaches the reporter (pod event, claim status) once that
-    // starts, instead of going to no subscriber.
-    let startup_activity = engine.activity();
+    // a return that keeps failing) reaches the reporter (pod event, claim status) and device
+    // health (kubelet's health stream) once they start, instead of going to no subscriber.
+    let startup_activity = super::run_sides::StartupActivity::subscribe(&engine);
     // The kubelet side's reporter confirms each vanished device's report: until it does, the
     // device's record says so and stays (a kill in between re-sends it at the next start).
     if !args.no_dra {

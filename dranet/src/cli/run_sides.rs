@@ -39,8 +39,30 @@ pub struct Sides {
     /// The node's allocations for adoption, set once the kubelet side is up.
     pub(super) allocations: crate::adoption::AllocationsCell,
     /// The engine's activity since before the start-up reconcile, for the rescue-event
-    /// reporter (taken when it starts; dropped without a kubelet side).
-    startup_activity: Option<tokio::sync::broadcast::Receiver<crate::rescue::activity::Activity>>,
+    /// reporter and device health (taken when they start; dropped without a kubelet side).
+    startup_activity: Option<StartupActivity>,
+}
+
+type ActivityRx = tokio::sync::broadcast::Receiver<crate::rescue::activity::Activity>;
+
+/// The engine's activity feed, subscribed before the start-up reconcile, so that what it finds
+/// (a device vanished while dranet was down, a return that keeps failing) reaches the
+/// rescue-event reporter (the pod's event, the claim's status) and device health (kubelet's
+/// health stream) once they start, instead of going to no subscriber.
+pub struct StartupActivity {
+    reporter: ActivityRx,
+    health: ActivityRx,
+}
+
+impl StartupActivity {
+    /// Subscribes both; call before [`Engine::reconcile`].
+    #[must_use]
+    pub fn subscribe(engine: &Engine) -> Self {
+        Self {
+            reporter: engine.activity(),
+            health: engine.activity(),
+        }
+    }
 }
 
 impl Sides {
@@ -125,7 +147,7 @@ pub async fn start_runtime(
     engine: &Engine,
     registry: &mut Registry,
     readiness: &Readiness,
-    startup_activity: tokio::sync::broadcast::Receiver<crate::rescue::activity::Activity>,
+    startup_activity: StartupActivity,
 ) -> anyhow::Result<RuntimeSide> {
     let late = Arc::new(LateSink::default());
     let reporter = if args.no_dra {
@@ -410,12 +432,19 @@ where
             warn!(error = %crate::telemetry::chain(&e), "no link events: inventory relies on periodic rescans");
         }
     }));
+    let (activity_reporter, activity_health) = match sides.startup_activity.take() {
+        Some(a) => (a.reporter, a.health),
+        None => (engine.activity(), engine.activity()),
+    };
     let r = rescan.clone();
-    sides.tasks.push(tokio::spawn(crate::dra::health::follow_engine(
-        health,
-        engine.clone(),
-        move || r.request_rescan(),
-    )));
+    sides
+        .tasks
+        .push(tokio::spawn(crate::dra::health::follow_engine_from(
+            health,
+            engine.clone(),
+            activity_health,
+            move || r.request_rescan(),
+        )));
     // The cloud's metadata is read off the start path; its attributes join at the next scan.
     let r = rescan.clone();
     let mut cloud = args
@@ -438,7 +467,7 @@ where
         .tasks
         .push(tokio::spawn(crate::report::rescue_events_confirmed(
             sides.reporter.clone(),
-            sides.startup_activity.take().unwrap_or_else(|| engine.activity()),
+            activity_reporter,
             move |uid| plans.plan(uid),
             move |a: &crate::rescue::activity::Activity| {
                 let (e, uid) = (confirms.clone(), a.pod_uid.clone());

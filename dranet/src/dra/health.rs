@@ -318,7 +318,10 @@ impl HealthHub {
             }
             ActivityKind::Vanished { device, .. } => {
                 // Nothing pending any more: missing from the host and in no pod, so gone for
-                // good (unhealthy, then dropped after the grace) unless it shows up again.
+                // good (unhealthy, then dropped after the grace) unless it shows up again. Known
+                // from now on even if this hub never saw it (found gone by the start-up
+                // reconcile of a restart: in neither the host nor a pod since).
+                st.name(device);
                 st.returning.remove(device);
                 st.failed.remove(device);
             }
@@ -662,8 +665,19 @@ fn unix_now() -> i64 {
 /// `rescan` is called when devices came home (and after missed entries), so the next
 /// inventory scan settles the list.
 pub async fn follow_engine(hub: HealthHub, engine: crate::rescue::Engine, rescan: impl Fn() + Send) {
+    let rx = engine.activity();
+    follow_engine_from(hub, engine, rx, rescan).await;
+}
+
+/// [`follow_engine`] from `rx`, subscribed earlier: `dranet run` subscribes before the start-up
+/// reconcile, so a device the reconcile finds gone reaches kubelet's health stream.
+pub async fn follow_engine_from(
+    hub: HealthHub,
+    engine: crate::rescue::Engine,
+    mut rx: tokio::sync::broadcast::Receiver<Activity>,
+    rescan: impl Fn() + Send,
+) {
     use tokio::sync::broadcast::error::RecvError;
-    let mut rx = engine.activity();
     loop {
         match rx.recv().await {
             Ok(a) => {

@@ -679,3 +679,27 @@ fn a_vanished_device_is_gone_and_a_stuck_return_is_unhealthy_with_its_error() {
     hub.refresh();
     assert_eq!(listed(&hub), ["eth2"]);
 }
+
+/// A restart's hub has never seen a device the start-up reconcile found gone (in neither the
+/// host nor a pod since): its `Vanished` entry makes it known, listed gone (UNHEALTHY) until the
+/// grace runs out, so kubelet hears of it.
+#[test]
+fn a_device_first_heard_of_as_vanished_is_listed_gone() {
+    let (hub, t) = hub_with_clock(Duration::from_secs(300), 1_000);
+    let cp = checkpoint(&[("eth1", DeviceState::Gone)]);
+    hub.observe_scan(["eth9"], &cp);
+    assert_eq!(listed(&hub), ["eth9"]);
+    hub.observe_activity(
+        &activity(ActivityKind::Vanished {
+            device: "eth1".into(),
+            host_name: "ens1".into(),
+            record: "uid-1/sb-1".into(),
+        }),
+        &cp,
+    );
+    let (ok, msg) = health(&hub, "eth1");
+    assert!(!ok && msg.contains("missing from the host"), "{msg}");
+    t.store(1_300, Ordering::SeqCst);
+    hub.refresh();
+    assert_eq!(listed(&hub), ["eth9"]);
+}
