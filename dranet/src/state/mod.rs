@@ -57,6 +57,7 @@ mod disk;
 mod lock;
 mod store;
 mod transition;
+mod validate;
 mod writer;
 
 use std::collections::BTreeMap;

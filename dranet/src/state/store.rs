@@ -310,15 +310,25 @@ fn read_record(path: &Path, name: &str, pins: &Path) -> Result<Option<Record>, S
         });
     }
     if let Record::Pod(r) = &record
-        && let Some(pin) = &r.pin
-        && let Err(why) = pin_path_ok(pin, pins)
+        && let Err(what) = pod_record_ok(r, pins)
     {
         return Err(StateError::Invalid {
             path: path.to_owned(),
-            what: format!("record {:?}: pin {}: {why}", r.key(), pin.display()),
+            what,
         });
     }
     Ok(Some(record))
+}
+
+/// Whether sandbox record `r`, read from disk, may be acted on: its pin ([`pin_path_ok`]) and
+/// every other field ([`super::validate`]). The error names the record and the field.
+fn pod_record_ok(r: &PodRecord, pins: &Path) -> Result<(), String> {
+    if let Some(pin) = &r.pin
+        && let Err(why) = pin_path_ok(pin, pins)
+    {
+        return Err(format!("record {:?}: pin {}: {why}", r.key(), pin.display()));
+    }
+    super::validate::record_fields(r).map_err(|why| format!("record {:?}: {why}", r.key()))
 }
 
 /// Whether `pin`, read from a record, may be a pin of this state dir: a file directly in
@@ -453,15 +463,16 @@ impl Store {
     pub fn load_or_recover(&self) -> Loaded {
         if self.single_file() {
             let mut loaded = self.load_or_recover_legacy();
-            // One file for every record: a record with a bad pin cannot be moved aside alone, so
-            // it is left out (the pin, if it is one of ours, is rebuilt or released as unclaimed).
+            // One file for every record: a record with a bad pin or field cannot be moved aside
+            // alone, so it is left out (the pin, if it is one of ours, is rebuilt or released as
+            // unclaimed).
             let pins = self.pins_dir();
-            loaded.cp.pods.retain(|key, r| match r.pin.as_deref().map(|p| pin_path_ok(p, &pins)) {
-                Some(Err(why)) => {
-                    warn!(record = %key, pin = ?r.pin, why, "a checkpoint record names a pin dranet never made: left out");
+            loaded.cp.pods.retain(|key, r| match pod_record_ok(r, &pins) {
+                Err(why) => {
+                    warn!(record = %key, why, "a checkpoint record does not validate (a pin dranet never made, a field out of bounds): left out");
                     false
                 }
-                _ => true,
+                Ok(()) => true,
             });
             self.migrate(&loaded.cp);
             return loaded;

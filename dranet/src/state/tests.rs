@@ -462,14 +462,16 @@ fn big_record(uid: &str, sandbox: &str, devices: usize) -> PodRecord {
     let mut r = record(uid, sandbox);
     for j in 0..devices {
         let mut dev = crate::test_support::device_record(&format!("dev-{j}"), DeviceState::InPod);
+        // As a real snapshot (checked on load): a name and an ifindex.
         dev.snapshot.name = format!("eth{j}");
+        dev.snapshot.ifindex = u32::try_from(j + 1).unwrap();
         for f in 0..60 {
             dev.snapshot
                 .features
                 .insert(format!("feature-number-{f}"), f % 2 == 0);
         }
         for c in 0..40 {
-            dev.snapshot.sysctls.insert(format!("ipv4/conf/sysctl_{c}"), c);
+            dev.snapshot.sysctls.insert(format!("ipv4/sysctl_number_{c}"), c);
         }
         r.devices.push(dev);
     }
@@ -1041,5 +1043,103 @@ fn a_record_whose_pin_is_not_in_the_pins_dir_is_moved_aside_and_costs_no_other_r
         }
     }
     assert!(outside.exists());
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// Issue 38 #7, every other field: a record whose fields are out of what the kernel or dranet
+/// ever writes is moved aside as corrupt, one field at a time, and costs no other record.
+#[test]
+fn a_record_with_a_hostile_field_is_moved_aside_and_costs_no_other_record() {
+    type Edit = fn(&mut PodRecord);
+    let d = tmpdir("hostile-fields");
+    let s = Store::open(&d).unwrap();
+    let valid = || {
+        let mut r = big_record("uid-3", "sb", 1);
+        r.devices[0].pci_address = Some("0000:3b:00.1".into());
+        r.devices[0].permanent_mac = Some("0c:42:a1:00:00:01".into());
+        r.devices[0].snapshot.mac = Some("0c:42:a1:00:00:01".into());
+        r.devices[0].snapshot.altnames = vec!["enp59s0f1".into()];
+        r.devices[0].snapshot.parent = Some("pci/0000:3b:00.1".into());
+        r.devices[0].snapshot.mtu = 9000;
+        r
+    };
+    let hostile: [(&str, Edit); 16] = [
+        ("device name with '/'", |r| r.devices[0].device = "a/b".into()),
+        ("pod interface name of 16 bytes", |r| {
+            r.devices[0].pod_ifname = "abcdefghijklmnop".into();
+        }),
+        ("snapshot name with '/'", |r| {
+            r.devices[0].snapshot.name = "x/y".into()
+        }),
+        ("100,000 altnames", |r| {
+            r.devices[0].snapshot.altnames = (0..100_000).map(|i| format!("alt{i}")).collect();
+        }),
+        ("MTU 2^32-1", |r| r.devices[0].snapshot.mtu = u32::MAX),
+        ("ifindex 0", |r| r.devices[0].snapshot.ifindex = 0),
+        ("place at ifindex 0", |r| {
+            r.devices[0].at = Some(DeviceAt {
+                ifindex: 0,
+                netns: r.netns,
+            });
+        }),
+        ("temporary name of 16 bytes", |r| {
+            r.devices[0].temp_name = Some("dn12345678901234".into());
+        }),
+        ("MAC not a MAC", |r| {
+            r.devices[0].snapshot.mac = Some("zz:zz".into())
+        }),
+        ("PCI address that is a path", |r| {
+            r.devices[0].pci_address = Some("../../etc".into());
+        }),
+        ("sysctl key out of /proc/sys", |r| {
+            r.devices[0].snapshot.sysctls.insert("ipv4/../../x".into(), 1);
+        }),
+        ("address not a CIDR", |r| {
+            r.devices[0].snapshot.addresses = vec![crate::sys::link::AddrSnapshot::plain("x")];
+        }),
+        ("parent not <bus>/<name>", |r| {
+            r.devices[0].snapshot.parent = Some("pci/../x/y".into());
+        }),
+        ("pod name with '/'", |r| r.name = "a/b".into()),
+        ("relative netns path", |r| r.netns_path = "run/netns/x".into()),
+        ("2,000 devices", |r| {
+            let d = r.devices[0].clone();
+            r.devices = vec![d; 2000];
+        }),
+    ];
+    // The valid one loads as it is.
+    let mut cp = sample();
+    cp_insert(&mut cp, valid());
+    s.save(&cp).unwrap();
+    assert_eq!(s.load_or_recover().cp, cp);
+    for (what, edit) in hostile {
+        let mut cp = sample();
+        let mut good = record("uid-2", "sb");
+        good.devices = valid().devices;
+        cp_insert(&mut cp, good.clone());
+        let mut bad = valid();
+        edit(&mut bad);
+        cp_insert(&mut cp, bad);
+        s.save(&cp).unwrap();
+        let _ = fs::remove_file(s.records_dir().join("pod_uid-3_sb.json.prev"));
+        let got = s.load_or_recover();
+        assert!(!got.cp.pods.contains_key("uid-3/sb"), "{what}: loaded");
+        assert_eq!(*got.cp.pods["uid-2/sb"], good, "{what}");
+        assert!(got.cp.pods.contains_key("uid-1/sb-1"), "{what}");
+        assert!(
+            matches!(&got.source, LoadSource::Nothing { problem, .. } if problem.contains("uid-3/sb")),
+            "{what}: {:?}",
+            got.source
+        );
+        let mut aside = false;
+        for e in fs::read_dir(s.records_dir()).unwrap() {
+            let p = e.unwrap().path();
+            if p.to_string_lossy().contains(".corrupt-") {
+                aside |= p.to_string_lossy().contains("pod_uid-3_sb.json.corrupt-");
+                fs::remove_file(p).unwrap();
+            }
+        }
+        assert!(aside, "{what}: not moved aside");
+    }
     fs::remove_dir_all(&d).unwrap();
 }
