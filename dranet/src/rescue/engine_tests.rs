@@ -1045,6 +1045,71 @@ async fn a_device_deleted_while_dranet_was_down_ends_at_the_restart_and_its_name
     assert_eq!(vanished, 1, "reported once");
 }
 
+/// The vanished devices reported in `feed` since it was last read: (device, record).
+fn vanished_in(
+    feed: &mut tokio::sync::broadcast::Receiver<super::activity::Activity>,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    while let Ok(a) = feed.try_recv() {
+        if let super::activity::ActivityKind::Vanished { device, record, .. } = a.kind {
+            out.push((device, record));
+        }
+    }
+    out
+}
+
+/// With a reporter that confirms (`dranet run`): a device found gone is on disk `gone` and
+/// unreported before its report goes out, and its record stays until the confirmation. Killed
+/// before it came, the restart sends the report again (once); confirmed, the record ends, and the
+/// next restart sends nothing.
+#[tokio::test]
+async fn a_vanished_devices_report_is_sent_again_until_confirmed_then_never() {
+    let (dir, k, e) = setup(1).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    k.add_sandbox(&path);
+    e.attach_pod(pod("sb-a"), &path).await.unwrap();
+    let gone = k.link_of(11).mac;
+    k.w().links.retain(|l| l.mac != gone);
+    e.durable().await.unwrap();
+    drop(e);
+    k.remove_sandbox_path(&path);
+    let key = pod_key(UID, "sb-a");
+    let want = vec![("dev-eth1".to_owned(), key.to_string())];
+    // First start: judged gone, reported, not confirmed (killed before the reporter's answer).
+    let e = engine(&dir, &k).await;
+    e.report_vanished_with_acks();
+    let mut feed = e.activity();
+    e.reconcile().await.unwrap();
+    assert_eq!(vanished_in(&mut feed), want);
+    let rec = e
+        .pod_record(&key)
+        .expect("the record ended before the report was confirmed");
+    assert!(rec.devices[0].vanish_unreported && rec.devices[0].state == DeviceState::Gone);
+    e.durable().await.unwrap();
+    drop(e);
+    // Second start: the same report again, once; confirmed, the record ends.
+    let e = engine(&dir, &k).await;
+    e.report_vanished_with_acks();
+    let mut feed = e.activity();
+    e.reconcile().await.unwrap();
+    assert_eq!(vanished_in(&mut feed), want, "not sent again exactly once");
+    assert!(e.pod_record(&key).is_some());
+    e.vanish_reported(UID, &key, "dev-eth1").await;
+    assert!(
+        e.pod_record(&key).is_none(),
+        "the record stayed after the confirmation"
+    );
+    e.durable().await.unwrap();
+    drop(e);
+    // Third start: nothing left to report.
+    let e = engine(&dir, &k).await;
+    e.report_vanished_with_acks();
+    let mut feed = e.activity();
+    e.reconcile().await.unwrap();
+    assert_eq!(vanished_in(&mut feed), Vec::new());
+    assert!(k.pins().is_empty(), "pins left: {:?}", k.pins());
+}
+
 /// The kernel returned a device to the host by itself (its netns died under a pin released by
 /// hand): the engine restores it there, and with every device home the return finishes.
 #[tokio::test]

@@ -252,6 +252,9 @@ struct Inner {
     /// device's report ([`Engine::vanish_reported`]), so a `Gone` device is saved
     /// `vanish_unreported` before its report and its record waits for the confirmation.
     vanish_acks: std::sync::atomic::AtomicBool,
+    /// Reports of vanished devices this process sent and the reporter has not confirmed yet
+    /// (record key, device): a reconcile meanwhile does not send them again.
+    vanish_sent: Mutex<std::collections::HashSet<(RecordKey, String)>>,
 }
 
 /// Timestamps (CLOCK_MONOTONIC ns, the clock of [`crate::watch::monotonic_ns`] and of the probes)
@@ -378,6 +381,7 @@ impl Engine {
                 lane: lane::Lane::new(),
                 attaching_stopped: std::sync::atomic::AtomicBool::new(false),
                 vanish_acks: std::sync::atomic::AtomicBool::new(false),
+                vanish_sent: Mutex::default(),
             }),
         })
     }

@@ -71,6 +71,7 @@ impl Engine {
             warn!(record = %key, device, error = %crate::telemetry::chain(&e), "cannot record that a vanished device was reported");
             return false;
         }
+        super::lock(&self.inner.vanish_sent).remove(&(key.clone(), device.to_owned()));
         info!(record = %key, device, "vanished device reported");
         match self.drop_if_torn_down(&key).await {
             Ok(ended) => ended,
@@ -82,7 +83,8 @@ impl Engine {
     }
 
     /// At start-up: the report of every device still `vanish_unreported` goes out again (a
-    /// kill between its write-ahead and the reporter's confirmation). Returns how many.
+    /// kill between its write-ahead and the reporter's confirmation), but for those this
+    /// process sent itself and waits for (a reconcile after lost events). Returns how many.
     pub(super) fn resend_unreported(&self) -> usize {
         if !self.vanish_acks() {
             return 0;
@@ -95,6 +97,9 @@ impl Engine {
                     .iter()
                     .filter(|d| unreported(d))
                     .map(|d| (r.pod_uid.clone(), r.key(), d.clone()))
+            })
+            .filter(|(_, key, d)| {
+                super::lock(&self.inner.vanish_sent).insert((key.clone(), d.device.clone()))
             })
             .collect();
         for (uid, key, d) in &pending {
@@ -139,6 +144,9 @@ impl Engine {
         )
         .await?;
         self.inner.metrics.vanished.inc();
+        if acks {
+            super::lock(&self.inner.vanish_sent).insert((key.clone(), d.device.clone()));
+        }
         warn!(
             device = d.device,
             host_name = d.snapshot.name,
