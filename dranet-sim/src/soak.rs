@@ -109,6 +109,9 @@ pub struct SoakSummary {
     pub squatters_removed: usize,
     /// Issue 38: hostile record files written while dranet was down (pin outside `pins/`).
     pub hostile_records: usize,
+    /// Of those, records whose pin is where dranet's would be and one field of a device is
+    /// hostile (a pod-side or temporary name with a '/', a PCI address path, 1,025 devices).
+    pub hostile_fields: usize,
     /// Issue 38 (#6): a tenant moves its device into a netns of its own and makes a veth of its
     /// own in its place (same name, MAC and ifindex); the device dies with that netns.
     pub nested_impostors: usize,
@@ -125,7 +128,7 @@ impl SoakSummary {
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {} devices deleted in the pod, {} host squatters, {} squatters removed, {} hostile records, {} nested netns + impostors, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
+            "{} passed, {} failed (seed {}, {} steps, {} kills, {} runtime restarts, {} re-created sandboxes, {} tenant actions, {} tenant link-state changes, {} free and {} colliding tenant altnames, {} devices deleted in the pod, {} host squatters, {} squatters removed, {} hostile records ({} by a device field), {} nested netns + impostors, {:.0} s; fds {} -> {}, rss {} -> {} KiB)",
             self.passed,
             self.failed,
             self.seed,
@@ -141,6 +144,7 @@ impl SoakSummary {
             self.host_squatters,
             self.squatters_removed,
             self.hostile_records,
+            self.hostile_fields,
             self.nested_impostors,
             self.elapsed.as_secs_f64(),
             self.fds.0,
@@ -1272,15 +1276,46 @@ impl World {
         let path = netns.path.to_string_lossy().into_owned();
         rec["pod"]["pod_uid"] = json!(uid);
         rec["pod"]["sandbox_id"] = json!(sb);
-        rec["pod"]["pin"] = json!(path);
         rec["pod"]["netns_path"] = json!(path);
+        // The pin outside the pins dir (the soak's own netns mount), or a pin where dranet's
+        // would be and one hostile field of the template's device (a real NIC's identity):
+        // refused by what the field holds alone.
+        let pin_here = self.node.state_dir().join("pins").join(&sb);
+        let what = match self.rng.below(5) {
+            0 => {
+                rec["pod"]["pin"] = json!(path);
+                "pin outside the pins dir".to_owned()
+            }
+            k => {
+                self.summary.hostile_fields += 1;
+                rec["pod"]["pin"] = json!(pin_here.to_string_lossy());
+                let dev = &mut rec["pod"]["devices"][0];
+                match k {
+                    1 => dev["pod_ifname"] = json!("../../etc/x"),
+                    2 => dev["temp_name"] = json!("dn1/../eth0"),
+                    3 => dev["pci_address"] = json!("../../../../sys/kernel"),
+                    _ => {
+                        let one = dev.clone();
+                        rec["pod"]["devices"] = json!(vec![one; 1025]);
+                    }
+                }
+                [
+                    "",
+                    "pod-side name ../../etc/x",
+                    "temporary name with a '/'",
+                    "PCI address ../../../../sys/kernel",
+                    "1,025 devices",
+                ][usize::try_from(k).unwrap_or(0).min(4)]
+                .to_owned()
+            }
+        };
         let file = dranet::state::pod_file_name(&uid, &sb);
         std::fs::write(dir.join(&file), serde_json::to_vec(&rec)?)
             .with_context(|| format!("writing {file}"))?;
         self.summary.hostile_records += 1;
         self.log(
             v,
-            format!("hostile record {file} written while dranet is down: pin and netns path {path}"),
+            format!("hostile record {file} written while dranet is down: {what}; netns path {path}"),
         );
         self.hostile.push(Hostile { netns, ino, file });
         Ok(())
