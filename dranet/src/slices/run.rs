@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::sys::rtnl::MulticastGroup;
-use futures::StreamExt;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -178,26 +176,27 @@ pub async fn publish_loop<P, S, D>(
     }
 }
 
-/// Requests a rescan on every host link change (RTNLGRP_LINK), until `shutdown`.
+/// Requests a rescan on every host link change (RTNLGRP_LINK), until `shutdown`. The changes are
+/// counted, not decoded: a scan reads the links anyway.
 pub async fn link_events(
     handle: RescanHandle,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), InventoryError> {
-    let (conn, _h, mut messages) =
-        crate::sys::rtnl::monitor(&[MulticastGroup::Link], None).map_err(|source| InventoryError::Io {
-            what: "rtnetlink link monitor",
-            source,
-        })?;
-    let task = tokio::spawn(conn);
+    let mut changes = crate::sys::rtnl::LinkChanges::open().map_err(|source| InventoryError::Io {
+        what: "rtnetlink link monitor",
+        source,
+    })?;
     loop {
         tokio::select! {
-            m = messages.next() => match m {
-                Some(_) => handle.request_rescan(),
-                None => break,
+            r = changes.next() => match r {
+                Ok(_) => handle.request_rescan(),
+                Err(source) => return Err(InventoryError::Io {
+                    what: "rtnetlink link monitor",
+                    source,
+                }),
             },
             _ = shutdown.wait_for(|s| *s) => break,
         }
     }
-    task.abort();
     Ok(())
 }

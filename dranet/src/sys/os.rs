@@ -136,8 +136,8 @@ pub fn is_eperm(e: &std::io::Error) -> bool {
 
 /// Registers an fd-owning object with tokio's reactor for readability.
 pub fn async_readable<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
-    // SAFETY: every `T` used here (ring buffer, aya-log logger, inotify instance) owns its fd for
-    // its whole lifetime and always returns the same fd from `as_raw_fd`.
+    // SAFETY: every `T` used here (ring buffer, aya-log logger, inotify instance, netlink socket)
+    // owns its fd for its whole lifetime and always returns the same fd from `as_raw_fd`.
     unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
         .map_err(std::io::Error::from)
 }

@@ -34,6 +34,56 @@ pub fn monitor(
     Ok((conn, handle, messages))
 }
 
+/// Host link changes (`RTNLGRP_LINK`), counted and never decoded: all a rescan trigger needs to
+/// know is that some link changed. The rtnetlink monitor of [`monitor`] decodes every message into
+/// a `LinkMessage` (all its attributes, the IPv6 statistics of `IFLA_AF_SPEC` among them: ~25 KiB
+/// of heap each) on the async workers, and a device coming home makes several (issue 41).
+pub struct LinkChanges {
+    fd: tokio::io::unix::AsyncFd<netlink_sys::Socket>,
+    /// One datagram's head: the rest of a longer one is cut off by the kernel, unread.
+    buf: [u8; 64],
+}
+
+impl LinkChanges {
+    /// A socket of the calling thread's netns subscribed to link changes.
+    pub fn open() -> std::io::Result<Self> {
+        let mut sock = netlink_sys::Socket::new(netlink_sys::constants::NETLINK_ROUTE)?;
+        sock.bind_auto()?;
+        sock.add_membership(RTNLGRP_LINK)?;
+        sock.set_non_blocking(true)?;
+        Ok(Self {
+            fd: super::os::async_readable(sock)?,
+            buf: [0; 64],
+        })
+    }
+
+    /// Waits for link changes; returns how many datagrams were read (each carries one or more
+    /// changes). An overrun (`ENOBUFS`: changes were lost) counts as one.
+    pub async fn next(&mut self) -> std::io::Result<usize> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            let mut read = 0;
+            loop {
+                match guard.get_inner().recv(&mut &mut self.buf[..], libc::MSG_DONTWAIT) {
+                    Ok(_) => read += 1,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => read += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        guard.clear_ready();
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if read > 0 {
+                return Ok(read);
+            }
+        }
+    }
+}
+
+/// `RTNLGRP_LINK` (linux/rtnetlink.h).
+const RTNLGRP_LINK: u32 = 1;
+
 /// How a blocking dump failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DumpError {
@@ -249,6 +299,59 @@ mod tests {
         assert!(out[0].as_ref().is_ok_and(|m| m.header.sequence_number == 9));
         assert!(out[1].is_err(), "{out:?}");
         assert!(messages(&[]).next().is_none());
+    }
+
+    /// Link changes wake [`LinkChanges`] without being decoded: nothing while the netns is quiet,
+    /// then at least one datagram for a new pair, and one for a rename; a burst queued before the
+    /// read comes out of one wake. Runs in a private netns on its own thread.
+    #[test]
+    fn link_changes_wake_the_counter_and_a_quiet_netns_does_not() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("unshare(CLONE_NEWNET): run as root");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let mut changes = LinkChanges::open().unwrap();
+                let quiet = tokio::time::timeout(std::time::Duration::from_millis(200), changes.next()).await;
+                assert!(quiet.is_err(), "woke in a quiet netns: {quiet:?}");
+                let (conn, handle) = connect().unwrap();
+                let task = tokio::spawn(conn);
+                for i in 0..5 {
+                    let (a, b) = (format!("lc{i}a"), format!("lc{i}b"));
+                    handle
+                        .link()
+                        .add(LinkVeth::new(&a, &b).build())
+                        .execute()
+                        .await
+                        .unwrap();
+                }
+                let wait = std::time::Duration::from_secs(5);
+                let burst = tokio::time::timeout(wait, changes.next()).await.unwrap().unwrap();
+                assert!(
+                    burst >= 2,
+                    "5 new pairs queued before the read came out as {burst} datagrams"
+                );
+                // Everything queued was read: the next wake is the rename's.
+                let quiet = tokio::time::timeout(std::time::Duration::from_millis(200), changes.next()).await;
+                assert!(quiet.is_err(), "woke again for the same burst: {quiet:?}");
+                let mut msg = LinkMessage::default();
+                msg.header.index = index_of("lc0a");
+                msg.attributes.push(LinkAttribute::IfName("lc0renamed".into()));
+                handle.link().set(msg).execute().await.unwrap();
+                let renamed = tokio::time::timeout(wait, changes.next()).await.unwrap().unwrap();
+                assert!(renamed >= 1);
+                task.abort();
+            });
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn index_of(name: &str) -> u32 {
+        nix::net::if_::if_nametoindex(name).unwrap()
     }
 
     /// A dump of more links than one datagram carries (the kernel packs ~32 KiB per datagram):
