@@ -48,6 +48,8 @@ fn mac_of(name: &str) -> Result<String> {
 /// The hostile cases: a name and what it does to a copy of a good record's `pod` object.
 /// An edit of a record's `pod` object.
 type Edit = Box<dyn Fn(&mut Value)>;
+/// An edit of a plan's device.
+type DeviceEdit = fn(&mut Value);
 
 fn cases(victim: &str, victim_index: u32, victim_mac: &str) -> Vec<(&'static str, Edit)> {
     let (victim, victim_mac) = (victim.to_owned(), victim_mac.to_owned());
@@ -173,6 +175,27 @@ async fn hostile_fields_are_refused() -> Result<()> {
         std::fs::write(&file, serde_json::to_vec(&v)?)?;
         written.push((what, file, format!("{huid}/{hsb}")));
     }
+    // Plans are records too: a character device that is not an RDMA node (a disk given to the
+    // pod's containers), a host link name that is a path.
+    let plan_path = good_path.with_file_name(format!("plan_{uid}.json"));
+    let plan: Value = serde_json::from_slice(&std::fs::read(&plan_path).context("the pod's plan file")?)?;
+    let plan_cases: [(&str, DeviceEdit); 2] = [
+        ("plan: character device /dev/sda", |d| {
+            d["char_devices"] = json!([{"path": "/dev/sda", "kind": "c", "major": 8, "minor": 0}]);
+        }),
+        ("plan: host interface name with '/'", |d| {
+            d["host_ifname"] = json!("../eth0")
+        }),
+    ];
+    for (what, edit) in plan_cases {
+        let huid = unique("hostile-plan-");
+        let mut v = plan.clone();
+        v["plan"]["pod_uid"] = json!(huid);
+        edit(&mut v["plan"]["devices"][0]);
+        let file = good_path.with_file_name(format!("plan_{huid}.json"));
+        std::fs::write(&file, serde_json::to_vec(&v)?)?;
+        written.push((what, file, format!("plan {huid}")));
+    }
     node.restart().await.context("restart")?;
 
     let records = node.records()?;
@@ -190,7 +213,10 @@ async fn hostile_fields_are_refused() -> Result<()> {
                     .to_string_lossy()
                     .starts_with(&format!("{name}.corrupt-"))
             });
-        let loaded = records.iter().any(|(u, s)| format!("{u}/{s}") == *key);
+        let loaded = records.iter().any(|(u, s)| format!("{u}/{s}") == *key)
+            || node.checkpoint()?["plans"]
+                .as_object()
+                .is_some_and(|m| m.keys().any(|u| format!("plan {u}") == *key));
         if !aside || loaded || file.exists() {
             failures.push(format!(
                 "{what}: moved aside {aside}, loaded {loaded}, file still there {}",

@@ -309,9 +309,13 @@ fn read_record(path: &Path, name: &str, pins: &Path) -> Result<Option<Record>, S
             what: format!("it holds the record {:?}, whose file is {own}", record.key()),
         });
     }
-    if let Record::Pod(r) = &record
-        && let Err(what) = pod_record_ok(r, pins)
-    {
+    let checked = match &record {
+        Record::Pod(r) => pod_record_ok(r, pins),
+        Record::Plan(p) => {
+            super::validate::plan_fields(p).map_err(|why| format!("plan {:?}: {why}", p.pod_uid))
+        }
+    };
+    if let Err(what) = checked {
         return Err(StateError::Invalid {
             path: path.to_owned(),
             what,
@@ -474,6 +478,16 @@ impl Store {
                 }
                 Ok(()) => true,
             });
+            loaded
+                .cp
+                .plans
+                .retain(|uid, p| match super::validate::plan_fields(p) {
+                    Err(why) => {
+                        warn!(plan = %uid, why, "a checkpoint plan does not validate: left out");
+                        false
+                    }
+                    Ok(()) => true,
+                });
             self.migrate(&loaded.cp);
             return loaded;
         }

@@ -1143,3 +1143,80 @@ fn a_record_with_a_hostile_field_is_moved_aside_and_costs_no_other_record() {
     }
     fs::remove_dir_all(&d).unwrap();
 }
+
+/// Plans are records too: one whose device would give the pod's containers a character device
+/// that is not an RDMA node, look a host link up by a path, or apply a configuration Prepare
+/// never accepts is moved aside as corrupt and costs no other record.
+#[test]
+fn a_plan_with_a_hostile_field_is_moved_aside_and_costs_no_other_record() {
+    type Edit = fn(&mut crate::plan::DevicePlan);
+    let d = tmpdir("hostile-plans");
+    let s = Store::open(&d).unwrap();
+    let device = || crate::plan::DevicePlan {
+        device: "eth1".into(),
+        pool: "node-a".into(),
+        request: "nic".into(),
+        claim: crate::plan::ClaimRef {
+            namespace: "ns".into(),
+            name: "c1".into(),
+            uid: "c-uid-1".into(),
+        },
+        host_ifname: Some("eth1".into()),
+        pci_address: Some("0000:3b:00.1".into()),
+        permanent_mac: Some("0c:42:a1:00:00:01".into()),
+        rdma_device: Some("mlx5_0".into()),
+        config: crate::config::NetworkConfig::default(),
+        char_devices: vec![crate::plan::CharDevice {
+            path: "/dev/infiniband/uverbs0".into(),
+            kind: "c".into(),
+            major: 231,
+            minor: 192,
+        }],
+    };
+    let hostile: [(&str, Edit); 5] = [
+        ("a disk as a character device", |p| {
+            p.char_devices[0].path = "/dev/sda".into()
+        }),
+        ("a character device through '..'", |p| {
+            p.char_devices[0].path = "/dev/infiniband/../sda".into();
+        }),
+        ("host interface name that is a path", |p| {
+            p.host_ifname = Some("../eth0".into())
+        }),
+        ("PCI address that is a path", |p| {
+            p.pci_address = Some("../../x".into())
+        }),
+        ("an interface name Prepare refuses", |p| {
+            p.config.interface.name = Some("a/b".into());
+        }),
+    ];
+    let mut good = plan_of("uid-2");
+    good.devices = vec![device()];
+    let mut cp = sample();
+    cp.plans.insert("uid-2".into(), good.clone().into());
+    s.save(&cp).unwrap();
+    assert_eq!(s.load_or_recover().cp, cp, "a valid plan loads as it is");
+    for (what, edit) in hostile {
+        let mut bad = plan_of("uid-3");
+        bad.devices = vec![device()];
+        edit(&mut bad.devices[0]);
+        let mut cp = sample();
+        cp.plans.insert("uid-2".into(), good.clone().into());
+        cp.plans.insert("uid-3".into(), bad.into());
+        s.save(&cp).unwrap();
+        let _ = fs::remove_file(s.records_dir().join("plan_uid-3.json.prev"));
+        let got = s.load_or_recover();
+        assert!(!got.cp.plans.contains_key("uid-3"), "{what}: loaded");
+        assert_eq!(*got.cp.plans["uid-2"], good, "{what}");
+        let mut aside = false;
+        for e in fs::read_dir(s.records_dir()).unwrap() {
+            let p = e.unwrap().path();
+            if p.to_string_lossy().contains(".corrupt-") {
+                aside |= p.to_string_lossy().contains("plan_uid-3.json.corrupt-");
+                fs::remove_file(p).unwrap();
+            }
+        }
+        assert!(aside, "{what}: not moved aside");
+    }
+    fs::remove_dir_all(&d).unwrap();
+}

@@ -6,7 +6,10 @@
 //! the kernel or dranet ever writes is refused as a whole: its file is moved aside as corrupt
 //! and its `.prev` tried ([`super::Store::load_or_recover`]), and no other record pays for it.
 //! The ids (pod UID, sandbox id) and the pin path are checked where they always were
-//! ([`super::record_ok`], [`super::store::pin_path_ok`]).
+//! ([`super::record_ok`], [`super::store::pin_path_ok`]). Plans ([`plan_fields`]) are records
+//! too: their host link names, PCI addresses and MACs, the claim's configuration (the rules a
+//! Prepare checked) and the character devices given to the pod's containers
+//! (`/dev/infiniband/<node>` only).
 //!
 //! The bounds are those of the kernel where it has one (IFNAMSIZ, ALTIFNAMSIZ, IFALIASZ,
 //! MAX_ADDR_LEN, ETH_GSTRING_LEN, `int` ifindexes, GSO_MAX_SEGS) and otherwise far beyond any real
@@ -71,6 +74,78 @@ pub(super) fn record_fields(r: &PodRecord) -> Result<(), String> {
     }
     for (i, d) in r.devices.iter().enumerate() {
         device(d).map_err(|why| format!("device {i} ({:?}): {why}", cut(&d.device)))?;
+    }
+    Ok(())
+}
+
+/// Checks every field of plan `p` but its pod UID ([`super::plan_ok`]): what Prepare wrote, which
+/// an attach acts on (a host link looked up by name, the claim's configuration applied in the
+/// pod, character devices given to its containers).
+pub(super) fn plan_fields(p: &crate::plan::PodPlan) -> Result<(), String> {
+    for (what, v) in [("namespace", &p.pod_namespace), ("name", &p.pod_name)] {
+        if !v.is_empty() {
+            k8s_name(v).map_err(|why| format!("pod {what}: {why}"))?;
+        }
+    }
+    if p.devices.len() > MAX_DEVICES {
+        return Err(format!("{} devices (at most {MAX_DEVICES})", p.devices.len()));
+    }
+    for (i, d) in p.devices.iter().enumerate() {
+        planned_device(d).map_err(|why| format!("device {i} ({:?}): {why}", cut(&d.device)))?;
+    }
+    Ok(())
+}
+
+fn planned_device(d: &crate::plan::DevicePlan) -> Result<(), String> {
+    k8s_name(&d.device).map_err(|why| format!("device name: {why}"))?;
+    for (what, v) in [
+        ("pool", &d.pool),
+        ("request", &d.request),
+        ("claim namespace", &d.claim.namespace),
+        ("claim name", &d.claim.name),
+        ("claim UID", &d.claim.uid),
+    ] {
+        if !v.is_empty() {
+            k8s_name(v).map_err(|why| format!("{what}: {why}"))?;
+        }
+    }
+    if let Some(n) = &d.host_ifname {
+        ifname(n).map_err(|why| format!("host interface name: {why}"))?;
+    }
+    if let Some(a) = &d.pci_address {
+        crate::pci::validate_address(a).map_err(|_| format!("PCI address {:?}", cut(a)))?;
+    }
+    if let Some(m) = &d.permanent_mac {
+        ll_addr(m).map_err(|why| format!("permanent MAC: {why}"))?;
+    }
+    if let Some(n) = &d.rdma_device {
+        printable(n, MAX_RDMA_NAME).map_err(|why| format!("RDMA device: {why}"))?;
+    }
+    crate::config::validate(&d.config).map_err(|e| format!("config: {}", crate::telemetry::chain(&e)))?;
+    if d.char_devices.len() > MAX_FLAG_NAMES {
+        return Err(format!("{} character devices", d.char_devices.len()));
+    }
+    for c in &d.char_devices {
+        char_device(c).map_err(|why| format!("character device {:?}: {why}", cut(&c.path)))?;
+    }
+    Ok(())
+}
+
+/// A character device dranet gives a pod: `/dev/infiniband/<node>` (what the inventory finds in
+/// sysfs), kind `c`, a major and minor the kernel can have (12 and 20 bits).
+fn char_device(c: &crate::plan::CharDevice) -> Result<(), &'static str> {
+    let node_ok = c
+        .path
+        .strip_prefix("/dev/infiniband/")
+        .is_some_and(|n| n != "." && n != ".." && printable(n, 64).is_ok());
+    if !node_ok {
+        return Err("not /dev/infiniband/<node>");
+    }
+    if c.kind != "c" {
+        return Err("not a character device");
+    }
+    if !(0..1 << 12).contains(&c.major) || !(0..1 << 20).contains(&c.minor) {
+        return Err("major or minor out of range");
     }
     Ok(())
 }
