@@ -133,14 +133,15 @@ fn pci_functions(sysfs: &Sysfs, ids: &PciIds) -> serde_json::Value {
         .filter_map(|a| {
             let info = sysfs.pci_info(a)?;
             let class = std::fs::read_to_string(dir.join(a).join("class")).unwrap_or_default();
+            let (vendor, device) = ids.attributes(&info.vendor_id, &info.device_id);
             Some(json!({
                 "address": a,
                 "class": class.trim(),
                 "vendorId": info.vendor_id,
                 "deviceId": info.device_id,
                 "driver": info.driver,
-                "pciVendor": ids.vendor_attribute(&info.vendor_id),
-                "pciDevice": ids.device_attribute(&info.vendor_id, &info.device_id),
+                "pciVendor": vendor,
+                "pciDevice": device,
             }))
         })
         .collect();

@@ -398,11 +398,9 @@ fn pci_device(p: &PciInfo, o: &PciAttrs<'_>) -> Device {
     };
     d.set_str(attr::PCI_ADDRESS, p.address.clone());
     // Upstream's slice would be refused for a name over 64 bytes: cut it instead.
-    d.set_str(attr::PCI_VENDOR, truncate(&o.ids.vendor_attribute(&p.vendor_id)));
-    d.set_str(
-        attr::PCI_DEVICE,
-        truncate(&o.ids.device_attribute(&p.vendor_id, &p.device_id)),
-    );
+    let (vendor, device) = o.ids.attributes(&p.vendor_id, &p.device_id);
+    d.set_str(attr::PCI_VENDOR, truncate(&vendor));
+    d.set_str(attr::PCI_DEVICE, truncate(&device));
     if !p.subsystem_id.is_empty() {
         d.set_str(attr::PCI_SUBSYSTEM, p.subsystem_id.clone());
     }

@@ -1,3 +1,4 @@
+// Over 500 lines: the three databases (file, bundled, text) behind one lookup, and their tests against upstream's names.
 //! PCI vendor and device names for `dra.net/pciVendor` and `dra.net/pciDevice`, rendered as
 //! upstream does: upstream asks ghw, which reads the `pci.ids` database with jaypipes/pcidb (a
 //! copy embedded in the binary unless `PCIDB_PATH` names another file). So a name is the rest of
@@ -9,8 +10,10 @@
 //! package, installed in the image), then the copy bundled with the `pci-ids-rs` crate (feature
 //! `bundled-pci-ids`, on by default), so a host without any still gets names.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// ghw's name for an ID missing from the database.
 pub const UNKNOWN: &str = "unknown";
@@ -49,13 +52,41 @@ struct Vendor {
     block: (usize, usize),
 }
 
-/// Vendor and device names by lowercase 4-digit hex ID. The text is kept as read, with an
-/// index of vendors (about 1.4 MB for the whole database, instead of a map of every device).
+/// A parsed `pci.ids`: the text as read, with an index of vendors.
+struct Index {
+    text: String,
+    vendors: BTreeMap<String, Vendor>,
+}
+
+/// Where the names are looked up.
+#[derive(Clone)]
+enum Db {
+    /// No database: every name is [`UNKNOWN`].
+    None,
+    /// The tables of `pci-ids-rs`.
+    #[cfg_attr(not(feature = "bundled-pci-ids"), allow(dead_code))]
+    Bundled,
+    /// Text given by the caller, kept (tests).
+    Text(Arc<Index>),
+    /// A `pci.ids` file, read again for each vendor/device pair not asked before: only the
+    /// answers are kept (a few per NIC model on a node), not the 1.4 MB of text.
+    File(Arc<FileDb>),
+}
+
+struct FileDb {
+    path: PathBuf,
+    /// Lowercase `vvvv` and `vvvv:dddd` to the name, `None` for an ID the file lacks.
+    names: Mutex<HashMap<String, Option<String>>>,
+    /// Reads of the file since it was opened (tests).
+    reads: AtomicUsize,
+}
+
+/// Vendor and device names by lowercase 4-digit hex ID. A `pci.ids` file is read at start (to
+/// know it is readable) and again only when a vendor/device pair not seen before is looked up;
+/// the answers are kept, the text is dropped after each read.
 #[derive(Clone)]
 pub struct PciIds {
-    text: std::sync::Arc<str>,
-    vendors: BTreeMap<String, Vendor>,
-    bundled: bool,
+    db: Db,
     source: PciIdsSource,
 }
 
@@ -63,9 +94,7 @@ impl Default for PciIds {
     /// No database: every name is [`UNKNOWN`].
     fn default() -> Self {
         Self {
-            text: std::sync::Arc::from(""),
-            vendors: BTreeMap::new(),
-            bundled: false,
+            db: Db::None,
             source: PciIdsSource::None,
         }
     }
@@ -75,8 +104,7 @@ impl std::fmt::Debug for PciIds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PciIds")
             .field("source", &self.source.to_string())
-            .field("vendors", &self.vendors.len())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -108,12 +136,17 @@ impl PciIds {
         Self::bundled()
     }
 
-    /// Parses the `pci.ids` file at `path`.
+    /// The `pci.ids` file at `path`, read once now to check it can be.
     pub fn from_file(path: &Path) -> std::io::Result<Self> {
-        let bytes = std::fs::read(path)?;
-        let mut ids = Self::parse(&String::from_utf8_lossy(&bytes));
-        ids.source = PciIdsSource::File(path.to_owned());
-        Ok(ids)
+        read_index(path)?;
+        Ok(Self {
+            db: Db::File(Arc::new(FileDb {
+                path: path.to_owned(),
+                names: Mutex::new(HashMap::new()),
+                reads: AtomicUsize::new(1),
+            })),
+            source: PciIdsSource::File(path.to_owned()),
+        })
     }
 
     /// The database bundled in the binary.
@@ -121,9 +154,8 @@ impl PciIds {
     #[must_use]
     pub fn bundled() -> Self {
         Self {
-            bundled: true,
+            db: Db::Bundled,
             source: PciIdsSource::Bundled(BUNDLED_VERSION),
-            ..Self::default()
         }
     }
 
@@ -141,7 +173,116 @@ impl PciIds {
     /// interfaces) carry no name we publish. A later duplicate ID wins, as in pcidb's maps.
     #[must_use]
     pub fn parse(text: &str) -> Self {
-        let text: std::sync::Arc<str> = std::sync::Arc::from(text);
+        Self {
+            db: Db::Text(Arc::new(Index::parse(text.to_owned()))),
+            source: PciIdsSource::Text,
+        }
+    }
+
+    /// Where the names come from.
+    #[must_use]
+    pub fn source(&self) -> &PciIdsSource {
+        &self.source
+    }
+
+    /// The vendor's name, if the database has it. `vendor_id` is 4 hex digits.
+    #[must_use]
+    pub fn vendor(&self, vendor_id: &str) -> Option<String> {
+        match &self.db {
+            Db::None => None,
+            Db::Bundled => bundled_vendor(vendor_id),
+            Db::Text(ix) => ix.vendor(vendor_id),
+            Db::File(f) => f.names(vendor_id, None).0,
+        }
+    }
+
+    /// The device's name, if the database has it.
+    #[must_use]
+    pub fn device(&self, vendor_id: &str, device_id: &str) -> Option<String> {
+        match &self.db {
+            Db::None => None,
+            Db::Bundled => bundled_device(vendor_id, device_id),
+            Db::Text(ix) => ix.device(vendor_id, device_id),
+            Db::File(f) => f.names(vendor_id, Some(device_id)).1,
+        }
+    }
+
+    /// `dra.net/pciVendor` and `dra.net/pciDevice` as upstream publishes them: the names, or
+    /// [`UNKNOWN`]. A file database is read at most once for both.
+    #[must_use]
+    pub fn attributes(&self, vendor_id: &str, device_id: &str) -> (String, String) {
+        let (v, d) = match &self.db {
+            Db::File(f) => f.names(vendor_id, Some(device_id)),
+            _ => (self.vendor(vendor_id), self.device(vendor_id, device_id)),
+        };
+        let unknown = || UNKNOWN.to_owned();
+        (v.unwrap_or_else(unknown), d.unwrap_or_else(unknown))
+    }
+
+    /// `dra.net/pciVendor` as upstream publishes it: the name, or [`UNKNOWN`].
+    #[must_use]
+    pub fn vendor_attribute(&self, vendor_id: &str) -> String {
+        self.vendor(vendor_id).unwrap_or_else(|| UNKNOWN.to_owned())
+    }
+
+    /// `dra.net/pciDevice` as upstream publishes it: the name, or [`UNKNOWN`].
+    #[must_use]
+    pub fn device_attribute(&self, vendor_id: &str, device_id: &str) -> String {
+        self.device(vendor_id, device_id)
+            .unwrap_or_else(|| UNKNOWN.to_owned())
+    }
+
+    /// How many times the file database was read (tests).
+    #[cfg(test)]
+    fn reads(&self) -> usize {
+        match &self.db {
+            Db::File(f) => f.reads.load(Ordering::Relaxed),
+            _ => 0,
+        }
+    }
+}
+
+fn read_index(path: &Path) -> std::io::Result<Index> {
+    let bytes = std::fs::read(path)?;
+    Ok(Index::parse(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+impl FileDb {
+    /// The vendor's name and, with `device_id`, the device's: from the answers kept, else from
+    /// one read of the file (an unreadable file is logged and answers `None`, not kept).
+    fn names(&self, vendor_id: &str, device_id: Option<&str>) -> (Option<String>, Option<String>) {
+        let vkey = vendor_id.to_ascii_lowercase();
+        let dkey = device_id.map(|d| format!("{vkey}:{}", d.to_ascii_lowercase()));
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        let kept = |names: &HashMap<String, Option<String>>, k: &str| names.get(k).cloned();
+        let v = kept(&names, &vkey);
+        let d = dkey.as_deref().map(|k| kept(&names, k));
+        match (v, d) {
+            (Some(v), None) => return (v, None),
+            (Some(v), Some(Some(d))) => return (v, d),
+            _ => {}
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let ix = match read_index(&self.path) {
+            Ok(ix) => ix,
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %crate::telemetry::chain(&e),
+                    "cannot read pci.ids again: names of a new vendor/device are unknown");
+                return (None, None);
+            }
+        };
+        // A name already kept stays: what was published does not change under a changed file.
+        let v = names.entry(vkey).or_insert_with(|| ix.vendor(vendor_id)).clone();
+        let d = match (dkey, device_id) {
+            (Some(k), Some(id)) => names.entry(k).or_insert_with(|| ix.device(vendor_id, id)).clone(),
+            _ => None,
+        };
+        (v, d)
+    }
+}
+
+impl Index {
+    fn parse(text: String) -> Self {
         let mut vendors: BTreeMap<String, Vendor> = BTreeMap::new();
         let mut current: Option<String> = None;
         let mut in_classes = false;
@@ -179,36 +320,15 @@ impl PciIds {
                 current = Some(id);
             }
         }
-        Self {
-            text,
-            vendors,
-            bundled: false,
-            source: PciIdsSource::Text,
-        }
+        Self { text, vendors }
     }
 
-    /// Where the names come from.
-    #[must_use]
-    pub fn source(&self) -> &PciIdsSource {
-        &self.source
-    }
-
-    /// The vendor's name, if the database has it. `vendor_id` is 4 hex digits.
-    #[must_use]
-    pub fn vendor(&self, vendor_id: &str) -> Option<String> {
-        if self.bundled {
-            return bundled_vendor(vendor_id);
-        }
+    fn vendor(&self, vendor_id: &str) -> Option<String> {
         let v = self.vendors.get(&vendor_id.to_ascii_lowercase())?;
         self.text.get(v.name.0..v.name.1).map(str::to_owned)
     }
 
-    /// The device's name, if the database has it.
-    #[must_use]
-    pub fn device(&self, vendor_id: &str, device_id: &str) -> Option<String> {
-        if self.bundled {
-            return bundled_device(vendor_id, device_id);
-        }
+    fn device(&self, vendor_id: &str, device_id: &str) -> Option<String> {
         let v = self.vendors.get(&vendor_id.to_ascii_lowercase())?;
         let block = self.text.get(v.block.0..v.block.1)?;
         let want = device_id.to_ascii_lowercase();
@@ -222,19 +342,6 @@ impl PciIds {
             .filter(|l| l.get(..4).is_some_and(|id| id.eq_ignore_ascii_case(&want)))
             .find_map(|l| l.get(6..))
             .map(str::to_owned)
-    }
-
-    /// `dra.net/pciVendor` as upstream publishes it: the name, or [`UNKNOWN`].
-    #[must_use]
-    pub fn vendor_attribute(&self, vendor_id: &str) -> String {
-        self.vendor(vendor_id).unwrap_or_else(|| UNKNOWN.to_owned())
-    }
-
-    /// `dra.net/pciDevice` as upstream publishes it: the name, or [`UNKNOWN`].
-    #[must_use]
-    pub fn device_attribute(&self, vendor_id: &str, device_id: &str) -> String {
-        self.device(vendor_id, device_id)
-            .unwrap_or_else(|| UNKNOWN.to_owned())
     }
 }
 
@@ -351,6 +458,48 @@ mod tests {
         assert_eq!(ids.device_attribute("f00d", "00"), UNKNOWN);
         assert_eq!(ids.vendor("02"), None);
         assert_eq!(PciIds::default().vendor_attribute("15b3"), UNKNOWN);
+    }
+
+    /// A file database keeps the answers, not the text: a pair asked before is answered without
+    /// reading the file (the file changed since, its answer did not), a new pair reads the file
+    /// once for both names, and an ID the file lacks is not read for again.
+    #[test]
+    fn a_file_database_keeps_the_answers_not_the_text() {
+        let dir = std::env::temp_dir().join(format!("dranet-pciids-kept-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pci.ids");
+        std::fs::write(&path, "f00d  Old vendor\n\t0001  Old device\n").unwrap();
+        let ids = PciIds::from_file(&path).unwrap();
+        assert_eq!(ids.reads(), 1, "read once at start");
+        let old = ("Old vendor".to_owned(), "Old device".to_owned());
+        assert_eq!(ids.attributes("f00d", "0001"), old);
+        assert_eq!(ids.reads(), 2, "one read for both names of a new pair");
+        std::fs::write(
+            &path,
+            "f00d  New vendor\n\t0001  New device\n\t0002  Second device\n",
+        )
+        .unwrap();
+        // Clones share the answers.
+        let clone = ids.clone();
+        assert_eq!(clone.attributes("F00D", "0001"), old);
+        assert_eq!(clone.vendor_attribute("f00d"), "Old vendor");
+        assert_eq!(ids.reads(), 2, "answered from what was kept");
+        assert_eq!(ids.device_attribute("f00d", "0002"), "Second device");
+        assert_eq!(ids.reads(), 3);
+        assert_eq!(
+            ids.attributes("abcd", "0001"),
+            (UNKNOWN.to_owned(), UNKNOWN.to_owned())
+        );
+        assert_eq!(
+            ids.attributes("abcd", "0001"),
+            (UNKNOWN.to_owned(), UNKNOWN.to_owned())
+        );
+        assert_eq!(ids.reads(), 4, "an unknown pair is not read for again");
+        // A file gone: a new pair is unknown (and asked again later), the kept ones stay.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(ids.device_attribute("f00d", "0003"), UNKNOWN);
+        assert_eq!(ids.attributes("f00d", "0001"), old);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
