@@ -315,6 +315,19 @@ impl Node {
         Ok(())
     }
 
+    /// Where the daemon writes its Kubernetes events in embedded mode (no API server), one JSON
+    /// object per line.
+    #[must_use]
+    pub fn events_path(&self) -> PathBuf {
+        self.dir.join("claims/status/events.jsonl")
+    }
+
+    /// The events the daemon wrote so far (embedded mode), empty when none.
+    #[must_use]
+    pub fn events(&self) -> String {
+        std::fs::read_to_string(self.events_path()).unwrap_or_default()
+    }
+
     /// Where the daemon writes a claim's device status in embedded mode (no API server).
     pub fn claim_status_path(&self, claim: &Claim) -> PathBuf {
         self.dir
@@ -664,6 +677,15 @@ pub fn claim_object(
 #[must_use]
 pub fn sandbox(uid: &str, netns: &Path) -> pb::PodSandbox {
     sandbox_with_id(uid, &format!("sb-{uid}"), netns)
+}
+
+/// A runtime-style sandbox id (64 hex digits), unique on this machine: the process id and a
+/// counter.
+#[must_use]
+pub fn sandbox_id() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{:032x}{n:032x}", std::process::id())
 }
 
 /// A sandbox of pod `uid` with the runtime's id `id`: kubelet re-creates a pod's sandbox under

@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use dranet_sim::fixtures::{nic_device, prepare_claim};
+use dranet_sim::fixtures::{nic_device, prepare_claim, until};
 use dranet_sim::kernel::{PodNetns, host_has, identity, sh, unique};
 use dranet_sim::nic::{Nic, wait_restored};
-use dranet_sim::node::{Node, NodeOptions, free_port, http_get, sandbox_with_id};
+use dranet_sim::node::{Node, NodeOptions, free_port, http_get, sandbox_id, sandbox_with_id};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
 use serde_json::{Value, json};
 
@@ -35,13 +35,6 @@ fn node_opts() -> NodeOptions {
         },
         ..NodeOptions::default()
     }
-}
-
-/// A runtime-style sandbox id (64 hex digits), unique on this machine.
-fn sandbox_id() -> String {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{:032x}{n:032x}", std::process::id() ^ 0x38)
 }
 
 /// The record file of sandbox `sb` in the node's checkpoint.
@@ -648,23 +641,6 @@ async fn metric(port: u16, name: &str) -> Result<f64> {
         .unwrap_or(0.0))
 }
 
-/// The events the daemon wrote (embedded mode: `claims/status/events.jsonl`).
-fn events(node: &Node) -> String {
-    std::fs::read_to_string(node.dir.join("claims/status/events.jsonl")).unwrap_or_default()
-}
-
-/// Polls `f` every 50 ms until it holds, for `within` at most.
-async fn until<F: FnMut() -> bool>(within: Duration, mut f: F) -> bool {
-    let start = std::time::Instant::now();
-    while start.elapsed() < within {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    f()
-}
-
 /// The `Ready` condition of `device` in a claim status apply body: `(status, reason)`.
 fn ready_of(st: &Value, device: &str) -> Option<(String, String)> {
     st["status"]["devices"]
@@ -734,7 +710,7 @@ async fn vanished_device() -> Result<()> {
         );
     }
     assert!(!holds(&pin, ns_id), "the pin still holds the pod netns");
-    let ev = events(&node);
+    let ev = node.events();
     let vanished: Vec<&str> = ev
         .lines()
         .filter(|l| l.contains("NetworkDeviceVanished"))
@@ -793,12 +769,12 @@ async fn stuck_return() -> Result<()> {
     ];
     ns.remove_crio_style()?;
     let reported = until(Duration::from_secs(30), || {
-        events(&node).contains("NetworkDeviceReturnFailed")
+        node.events().contains("NetworkDeviceReturnFailed")
     })
     .await;
     let log = node.log();
     assert!(reported, "no NetworkDeviceReturnFailed event; daemon log:\n{log}");
-    let ev = events(&node);
+    let ev = node.events();
     let failed: Vec<&str> = ev
         .lines()
         .filter(|l| l.contains("NetworkDeviceReturnFailed"))

@@ -18,10 +18,10 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use dranet_sim::fixtures::{nic_device, prepare_claim};
+use dranet_sim::fixtures::{nic_device, prepare_claim, until};
 use dranet_sim::kernel::{PodNetns, Veth, host_has, sh, unique};
 use dranet_sim::nic::{Nic, view};
-use dranet_sim::node::{Node, NodeOptions, sandbox_with_id};
+use dranet_sim::node::{Node, NodeOptions, sandbox_id, sandbox_with_id};
 use dranet_sim::nri_runtime::{Flavor, RuntimeConfig};
 use serde_json::{Value, json};
 
@@ -62,13 +62,6 @@ fn node_opts(order: Order) -> NodeOptions {
     }
 }
 
-/// A runtime-style sandbox id (64 hex digits), unique on this machine.
-fn sandbox_id() -> String {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{:032x}{n:032x}", std::process::id() ^ 0x5c)
-}
-
 /// Everything about a host link that dranet must leave alone: its ifindex, its netns (the
 /// host's: it is found there by index), and its [`view`] (name, MTU, MAC, up, addresses, ...).
 fn host_link(name: &str) -> Result<(u32, Value)> {
@@ -84,23 +77,6 @@ fn host_name_at(index: u32) -> Option<String> {
         .iter()
         .find(|l| l["ifindex"].as_u64() == Some(u64::from(index)))
         .and_then(|l| l["ifname"].as_str().map(str::to_owned))
-}
-
-/// Polls `f` every 50 ms until it holds, for `within` at most.
-async fn until<F: FnMut() -> bool>(within: Duration, mut f: F) -> bool {
-    let start = std::time::Instant::now();
-    while start.elapsed() < within {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    f()
-}
-
-/// The events the daemon wrote (embedded mode: `claims/status/events.jsonl`).
-fn events(node: &Node) -> String {
-    std::fs::read_to_string(node.dir.join("claims/status/events.jsonl")).unwrap_or_default()
 }
 
 /// The scenario, with dranet killed as `kill` says, in the teardown order `order`.
@@ -209,7 +185,7 @@ async fn squatter_survives(kill: Kill, order: Order) -> Result<()> {
     assert!(!node.pins().contains(&pin), "the pin stayed: {pin:?}");
     // Told once: a Warning event on the pod (written by the reporter, which may trail).
     let vanished_events = |node: &Node| {
-        events(node)
+        node.events()
             .lines()
             .filter(|l| l.contains("NetworkDeviceVanished"))
             .map(str::to_owned)
@@ -224,7 +200,7 @@ async fn squatter_survives(kill: Kill, order: Order) -> Result<()> {
         bail!(
             "{} NetworkDeviceVanished events, want 1: {}\ndaemon log:\n{}",
             vanished.len(),
-            events(&node),
+            node.events(),
             node.log()
         );
     }

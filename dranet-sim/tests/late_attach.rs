@@ -61,23 +61,6 @@ fn sample(metrics: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The events the daemon wrote (embedded mode: `events.jsonl` under the node's directory).
-fn events(node: &Node) -> String {
-    let mut out = String::new();
-    let mut dirs = vec![node.dir.clone()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() && !p.is_symlink() {
-                dirs.push(p);
-            } else if p.file_name().is_some_and(|n| n == "events.jsonl") {
-                out.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
-            }
-        }
-    }
-    out
-}
-
 async fn case(away: Away, learns: Learns) -> Result<()> {
     let (nic, before) = Nic::with_view()?;
     let port = free_port()?;
@@ -160,7 +143,7 @@ async fn case(away: Away, learns: Learns) -> Result<()> {
         "{metrics}"
     );
     wait_for("a NetworkDeviceLateAttach event", Duration::from_secs(3), || {
-        events(&node).contains("NetworkDeviceLateAttach")
+        node.events().contains("NetworkDeviceLateAttach")
     })
     .await?;
     // Both the event and the WARN say how long the pod ran without its devices: from when its
@@ -168,7 +151,7 @@ async fn case(away: Away, learns: Learns) -> Result<()> {
     // `restarted` and `attached`), with a tick of the kernel's coarse clock to spare.
     let lo = restarted.duration_since(made_before)?.as_secs_f64() - 0.05;
     let hi = attached.duration_since(made_after)?.as_secs_f64() + 0.05;
-    let evs = events(&node);
+    let evs = node.events();
     let said: f64 = evs
         .split("ran without them for ")
         .nth(1)

@@ -7,14 +7,14 @@
 //! Run against the real `dranet run` binary on real netns and veth pairs (containerd order: the
 //! Stop hook brings the devices home, then the runtime removes the netns).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dranet_sim::fixtures::{nic_device, prepare_claim};
+use dranet_sim::fixtures::{nic_device, prepare_claim, until};
 use dranet_sim::kernel::{PodNetns, host_has, unique};
 use dranet_sim::nic::Nic;
-use dranet_sim::node::{Node, NodeOptions, sandbox_with_id};
+use dranet_sim::node::{Node, NodeOptions, sandbox_id, sandbox_with_id};
 use serde_json::json;
 
 /// When the daemon is killed.
@@ -24,17 +24,6 @@ enum KillAt {
     EventWritten,
     /// As soon as a record file on disk says the device is `gone`.
     GoneSaved,
-}
-
-/// A runtime-style sandbox id (64 hex digits), unique on this machine.
-fn sandbox_id() -> String {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{:032x}{n:032x}", std::process::id() ^ 0x7a)
-}
-
-fn events_path(node: &Node) -> PathBuf {
-    node.dir.join("claims/status/events.jsonl")
 }
 
 /// The `NetworkDeviceVanished` lines the daemon wrote (embedded mode).
@@ -60,18 +49,6 @@ fn gone_on_disk(dir: &Path) -> bool {
     })
 }
 
-/// Polls `f` every 50 ms until it holds, for `within` at most.
-async fn until<F: FnMut() -> bool>(within: Duration, mut f: F) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    f()
-}
-
 /// One pod, its device deleted by the tenant, the Stop hook, dranet SIGKILLed at `at` (by a
 /// thread polling every 100 µs), the netns removed, dranet restarted, RemovePodSandbox.
 async fn reported_once(at: KillAt) -> Result<()> {
@@ -95,7 +72,7 @@ async fn reported_once(at: KillAt) -> Result<()> {
     assert!(!host_has(&nic.veth.b), "the NIC's host peer outlived it");
 
     let pid = i32::try_from(node.daemon_pid().context("no daemon")?)?;
-    let (events, records) = (events_path(&node), node.state_dir().join("checkpoint"));
+    let (events, records) = (node.events_path(), node.state_dir().join("checkpoint"));
     let killer = std::thread::spawn(move || {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(10) {
@@ -125,7 +102,7 @@ async fn reported_once(at: KillAt) -> Result<()> {
         );
     }
     node.kill()?;
-    let before_restart = vanished_events(&events_path(&node)).len();
+    let before_restart = vanished_events(&node.events_path()).len();
     ns.remove_crio_style()?;
     node.runtime.set_state(vec![sb.clone()], vec![]);
     node.restart().await.context("restart")?;
@@ -147,11 +124,11 @@ async fn reported_once(at: KillAt) -> Result<()> {
     );
     // The reporter may trail the record's end by a moment.
     until(Duration::from_secs(3), || {
-        !vanished_events(&events_path(&node)).is_empty()
+        !vanished_events(&node.events_path()).is_empty()
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let vanished = vanished_events(&events_path(&node));
+    let vanished = vanished_events(&node.events_path());
     if vanished.len() != 1 {
         bail!(
             "{at:?}: {} NetworkDeviceVanished events ({before_restart} before the restart), want 1: {vanished:#?}\ndaemon log:\n{}",
