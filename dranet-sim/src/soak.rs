@@ -237,6 +237,17 @@ struct Pending {
     stop: bool,
 }
 
+/// What a tenant step acts on ([`World::tenant_target`]).
+struct TenantTarget {
+    ns_name: String,
+    /// The device's name in the pod (the claim's, or the one its tenant gave it).
+    dev: String,
+    nic: usize,
+    uid: String,
+    /// The real device's link in the pod (`ip -j`), if it is there.
+    real: Option<Value>,
+}
+
 struct World {
     node: Node,
     nics: Vec<Nic>,
@@ -1037,30 +1048,51 @@ impl World {
         Ok(())
     }
 
+    /// The first device of pod `i`'s running sandbox, as its tenant sees it; `None` when the pod
+    /// has no running netns or that device was deleted.
+    fn tenant_target(&self, i: usize) -> Result<Option<TenantTarget>> {
+        let pod = &self.pods[i];
+        let Some(ns) = pod.current().and_then(|s| s.netns.as_ref()) else {
+            return Ok(None);
+        };
+        let Some(cfg) = pod.nics.first() else {
+            return Ok(None);
+        };
+        if self.deleted.contains(&cfg.nic) {
+            return Ok(None);
+        }
+        let dev = pod.renamed.get(&cfg.nic).unwrap_or(&cfg.name).clone();
+        // Only the real device: the link whose peer is this NIC's (an impostor's is not).
+        let peer = u64::from(self.peers[cfg.nic]);
+        let real = links_json(Some(&ns.name))?.as_array().and_then(|a| {
+            a.iter()
+                .find(|l| l["ifname"] == dev.as_str() && l["link_index"].as_u64() == Some(peer))
+                .cloned()
+        });
+        Ok(Some(TenantTarget {
+            ns_name: ns.name.clone(),
+            dev,
+            nic: cfg.nic,
+            uid: pod.uid.clone(),
+            real,
+        }))
+    }
+
     /// A tenant deletes its first device in the pod (`ip link del`: a veth NIC goes with its
     /// peer). dranet must end it cleanly: no record or pin of the sandbox outlives it. The NIC is
     /// made anew once its pod is gone ([`World::renew_deleted`]).
     fn tenant_delete(&mut self, i: usize, v: bool) -> Result<()> {
-        let pod = &self.pods[i];
-        let Some(ns) = pod.current().and_then(|s| s.netns.as_ref()) else {
+        let Some(TenantTarget {
+            ns_name,
+            dev,
+            nic,
+            uid,
+            real,
+        }) = self.tenant_target(i)?
+        else {
             return Ok(());
         };
-        let Some(cfg) = pod.nics.first() else {
-            return Ok(());
-        };
-        if self.deleted.contains(&cfg.nic) {
-            return Ok(());
-        }
-        let ns_name = ns.name.clone();
-        let dev = pod.renamed.get(&cfg.nic).unwrap_or(&cfg.name).clone();
-        let (nic, uid) = (cfg.nic, pod.uid.clone());
-        // Only the real device: it is the one whose peer is this NIC's (an impostor is not).
-        let links = links_json(Some(&ns_name))?;
-        let real = links.as_array().is_some_and(|a| {
-            a.iter().any(|l| {
-                l["ifname"] == dev.as_str() && l["link_index"].as_u64() == Some(u64::from(self.peers[nic]))
-            })
-        });
+        let real = real.is_some();
         self.summary.tenant_deleted_devices += 1;
         self.log(
             v,
@@ -1078,26 +1110,16 @@ impl World {
     /// that netns when the sandbox goes (a veth NIC is deleted with its netns), and dranet must
     /// end its record then, as for a device deleted in the pod; a fresh NIC takes its place.
     fn nest(&mut self, i: usize, v: bool) -> Result<()> {
-        let pod = &self.pods[i];
-        let Some(ns) = pod.current().and_then(|s| s.netns.as_ref()) else {
+        let Some(TenantTarget {
+            ns_name,
+            dev,
+            nic,
+            uid,
+            real,
+        }) = self.tenant_target(i)?
+        else {
             return Ok(());
         };
-        let Some(cfg) = pod.nics.first() else {
-            return Ok(());
-        };
-        if self.deleted.contains(&cfg.nic) {
-            return Ok(());
-        }
-        let ns_name = ns.name.clone();
-        let dev = pod.renamed.get(&cfg.nic).unwrap_or(&cfg.name).clone();
-        let (nic, uid) = (cfg.nic, pod.uid.clone());
-        // Only the real device (its peer is this NIC's), as it is now in the pod.
-        let links = links_json(Some(&ns_name))?;
-        let real = links.as_array().and_then(|a| {
-            a.iter().find(|l| {
-                l["ifname"] == dev.as_str() && l["link_index"].as_u64() == Some(u64::from(self.peers[nic]))
-            })
-        });
         let Some((index, mac)) = real.map(|l| {
             (
                 l["ifindex"].as_u64().unwrap_or_default().to_string(),
