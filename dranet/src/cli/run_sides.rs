@@ -311,13 +311,25 @@ async fn start_kubelet_side(
 /// gates.
 fn scan_options(args: &RunArgs, providers: &crate::cloud::NodeProviders) -> anyhow::Result<Arc<ScanOptions>> {
     let filter = crate::inventory::Filter::compile(&args.filter).context("--filter")?;
+    let pci_ids = crate::inventory::PciIds::load_default();
+    if pci_ids.source() == &crate::inventory::PciIdsSource::None {
+        tracing::warn!(
+            searched = ?crate::inventory::PCI_IDS_PATHS,
+            "no pci.ids database: dra.net/pciVendor and dra.net/pciDevice are published as \"unknown\"; \
+             install pci.ids (the image has it), set PCIDB_PATH, or build with --features bundled-pci-ids"
+        );
+    } else {
+        tracing::info!(source = %pci_ids.source(), "PCI names from this pci.ids");
+    }
     Ok(Arc::new(ScanOptions {
+        pci_ids,
         extra: Some(Arc::new(providers.cloud.clone())),
         sysfs: crate::inventory::Sysfs::new(&args.sysfs),
         filter,
         move_ib_interfaces: args.upstream.move_ib_interfaces(),
         numa_list: args.upstream.gate("DRAListTypeAttributes"),
-        ..ScanOptions::default()
+        netns: crate::inventory::NetnsTarget::Current,
+        keep_uplinks: false,
     }))
 }
 

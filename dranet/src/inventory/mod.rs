@@ -26,7 +26,7 @@ pub use filter::{DEFAULT_FILTER, Filter};
 pub use held::{HELD_FILE, Held, HeldAttributes, HeldError, HeldIdentity};
 pub use names::{base32_lower_nopad, is_dns_label, netdev_device_name, pci_device_name};
 pub use netlink::{LinkRecord, MAX_ATTRIBUTE_LEN, NetScan, NetnsTarget, capped_join, is_global_unicast};
-pub use pciids::{PciIds, PciIdsSource};
+pub use pciids::{PciIds, PciIdsSource, SYSTEM_PATHS as PCI_IDS_PATHS};
 pub use sysfs::{PciInfo, RdmaInfo, Sysfs, is_pci_address, pci_address_of};
 
 use crate::plan::CharDevice;
