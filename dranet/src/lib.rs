@@ -35,6 +35,7 @@ pub mod http;
 pub mod ids;
 pub mod inventory;
 pub mod listen;
+pub mod mac;
 pub mod nri;
 pub mod pci;
 pub mod plan;

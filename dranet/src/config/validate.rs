@@ -560,26 +560,7 @@ pub fn is_valid_mac(s: &str) -> bool {
 /// strings: `AA-BB-…`, `aa:bb:…` and `aabb.…` are one address.
 #[must_use]
 pub fn mac_bytes(s: &str) -> Option<Vec<u8>> {
-    let byte = |p: &str| u8::from_str_radix(p, 16).ok();
-    let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
-    let out: Vec<u8> = if s.contains('.') {
-        let groups: Vec<&str> = s.split('.').collect();
-        if !groups.iter().all(|g| hex(g, 4)) {
-            return None;
-        }
-        groups
-            .iter()
-            .flat_map(|g| [byte(&g[..2]), byte(&g[2..])])
-            .collect::<Option<_>>()?
-    } else {
-        let sep = if s.contains('-') { '-' } else { ':' };
-        let parts: Vec<&str> = s.split(sep).collect();
-        if !parts.iter().all(|p| hex(p, 2)) {
-            return None;
-        }
-        parts.iter().map(|p| byte(p)).collect::<Option<_>>()?
-    };
-    matches!(out.len(), 6 | 8 | 20).then_some(out)
+    crate::mac::Mac::parse(s).map(|m| m.as_bytes().to_vec())
 }
 
 /// Why `mac` cannot be a device's own address, if it cannot: all zeros, broadcast, or (for

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use crate::mac::Mac;
 use crate::sys::netns::{Netns, in_netns};
 use futures::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
@@ -223,17 +224,14 @@ async fn dump(handle: &Handle) -> Result<NetScan, InventoryError> {
     })
 }
 
+/// A kernel link-layer address as the inventory publishes it ([`Mac::from_kernel`]).
 pub(super) fn mac_string(bytes: &[u8]) -> Option<String> {
-    (!bytes.is_empty() && bytes.iter().any(|b| *b != 0)).then(|| hex_colon(bytes))
+    Mac::from_kernel(bytes).map(|m| m.to_string())
 }
 
-/// Go's `net.HardwareAddr.String()`: `aa:bb:…`, empty for no bytes.
+/// Go's `net.HardwareAddr.String()`: `aa:bb:…` (what [`Mac`] writes), empty for no bytes.
 fn hex_colon(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    Mac::from_bytes(bytes).map(|m| m.to_string()).unwrap_or_default()
 }
 
 /// Go netlink's `Link.Type()` for an `IFLA_INFO_KIND`: the kind, but for the one type it names

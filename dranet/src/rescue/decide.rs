@@ -20,6 +20,7 @@
 //! Not a trigger: "the last task in the netns exited" (CRI-O runs pods without an infra process),
 //! `cleanup_net` queued (tier A has no identity; a pinned netns cannot reach it anyway).
 
+use crate::mac::Mac;
 use crate::state::{Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord, RecordKey};
 use crate::watch::{EventKind, LifecycleEvent};
 
@@ -266,14 +267,9 @@ fn moved_device(
     Vec::new()
 }
 
+/// Both are addresses ([`Mac::parse`]) and they are the same bytes.
 fn same_mac(a: Option<&str>, b: Option<&str>) -> bool {
-    match (
-        a.map(crate::sys::link::parse_mac),
-        b.map(crate::sys::link::parse_mac),
-    ) {
-        (Some(Ok(a)), Some(Ok(b))) => a == b,
-        _ => false,
-    }
+    matches!((a.and_then(Mac::parse), b.and_then(Mac::parse)), (Some(a), Some(b)) if a == b)
 }
 
 /// A device appeared in the host: is it one we think is out (the kernel returned it)? Only the

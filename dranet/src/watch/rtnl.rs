@@ -71,14 +71,12 @@ pub struct LinkTable {
     links: HashMap<u32, KnownLink>,
 }
 
+/// A link-layer address as the events carry it: only one of 6 bytes, zeros allowed.
 fn mac_string(bytes: &[u8]) -> Option<String> {
-    (bytes.len() == 6).then(|| {
-        bytes
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":")
-    })
+    (bytes.len() == 6)
+        .then(|| crate::mac::Mac::from_bytes(bytes))
+        .flatten()
+        .map(|m| m.to_string())
 }
 
 struct LinkInfo {

@@ -2,6 +2,7 @@
 //! sysctls) and the identity it carries.
 
 use super::*;
+use crate::mac::Mac;
 
 /// A device's host state, taken before it moves and restored when it comes home.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -73,15 +74,17 @@ impl LinkSnapshot {
     }
 }
 
+/// A kernel link-layer address as a snapshot records it ([`Mac::from_kernel`]).
 pub(super) fn mac_string(b: &[u8]) -> Option<String> {
-    (!b.is_empty() && b.iter().any(|x| *x != 0))
-        .then(|| b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":"))
+    Mac::from_kernel(b).map(|m| m.to_string())
 }
 
-/// Parses a MAC in any form Go's `net.ParseMAC` accepts (`aa:bb:…`, `aa-bb-…`, `aabb.ccdd.…`)
-/// into its octets.
+/// Parses a MAC in any form Go's `net.ParseMAC` accepts (`aa:bb:…`, `aa-bb-…`, `aabb.ccdd.…`;
+/// [`Mac::parse`]) into its octets.
 pub fn parse_mac(s: &str) -> Result<Vec<u8>, LinkError> {
-    crate::config::mac_bytes(s).ok_or_else(|| LinkError::InvalidMac(s.to_owned()))
+    Mac::parse(s)
+        .map(|m| m.as_bytes().to_vec())
+        .ok_or_else(|| LinkError::InvalidMac(s.to_owned()))
 }
 
 /// Parses `ip/prefix`.
