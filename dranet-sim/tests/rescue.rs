@@ -19,7 +19,8 @@ use dranet_sim::root_or_skip;
 use serde_json::Value;
 
 use dranet_sim::fixtures::{
-    StateDir, engine, engine_case, engine_case_n, pod_plan as plan, pod_ref as pod, wait_for, watched_engine,
+    StateDir, engine, engine_case, engine_case_n, pod_plan as plan, pod_ref as pod, stop_sandbox, wait_for,
+    watched_engine,
 };
 
 fn device(nic: &Nic, pod_if: &str, uid: &str) -> DevicePlan {
@@ -63,11 +64,11 @@ async fn containerd_order_restores_every_field() -> Result<()> {
         AttachOutcome::AlreadyAttached
     );
 
-    let out = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    let out = stop_sandbox(&e, &uid, &ns.path).await?;
     assert!(matches!(out, DetachOutcome::Returned { .. }), "{out:?}");
     assert_same(&before, &view(&nic.name, None)?)?;
     assert!(!ns.has("net1"));
-    let again = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    let again = stop_sandbox(&e, &uid, &ns.path).await?;
     assert_eq!(
         again,
         DetachOutcome::AlreadyReturned {
@@ -107,7 +108,7 @@ async fn crio_order_rescues_before_any_hook() -> Result<()> {
     eprintln!("rescued {took:?} after the netns bind mount was removed");
     assert_same(&before, &view(&nic.name, None)?)?;
     // The late StopPodSandbox is a fast no-op success.
-    let late = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    let late = stop_sandbox(&e, &uid, &ns.path).await?;
     assert_eq!(late, DetachOutcome::NotOurs);
     assert_eq!(e.counters().rescued_by_teardown, 1);
     drop(events);
@@ -258,7 +259,7 @@ async fn busy_host_name_keeps_the_device_under_a_temporary_name() -> Result<()> 
     e.attach_pod(pod(&uid), &ns.path).await?;
     // Someone takes the host name while the device is in the pod.
     let squatter = dranet_sim::kernel::Veth::create(&nic.name, &unique("drs"))?;
-    let out = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    let out = stop_sandbox(&e, &uid, &ns.path).await?;
     let DetachOutcome::Returned { name_busy, .. } = out else {
         bail!("{out:?}")
     };
@@ -342,7 +343,7 @@ async fn sigkill_after_attach_with_the_pod_alive_readopts_it() -> Result<()> {
     let report = e.reconcile().await?;
     assert_eq!(report.adopted, vec![key(&uid)], "{report:?}");
     assert!(ns.has("net1"));
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     Ok(())
 }
@@ -419,7 +420,7 @@ async fn a_lost_pin_is_found_again_by_cookie_and_the_pod_readopted() -> Result<(
         "the netns must be pinned again"
     );
     assert!(ns.has("net1"));
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     assert!(!pin.exists());
     Ok(())
@@ -463,7 +464,7 @@ async fn addresses_routes_rules_and_neighbors_are_applied_in_the_pod() -> Result
         neigh.contains("192.168.77.1 lladdr 02:11:22:33:44:55 PERMANENT"),
         "{neigh}"
     );
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     Ok(())
 }
@@ -522,7 +523,7 @@ async fn arp_and_forwarding_are_set_in_the_pod_and_host_ip_sysctls_come_back() -
         pod_default, 2,
         "the test needs a pod default rp_filter other than 2"
     );
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     for (f, n, v) in host_tuning {
         assert_eq!(sysctl_of(None, f, &nic.name, n)?, v, "{f}/{n} after the return");
     }
@@ -632,7 +633,7 @@ async fn vrf_enslaves_the_device_and_takes_its_routes_or_fails_clearly() -> Resu
         ])?;
         assert_eq!(v.trim(), "1", "{n}");
     }
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     let home = sh(&["ip", "-d", "link", "show", "dev", &nic.name])?;
     assert!(!home.contains("master"), "{home}");
