@@ -12,7 +12,7 @@ use dranet::rescue::{AttachOutcome, DetachOutcome, EngineOptions, RescueError, S
 use dranet::state::ReturnReason;
 use dranet::sys::netns::Netns;
 use dranet::sys::rdma::{NetnsMode, RdmaError, RdmaOps};
-use dranet_sim::fixtures::{device_plan, engine_case, pod_plan, pod_ref, wait_for};
+use dranet_sim::fixtures::{device_plan, engine_case, pod_plan, pod_ref, stop_sandbox, wait_for};
 use dranet_sim::nic::{assert_same, view};
 use dranet_sim::root_or_skip;
 
@@ -126,7 +126,7 @@ async fn a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served() -> Res
         .context("a later RunPodSandbox of the pod was not served")??;
     assert!(matches!(out, AttachOutcome::Attached { .. }), "{out:?}");
     assert!(ns.has("net1"));
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     assert_eq!(rdma.moves.load(Ordering::SeqCst), 4);
     rdma.let_go();

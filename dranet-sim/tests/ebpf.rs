@@ -24,7 +24,7 @@ use dranet_sim::bpf::{
     BpffsDir, PrivateBpffs, bpftool_net, bpftool_tc_count, clsact, link_ifindex, load_noop_sched_cls,
     refuse_bpf_detach_on_this_thread, tc_bpf_filter, tcx_attach, tcx_link, tcx_programs,
 };
-use dranet_sim::fixtures::{device_plan, engine, engine_case, plan_for, pod_plan, pod_ref};
+use dranet_sim::fixtures::{device_plan, engine, engine_case, plan_for, pod_plan, pod_ref, stop_sandbox};
 use dranet_sim::kernel::{PodNetns, Veth, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
 use dranet_sim::root_or_skip;
@@ -183,7 +183,7 @@ async fn attach_leaves_no_tc_filter_and_no_tcx_program_on_the_device_in_the_pod(
     );
 
     // Home again: restored, and nothing re-attached (dranet does not own the programs).
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     assert_same(&before, &view(&nic.name, None)?)?;
     let home = bpftool_net(&nic.name, None)?;
     assert_eq!(bpftool_tc_count(&home), 0, "{home}");
@@ -372,7 +372,7 @@ async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Resu
         let netns = Netns::open_path(&ns.path)?;
         let in_pod = aya_tcx("net1", Some(&netns))?;
         assert_eq!(in_pod.len(), 2, "both TCX programs move along: {in_pod:?}");
-        e.detach_pod(&uid, ReturnReason::Hook).await?;
+        stop_sandbox(&e, &uid, &ns.path).await?;
         assert_eq!(
             tcx_programs(ifindex(&nic)?)?.len(),
             2,

@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use dranet::config::{EthtoolConfig, NetworkConfig};
 use dranet::plan::DevicePlan;
 use dranet::rescue::{AttachOutcome, DetachOutcome, RescueError};
-use dranet::state::ReturnReason;
 use dranet::sys::ethtool::{Dev, Ethtool, Features};
 use dranet::sys::netns::Netns;
 use dranet::watch::{Watcher, WatcherOptions};
@@ -19,7 +18,7 @@ use dranet_sim::root_or_skip;
 use serde_json::json;
 
 use dranet_sim::fixtures::{
-    engine, engine_case, plan_for, pod_plan as plan, pod_ref as pod, wait_for, watched_engine,
+    engine, engine_case, plan_for, pod_plan as plan, pod_ref as pod, stop_sandbox, wait_for, watched_engine,
 };
 
 fn device(nic: &Nic, pod_if: &str, uid: &str, features: &[(&str, bool)]) -> DevicePlan {
@@ -228,7 +227,7 @@ async fn attach_applies_features_in_the_pod_and_detach_restores_them() -> Result
     assert_eq!(snap.features.get("rx-gro"), Some(&false));
     assert_eq!(snap.features, before_off.0);
 
-    let out = e.detach_pod(&uid, ReturnReason::Hook).await?;
+    let out = stop_sandbox(&e, &uid, &ns.path).await?;
     assert!(matches!(out, DetachOutcome::Returned { .. }), "{out:?}");
     assert_same(&before, &view(&nic.name, None)?)?;
     assert_offloads(&nic, &before_off)?;
@@ -255,7 +254,7 @@ async fn features_the_pod_flipped_are_restored_on_detach() -> Result<()> {
     )?;
     let flipped = pod_features(&ns, "net1")?;
     assert!(flipped.active.contains("rx-gro") && !flipped.active.contains("tx-scatter-gather"));
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     assert_offloads(&nic, &before_off)?;
     Ok(())
 }

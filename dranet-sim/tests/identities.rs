@@ -21,10 +21,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use dranet::rescue::EngineOptions;
-use dranet::state::ReturnReason;
 use dranet::watch::{EventKind, Source, Watcher, WatcherOptions};
 use dranet_sim::fixtures::{
-    StateDir, device_plan, engine_case, nic_device, pod_plan, pod_ref, prepare_claim, wait_for,
+    StateDir, device_plan, engine_case, nic_device, pod_plan, pod_ref, prepare_claim, stop_sandbox, wait_for,
     watched_engine,
 };
 use dranet_sim::kernel::{PodNetns, Veth, host_has, sh, unique};
@@ -423,7 +422,7 @@ async fn a_reconcile_during_an_attach_does_not_roll_it_back() -> Result<()> {
         ns.has("net1") && ns.has("net2"),
         "the reconcile rolled back a pod that had just attached: {report:?}"
     );
-    e.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&e, &uid, &ns.path).await?;
     // Once the sandbox is removed and its claim unprepared, nothing of the pod stays in memory.
     e.forget_sandbox(dranet::rescue::SandboxRef {
         uid: &uid,
