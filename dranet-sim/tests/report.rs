@@ -154,7 +154,11 @@ async fn run_pod_sandbox_applies_status_without_waiting_for_the_api() -> Result<
             reporter.in_flight() == 0
         })
         .await?;
-        engine.detach_pod(&uid, dranet::state::ReturnReason::Hook).await?;
+        let stopped = driver.stop_pod_sandbox(pod(&uid, &ns)).await;
+        assert!(
+            matches!(stopped, Ok(Outcome::Applied)),
+            "hang={hang}: {stopped:?}"
+        );
         assert!(host_has(&nic.name));
     }
     Ok(())
