@@ -10,10 +10,10 @@ use anyhow::{Result, bail};
 use dranet::config::NetworkConfig;
 use dranet::plan::PodPlan;
 use dranet::rescue::{AttachOutcome, DetachOutcome, PodRef};
-use dranet::state::ReturnReason;
 use dranet::watch::{Watcher, WatcherOptions};
 use dranet_sim::fixtures::{
-    StateDir, TestPod, host_device_plan, pod_plan, pod_ref, wait_for, wait_for_blocking, watched_engine,
+    StateDir, TestPod, host_device_plan, pod_plan, pod_ref, stop_sandbox, wait_for, wait_for_blocking,
+    watched_engine,
 };
 use dranet_sim::kernel::{PodNetns, host_has, sh, unique};
 use dranet_sim::nic::{assert_same, view};
@@ -255,10 +255,7 @@ async fn pinned_nic_comes_home_before_the_netns_dies() -> Result<()> {
     );
     assert_same(&before, &view(&nic, None)?)?;
     // The late StopPodSandbox finds nothing to do: the sandbox's record went with its netns.
-    assert_eq!(
-        e.detach_pod(&uid, ReturnReason::Hook).await?,
-        DetachOutcome::NotOurs
-    );
+    assert_eq!(stop_sandbox(&e, &uid, &ns.path).await?, DetachOutcome::NotOurs);
     drop(events);
     Ok(())
 }

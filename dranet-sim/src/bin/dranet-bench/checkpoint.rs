@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use dranet::rescue::{Engine, EngineOptions, SandboxRef};
-use dranet::state::{Checkpoint, ReturnReason, Store, Writer, pod_key};
+use dranet::state::{Checkpoint, Store, Writer, pod_key};
 use dranet::watch::{Watcher, WatcherOptions};
+use dranet_sim::fixtures::stop_sandbox;
 use dranet_sim::kernel::{PodNetns, unique};
 
 use crate::latency::{Devices, StateDir, pod};
@@ -49,7 +50,7 @@ impl Side {
         let t = Instant::now();
         self.engine.attach_pod(pod(&uid), &ns.path).await?;
         let took = t.elapsed().as_secs_f64() * 1e6;
-        self.engine.detach_pod(&uid, ReturnReason::Hook).await?;
+        stop_sandbox(&self.engine, &uid, &ns.path).await?;
         self.forget(&uid).await?;
         drop(ns);
         d.check_home()?;
@@ -78,7 +79,7 @@ async fn big_checkpoint(side: &Side, d: &Devices, records: usize) -> Result<Chec
     let cp = side.engine.checkpoint();
     let rec = cp.record(&pod_key(&uid, &uid)).context("no record")?.clone();
     let plan = cp.plans.get(&uid).context("no plan")?.clone();
-    side.engine.detach_pod(&uid, ReturnReason::Hook).await?;
+    stop_sandbox(&side.engine, &uid, &ns.path).await?;
     side.forget(&uid).await?;
     drop(ns);
     let mut big = Checkpoint {

@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use dranet::config::NetworkConfig;
 use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
 use dranet::rescue::{Engine, EngineOptions, PodRef};
-use dranet::state::ReturnReason;
 use dranet::watch::{Watcher, WatcherOptions};
+use dranet_sim::fixtures::stop_sandbox;
 use dranet_sim::kernel::{PodNetns, Veth, sh, unique};
 use nix::mount::{MntFlags, MsFlags};
 use rtnetlink::Handle;
@@ -269,7 +269,7 @@ impl Ctx {
         let t = Instant::now();
         self.engine.attach_pod(pod(&uid), &ns.path).await?;
         let took = t.elapsed();
-        self.engine.detach_pod(&uid, ReturnReason::Hook).await?;
+        stop_sandbox(&self.engine, &uid, &ns.path).await?;
         f.attach.push(took.as_secs_f64() * 1e6);
         self.forget(&uid).await?;
         drop(ns);
