@@ -30,22 +30,6 @@ impl Inner {
 }
 
 impl Engine {
-    /// Brings every device of every sandbox of the pod home (idempotent: a second call is a fast
-    /// no-op). Hooks use [`Engine::detach_sandbox`], which touches one sandbox only.
-    pub async fn detach_pod(
-        &self,
-        pod_uid: &str,
-        reason: ReturnReason,
-    ) -> Result<DetachOutcome, RescueError> {
-        let _owner = self.own(pod_uid).await;
-        let mut all = DetachOutcome::NotOurs;
-        let keys = self.cp().keys_of(pod_uid);
-        for key in keys {
-            all = merge(all, self.detach_locked(&key, reason).await?);
-        }
-        Ok(all)
-    }
-
     /// [`Engine::detach_timed`] without the timing.
     pub(super) async fn detach_locked(
         &self,
@@ -787,30 +771,6 @@ fn stuck_reason(error: &str) -> &'static str {
         "timeout"
     } else {
         "other"
-    }
-}
-
-/// Two detach outcomes of one pod's sandboxes as one.
-fn merge(a: DetachOutcome, b: DetachOutcome) -> DetachOutcome {
-    match (a, b) {
-        (DetachOutcome::NotOurs, x) | (x, DetachOutcome::NotOurs) => x,
-        (
-            DetachOutcome::Returned {
-                mut devices,
-                mut name_busy,
-            },
-            DetachOutcome::Returned {
-                devices: d2,
-                name_busy: b2,
-            },
-        ) => {
-            devices.extend(d2);
-            name_busy.extend(b2);
-            DetachOutcome::Returned { devices, name_busy }
-        }
-        (r @ DetachOutcome::Returned { .. }, DetachOutcome::AlreadyReturned { .. })
-        | (DetachOutcome::AlreadyReturned { .. }, r @ DetachOutcome::Returned { .. }) => r,
-        (a @ DetachOutcome::AlreadyReturned { .. }, DetachOutcome::AlreadyReturned { .. }) => a,
     }
 }
 
