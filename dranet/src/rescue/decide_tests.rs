@@ -257,6 +257,32 @@ fn without_a_parent_the_permanent_mac_and_the_link_kind_identify() {
     );
 }
 
+/// An IPoIB device (no parent device recorded, link kind `ipoib`) the kernel returns is known
+/// by its 20-byte permanent address, taken from the RTM_NEWLINK the monitor decodes.
+#[test]
+fn a_returned_ipoib_device_is_known_by_its_20_byte_permanent_address() {
+    use crate::watch::rtnl;
+    let mut cp = cp(PodPhase::Attached, DeviceState::InPod);
+    for r in cp.pods.values_mut() {
+        let s = &mut r.devices[0].snapshot;
+        s.parent = None;
+        s.kind = Some("ipoib".into());
+        s.mac = Some(rtnl::tests::IPOIB_ADDR_STR.into());
+        s.perm_mac = Some(rtnl::tests::IPOIB_ADDR_STR.into());
+    }
+    let mut table = rtnl::LinkTable::default();
+    let ev = rtnl::to_event(&mut table, rtnl::tests::ipoib_newlink(9, "ib0")).unwrap();
+    assert_eq!(
+        decide(&cp, &ev),
+        vec![Action::Repair {
+            pod_uid: "uid-1".into(),
+            key: KEY.into(),
+            device: "eth1".into(),
+            ifindex: 9,
+        }]
+    );
+}
+
 /// Issue 2: any host link may carry the MAC a tenant wrote into the claim, or the device's
 /// original MAC (Calico gives every host-side veth `ee:ee:ee:ee:ee:ee`): neither identifies it.
 #[test]

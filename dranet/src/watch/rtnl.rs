@@ -71,12 +71,10 @@ pub struct LinkTable {
     links: HashMap<u32, KnownLink>,
 }
 
-/// A link-layer address as the events carry it: only one of 6 bytes, zeros allowed.
+/// A link-layer address as the events carry it: the rule of the snapshots it is compared with
+/// ([`crate::mac::Mac::from_kernel`]: any length, IPoIB's 20 bytes too; none when all zeros).
 fn mac_string(bytes: &[u8]) -> Option<String> {
-    (bytes.len() == 6)
-        .then(|| crate::mac::Mac::from_bytes(bytes))
-        .flatten()
-        .map(|m| m.to_string())
+    crate::mac::Mac::from_kernel(bytes).map(|m| m.to_string())
 }
 
 struct LinkInfo {
@@ -343,8 +341,68 @@ pub async fn ensure_nsid(handle: &mut Handle, fd: BorrowedFd<'_>) -> Result<i32,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use netlink_packet_route::link::{InfoKind, LinkInfo, LinkLayerType};
+
+    /// The 20-byte link-layer address of an IPoIB port: 4 bytes of queue pair number, then the
+    /// port's 16-byte GID.
+    pub(crate) const IPOIB_ADDR: [u8; 20] = [
+        0x80, 0x00, 0x02, 0x08, 0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x0c, 0x42, 0xa1, 0x03, 0x00, 0x7b, 0x3c, 0x4e,
+    ];
+    /// [`IPOIB_ADDR`] as dranet writes link-layer addresses.
+    pub(crate) const IPOIB_ADDR_STR: &str = "80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:7b:3c:4e";
+
+    /// An RTM_NEWLINK for an IPoIB link (ARPHRD_INFINIBAND, link kind `ipoib`) carrying
+    /// [`IPOIB_ADDR`] as IFLA_ADDRESS and IFLA_PERM_ADDRESS, as the monitor receives it: written
+    /// to the bytes of a netlink message, then decoded by the same parser the socket uses.
+    pub(crate) fn ipoib_newlink(index: u32, name: &str) -> NetlinkMessage<RouteNetlinkMessage> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.header.link_layer_type = LinkLayerType::Infiniband;
+        m.attributes.push(LinkAttribute::IfName(name.into()));
+        m.attributes.push(LinkAttribute::Address(IPOIB_ADDR.to_vec()));
+        m.attributes.push(LinkAttribute::PermAddress(IPOIB_ADDR.to_vec()));
+        m.attributes
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Ipoib)]));
+        let mut sent = NetlinkMessage::from(RouteNetlinkMessage::NewLink(m));
+        sent.finalize();
+        let mut bytes = vec![0; sent.buffer_len()];
+        sent.serialize(&mut bytes);
+        NetlinkMessage::deserialize(&bytes).unwrap()
+    }
+
+    #[test]
+    fn an_ipoib_link_keeps_its_20_byte_addresses() {
+        let mut t = LinkTable::default();
+        let ev = to_event(&mut t, ipoib_newlink(31, "ib0")).unwrap();
+        match ev.kind {
+            EventKind::LinkAppeared {
+                ifindex,
+                mac,
+                perm_mac,
+                kind,
+                ..
+            } => {
+                assert_eq!(ifindex, 31);
+                assert_eq!(mac.as_deref(), Some(IPOIB_ADDR_STR));
+                assert_eq!(perm_mac.as_deref(), Some(IPOIB_ADDR_STR));
+                assert_eq!(kind.as_deref(), Some("ipoib"));
+            }
+            other => panic!("not a link_appeared: {other:?}"),
+        }
+        // An address of zeros (loopback's) is no address, as in a snapshot.
+        let ev = t.handle(&RouteNetlinkMessage::NewLink(link(
+            1,
+            "lo",
+            true,
+            vec![LinkAttribute::Address(vec![0; 6])],
+        )));
+        assert!(
+            matches!(ev, Some(EventKind::LinkAppeared { mac: None, .. })),
+            "{ev:?}"
+        );
+    }
 
     fn link(index: u32, name: &str, up: bool, extra: Vec<LinkAttribute>) -> LinkMessage {
         let mut m = LinkMessage::default();
