@@ -18,7 +18,9 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError, SandboxInfo};
-use crate::state::{DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, pod_key};
+use crate::state::{
+    DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, Transition, pod_key,
+};
 use crate::sys::link::{LinkSnapshot, Netlink};
 
 /// A device of this driver allocated to a pod, as adoption looks for it.
@@ -140,25 +142,22 @@ impl Engine {
         }
         let names: Vec<String> = found.iter().map(|r| r.device.clone()).collect();
         let pin_path = self.inner.store.pins_dir().join(&sb.sandbox);
-        self.update(|cp| {
-            cp.pods.insert(
-                key.clone(),
-                PodRecord {
-                    pod_uid: sb.uid.clone(),
-                    sandbox_id: sb.sandbox.clone(),
-                    namespace: String::new(),
-                    name: String::new(),
-                    netns_path: path.to_owned(),
-                    netns: netns.id(),
-                    pin: Some(pin_path.clone()),
-                    phase: PodPhase::Attached,
-                    devices: found,
-                    recovered: None,
-                }
-                .into(),
-            );
-        })
-        .await?;
+        let record = PodRecord {
+            pod_uid: sb.uid.clone(),
+            sandbox_id: sb.sandbox.clone(),
+            namespace: String::new(),
+            name: String::new(),
+            netns_path: path.to_owned(),
+            netns: netns.id(),
+            pin: Some(pin_path),
+            phase: PodPhase::Attached,
+            devices: found,
+            recovered: None,
+        };
+        // A record there already (none was, under the pod's lock) is an error: adoption never
+        // takes the place of a record.
+        self.transition(&key, Transition::Adopt(record.into()), Durability::Awaited)
+            .await?;
         let pin = match self
             .inner
             .kernel
@@ -166,11 +165,10 @@ impl Engine {
         {
             Ok(p) => p,
             Err(source) => {
-                // Not pinned: forget the record again rather than claim a protection we lack.
-                self.update(|cp| {
-                    cp.pods.remove(&key);
-                })
-                .await?;
+                // Not pinned: forget the record again rather than claim a protection we lack. Gone
+                // meanwhile (the pod's lock is held: a bug) is the error that surfaces.
+                self.transition(&key, Transition::Unadopt, Durability::Awaited)
+                    .await?;
                 return Err(RescueError::Pin {
                     pod: sb.uid.clone(),
                     source,

@@ -224,25 +224,24 @@ impl Engine {
         devices: &[Ready<'_>],
     ) -> Result<Pin, RescueError> {
         let pin_path = self.inner.store.pins_dir().join(pod.sandbox);
-        self.update(|cp| {
-            cp.pods.insert(
-                key.to_owned(),
-                PodRecord {
-                    pod_uid: pod.uid.to_owned(),
-                    sandbox_id: pod.sandbox.to_owned(),
-                    namespace: pod.namespace.to_owned(),
-                    name: pod.name.to_owned(),
-                    netns_path: netns_path.to_owned(),
-                    netns: netns.id(),
-                    pin: Some(pin_path.clone()),
-                    phase: PodPhase::Attaching,
-                    devices: devices.iter().map(|d| d.record.clone()).collect(),
-                    recovered: None,
-                }
-                .into(),
-            );
-        })
-        .await?;
+        let record = PodRecord {
+            pod_uid: pod.uid.to_owned(),
+            sandbox_id: pod.sandbox.to_owned(),
+            namespace: pod.namespace.to_owned(),
+            name: pod.name.to_owned(),
+            netns_path: netns_path.to_owned(),
+            netns: netns.id(),
+            pin: Some(pin_path),
+            phase: PodPhase::Attaching,
+            devices: devices.iter().map(|d| d.record.clone()).collect(),
+            recovered: None,
+        };
+        // It replaces a record of this sandbox whose devices are all home (an attach again after
+        // a rollback). One that still has devices out (an attach or a return in this very netns
+        // that did not finish) is refused: an error before anything moved, and the record that
+        // knows where they are stays.
+        self.transition(key, Transition::WriteAhead(record.into()), Durability::Awaited)
+            .await?;
         match self
             .inner
             .kernel

@@ -1192,3 +1192,52 @@ async fn release_all_brings_everything_home_and_refuses_later_attaches() {
     let err = e.attach_pod(pod("sb-b"), &path_b).await.unwrap_err();
     assert!(matches!(err, RescueError::Uninstalling { .. }), "{err:?}");
 }
+
+/// A format-1 record (no sandbox id) that a running sandbox owns is named by it, re-keyed under
+/// the sandbox's key; but never over a record that key already has: the re-key is refused
+/// (Synchronize logs it) and the sandbox's own record stays as it was (the format-1 one, its
+/// devices all home and its key unknown to the runtime, is then dropped). Before, the re-key put
+/// the format-1 record in the place of the sandbox's own: a record of devices all home replaced
+/// one of devices in the pod, whose teardown then left them there.
+#[tokio::test]
+async fn naming_a_format1_record_never_replaces_the_record_its_sandbox_has() {
+    let (_dir, k, e) = setup(1).await;
+    let path = PathBuf::from("/run/netns/sb-a");
+    let ns = k.add_sandbox(&path);
+    e.attach_pod(pod("sb-a"), &path).await.unwrap();
+    let key = pod_key(UID, "sb-a");
+    let own = e.pod_record(&key).unwrap();
+    let mut legacy = own.clone();
+    legacy.sandbox_id = String::new();
+    legacy.phase = PodPhase::Returned(ReturnReason::Hook);
+    legacy.pin = None;
+    legacy.devices.iter_mut().for_each(|d| {
+        d.state = DeviceState::Home;
+        d.at = None;
+    });
+    e.cp().pods.insert(legacy.key(), legacy.clone().into());
+    let sb = super::SandboxInfo {
+        uid: UID.into(),
+        sandbox: "sb-a".into(),
+        netns: Some(path.clone()),
+        namespace: "ns".into(),
+        name: "p".into(),
+    };
+    let report = e.synchronize(std::slice::from_ref(&sb)).await;
+    assert_eq!(
+        e.pod_record(&key).as_ref(),
+        Some(&own),
+        "the sandbox's own record was replaced"
+    );
+    assert_eq!(report.dropped, vec![legacy.key().to_string()], "{report:?}");
+    assert!(
+        report.returned.is_empty() && report.failed.is_empty(),
+        "{report:?}"
+    );
+    // Its teardown still brings the device home.
+    assert_eq!(k.link_of(11).netns, ns);
+    e.detach_sandbox(sandbox("sb-a", &path), ReturnReason::Hook)
+        .await
+        .unwrap();
+    assert_all_home(&k, 1);
+}

@@ -518,17 +518,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Applies `f` to the checkpoint and hands the save to the writer thread without waiting
-    /// for it: for changes a crash may lose because the restart's reconcile finds the same
-    /// truth in the kernel (a device already home, a record of a sandbox that is gone). A later
-    /// [`Engine::update`] makes it durable too (the writer saves in order).
-    fn stage_update(&self, f: impl FnOnce(&mut Checkpoint)) -> Result<(), RescueError> {
-        let mut cp = self.cp();
-        f(&mut cp);
-        self.inner.writer.stage(&cp)?;
-        Ok(())
-    }
-
     /// Forgets the plans of a claim (NodeUnprepareResources) and returns them. Devices already in
     /// a pod stay tracked until they are home. The save is staged ([`Engine::durable`]); if it
     /// cannot be staged, nothing changed.
@@ -814,21 +803,11 @@ impl Engine {
         lock(&self.inner.locks).len()
     }
 
-    /// Applies `f` to the checkpoint and waits until it is on disk (saved by the writer thread:
-    /// no async worker blocks on `fsync`). The write-ahead relies on this.
-    async fn update(&self, f: impl FnOnce(&mut Checkpoint)) -> Result<(), RescueError> {
-        let generation = {
-            let mut cp = self.cp();
-            f(&mut cp);
-            self.inner.writer.stage(&cp)?
-        };
-        self.inner.writer.durable(generation).await?;
-        Ok(())
-    }
-
     /// Applies one record transition ([`Transition`]: the state module's vocabulary) to the
-    /// record `key` and saves it as `durability` says. A record (or device) that is gone is an
-    /// error, and then nothing changed.
+    /// record `key` and saves it as `durability` says (awaited: by the writer thread, no async
+    /// worker blocks on `fsync`). A record (or device) that is gone, or one a new record would
+    /// take the place of, is an error, and then nothing changed. The engine's only way to change
+    /// its records.
     async fn transition(
         &self,
         key: &RecordKey,

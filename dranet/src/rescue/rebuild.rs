@@ -43,8 +43,8 @@ use super::reconcile::ReconcileReport;
 use super::{Engine, RescueError};
 use crate::inventory::{self, NetnsTarget, PciIds, ScanOptions, Sysfs};
 use crate::state::{
-    DeviceAt, DeviceRecord, DeviceState, Durability, LoadSource, PodPhase, PodRecord, RecordKey, Recovered,
-    Transition, pod_key,
+    DeviceAt, DeviceRecord, DeviceState, Durability, LoadSource, Naming, PlannedDevice, PodName, PodPhase,
+    PodRecord, RecordKey, Recovered, Transition, pod_key,
 };
 use crate::sys::link::{self, LinkSnapshot};
 use crate::sys::netns::{NetnsId, Pin};
@@ -144,10 +144,10 @@ impl Engine {
             reason = record.recovered.as_ref().map(|r| r.reason.as_str()).unwrap_or_default(),
             "record rebuilt from the pin: its devices come home at teardown, but their state before the attach is unknown: they come home up, without addresses, with their permanent MAC, under the name shown; MTU, alias, offloads and IP sysctls are not restored"
         );
-        self.update(|cp| {
-            cp.pods.insert(key.clone(), record.into());
-        })
-        .await?;
+        // A record under its key already (`/<sandbox id>`, which claims no pin) is an error, logged
+        // by the caller: the pin is looked at again by the next reconcile.
+        self.transition(&key, Transition::Rebuilt(record.into()), Durability::Awaited)
+            .await?;
         drop(pin);
         Ok(Some(key.into()))
     }
@@ -275,29 +275,30 @@ impl Engine {
             return Ok(false);
         };
         let key = pod_key(uid, sandbox);
-        let plan = self.plan(uid).unwrap_or_default();
-        let live = self.inner.live_take(&from);
-        self.update(|cp| {
-            if let Some(mut r) = cp.pods.remove(&from) {
-                r.pod_uid = uid.to_owned();
-                r.sandbox_id = sandbox.to_owned();
-                if let Some(p) = cp.plans.get(uid) {
-                    r.namespace.clone_from(&p.pod_namespace);
-                    r.name.clone_from(&p.pod_name);
-                }
-                for d in r.devices.iter_mut().filter(|d| d.rebuilt) {
-                    if let Some(p) = plan.iter().find(|p| same_identity(p, &d.snapshot)) {
-                        d.device.clone_from(&p.device);
-                        if let Some(h) = &p.host_ifname {
-                            d.snapshot.name.clone_from(h);
-                        }
-                    }
-                }
-                cp.pods.insert(key.clone(), r);
+        let naming = {
+            let cp = self.cp();
+            let plan = cp.plans.get(uid);
+            let devices = cp
+                .record(&from)
+                .map(|r| planned_devices(r, plan.map_or(&[][..], |p| &p.devices)))
+                .unwrap_or_default();
+            Naming {
+                pod: plan.map(|p| PodName {
+                    namespace: p.pod_namespace.clone(),
+                    name: p.pod_name.clone(),
+                }),
+                devices,
             }
-        })
-        .await?;
-        if let Some(l) = live {
+        };
+        // An error that surfaces (the hook, the attach or the adoption fails, Synchronize logs
+        // it), and the rebuilt record stays as it was: gone meanwhile (both locks are held: a
+        // bug), or the sandbox has a record of its own, which it must not lose to this one.
+        let rekey = Transition::Rekey {
+            to: key.clone(),
+            naming,
+        };
+        self.transition(&from, rekey, Durability::Awaited).await?;
+        if let Some(l) = self.inner.live_take(&from) {
             self.inner.live_put(&key, l);
         }
         info!(pod = uid, sandbox, from = %from, "record rebuilt from a pin now names its pod");
@@ -366,6 +367,24 @@ impl Engine {
             );
         }
     }
+}
+
+/// The rebuilt devices of `r` that a device of `plan` is by kernel identity ([`same_identity`]):
+/// they take its ResourceSlice name and its host name.
+fn planned_devices(r: &PodRecord, plan: &[crate::plan::DevicePlan]) -> Vec<PlannedDevice> {
+    r.devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.rebuilt)
+        .filter_map(|(i, d)| {
+            let p = plan.iter().find(|p| same_identity(p, &d.snapshot))?;
+            Some(PlannedDevice {
+                device: i,
+                name: p.device.clone(),
+                host_name: p.host_ifname.clone(),
+            })
+        })
+        .collect()
 }
 
 /// Whether plan device `p` is the device of `snap` by what the kernel sets (PCI address,

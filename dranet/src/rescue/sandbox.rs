@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::decide::normalize_path;
 use super::{DetachOutcome, Engine, RescueError};
-use crate::state::{PodPhase, PodRecord, RecordKey, ReturnReason, pod_key};
+use crate::state::{Durability, Naming, PodPhase, PodRecord, RecordKey, ReturnReason, Transition, pod_key};
 
 /// A hook's sandbox.
 #[derive(Clone, Copy, Debug)]
@@ -103,21 +103,21 @@ impl Engine {
             return Ok(false);
         }
         let key = pod_key(uid, sandbox);
+        // An error that surfaces (the hook or the attach fails, Synchronize logs it), and the
+        // format-1 record stays as it was: gone meanwhile (the pod's lock is held: a bug), or
+        // the sandbox has a record of its own, which it must not lose to this one.
+        let rekey = Transition::Rekey {
+            to: key.clone(),
+            naming: Naming::default(),
+        };
+        self.transition(&legacy, rekey, Durability::Awaited).await?;
+        if let Some(l) = self.inner.live_take(&legacy) {
+            self.inner.live_put(&key, l);
+        }
         info!(
             pod = uid,
             sandbox, "record from checkpoint format 1 now names its sandbox"
         );
-        let live = self.inner.live_take(&legacy);
-        self.update(|cp| {
-            if let Some(mut r) = cp.pods.remove(&legacy) {
-                r.sandbox_id = sandbox.to_owned();
-                cp.pods.insert(key.clone(), r);
-            }
-        })
-        .await?;
-        if let Some(l) = live {
-            self.inner.live_put(&key, l);
-        }
         Ok(true)
     }
 
@@ -249,10 +249,9 @@ impl Engine {
         let id = self.cp().pods.get(key).map(|r| r.netns);
         // Staged, not awaited (the next save carries it): a crash that loses it leaves a
         // record with every device home and no pin, of a sandbox the runtime no longer has,
-        // which the restart's Synchronize or sweep drops again.
-        self.stage_update(|cp| {
-            cp.drop_record(key);
-        })?;
+        // which the restart's Synchronize or sweep drops again. Gone meanwhile is an error:
+        // the pod's lock is held, so only a bug ends the record under it.
+        self.transition(key, Transition::Drop, Durability::Staged).await?;
         if let (Some(w), Some(id)) = (&self.inner.watcher, id) {
             w.unwatch_netns(id);
         }

@@ -74,7 +74,7 @@ use crate::sys::netns::NetnsId;
 pub use crate::shared::Shared;
 pub use lock::StateLock;
 pub use store::{LoadSource, Loaded, Store};
-pub use transition::{Durability, Transition};
+pub use transition::{Durability, Naming, PlannedDevice, PodName, Transition};
 pub use writer::Writer;
 
 /// Version of the checkpoint format; a newer file is refused rather than misread.
@@ -141,6 +141,18 @@ pub enum StateError {
     /// A [`Transition`] of a record (or of a device) that is not there: nothing changed.
     #[error("sandbox record {key}: {transition}: no such record or device")]
     RecordGone { key: String, transition: &'static str },
+    /// A [`Transition`] that puts a record under a key where one is already (one that still has
+    /// devices out, for a write-ahead): nothing changed.
+    #[error("sandbox record {key}: {transition}: a record is there already")]
+    RecordThere { key: String, transition: &'static str },
+    /// A [`Transition`] that puts a record under a key that is not its own
+    /// ([`PodRecord::key`]): nothing changed.
+    #[error("sandbox record {key}: {transition}: the record's own key is {own}")]
+    NotItsKey {
+        key: String,
+        own: String,
+        transition: &'static str,
+    },
 }
 
 /// Where one managed device is, as far as the checkpoint knows.

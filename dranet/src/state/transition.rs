@@ -1,17 +1,19 @@
-//! The vocabulary of record transitions: every change the rescue engine makes to an existing
-//! sandbox record, by name. The engine never edits a record in place; it asks for a
-//! [`Transition`] of the record under a key ([`Checkpoint::apply`]) and says how it is saved
-//! ([`Durability`]). A transition of a record that is gone (or of a device index the record does
-//! not have) is an error, [`StateError::RecordGone`], and changes nothing: the engine holds the
-//! pod's lock across every operation, so a record vanishing under it is a bug to be seen, not
-//! work silently skipped.
-//!
-//! Records come and go through [`Checkpoint::pods`] directly (an attach's write-ahead inserts
-//! one, adoption and the naming of legacy or rebuilt records re-key one, a drop removes one).
+//! The vocabulary of record transitions: every change the rescue engine makes to the sandbox
+//! records, by name: a record comes (an attach's write-ahead, an adoption, a record rebuilt from
+//! a pin), changes, is re-keyed when it names its sandbox, and ends. The engine never edits the
+//! checkpoint's records in place; it asks for a [`Transition`] of the record under a key
+//! ([`Checkpoint::apply`]) and says how it is saved ([`Durability`]). A transition of a record
+//! that is gone (or of a device index the record does not have) is an error,
+//! [`StateError::RecordGone`], and changes nothing: the engine holds the pod's lock across every
+//! operation, so a record vanishing under it is a bug to be seen, not work silently skipped.
+//! Likewise a record never silently takes the place of another ([`StateError::RecordThere`]).
 
 use std::path::PathBuf;
 
-use super::{Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord, ReturnReason, StateError};
+use super::{
+    Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord, RecordKey, ReturnReason, Shared, StateError,
+    pod_key,
+};
 
 /// How a transition is saved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +77,55 @@ pub enum Transition {
     SetPin(Option<PathBuf>),
     /// The device named `device` was seen in another netns (tier B): its place. Awaited.
     DeviceMoved { device: String, to: DeviceAt },
+    /// An attach writes ahead: the sandbox's record (phase `Attaching`, every device's snapshot
+    /// and place in the pod) goes in under its own key before anything moves. It replaces a
+    /// record of the same sandbox whose devices are all home (an earlier attach rolled back or
+    /// returned), never one with devices out ([`StateError::RecordThere`]: they would be out
+    /// with no record of them). Awaited: nothing moves before it is on disk.
+    WriteAhead(Shared<PodRecord>),
+    /// Adoption records a running sandbox dranet had no record of (phase `Attached`, its
+    /// devices in the pod as found), under its own key, where no record is. Awaited, before the
+    /// netns is pinned.
+    Adopt(Shared<PodRecord>),
+    /// The adopted sandbox's netns could not be pinned: the record the adoption wrote goes again
+    /// (dranet claims no protection it lacks; the devices stay in the pod as found). Awaited.
+    Unadopt,
+    /// A pin no record claims holds devices of ours: the record rebuilt from it (no pod UID:
+    /// key `/<sandbox id>`; phase `Attached`), under its own key, where no record is. Awaited.
+    Rebuilt(Shared<PodRecord>),
+    /// A record names its sandbox: one migrated from checkpoint format 1 (no sandbox id) or
+    /// rebuilt from a pin (no pod UID) moves to key `to`, whose pod UID and sandbox id it takes,
+    /// and learns what `naming` says. Refused where a record is under `to`. Awaited.
+    Rekey { to: RecordKey, naming: Naming },
+    /// The record ends: every device home, its pin released, its sandbox gone or going (the
+    /// engine decides when). Staged: a crash that loses it leaves a record with every device
+    /// home and no pin, which the restart's Synchronize or sweep drops again.
+    Drop,
+}
+
+/// What a record learns when it names its sandbox ([`Transition::Rekey`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Naming {
+    /// The pod's namespace and name, from its plan (a rebuilt record has none).
+    pub pod: Option<PodName>,
+    /// Devices of a rebuilt record that a device of the pod's plan is, by kernel identity.
+    pub devices: Vec<PlannedDevice>,
+}
+
+/// A pod's namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodName {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Device `device` (its index in the record) is the plan's device `name` (ResourceSlice name),
+/// which comes home under `host_name` when the plan knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedDevice {
+    pub device: usize,
+    pub name: String,
+    pub host_name: Option<String>,
 }
 
 impl Transition {
@@ -97,11 +148,18 @@ impl Transition {
             Self::RdmaInPod { .. } => "rdma_in_pod",
             Self::SetPin(_) => "set_pin",
             Self::DeviceMoved { .. } => "device_moved",
+            Self::WriteAhead(_) => "write_ahead",
+            Self::Adopt(_) => "adopt",
+            Self::Unadopt => "unadopt",
+            Self::Rebuilt(_) => "rebuilt",
+            Self::Rekey { .. } => "rekey",
+            Self::Drop => "drop",
         }
     }
 
     /// Applies the transition to `rec`; `false` (and `rec` unchanged) when it names a device the
-    /// record does not have.
+    /// record does not have, or is not a change of one record (those [`Checkpoint::apply`] makes
+    /// itself).
     fn apply_to(self, rec: &mut PodRecord) -> bool {
         match self {
             Self::MarkReturning => rec.phase = PodPhase::Returning,
@@ -204,6 +262,12 @@ impl Transition {
                 };
                 d.at = Some(to);
             }
+            Self::WriteAhead(_)
+            | Self::Adopt(_)
+            | Self::Unadopt
+            | Self::Rebuilt(_)
+            | Self::Rekey { .. }
+            | Self::Drop => return false,
         }
         true
     }
@@ -217,6 +281,17 @@ impl Checkpoint {
         let gone = || StateError::RecordGone {
             key: key.to_owned(),
             transition,
+        };
+        let t = match t {
+            Transition::WriteAhead(rec) => return self.put(key, rec, transition, true),
+            Transition::Adopt(rec) | Transition::Rebuilt(rec) => {
+                return self.put(key, rec, transition, false);
+            }
+            Transition::Unadopt | Transition::Drop => {
+                return self.pods.remove(key).map(drop).ok_or_else(gone);
+            }
+            Transition::Rekey { to, naming } => return self.rekey_record(key, to, naming, transition),
+            t => t,
         };
         let rec = self.pods.get_mut(key).ok_or_else(gone)?;
         // Checked before the record is written to: a shared record is copied only when it
@@ -237,9 +312,84 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Drops the record under `key` (its devices home); whether there was one.
-    pub fn drop_record(&mut self, key: &str) -> bool {
-        self.pods.remove(key).is_some()
+    /// Puts `rec` under `key`, its own key, where no record is; or, `replace_home`, where the
+    /// record has no device out.
+    fn put(
+        &mut self,
+        key: &str,
+        rec: Shared<PodRecord>,
+        transition: &'static str,
+        replace_home: bool,
+    ) -> Result<(), StateError> {
+        let own = rec.key();
+        if own.as_str() != key {
+            return Err(StateError::NotItsKey {
+                key: key.to_owned(),
+                own: own.into(),
+                transition,
+            });
+        }
+        if self
+            .pods
+            .get(key)
+            .is_some_and(|there| !replace_home || there.has_devices_out())
+        {
+            return Err(StateError::RecordThere {
+                key: key.to_owned(),
+                transition,
+            });
+        }
+        self.pods.insert(own, rec);
+        Ok(())
+    }
+
+    /// [`Transition::Rekey`] of the record under `key`.
+    fn rekey_record(
+        &mut self,
+        key: &str,
+        to: RecordKey,
+        naming: Naming,
+        transition: &'static str,
+    ) -> Result<(), StateError> {
+        let gone = || StateError::RecordGone {
+            key: key.to_owned(),
+            transition,
+        };
+        let devices = self.pods.get(key).ok_or_else(gone)?.devices.len();
+        if naming.devices.iter().any(|d| d.device >= devices) {
+            return Err(gone());
+        }
+        let own = pod_key(to.pod_uid(), to.sandbox_id());
+        if own != to {
+            return Err(StateError::NotItsKey {
+                key: to.into(),
+                own: own.into(),
+                transition,
+            });
+        }
+        if to.as_str() != key && self.pods.contains_key(&to) {
+            return Err(StateError::RecordThere {
+                key: to.into(),
+                transition,
+            });
+        }
+        let mut rec = self.pods.remove(key).ok_or_else(gone)?;
+        rec.pod_uid = to.pod_uid().to_owned();
+        rec.sandbox_id = to.sandbox_id().to_owned();
+        if let Some(p) = naming.pod {
+            rec.namespace = p.namespace;
+            rec.name = p.name;
+        }
+        for p in naming.devices {
+            if let Some(d) = rec.devices.get_mut(p.device) {
+                d.device = p.name;
+                if let Some(h) = p.host_name {
+                    d.snapshot.name = h;
+                }
+            }
+        }
+        self.pods.insert(to, rec);
+        Ok(())
     }
 }
 
@@ -280,7 +430,8 @@ mod tests {
     }
 
     /// A transition of a record that is gone, or of a device it does not have, fails loudly
-    /// and changes nothing (the engine's closures did nothing, silently).
+    /// and changes nothing (the engine's closures did nothing, silently); so does the end of a
+    /// record that is gone.
     #[test]
     fn a_transition_of_a_gone_record_or_device_is_an_error_and_changes_nothing() {
         let mut c = cp();
@@ -307,12 +458,182 @@ mod tests {
             }
             assert_eq!(c, before, "{name} changed the checkpoint");
         }
-        assert!(!c.drop_record("uid-1/sb-2"));
-        assert!(c.drop_record(KEY));
+        assert!(matches!(
+            c.apply("uid-1/sb-2", Transition::Drop),
+            Err(StateError::RecordGone { .. })
+        ));
+        assert_eq!(c, before);
+        c.apply(KEY, Transition::Drop).unwrap();
+        assert!(c.pods.is_empty());
         assert!(matches!(
             c.apply(KEY, Transition::MarkReturning),
             Err(StateError::RecordGone { .. })
         ));
+    }
+
+    fn legacy() -> PodRecord {
+        let mut r = (*cp().pods[KEY]).clone();
+        r.sandbox_id = String::new();
+        r
+    }
+
+    fn rekey(to: &str) -> Transition {
+        Transition::Rekey {
+            to: pod_key(to.split_once('/').unwrap().0, to.split_once('/').unwrap().1),
+            naming: Naming::default(),
+        }
+    }
+
+    /// A re-key of a record that is gone (named by another sandbox meanwhile, dropped) is an
+    /// error and changes nothing; before, the engine's closure skipped it and the sandbox went on
+    /// as if its record were named.
+    #[test]
+    fn a_rekey_of_a_gone_record_is_refused() {
+        let mut c = cp();
+        let before = c.clone();
+        for (from, t) in [
+            ("uid-1/", rekey("uid-1/sb-9")),
+            ("/sb-1", rekey("uid-1/sb-1")),
+            (
+                KEY,
+                Transition::Rekey {
+                    to: pod_key("uid-1", "sb-9"),
+                    naming: Naming {
+                        pod: None,
+                        devices: vec![PlannedDevice {
+                            device: 2,
+                            name: "dev-z".into(),
+                            host_name: None,
+                        }],
+                    },
+                },
+            ),
+        ] {
+            match c.apply(from, t) {
+                Err(StateError::RecordGone { key, transition }) => {
+                    assert_eq!((key.as_str(), transition), (from, "rekey"));
+                }
+                other => panic!("rekey of {from}: {other:?}"),
+            }
+            assert_eq!(c, before, "rekey of {from} changed the checkpoint");
+        }
+    }
+
+    /// A re-key never puts a record in the place of another: the sandbox's own record stays,
+    /// and so does the one that would have taken its place.
+    #[test]
+    fn a_rekey_onto_a_taken_key_is_refused() {
+        let mut c = cp();
+        let old = legacy();
+        c.pods.insert(old.key(), old.into());
+        let before = c.clone();
+        match c.apply("uid-1/", rekey(KEY)) {
+            Err(StateError::RecordThere { key, transition }) => {
+                assert_eq!((key.as_str(), transition), (KEY, "rekey"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(c, before);
+        // A key that is not a record's own (`<pod-uid>/<sandbox-id>`) is refused too.
+        let bad = Transition::Rekey {
+            to: serde_json::from_str("\"uid-1\"").unwrap(),
+            naming: Naming::default(),
+        };
+        assert!(matches!(
+            c.apply("uid-1/", bad),
+            Err(StateError::NotItsKey { .. })
+        ));
+        assert_eq!(c, before);
+    }
+
+    /// A record rebuilt from a pin names its sandbox: its ids from the new key, the pod's name,
+    /// its devices' plan names; a format-1 record takes its sandbox id.
+    #[test]
+    fn a_rekey_names_the_record_and_moves_it() {
+        let mut c = Checkpoint::default();
+        let mut rebuilt = legacy();
+        rebuilt.pod_uid = String::new();
+        rebuilt.sandbox_id = "sb-1".into();
+        (rebuilt.namespace, rebuilt.name) = (String::new(), String::new());
+        c.apply("/sb-1", Transition::Rebuilt(rebuilt.clone().into()))
+            .unwrap();
+        c.apply(
+            "/sb-1",
+            Transition::Rekey {
+                to: pod_key("uid-1", "sb-1"),
+                naming: Naming {
+                    pod: Some(PodName {
+                        namespace: "ns".into(),
+                        name: "p".into(),
+                    }),
+                    devices: vec![PlannedDevice {
+                        device: 1,
+                        name: "pci-0000-3b-00-1".into(),
+                        host_name: Some("eth7".into()),
+                    }],
+                },
+            },
+        )
+        .unwrap();
+        assert!(!c.pods.contains_key("/sb-1"));
+        let r = c.record(KEY).unwrap();
+        assert_eq!(r.key(), KEY);
+        assert_eq!((r.namespace.as_str(), r.name.as_str()), ("ns", "p"));
+        assert_eq!(r.devices[0], rebuilt.devices[0]);
+        assert_eq!(r.devices[1].device, "pci-0000-3b-00-1");
+        assert_eq!(r.devices[1].snapshot.name, "eth7");
+        let mut c = Checkpoint::default();
+        c.pods.insert(legacy().key(), legacy().into());
+        c.apply("uid-1/", rekey(KEY)).unwrap();
+        assert_eq!(c, cp());
+    }
+
+    /// A write-ahead replaces a record of its sandbox whose devices are all home (an attach again
+    /// after a rollback), never one with devices out; adoption and rebuilt records go only where
+    /// no record is; every record goes under its own key.
+    #[test]
+    fn a_new_record_never_hides_one_with_devices_out() {
+        let mut c = cp();
+        let rec = || c_rec(&cp());
+        let before = c.clone();
+        for t in [
+            Transition::WriteAhead(rec().into()),
+            Transition::Adopt(rec().into()),
+            Transition::Rebuilt(rec().into()),
+        ] {
+            let name = t.name();
+            match c.apply(KEY, t) {
+                Err(StateError::RecordThere { key, transition }) => {
+                    assert_eq!((key.as_str(), transition), (KEY, name));
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+            assert_eq!(c, before, "{name} changed the checkpoint");
+        }
+        assert!(matches!(
+            c.apply("uid-1/sb-2", Transition::WriteAhead(rec().into())),
+            Err(StateError::NotItsKey { .. })
+        ));
+        assert_eq!(c, before);
+        c.apply(KEY, Transition::Abandon).unwrap();
+        c.apply(KEY, Transition::WriteAhead(rec().into())).unwrap();
+        assert_eq!(c, before);
+        c.apply(KEY, Transition::Abandon).unwrap();
+        assert!(matches!(
+            c.apply(KEY, Transition::Adopt(rec().into())),
+            Err(StateError::RecordThere { .. })
+        ));
+        c.apply(KEY, Transition::Unadopt).unwrap();
+        c.apply(KEY, Transition::Adopt(rec().into())).unwrap();
+        assert_eq!(c, before);
+        assert!(matches!(
+            c.apply("uid-1/sb-2", Transition::Unadopt),
+            Err(StateError::RecordGone { .. })
+        ));
+    }
+
+    fn c_rec(c: &Checkpoint) -> PodRecord {
+        (*c.pods[KEY]).clone()
     }
 
     /// An attach, its return with a name taken, the name back: each step by name.
