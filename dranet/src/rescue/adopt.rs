@@ -218,6 +218,12 @@ fn home_name(d: &Allocated, in_pod: &LinkSnapshot) -> String {
 fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::sys::netns::NetnsId) -> DeviceRecord {
     let host_name = home_name(d, &in_pod);
     let snapshot = LinkSnapshot {
+        // Its host ifindex is unknown; the pod's is the best guess (a move keeps the index when
+        // it is free) and harmless: the device is found by its parent device, the index only
+        // asked for on the way home (refused if taken: then the move goes without it). Not 0
+        // (unknown, as a rebuilt record says): a record read from disk with a snapshot at
+        // ifindex 0 is refused as corrupt (`state::validate`), and the adoption would be lost
+        // at the next start.
         ifindex: in_pod.ifindex,
         name: host_name,
         mtu: in_pod.mtu,
@@ -271,6 +277,59 @@ mod tests {
         assert_eq!(home_name(&dev("pci-0000-00-05-0", None), &in_pod), "net1");
         assert_eq!(home_name(&dev("net-mv2gqmbogeyda", None), &in_pod), "net1");
         assert_eq!(home_name(&dev("pci-0000-00-05-0", Some("a/b")), &in_pod), "net1");
+    }
+
+    /// An adopted device's host ifindex is its pod ifindex, a real index: the record survives
+    /// a restart. At 0 (unknown, as a rebuilt record says) the load refuses it as corrupt (a
+    /// record with no earlier version on disk is then lost).
+    #[test]
+    fn an_adopted_record_keeps_a_real_host_ifindex_and_loads_again() {
+        use crate::state::{Checkpoint, PodPhase, PodRecord, Store};
+        let dir = std::env::temp_dir().join(format!("dranet-adopt-reload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let netns = crate::sys::netns::NetnsId { cookie: 7, inode: 9 };
+        let in_pod = LinkSnapshot {
+            ifindex: 5,
+            name: "net1".into(),
+            mtu: 1500,
+            perm_mac: Some("0c:42:a1:00:00:01".into()),
+            parent: Some("pci/0000:3b:00.1".into()),
+            ..LinkSnapshot::default()
+        };
+        let d = Allocated {
+            device: "pci-0000-3b-00-1".into(),
+            host_ifname: Some("eth1".into()),
+            pci_address: Some("0000:3b:00.1".into()),
+            rdma_device: None,
+        };
+        let dev = adopted_record(&d, in_pod, netns);
+        assert_eq!((dev.snapshot.ifindex, dev.snapshot.name.as_str()), (5, "eth1"));
+        let record = |dev: DeviceRecord, sandbox: &str| PodRecord {
+            pod_uid: "uid-1".into(),
+            sandbox_id: sandbox.into(),
+            namespace: String::new(),
+            name: String::new(),
+            netns_path: "/run/netns/x".into(),
+            netns,
+            pin: Some(store.pins_dir().join(sandbox)),
+            phase: PodPhase::Attached,
+            devices: vec![dev],
+            recovered: None,
+        };
+        let mut cp = Checkpoint::default();
+        let r = record(dev.clone(), "sb-1");
+        cp.pods.insert(r.key(), r.into());
+        store.save(&cp).unwrap();
+        let loaded = store.load_or_recover().cp.pods;
+        assert_eq!(loaded, cp.pods);
+        let mut unknown = dev;
+        unknown.snapshot.ifindex = 0;
+        let r = record(unknown, "sb-2");
+        cp.pods.insert(r.key(), r.into());
+        store.save(&cp).unwrap();
+        assert_eq!(store.load_or_recover().cp.pods, loaded);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
