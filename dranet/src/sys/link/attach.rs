@@ -48,15 +48,7 @@ pub async fn attach(
             LinkError::Offload { field, reason }
         })?
     };
-    let mut m = settings(
-        snap.ifindex,
-        spec.mtu,
-        spec.mac.clone(),
-        spec.gso_max_size,
-        spec.gro_max_size,
-        spec.gso_ipv4_max_size,
-        spec.gro_ipv4_max_size,
-    );
+    let mut m = settings(snap.ifindex, spec.mtu, spec.mac.clone(), Sizes::of_spec(spec));
     m.attributes
         .insert(0, LinkAttribute::NetNsFd(netns.as_fd().as_raw_fd()));
     m.attributes

@@ -524,10 +524,7 @@ fn settings_diff(index: u32, snap: &LinkSnapshot, cur: &LinkSnapshot) -> Result<
         index,
         (snap.mtu != cur.mtu && snap.mtu > 0).then_some(snap.mtu),
         mac,
-        diff(snap.gso_max_size, cur.gso_max_size),
-        diff(snap.gro_max_size, cur.gro_max_size),
-        diff(snap.gso_ipv4_max_size, cur.gso_ipv4_max_size),
-        diff(snap.gro_ipv4_max_size, cur.gro_ipv4_max_size),
+        Sizes::of_snapshot(snap).differing_from(Sizes::of_snapshot(cur)),
     );
     if snap.alias != cur.alias {
         m.attributes

@@ -311,15 +311,50 @@ pub(super) fn route_message(
     Ok(b.output_interface(oif).build())
 }
 
-pub(super) fn settings(
-    index: u32,
-    mtu: Option<u32>,
-    mac: Option<Vec<u8>>,
-    gso: Option<u32>,
-    gro: Option<u32>,
-    gso4: Option<u32>,
-    gro4: Option<u32>,
-) -> LinkMessage {
+/// The GSO/GRO limits one `RTM_NEWLINK` sets, by name (as four `Option<u32>` in a row they
+/// could be passed in the wrong order and still compile). `None`: that limit is left alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Sizes {
+    pub gso_max_size: Option<u32>,
+    pub gro_max_size: Option<u32>,
+    pub gso_ipv4_max_size: Option<u32>,
+    pub gro_ipv4_max_size: Option<u32>,
+}
+
+impl Sizes {
+    /// The limits a claim asks for inside the pod.
+    pub(super) fn of_spec(spec: &AttachSpec) -> Self {
+        Self {
+            gso_max_size: spec.gso_max_size,
+            gro_max_size: spec.gro_max_size,
+            gso_ipv4_max_size: spec.gso_ipv4_max_size,
+            gro_ipv4_max_size: spec.gro_ipv4_max_size,
+        }
+    }
+
+    /// The limits a device had (or has) in the host.
+    pub(super) fn of_snapshot(snap: &LinkSnapshot) -> Self {
+        Self {
+            gso_max_size: snap.gso_max_size,
+            gro_max_size: snap.gro_max_size,
+            gso_ipv4_max_size: snap.gso_ipv4_max_size,
+            gro_ipv4_max_size: snap.gro_ipv4_max_size,
+        }
+    }
+
+    /// The limits of `self` that `cur` does not have (each one that is equal: `None`).
+    pub(super) fn differing_from(self, cur: Self) -> Self {
+        let diff = |want: Option<u32>, have: Option<u32>| if want != have { want } else { None };
+        Self {
+            gso_max_size: diff(self.gso_max_size, cur.gso_max_size),
+            gro_max_size: diff(self.gro_max_size, cur.gro_max_size),
+            gso_ipv4_max_size: diff(self.gso_ipv4_max_size, cur.gso_ipv4_max_size),
+            gro_ipv4_max_size: diff(self.gro_ipv4_max_size, cur.gro_ipv4_max_size),
+        }
+    }
+}
+
+pub(super) fn settings(index: u32, mtu: Option<u32>, mac: Option<Vec<u8>>, sizes: Sizes) -> LinkMessage {
     let mut m = LinkMessage::default();
     m.header.index = index;
     if let Some(v) = mtu {
@@ -328,17 +363,65 @@ pub(super) fn settings(
     if let Some(v) = mac {
         m.attributes.push(LinkAttribute::Address(v));
     }
-    if let Some(v) = gso {
+    let Sizes {
+        gso_max_size,
+        gro_max_size,
+        gso_ipv4_max_size,
+        gro_ipv4_max_size,
+    } = sizes;
+    if let Some(v) = gso_max_size {
         m.attributes.push(LinkAttribute::GsoMaxSize(v));
     }
-    if let Some(v) = gro {
+    if let Some(v) = gro_max_size {
         m.attributes.push(LinkAttribute::GroMaxSize(v));
     }
-    if let Some(v) = gso4 {
+    if let Some(v) = gso_ipv4_max_size {
         m.attributes.push(LinkAttribute::GsoIpv4MaxSize(v));
     }
-    if let Some(v) = gro4 {
+    if let Some(v) = gro_ipv4_max_size {
         m.attributes.push(LinkAttribute::GroIpv4MaxSize(v));
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_size_goes_to_its_own_attribute_and_only_a_differing_one_is_restored() {
+        let want = Sizes {
+            gso_max_size: Some(1),
+            gro_max_size: Some(2),
+            gso_ipv4_max_size: Some(3),
+            gro_ipv4_max_size: Some(4),
+        };
+        let m = settings(7, None, None, want);
+        assert_eq!(m.header.index, 7);
+        assert_eq!(
+            m.attributes,
+            vec![
+                LinkAttribute::GsoMaxSize(1),
+                LinkAttribute::GroMaxSize(2),
+                LinkAttribute::GsoIpv4MaxSize(3),
+                LinkAttribute::GroIpv4MaxSize(4),
+            ]
+        );
+        let have = Sizes {
+            gro_max_size: Some(9),
+            ..want
+        };
+        let back = want.differing_from(have);
+        assert_eq!(
+            back,
+            Sizes {
+                gro_max_size: Some(2),
+                ..Sizes::default()
+            }
+        );
+        assert_eq!(
+            settings(7, None, None, back).attributes,
+            vec![LinkAttribute::GroMaxSize(2)]
+        );
+    }
 }
