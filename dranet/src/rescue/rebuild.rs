@@ -292,7 +292,8 @@ impl Engine {
         };
         // An error that surfaces (the hook, the attach or the adoption fails, Synchronize logs
         // it), and the rebuilt record stays as it was: gone meanwhile (both locks are held: a
-        // bug), or the sandbox has a record of its own, which it must not lose to this one.
+        // bug), or the sandbox has a record of its own with devices out, which it must not
+        // lose to this one.
         let rekey = Transition::Rekey {
             to: key.clone(),
             naming,

@@ -105,7 +105,8 @@ impl Engine {
         let key = pod_key(uid, sandbox);
         // An error that surfaces (the hook or the attach fails, Synchronize logs it), and the
         // format-1 record stays as it was: gone meanwhile (the pod's lock is held: a bug), or
-        // the sandbox has a record of its own, which it must not lose to this one.
+        // the sandbox has a record of its own with devices out, which it must not lose to this
+        // one.
         let rekey = Transition::Rekey {
             to: key.clone(),
             naming: Naming::default(),

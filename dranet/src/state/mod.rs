@@ -141,8 +141,8 @@ pub enum StateError {
     /// A [`Transition`] of a record (or of a device) that is not there: nothing changed.
     #[error("sandbox record {key}: {transition}: no such record or device")]
     RecordGone { key: String, transition: &'static str },
-    /// A [`Transition`] that puts a record under a key where one is already (one that still has
-    /// devices out, for a write-ahead): nothing changed.
+    /// A [`Transition`] that puts a record under a key where one is already (for a write-ahead
+    /// or a re-key: one that still has devices out): nothing changed.
     #[error("sandbox record {key}: {transition}: a record is there already")]
     RecordThere { key: String, transition: &'static str },
     /// A [`Transition`] that puts a record under a key that is not its own

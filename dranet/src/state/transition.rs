@@ -95,7 +95,9 @@ pub enum Transition {
     Rebuilt(Shared<PodRecord>),
     /// A record names its sandbox: one migrated from checkpoint format 1 (no sandbox id) or
     /// rebuilt from a pin (no pod UID) moves to key `to`, whose pod UID and sandbox id it takes,
-    /// and learns what `naming` says. Refused where a record is under `to`. Awaited.
+    /// and learns what `naming` says. It replaces a record under `to` whose devices are all home
+    /// (a `.prev` one save behind the attach that made the pin: the record of its rolled-back
+    /// attempt), never one with devices out ([`StateError::RecordThere`]). Awaited.
     Rekey { to: RecordKey, naming: Naming },
     /// The record ends: every device home, its pin released, its sandbox gone or going (the
     /// engine decides when). Staged: a crash that loses it leaves a record with every device
@@ -367,7 +369,7 @@ impl Checkpoint {
                 transition,
             });
         }
-        if to.as_str() != key && self.pods.contains_key(&to) {
+        if to.as_str() != key && self.pods.get(&to).is_some_and(|r| r.has_devices_out()) {
             return Err(StateError::RecordThere {
                 key: to.into(),
                 transition,
@@ -519,8 +521,9 @@ mod tests {
         }
     }
 
-    /// A re-key never puts a record in the place of another: the sandbox's own record stays,
-    /// and so does the one that would have taken its place.
+    /// A re-key never puts a record in the place of one with devices out: the sandbox's own
+    /// record stays, and so does the one that would have taken its place. One whose devices are
+    /// all home is replaced.
     #[test]
     fn a_rekey_onto_a_taken_key_is_refused() {
         let mut c = cp();
@@ -544,6 +547,9 @@ mod tests {
             Err(StateError::NotItsKey { .. })
         ));
         assert_eq!(c, before);
+        c.apply(KEY, Transition::Abandon).unwrap();
+        c.apply("uid-1/", rekey(KEY)).unwrap();
+        assert_eq!(c, cp());
     }
 
     /// A record rebuilt from a pin names its sandbox: its ids from the new key, the pod's name,
