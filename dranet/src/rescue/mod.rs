@@ -284,7 +284,7 @@ pub enum AttachOutcome {
     Attached { devices: Vec<String> },
 }
 
-/// What [`Engine::detach_pod`] did.
+/// What [`Engine::detach_sandbox`] did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum DetachOutcome {
