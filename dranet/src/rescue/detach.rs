@@ -877,3 +877,88 @@ impl DeviceReturn {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A netlink error of the kernel with `errno`, as `rtnetlink` hands it over.
+    fn kernel_said(errno: i32) -> LinkError {
+        let mut m = netlink_packet_core::ErrorMessage::default();
+        m.code = std::num::NonZeroI32::new(-errno);
+        LinkError::Netlink {
+            what: "move home",
+            source: Box::new(rtnetlink::Error::NetlinkError(m)),
+        }
+    }
+
+    fn of_device(source: LinkError) -> RescueError {
+        RescueError::Link {
+            pod: "uid".into(),
+            device: "eth1".into(),
+            source,
+        }
+    }
+
+    /// Each cause a return gives up with, as the rescue reports it, and its stuck label.
+    fn cases() -> Vec<(RescueError, &'static str)> {
+        let after = Duration::from_secs(5);
+        vec![
+            (of_device(kernel_said(libc::EEXIST)), "name_taken"),
+            (
+                of_device(LinkError::Transport {
+                    what: "move home",
+                    step: "send",
+                    source: std::io::Error::from_raw_os_error(libc::EEXIST),
+                }),
+                "name_taken",
+            ),
+            (
+                RescueError::Rdma {
+                    pod: "uid".into(),
+                    device: "mlx5_0".into(),
+                    source: rdma::RdmaError::Kernel {
+                        what: "moving the RDMA device home",
+                        errno: libc::EEXIST,
+                    },
+                },
+                "name_taken",
+            ),
+            (
+                of_device(LinkError::Timeout {
+                    what: "bringing the device home",
+                    after,
+                }),
+                "timeout",
+            ),
+            (
+                RescueError::Timeout {
+                    pod: "uid".into(),
+                    device: "eth1".into(),
+                    what: "RDMA link home",
+                    after,
+                },
+                "timeout",
+            ),
+            (of_device(kernel_said(libc::EBUSY)), "other"),
+            (
+                of_device(LinkError::Lost {
+                    name: "eth1".into(),
+                    mac: None,
+                }),
+                "other",
+            ),
+            (of_device(LinkError::NotFound("eth1".into())), "other"),
+        ]
+    }
+
+    #[test]
+    fn a_stuck_return_is_labelled_by_its_cause() {
+        for (e, label) in cases() {
+            let error = crate::telemetry::chain(&e).to_string();
+            assert_eq!(stuck_reason(&error), label, "{error}");
+        }
+    }
+}
