@@ -104,14 +104,7 @@ impl Engine {
             .collect();
         for (uid, key, d) in &pending {
             info!(record = %key, device = d.device, "a vanished device's report is not confirmed: sent again");
-            self.record(
-                uid,
-                ActivityKind::Vanished {
-                    device: d.device.clone(),
-                    host_name: d.snapshot.name.clone(),
-                    record: key.to_string(),
-                },
-            );
+            self.send_vanished(uid, key, d);
         }
         pending.len()
     }
@@ -152,6 +145,14 @@ impl Engine {
             host_name = d.snapshot.name,
             "device no longer exists anywhere (deleted while in the pod): its record ends"
         );
+        self.send_vanished(uid, key, d);
+        Ok(())
+    }
+
+    /// The report of gone device `d` of sandbox `key` into the activity feed: the same when
+    /// [`Engine::mark_gone`] sends it and when [`Engine::resend_unreported`] sends it again, so
+    /// the reporter names the same event both times.
+    fn send_vanished(&self, uid: &str, key: &RecordKey, d: &DeviceRecord) {
         self.record(
             uid,
             ActivityKind::Vanished {
@@ -160,7 +161,6 @@ impl Engine {
                 record: key.to_string(),
             },
         );
-        Ok(())
     }
 }
 
