@@ -71,7 +71,14 @@ impl Side {
 }
 
 /// `records` copies of a real attached record (and of its plan), each its own pod and netns.
-async fn big_checkpoint(side: &Side, d: &Devices, records: usize) -> Result<Checkpoint> {
+/// The copies' pins are named in `pins`, the pins dir of the state dir they are loaded from (a
+/// record whose pin is anywhere else is refused at load).
+async fn big_checkpoint(
+    side: &Side,
+    d: &Devices,
+    records: usize,
+    pins: &std::path::Path,
+) -> Result<Checkpoint> {
     let ns = PodNetns::create(&unique("drbench-k-"))?;
     let uid = unique("bench-t-");
     side.engine.set_plan(d.plan(&uid))?;
@@ -96,7 +103,7 @@ async fn big_checkpoint(side: &Side, d: &Devices, records: usize) -> Result<Chec
         r.netns.cookie = u64::MAX - i as u64;
         r.netns.inode = u64::MAX - i as u64;
         r.netns_path = format!("/run/netns/filler-{i}").into();
-        r.pin = r.pin.as_ref().and_then(|p| p.parent()).map(|p| p.join(&u));
+        r.pin = r.pin.as_ref().map(|_| pins.join(&u));
         // Devices no node has (names, MACs): no attach ever finds them busy.
         for (j, dev) in r.devices.iter_mut().enumerate() {
             dev.device = format!("filler-{i}-{j}");
@@ -123,9 +130,11 @@ async fn big_checkpoint(side: &Side, d: &Devices, records: usize) -> Result<Chec
 pub async fn run(rounds: usize, records: usize) -> Result<Figures> {
     let d = Devices::create(2)?;
     let empty = Side::new(StateDir::new()?).await?;
-    let big = big_checkpoint(&empty, &d, records).await?;
     let state = StateDir::new_sized("256m")?;
-    Store::open(&state.0)?.save(&big)?;
+    let store = Store::open(&state.0)?;
+    let big = big_checkpoint(&empty, &d, records, &store.pins_dir()).await?;
+    store.save(&big)?;
+    drop(store);
     let full = Side::new(state).await?;
     let loaded = full.engine.checkpoint().pods.len();
     if loaded < records {
