@@ -18,10 +18,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dranet::dra::proto::health_v1alpha1::NodeWatchResourcesRequest;
-use dranet::dra::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
+use dranet_sim::fixtures::health_stream;
 use dranet_sim::kernel::{PodNetns, unique};
-use dranet_sim::kubelet::uds_channel;
 use dranet_sim::node::{Node, NodeOptions};
 use dranet_sim::root_or_skip;
 
@@ -71,18 +69,7 @@ async fn idle_node(ns: &PodNetns, extra: Vec<String>) -> Result<(Node, tokio::ta
         ..NodeOptions::default()
     })
     .await?;
-    let endpoint = node
-        .plugin
-        .as_ref()
-        .context("not registered")?
-        .info
-        .endpoint
-        .clone();
-    let mut health = DraResourceHealthClient::new(uds_channel(Path::new(&endpoint)).await?);
-    let mut stream = health
-        .node_watch_resources(NodeWatchResourcesRequest {})
-        .await?
-        .into_inner();
+    let mut stream = health_stream(&node).await?;
     let reader = tokio::spawn(async move { while let Ok(Some(_)) = stream.message().await {} });
     Ok((node, reader))
 }

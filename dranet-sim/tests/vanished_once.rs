@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dranet_sim::fixtures::{nic_device, prepare_claim, until};
+use dranet_sim::fixtures::{health_stream, nic_device, prepare_claim, until};
 use dranet_sim::kernel::{PodNetns, host_has, unique};
 use dranet_sim::nic::Nic;
 use dranet_sim::node::{Node, NodeOptions, sandbox_id, sandbox_with_id};
@@ -162,20 +162,7 @@ dranet_sim::root_tests! {
 /// Device `device`'s health in kubelet's stream of the daemon's DRA socket (v1alpha1, as kubelet
 /// 1.34–1.36 calls it): waits up to `within` for a list that names it, `None` if none did.
 async fn health_of(node: &Node, device: &str, within: Duration) -> Result<Option<(i32, String)>> {
-    use dranet::dra::proto::health_v1alpha1::NodeWatchResourcesRequest;
-    use dranet::dra::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
-    let endpoint = node
-        .plugin
-        .as_ref()
-        .context("not registered")?
-        .info
-        .endpoint
-        .clone();
-    let mut c = DraResourceHealthClient::new(dranet_sim::kubelet::uds_channel(Path::new(&endpoint)).await?);
-    let mut stream = c
-        .node_watch_resources(NodeWatchResourcesRequest {})
-        .await?
-        .into_inner();
+    let mut stream = health_stream(node).await?;
     let found = tokio::time::timeout(within, async {
         while let Ok(Some(r)) = stream.message().await {
             let hit = r.devices.iter().find_map(|d| {
