@@ -1,3 +1,4 @@
+// Over 500 lines: every way a checkpoint fails to load shares the pod, NIC, corruption and wait helpers above its scenarios.
 //! A checkpoint that does not load, and a second process beside the daemon, against the real
 //! `dranet run` binary (NRI runtime harness + kubelet simulator), real netns and veth pairs
 //! standing in for NICs:
@@ -7,7 +8,8 @@
 //!   device: the daemon starts, says what it did, and the device comes home at teardown —
 //!   restored from the record's `.prev` when that loads, rebuilt from the pin when it does not
 //!   (then home as `dn<ifindex>`, up, without addresses) — in containerd and in CRI-O order;
-//!   `release-all` works from the pins alone;
+//!   `release-all` works from the pins alone; a rebuilt record loads again at the next start (its
+//!   host ifindex unknown, 0) as it was, named, and is not rebuilt a second time;
 //! * `release-all` and a second `dranet run` beside a running daemon refuse, naming it, and
 //!   touch nothing; a `release-all` that waits gets the state dir once the daemon stops, with
 //!   every record the daemon wrote meanwhile.
@@ -325,7 +327,97 @@ async fn scenarios(node: &mut Node, nic: &Nic, bad: Bad, prev_order: Order, pins
     Ok(())
 }
 
+/// A record rebuilt from a pin lives on: rebuilt at one start (every file bad), named by the
+/// runtime's Synchronize, it loads again at the next start (a second restart on the same state
+/// dir) as it was — not moved aside as corrupt, not rebuilt from the pin a second time — and the
+/// device comes home at teardown under the name the record gives it. Its snapshot's host ifindex
+/// is 0 (unknown): the load once refused that as a hostile field, so a rebuilt record with no
+/// loadable `.prev` lost its naming (pod, plan host names) at every start.
+async fn rebuilt_record_survives_a_second_restart() -> Result<()> {
+    let nic = Nic::create()?;
+    let mut node = Node::start(opts()).await?;
+    let res = rebuilt_then_restarted(&mut node, &nic).await;
+    res.with_context(|| format!("the daemon's log:\n{}", node.log()))
+}
+
+/// The pod's record as it is on disk: (file name, its `pod` object).
+fn pod_record(node: &Node, uid: &str) -> Result<(String, Value)> {
+    let mut found = Vec::new();
+    for name in state_files(node, "pod_")? {
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(node.state_dir().join("checkpoint").join(&name))?)?;
+        if v["pod"]["pod_uid"] == uid {
+            found.push((name, v["pod"].clone()));
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        n => bail!("{n} records of pod {uid}: {found:?}"),
+    }
+}
+
+async fn rebuilt_then_restarted(node: &mut Node, nic: &Nic) -> Result<()> {
+    const REBUILT: &str = "record rebuilt from the pin:";
+    let mut pod = start_pod(node, nic).await?;
+    let idx = pod_ifindex(&pod.ns)?;
+    node.kill()?;
+    corrupt_all(node, Bad::Garbage)?;
+    node.restart().await.context("first restart, no record loading")?;
+    wait_log(node, REBUILT).await?;
+    // Synchronize names the rebuilt record: re-keyed under the pod's UID.
+    let start = Instant::now();
+    let (file, named) = loop {
+        match pod_record(node, &pod.uid) {
+            Ok(r) => break r,
+            Err(e) if start.elapsed() > Duration::from_secs(5) => {
+                return Err(e.context("the rebuilt record was never named"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    assert!(named["recovered"].is_object(), "not a rebuilt record: {named}");
+    assert_eq!(named["devices"][0]["snapshot"]["name"], format!("dn{idx}"));
+    let aside = state_files(node, ".corrupt-")?;
+
+    // The second restart: the record loads as it was written.
+    node.kill()?;
+    node.restart().await.context("second restart")?;
+    let log = node.log();
+    assert_eq!(
+        log.matches(REBUILT).count(),
+        1,
+        "the record was rebuilt from the pin again at the second restart"
+    );
+    assert_eq!(
+        log.matches("checkpoint records load from neither").count(),
+        1,
+        "a record did not load at the second restart"
+    );
+    let aside_now = state_files(node, ".corrupt-")?;
+    assert_eq!(
+        aside_now.len(),
+        aside.len(),
+        "moved aside at the second restart: {aside_now:?} (before: {aside:?})"
+    );
+    let (file_now, record_now) = pod_record(node, &pod.uid)?;
+    assert_eq!(file_now, file, "the record changed its key");
+    assert_eq!(record_now, named, "the record lost what it was");
+    assert!(pod.ns.has("net0"), "the running pod lost its NIC");
+
+    teardown(node, &mut pod, nic, Order::Containerd).await?;
+    let home = rebuilt_home(nic, idx).await?;
+    assert!(node.pins().is_empty(), "pins left: {:?}", node.pins());
+    let renamed = home["ifname"].as_str().unwrap_or_default().to_owned();
+    sh(&["ip", "link", "set", &renamed, "down"])?;
+    sh(&["ip", "link", "set", &renamed, "name", &nic.name])?;
+    Ok(())
+}
+
 dranet_sim::root_tests! {
+    a_rebuilt_record_survives_a_second_restart => rebuilt_record_survives_a_second_restart();
     truncated_checkpoint => corrupt_checkpoint(Bad::Truncated, Order::Containerd, Order::Crio);
     garbage_checkpoint => corrupt_checkpoint(Bad::Garbage, Order::Crio, Order::Containerd);
     empty_object_checkpoint => corrupt_checkpoint(Bad::EmptyObject, Order::Containerd, Order::Crio);

@@ -1,7 +1,8 @@
 //! Issue 38 #7, every field: record files under the state dir can be corrupt or hostile. Pin
 //! paths are checked since 0c982ae; here every other field of a sandbox record gets a value no
 //! kernel and no dranet ever wrote (a device name with `/`, a link name over 15 bytes, 100,000
-//! altnames, an MTU of 2^32-1, ifindex 0, a sysctl key that climbs out of `/proc/sys`, a PCI
+//! altnames, an MTU of 2^32-1, an ifindex beyond the kernel's `int` (a snapshot's host ifindex
+//! of 0 is dranet's own "unknown", which a rebuilt record writes), a sysctl key that climbs out of `/proc/sys`, a PCI
 //! address that is a path, ...), one field per record, written while dranet is down. At the
 //! restart each such record file must be moved aside as corrupt (`<file>.corrupt-<time>`), its
 //! record must not be loaded, and nothing may be done on its basis: a host link one of them
@@ -72,7 +73,10 @@ fn cases(victim: &str, victim_index: u32, victim_mac: &str) -> Vec<(&'static str
             }),
         ),
         ("MTU 2^32-1", d(|d| d["snapshot"]["mtu"] = json!(u32::MAX))),
-        ("snapshot ifindex 0", d(|d| d["snapshot"]["ifindex"] = json!(0))),
+        (
+            "snapshot ifindex 2^31",
+            d(|d| d["snapshot"]["ifindex"] = json!(1_u64 << 31)),
+        ),
         (
             "place at ifindex 0",
             d(|d| d["at"] = json!({"ifindex": 0, "netns": {"cookie": 1, "inode": 2}})),

@@ -292,8 +292,8 @@ fn returned_device(
                 (None, Some(_)) => same_mac(perm_mac, s.perm_mac.as_deref()),
                 // No identity that travels: only its own host ifindex (the kernel returns a
                 // device there when it is free, and the host never hands it to another link
-                // while the device is away).
-                (None, None) => s.identified && s.ifindex == ifindex,
+                // while the device is away); 0, unknown, is none.
+                (None, None) => s.identified && s.ifindex > 0 && s.ifindex == ifindex,
             };
             if hit {
                 return vec![Action::Repair {

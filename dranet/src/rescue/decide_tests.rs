@@ -1,3 +1,4 @@
+// Over 500 lines: one test per rule of `decide` (paths, kernel identities, tier-B moves, freed names), sharing one record and event fixtures.
 use super::*;
 use crate::state::{Checkpoint, DeviceAt, DeviceRecord, DeviceState, PodPhase, PodRecord, ReturnReason};
 use crate::sys::link::LinkSnapshot;
@@ -319,6 +320,17 @@ fn a_host_link_with_the_claims_mac_or_the_original_mac_is_never_taken() {
         kind: Some("veth".into()),
     });
     assert_eq!(decide(&virt, &at_home).len(), 1);
+    // Its host ifindex unknown (0: a record rebuilt from a pin), it is recognised at none, not
+    // even at an index 0 an event gives.
+    for r in virt.pods.values_mut() {
+        r.devices[0].snapshot.ifindex = 0;
+    }
+    let mut at_zero = at_home.clone();
+    if let EventKind::LinkAppeared { ifindex, .. } = &mut at_zero.kind {
+        *ifindex = 0;
+    }
+    assert!(decide(&virt, &at_home).is_empty());
+    assert!(decide(&virt, &at_zero).is_empty());
 }
 
 #[test]

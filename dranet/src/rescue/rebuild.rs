@@ -1,3 +1,4 @@
+// Over 500 lines: a record rebuilt from a pin, from the links found to its naming, with the test that it loads again.
 //! Records rebuilt from pins: when no checkpoint has a record of a pinned netns (neither the
 //! record's file nor its `.prev` loaded, or `.prev` is one save behind the attach that made the
 //! pin), the pin itself says that dranet put devices there, and the kernel says which.
@@ -450,5 +451,60 @@ fn rebuilt_device(f: &Found, netns: NetnsId) -> DeviceRecord {
         rebuilt: true,
         return_error: None,
         vanish_unreported: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Checkpoint, Store};
+
+    /// A rebuilt device's host ifindex is 0 (unknown): its record, named, loads again at the next
+    /// start with no earlier version to fall back on, instead of being moved aside as corrupt
+    /// and rebuilt from the pin again without its naming.
+    #[test]
+    fn a_rebuilt_record_loads_again() {
+        let dir = std::env::temp_dir().join(format!("dranet-rebuilt-reload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let netns = NetnsId { cookie: 7, inode: 9 };
+        let identity = LinkSnapshot {
+            name: "net1".into(),
+            perm_mac: Some("0c:42:a1:00:00:01".into()),
+            parent: Some("pci/0000:3b:00.1".into()),
+            ..LinkSnapshot::default()
+        };
+        let found = Found {
+            ifindex: 5,
+            name: "net1".into(),
+            identity,
+        };
+        let mut dev = rebuilt_device(&found, netns);
+        assert_eq!((dev.snapshot.ifindex, dev.snapshot.name.as_str()), (0, "dn5"));
+        // Named by its plan: the host name it comes home under.
+        dev.snapshot.name = "eth1".into();
+        let record = PodRecord {
+            pod_uid: "uid-1".into(),
+            sandbox_id: "sb-1".into(),
+            namespace: "ns".into(),
+            name: "pod".into(),
+            netns_path: "/run/netns/x".into(),
+            netns,
+            pin: Some(store.pins_dir().join("sb-1")),
+            phase: PodPhase::Attached,
+            devices: vec![dev],
+            recovered: Some(Recovered {
+                reason: "no record of this pin".into(),
+                at: 1,
+            }),
+        };
+        let mut cp = Checkpoint::default();
+        cp.pods.insert(record.key(), record.into());
+        store.save(&cp).unwrap();
+        let _ = std::fs::remove_file(store.records_dir().join("pod_uid-1_sb-1.json.prev"));
+        let got = store.load_or_recover();
+        assert_eq!(got.cp.pods, cp.pods);
+        assert!(matches!(got.source, LoadSource::Current), "{:?}", got.source);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

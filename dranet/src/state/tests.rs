@@ -1075,7 +1075,10 @@ fn a_record_with_a_hostile_field_is_moved_aside_and_costs_no_other_record() {
             r.devices[0].snapshot.altnames = (0..100_000).map(|i| format!("alt{i}")).collect();
         }),
         ("MTU 2^32-1", |r| r.devices[0].snapshot.mtu = u32::MAX),
-        ("ifindex 0", |r| r.devices[0].snapshot.ifindex = 0),
+        // 0 is not among them: unknown, as a record rebuilt from a pin says (loads, below).
+        ("ifindex beyond the kernel's int", |r| {
+            r.devices[0].snapshot.ifindex = 1 << 31;
+        }),
         ("place at ifindex 0", |r| {
             r.devices[0].at = Some(DeviceAt {
                 ifindex: 0,
@@ -1107,11 +1110,20 @@ fn a_record_with_a_hostile_field_is_moved_aside_and_costs_no_other_record() {
             r.devices = vec![d; 2000];
         }),
     ];
-    // The valid one loads as it is.
+    // The valid one loads as it is; so does one whose host ifindex is unknown (0: a record
+    // rebuilt from a pin), with no earlier version to fall back on.
     let mut cp = sample();
     cp_insert(&mut cp, valid());
     s.save(&cp).unwrap();
     assert_eq!(s.load_or_recover().cp, cp);
+    let mut unknown = valid();
+    unknown.devices[0].snapshot.ifindex = 0;
+    cp_insert(&mut cp, unknown);
+    s.save(&cp).unwrap();
+    let _ = fs::remove_file(s.records_dir().join("pod_uid-3_sb.json.prev"));
+    let got = s.load_or_recover();
+    assert_eq!(got.cp, cp, "a host ifindex of 0 (unknown) is refused");
+    assert!(matches!(got.source, LoadSource::Current), "{:?}", got.source);
     for (what, edit) in hostile {
         let mut cp = sample();
         let mut good = record("uid-2", "sb");

@@ -14,7 +14,8 @@
 //! The bounds are those of the kernel where it has one (IFNAMSIZ, ALTIFNAMSIZ, IFALIASZ,
 //! MAX_ADDR_LEN, ETH_GSTRING_LEN, `int` ifindexes, GSO_MAX_SEGS) and otherwise far beyond any real
 //! device (an MTU over 1 MiB, more than 256 altnames, 4,096 addresses, 1,024 offload features)
-//! while small enough that a restore walking them stays cheap.
+//! while small enough that a restore walking them stays cheap. One value outside the kernel's is
+//! dranet's own: a snapshot's host ifindex 0, unknown (a record rebuilt from a pin).
 
 use std::path::{Component, Path};
 
@@ -182,7 +183,7 @@ fn device(d: &DeviceRecord) -> Result<(), String> {
 }
 
 fn snapshot(s: &LinkSnapshot) -> Result<(), String> {
-    ifindex(s.ifindex).map_err(|why| format!("ifindex: {why}"))?;
+    host_ifindex(s.ifindex).map_err(|why| format!("ifindex: {why}"))?;
     ifname(&s.name).map_err(|why| format!("name: {why}"))?;
     if s.altnames.len() > MAX_ALTNAMES {
         return Err(format!("{} altnames (at most {MAX_ALTNAMES})", s.altnames.len()));
@@ -274,6 +275,12 @@ fn ifindex(i: u32) -> Result<(), String> {
         return Err(format!("{i} (1 to {})", i32::MAX));
     }
     Ok(())
+}
+
+/// A snapshot's host ifindex: a kernel's, or 0, unknown (a record rebuilt from a pin, which
+/// has no snapshot from before the attach; [`LinkSnapshot`] never looks a device up at 0).
+fn host_ifindex(i: u32) -> Result<(), String> {
+    if i == 0 { Ok(()) } else { ifindex(i) }
 }
 
 fn place(at: &DeviceAt) -> Result<(), String> {

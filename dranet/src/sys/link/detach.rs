@@ -675,8 +675,9 @@ pub async fn repair(nl: &Netlink, index: u32, snap: &LinkSnapshot) -> Result<Ret
         .link_by_index(index)
         .await?
         .ok_or_else(|| LinkError::NotFound(format!("ifindex {index}")))?;
-    // Its own host ifindex, or an identity that travels (parent device, permanent MAC).
-    let identified = index == snap.ifindex || has_strong_identity(snap);
+    // Its own host ifindex (0: unknown, never a match), or an identity that travels (parent
+    // device, permanent MAC).
+    let identified = (snap.ifindex > 0 && index == snap.ifindex) || has_strong_identity(snap);
     if !identified || !same_device(&m, snap) {
         return Err(LinkError::NotTheDevice {
             index,

@@ -7,6 +7,9 @@ use crate::mac::Mac;
 /// A device's host state, taken before it moves and restored when it comes home.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LinkSnapshot {
+    /// Its ifindex in the host when the snapshot was taken. 0: unknown (a record rebuilt from a
+    /// pin has no snapshot from before the attach), valid in a record on disk; a device is then
+    /// never looked up, asked for or recognised by a host ifindex.
     pub ifindex: u32,
     pub name: String,
     pub altnames: Vec<String>,
