@@ -227,7 +227,7 @@ impl Engine {
     }
 
     /// The device's RDMA link home, if it is in the pod; the error, logged, if it is not home.
-    async fn return_rdma(&self, ctx: &ReturnCtx<'_>, i: usize, d: &DeviceRecord) -> Option<String> {
+    async fn return_rdma(&self, ctx: &ReturnCtx<'_>, i: usize, d: &DeviceRecord) -> Option<Failure> {
         if !d.rdma_in_pod {
             return None;
         }
@@ -236,7 +236,7 @@ impl Engine {
             .await
             .err()?;
         warn!(device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
-        Some(crate::telemetry::chain(&e).to_string())
+        Some(Failure::of(&e))
     }
 
     /// A device that is out: home by the ifindex recorded in the pinned netns (or repaired in
@@ -277,9 +277,7 @@ impl Engine {
             }
             Err(e) => {
                 warn!(device = d.device, error = %crate::telemetry::chain(&e), "device not brought home");
-                Ok(DeviceReturn::Failed(vec![
-                    crate::telemetry::chain(&e).to_string(),
-                ]))
+                Ok(DeviceReturn::Failed(vec![Failure::of(&e)]))
             }
         }
     }
@@ -331,7 +329,7 @@ impl Engine {
         live: Option<Live>,
         failed: usize,
         total: usize,
-        first: &str,
+        first: &Failure,
     ) -> RescueError {
         if let Some(l) = live {
             self.inner.live_put(key, l);
@@ -340,7 +338,7 @@ impl Engine {
             uid,
             ActivityKind::Failed {
                 action: "return".into(),
-                error: first.to_owned(),
+                error: first.error.clone(),
                 device: None,
             },
         );
@@ -349,7 +347,8 @@ impl Engine {
             pod: uid.to_owned(),
             failed,
             total,
-            first: first.to_owned(),
+            first: first.error.clone(),
+            stuck: first.reason,
         }
     }
 
@@ -555,8 +554,8 @@ impl Engine {
     /// A rescue gave up with devices still out: each gets the error in its record (`dranet
     /// status`), and each device not reported yet since it was last home is reported once: a WARN, the activity feed (the pod's Warning event,
     /// its claim's status, device health) and `dranet_return_stuck_total{reason}`.
-    pub(super) async fn report_stuck(&self, uid: &str, key: &RecordKey, error: &str) {
-        let reason = stuck_reason(error);
+    pub(super) async fn report_stuck(&self, uid: &str, key: &RecordKey, stuck: StuckReason, error: &str) {
+        let reason = stuck.label();
         // Reported once: a second rescue of the same teardown (the unlink after the umount)
         // gives up too. The pod's record is gone: nothing to report.
         let Some(devices) = self.cp().record(key).map(|r| {
@@ -761,16 +760,74 @@ fn out(s: DeviceState) -> bool {
     )
 }
 
-/// The label of a return that keeps failing, from its error: `name_taken` (the kernel refused
-/// the move: every name it may take is in use in the host), `timeout` (the kernel did not
-/// answer within the bound), `other`.
-fn stuck_reason(error: &str) -> &'static str {
-    if error.contains("os error 17") || error.contains("File exists") {
-        "name_taken"
-    } else if error.contains("no answer from the kernel within") || error.contains("did not finish within") {
-        "timeout"
-    } else {
-        "other"
+/// Why a return keeps failing, as `dranet_return_stuck_total{reason}` and the `ReturnStuck`
+/// activity name it. Decided from the typed error, before it becomes text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StuckReason {
+    /// The kernel refused the move with `EEXIST`: every name it may take is in use in the host.
+    NameTaken,
+    /// The kernel did not answer within the bound ([`LinkError::Timeout`],
+    /// [`RescueError::Timeout`]).
+    Timeout,
+    /// Any other cause.
+    Other,
+}
+
+impl StuckReason {
+    /// The reason of error `e`: the first cause in its chain (`e`, then its sources) that is
+    /// a timeout or an `EEXIST` of the kernel (netlink, RDMA netlink, or an OS error).
+    pub(super) fn of(e: &(dyn std::error::Error + 'static)) -> Self {
+        std::iter::successors(Some(e), |e| e.source())
+            .find_map(Self::of_one)
+            .unwrap_or(Self::Other)
+    }
+
+    /// The reason one error of a chain gives by itself, without its sources.
+    fn of_one(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        let exists = |errno: i32| {
+            (std::io::Error::from_raw_os_error(errno).kind() == std::io::ErrorKind::AlreadyExists)
+                .then_some(Self::NameTaken)
+        };
+        if let Some(l) = e.downcast_ref::<LinkError>() {
+            return match l {
+                LinkError::Timeout { .. } => Some(Self::Timeout),
+                _ => l.errno().and_then(exists),
+            };
+        }
+        if let Some(RescueError::Timeout { .. }) = e.downcast_ref::<RescueError>() {
+            return Some(Self::Timeout);
+        }
+        if let Some(rdma::RdmaError::Kernel { errno, .. }) = e.downcast_ref::<rdma::RdmaError>() {
+            return exists(*errno);
+        }
+        e.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .and_then(exists)
+    }
+
+    /// The metric label: `name_taken`, `timeout` or `other`.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NameTaken => "name_taken",
+            Self::Timeout => "timeout",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// One cause of a device not coming home: its reason and its text (the error chain).
+struct Failure {
+    reason: StuckReason,
+    error: String,
+}
+
+impl Failure {
+    fn of(e: &RescueError) -> Self {
+        Self {
+            reason: StuckReason::of(e),
+            error: crate::telemetry::chain(e).to_string(),
+        }
     }
 }
 
@@ -858,13 +915,13 @@ enum DeviceReturn {
     /// It no longer exists anywhere ([`Engine::vanished`]): marked gone and reported.
     Gone,
     /// Why it (or its RDMA link) is not home, each cause once.
-    Failed(Vec<String>),
+    Failed(Vec<Failure>),
 }
 
 impl DeviceReturn {
     /// This netdev outcome of a device whose RDMA link failed to come home (`rdma_failed`) is a
     /// failure, the RDMA cause first.
-    fn after_rdma(self, rdma_failed: Option<String>) -> Self {
+    fn after_rdma(self, rdma_failed: Option<Failure>) -> Self {
         let Some(rdma) = rdma_failed else {
             return self;
         };
@@ -958,7 +1015,12 @@ mod tests {
     fn a_stuck_return_is_labelled_by_its_cause() {
         for (e, label) in cases() {
             let error = crate::telemetry::chain(&e).to_string();
-            assert_eq!(stuck_reason(&error), label, "{error}");
+            assert_eq!(StuckReason::of(&e).label(), label, "{error}");
+            let failure = Failure::of(&e);
+            assert_eq!(
+                (failure.reason.label(), failure.error.as_str()),
+                (label, error.as_str())
+            );
         }
     }
 }

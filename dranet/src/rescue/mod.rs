@@ -62,6 +62,7 @@ pub use crate::telemetry::metrics::rescue::Counters;
 pub use adopt::{AdoptOutcome, Allocated, parent_pci_address};
 pub use attach::PodRef;
 pub use decide::{Action, RescueTrigger, decide};
+pub use detach::StuckReason;
 pub use reconcile::ReconcileReport;
 pub use sandbox::{SWEEP_EVERY, SandboxInfo, SandboxRef, SyncReport};
 
@@ -110,6 +111,8 @@ pub enum RescueError {
         failed: usize,
         total: usize,
         first: String,
+        /// Why the first cause failed, as the stuck report labels it.
+        stuck: StuckReason,
     },
     #[error("pod {pod}: RDMA device {device}")]
     Rdma {
@@ -737,12 +740,12 @@ impl Engine {
                 Ok(_) => return,
                 Err(e) if attempt == RESCUE_ATTEMPTS => {
                     warn!(pod = %pod_uid, record = %key, error = %crate::telemetry::chain(&e), attempt, "rescue incomplete; giving up until the next trigger or reconcile");
-                    let why = match &e {
-                        RescueError::Incomplete { first, .. } => first.clone(),
-                        other => crate::telemetry::chain(other).to_string(),
+                    let (stuck, why) = match &e {
+                        RescueError::Incomplete { first, stuck, .. } => (*stuck, first.clone()),
+                        other => (StuckReason::of(other), crate::telemetry::chain(other).to_string()),
                     };
                     let _owner = self.own(pod_uid).await;
-                    self.report_stuck(pod_uid, key, &why).await;
+                    self.report_stuck(pod_uid, key, stuck, &why).await;
                 }
                 Err(e) => {
                     debug!(pod = %pod_uid, record = %key, error = %crate::telemetry::chain(&e), attempt, ?delay, "rescue incomplete; retrying");
