@@ -83,6 +83,20 @@ impl Engine {
         let mut failed = Vec::new();
         // Part of an attach (its rollback, its pod's older sandbox): never behind the lane.
         let foreground = reason.is_foreground();
+        // A rescue sends its moves from the reactor (its thread, its priority); any other
+        // return from a pool thread, so the reactor is never held by a hook's move and two
+        // returns' moves wait on RTNL side by side: on one socket for the whole return.
+        let move_from = live
+            .as_ref()
+            .filter(|_| reason != ReturnReason::NetnsTeardown)
+            .and_then(|l| match link::MoveSocket::new(l.pin.netns()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn!(error = %crate::telemetry::chain(&e), "no socket for the moves home from the pool: sending them over the pod's netlink");
+                    None
+                }
+            });
+        let host_nsid = std::sync::OnceLock::new();
         for (i, d) in devices.iter().enumerate() {
             let ctx = ReturnCtx {
                 uid,
@@ -91,13 +105,8 @@ impl Engine {
                 pod_nl: pod_nl.as_ref(),
                 host_nl: &host_nl,
                 foreground,
-                // A rescue sends its moves from the reactor (its thread, its priority); any
-                // other return from a pool thread, so the reactor is never held by a hook's
-                // move and two returns' moves wait on RTNL side by side.
-                move_from: live
-                    .as_ref()
-                    .filter(|_| reason != ReturnReason::NetnsTeardown)
-                    .map(|l| l.pin.netns()),
+                move_from: move_from.as_ref(),
+                host_nsid: &host_nsid,
             };
             match self.return_device(&ctx, i, d, first_move).await? {
                 DeviceReturn::AlreadyHome => {}
@@ -107,7 +116,8 @@ impl Engine {
                 DeviceReturn::Failed(why) => failed.extend(why),
             }
         }
-        drop(pod_nl);
+        // The pod's sockets go before its pin does (they hold the netns).
+        drop((pod_nl, move_from));
         if let Some(first) = failed.first() {
             return Err(self.incomplete_return(uid, key, live, failed.len(), devices.len(), first));
         }
@@ -312,6 +322,7 @@ impl Engine {
             pod_ifindex,
             pod_ifname: &d.pod_ifname,
             move_from: ctx.move_from,
+            host_nsid: Some(ctx.host_nsid),
         };
         self.link_op(
             "bringing the device home",
@@ -852,8 +863,10 @@ struct ReturnCtx<'a> {
     host_nl: &'a Netlink,
     /// Part of an attach: never queued behind other returns.
     foreground: bool,
-    /// The pod netns to send each move home from a pool thread (see `link::DetachRequest`).
-    move_from: Option<&'a Netns>,
+    /// The socket to send each move home on from a pool thread (see `link::DetachRequest`).
+    move_from: Option<&'a std::sync::Arc<link::MoveSocket>>,
+    /// The id the pod netns gives the host netns, once asked (see `link::DetachRequest`).
+    host_nsid: &'a std::sync::OnceLock<i32>,
 }
 
 /// What a device's netdev needs in a return, from its recorded state.

@@ -555,6 +555,12 @@ pub fn resolve_feature(f: &Features, name: &str, on: bool) -> Result<BTreeMap<St
 // ---------------------------------------------------------------------------------------------
 // The socket
 
+/// The ethtool family's id, once resolved. The kernel registers the family at boot (it is
+/// built in, never unregistered) and generic netlink ids are the same in every netns, so every
+/// later socket skips the lookup: a round trip and the decode of the family's op list, twice
+/// per device brought home.
+static FAMILY: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+
 /// A blocking generic netlink socket with the ethtool family resolved, bound to one netns.
 pub struct Ethtool {
     sock: netlink_sys::Socket,
@@ -584,9 +590,12 @@ impl Ethtool {
         set_rcv_timeout(&sock, 5).map_err(EthtoolError::Socket)?;
         let mut me = Self {
             sock,
-            family: 0,
+            family: FAMILY.get().copied().unwrap_or(0),
             seq: 0,
         };
+        if me.family != 0 {
+            return Ok(me);
+        }
         let replies = me
             .call("family lookup", &Dev::Name(ETHTOOL_GENL_NAME.into()), |seq, _| {
                 get_family(seq, ETHTOOL_GENL_NAME)
@@ -596,6 +605,7 @@ impl Ethtool {
                 e => e,
             })?;
         me.family = family_of(&replies)?.ok_or(EthtoolError::NoFamily)?;
+        let _ = FAMILY.set(me.family);
         Ok(me)
     }
 

@@ -150,9 +150,13 @@ pub struct DetachRequest<'a> {
     pub pod_ifindex: Option<u32>,
     /// The name the move gave it (only consulted when `pod_ifindex` is unknown).
     pub pod_ifname: &'a str,
-    /// The pod netns, to send the move home from a blocking-pool thread of its own
-    /// ([`newlink_blocking`]); `None`: over `pod_nl`.
-    pub move_from: Option<&'a Netns>,
+    /// The socket to send the move home on from a blocking-pool thread, one per return
+    /// ([`MoveSocket`]); `None`: over `pod_nl`.
+    pub move_from: Option<&'a std::sync::Arc<MoveSocket>>,
+    /// The id the pod netns gives the host netns, once a device of the same return asked for
+    /// it ([`host_nsid_in`]): it stays the same while both netns live, so the other devices of
+    /// the return skip that round trip. `None`: asked for per device.
+    pub host_nsid: Option<&'a std::sync::OnceLock<i32>>,
 }
 
 /// Moves the device of `req.snap` from the pod netns back to the host netns, under its host name
@@ -171,7 +175,7 @@ pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Resu
     };
     moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
     match mv.send().await {
-        Ok(at_index) => mv.restore(at_index).await,
+        Ok(()) => mv.restore().await,
         Err(e) => mv.after_failure(e).await,
     }
 }
@@ -219,9 +223,17 @@ impl<'r> HomeMove<'r> {
     /// the name it comes home under; drops the altnames the pod added.
     async fn plan(req: &'r DetachRequest<'r>) -> Result<Option<Self>, LinkError> {
         let snap = req.snap;
-        let host_nsid = match snap.lower {
-            Some(_) => host_nsid_in(req.pod_nl, req.host).await,
-            None => None,
+        let host_nsid = match (snap.lower, req.host_nsid.and_then(|c| c.get())) {
+            (None, _) => None,
+            (Some(_), Some(known)) => Some(*known),
+            (Some(_), None) => {
+                let asked = host_nsid_in(req.pod_nl, req.host).await;
+                // Only an id is kept: the kernel may give one later, never take it back.
+                if let (Some(id), Some(cache)) = (asked, req.host_nsid) {
+                    let _ = cache.set(id);
+                }
+                asked
+            }
         };
         let (in_pod, in_host) = futures::join!(
             find_in_pod(req.pod_nl, snap, req.pod_ifindex, req.pod_ifname, host_nsid),
@@ -285,7 +297,7 @@ impl<'r> HomeMove<'r> {
         msg
     }
 
-    /// Sends the move, full first. Returns the host ifindex it asked for (`None`: any).
+    /// Sends the move, full first.
     ///
     /// Retried once without altnames when one of the device's own was taken in the host
     /// meanwhile, and once bare when the kernel refused the full request with the device
@@ -293,7 +305,7 @@ impl<'r> HomeMove<'r> {
     /// in `validate_linkmsg`, the new index in `dev_index_reserve`), so a setting it refuses,
     /// or the old index taken by another link, must not keep the device in the pod. The restore
     /// then applies the settings, and reports the one refused, with the device home.
-    async fn send(&self) -> Result<Option<u32>, LinkError> {
+    async fn send(&self) -> Result<(), LinkError> {
         let (req, snap) = (self.req, self.req.snap);
         let mut sent = send_move(req, self.message(MoveKind::Full)).await;
         if let Err(e) = &sent
@@ -306,12 +318,12 @@ impl<'r> HomeMove<'r> {
             sent = send_move(req, self.message(MoveKind::Full)).await;
         }
         match sent {
-            Ok(()) => Ok(self.own_index),
+            Ok(()) => Ok(()),
             Err(_)
                 if (self.settings.is_some() || self.own_index.is_some())
                     && still_in_pod(req, snap, self.pod_index).await =>
             {
-                send_move(req, self.message(MoveKind::Bare)).await.map(|()| None)
+                send_move(req, self.message(MoveKind::Bare)).await
             }
             Err(e) => Err(e),
         }
@@ -325,32 +337,23 @@ impl<'r> HomeMove<'r> {
             return Err(e);
         }
         match moved_home(req.host_nl, &self.name, snap).await {
-            Ok(Some(m)) => restore_moved(req.host_nl, &m, snap, self.home_name, None).await,
+            Ok(Some(m)) => restore_moved(req.host_nl, &m, snap, self.home_name).await,
             _ => Err(e),
         }
     }
 
     /// The device is home: found under its name (checked), then restored. Its offloads are
-    /// read while it is looked up (both wait for RTNL: once instead of twice), only at the
-    /// index the move asked for, `at_index` (the kernel refuses the move if that is taken).
-    async fn restore(&self, at_index: Option<u32>) -> Result<Returned, LinkError> {
+    /// read in the restore's one blocking call, right before they are put back, at the index
+    /// found here. (They were read in a blocking call of their own beside this lookup, to
+    /// share a wait for RTNL with it; the kernels this runs on answer the lookup,
+    /// `RTM_GETLINK`, without RTNL, so that only cost a pool thread's wake-up and an ethtool
+    /// socket per device.)
+    async fn restore(&self) -> Result<Returned, LinkError> {
         let (req, snap) = (self.req, self.req.snap);
-        let offloads = async {
-            match at_index {
-                Some(i) if !snap.features.is_empty() => off_async("reading offloads", move || {
-                    Ethtool::open().and_then(|mut e| e.features(&Dev::Index(i)))
-                })
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(|f| (i, f)),
-                _ => None,
-            }
-        };
-        let (m, offloads) = futures::join!(moved_home(req.host_nl, &self.name, snap), offloads);
-        let m = m?.ok_or_else(|| LinkError::NotFound(self.name.clone()))?;
-        let offloads = offloads.and_then(|(i, f)| (i == m.header.index).then_some(f));
-        restore_moved(req.host_nl, &m, snap, self.home_name, offloads).await
+        let m = moved_home(req.host_nl, &self.name, snap)
+            .await?
+            .ok_or_else(|| LinkError::NotFound(self.name.clone()))?;
+        restore_moved(req.host_nl, &m, snap, self.home_name).await
     }
 }
 
@@ -358,9 +361,9 @@ impl<'r> HomeMove<'r> {
 async fn send_move(req: &DetachRequest<'_>, msg: LinkMessage) -> Result<(), LinkError> {
     const MOVE: &str = "move back to the host netns";
     match req.move_from {
-        Some(ns) => {
-            let ns = ns.try_clone()?;
-            off_async(MOVE, move || newlink_blocking(&ns, msg, MOVE))
+        Some(sock) => {
+            let sock = std::sync::Arc::clone(sock);
+            off_async(MOVE, move || sock.newlink(msg, MOVE))
                 .await
                 .and_then(|r| r)
         }
@@ -392,17 +395,15 @@ pub(super) async fn moved_home(
 /// device there (`NETDEV_UNREGISTER`: `inetdev_destroy`, `addrconf_ifdown`), so it arrives with
 /// none, and DOWN, without even an IPv6 link-local. Every snapshot address is put back
 /// (`NLM_F_REPLACE`: one that something added meanwhile is simply kept).
-/// `offloads`: its features, if already read.
 async fn restore_moved(
     nl: &Netlink,
     m: &LinkMessage,
     snap: &LinkSnapshot,
     home_name: HomeName,
-    offloads: Option<ethtool::Features>,
 ) -> Result<Returned, LinkError> {
     let mut cur = snapshot_of(m, &[]);
     cur.sysctls = sysctl::of_link(m);
-    restore_from(nl, m.header.index, snap, &cur, home_name, offloads).await
+    restore_from(nl, m.header.index, snap, &cur, home_name).await
 }
 
 /// Restores a host device (found at `index`) to `snap`: name (see [`HomeName`]), MTU, MAC,
@@ -417,17 +418,16 @@ pub(super) async fn restore(
     let cur = snapshot_index(nl, index)
         .await?
         .ok_or_else(|| LinkError::NotFound(snap.name.clone()))?;
-    restore_from(nl, index, snap, &cur, home_name, None).await
+    restore_from(nl, index, snap, &cur, home_name).await
 }
 
-/// [`restore`] from the device's current state `cur` (and its offload features, if read).
+/// [`restore`] from the device's current state `cur`.
 async fn restore_from(
     nl: &Netlink,
     index: u32,
     snap: &LinkSnapshot,
     cur: &LinkSnapshot,
     home_name: HomeName,
-    offloads: Option<ethtool::Features>,
 ) -> Result<Returned, LinkError> {
     let result = restore_name(nl, index, snap, cur, home_name).await?;
     restore_settings(nl, index, snap, cur).await?;
@@ -444,18 +444,25 @@ async fn restore_from(
         Returned::NameBusy { temp_name } => temp_name.as_str(),
         Returned::Restored => snap.name.as_str(),
     };
+    // Phase 7, the admin state: last.
+    let up = if snap.up {
+        Some(true)
+    } else {
+        cur.up.then_some(false)
+    };
     if !(snap.sysctls.is_empty() && snap.features.is_empty() && snap.private_flags.is_empty()) {
+        // Phases 5 to 7 in one blocking call (one pool thread's wake-up per device, not one
+        // per phase): the admin state is set from that thread, on a socket of its own in the
+        // host netns, which every pool thread is in.
         let (now_name, snap, cur_sysctls) = (now_name.to_owned(), snap.clone(), cur.sysctls.clone());
-        super::off_async("restoring sysctls and offloads", move || {
+        super::off_async("restoring sysctls, offloads and the admin state", move || {
             restore_sysctls(&now_name, &snap, &cur_sysctls);
-            restore_offloads(index, &snap, offloads)
+            restore_offloads(index, &snap)?;
+            up.map_or(Ok(()), |up| set_up_blocking(index, up))
         })
         .await??;
-    }
-    if snap.up {
-        set_up(nl, index, true).await?;
-    } else if cur.up {
-        set_up(nl, index, false).await?;
+    } else if let Some(up) = up {
+        set_up(nl, index, up).await?;
     }
     Ok(result)
 }
@@ -644,16 +651,13 @@ fn restore_sysctls(now_name: &str, snap: &LinkSnapshot, cur: &BTreeMap<String, i
 }
 
 /// Phase 6: offloads, whatever differs from the snapshot, whether dranet or the pod changed it
-/// (`now`: the features as just read, if they were).
-fn restore_offloads(
-    index: u32,
-    snap: &LinkSnapshot,
-    now: Option<ethtool::Features>,
-) -> Result<(), LinkError> {
+/// (read here first).
+fn restore_offloads(index: u32, snap: &LinkSnapshot) -> Result<(), LinkError> {
     if snap.features.is_empty() && snap.private_flags.is_empty() {
         return Ok(());
     }
-    let done = Ethtool::open()?.restore_from(&Dev::Index(index), now, &snap.features, &snap.private_flags)?;
+    let done =
+        Ethtool::open()?.restore_from(&Dev::Index(index), None, &snap.features, &snap.private_flags)?;
     if !done.features.is_empty() || !done.private_flags.is_empty() {
         tracing::info!(
             device = snap.name,

@@ -32,6 +32,7 @@ use crate::sys::netns::{Netns, NetnsError};
 pub mod address;
 mod attach;
 mod detach;
+mod move_socket;
 mod ops;
 pub mod parent;
 mod snapshot;
@@ -42,6 +43,7 @@ mod vrf;
 pub use address::AddrSnapshot;
 pub use attach::*;
 pub use detach::*;
+pub use move_socket::MoveSocket;
 pub use ops::*;
 pub use snapshot::*;
 pub use spec::*;
@@ -410,14 +412,49 @@ fn route_socket_in(netns: &Netns) -> Result<OwnedFd, LinkError> {
 /// the runtime thread that drives a pod's socket, and two returns' moves queue on RTNL side by
 /// side instead of one behind the other on that thread.
 pub(crate) fn newlink_blocking(netns: &Netns, msg: LinkMessage, what: &'static str) -> Result<(), LinkError> {
+    newlink_on(&blocking_route_socket_in(netns)?, msg, what, 1)
+}
+
+/// Sets link `index` of the calling thread's netns up or down (as `ops::set_up`), on a blocking
+/// socket of its own, answered before it returns: for a blocking-pool thread (the host netns).
+pub(crate) fn set_up_blocking(index: u32, up: bool) -> Result<(), LinkError> {
+    let what = if up { "set link up" } else { "set link down" };
+    let sock = netlink_sys::Socket::new(netlink_sys::constants::NETLINK_ROUTE).map_err(LinkError::Socket)?;
+    let mut m = LinkMessage::default();
+    m.header.index = index;
+    m.header.change_mask = LinkFlags::Up;
+    if up {
+        m.header.flags = LinkFlags::Up;
+    }
+    newlink_on(&sock, m, what, 1)
+}
+
+/// A blocking rtnetlink socket created inside `netns` (on its worker thread).
+fn blocking_route_socket_in(netns: &Netns) -> Result<netlink_sys::Socket, LinkError> {
     let fd = route_socket_in(netns)?;
     // SAFETY: `fd` is an owned netlink socket just released from its OwnedFd; the Socket takes
     // over its ownership and closes it on drop.
     let sock = unsafe { netlink_sys::Socket::from_raw_fd(fd.into_raw_fd()) };
-    let io = |step| move |source| LinkError::Transport { what, step, source };
     sock.set_non_blocking(false)
-        .map_err(io("making the socket blocking"))?;
-    let len = crate::sys::rtnl::send_request(&sock, RouteNetlinkMessage::NewLink(msg), NLM_F_ACK, 1)
+        .map_err(|source| LinkError::Transport {
+            what: "opening a socket in the pod netns",
+            step: "making the socket blocking",
+            source,
+        })?;
+    Ok(sock)
+}
+
+/// One `RTM_NEWLINK` (sequence `seq`) on the blocking socket `sock`, answered before it returns
+/// (see [`newlink_blocking`]). Answers to other sequence numbers (left by an earlier request on
+/// the same socket) are skipped.
+fn newlink_on(
+    sock: &netlink_sys::Socket,
+    msg: LinkMessage,
+    what: &'static str,
+    seq: u32,
+) -> Result<(), LinkError> {
+    let io = |step| move |source| LinkError::Transport { what, step, source };
+    let len = crate::sys::rtnl::send_request(sock, RouteNetlinkMessage::NewLink(msg), NLM_F_ACK, seq)
         .map_err(io("sending the request"))?;
     // The kernel has answered by the time the send returns: the ack (an error quotes the
     // request back) is already queued.
@@ -428,6 +465,9 @@ pub(crate) fn newlink_blocking(netns: &Netns, msg: LinkMessage, what: &'static s
             .map_err(io("reading the answer"))?;
         for reply in crate::sys::rtnl::messages(buf.get(..n).unwrap_or_default()) {
             let reply = reply.map_err(|reason| LinkError::Reply { what, reason })?;
+            if reply.header.sequence_number != seq {
+                continue;
+            }
             if let Some(done) = ack_of(what, reply.payload) {
                 return done;
             }

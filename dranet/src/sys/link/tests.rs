@@ -275,6 +275,7 @@ impl Away {
             pod_ifindex: Some(self.index),
             pod_ifname: "d0",
             move_from: None,
+            host_nsid: None,
         }
     }
 
