@@ -9,8 +9,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dranet::dra::proto::health_v1alpha1::NodeWatchResourcesRequest;
-use dranet::dra::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
 use dranet::slices::DirPublisher;
 use dranet_sim::kernel::PodNetns;
 use dranet_sim::node::{Node, NodeOptions};
@@ -223,19 +221,7 @@ pub async fn run(devices: usize, window: Duration) -> Result<Figures> {
     .await?;
     let pid = node.daemon_pid().context("no daemon")?;
     // kubelet keeps a health stream open (NodeWatchResources) to every DRA plugin.
-    let endpoint = node
-        .plugin
-        .as_ref()
-        .context("not registered")?
-        .info
-        .endpoint
-        .clone();
-    let mut health =
-        DraResourceHealthClient::new(dranet_sim::kubelet::uds_channel(Path::new(&endpoint)).await?);
-    let mut stream = health
-        .node_watch_resources(NodeWatchResourcesRequest {})
-        .await?
-        .into_inner();
+    let mut stream = dranet_sim::fixtures::health_stream(&node).await?;
     // Read what the daemon sends, as kubelet does.
     let reader = tokio::spawn(async move { while let Ok(Some(_)) = stream.message().await {} });
     let slices = DirPublisher::new(node.dir.join("slices"), "dra.net", NODE);
