@@ -51,17 +51,7 @@ impl MoveSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A private netns (only `lo`, index 1), held by the returned handle.
-    fn private_netns() -> Netns {
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-                .expect("unshare(CLONE_NEWNET): run as root");
-            Netns::open_path(std::path::Path::new("/proc/thread-self/ns/net")).expect("open the new netns")
-        })
-        .join()
-        .expect("netns thread")
-    }
+    use crate::sys::link::tests::private_netns;
 
     fn mtu(index: u32, mtu: u32) -> LinkMessage {
         let mut m = LinkMessage::default();

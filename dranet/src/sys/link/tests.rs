@@ -198,7 +198,7 @@ fn attach_spec_detaches_ebpf_only_when_asked() {
 }
 
 /// A private netns (only `lo`, index 1), held by the returned handle.
-fn private_netns() -> Netns {
+pub(super) fn private_netns() -> Netns {
     std::thread::spawn(|| {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
             .expect("unshare(CLONE_NEWNET): run as root");
