@@ -8,11 +8,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dranet::rescue::{AttachOutcome, DetachOutcome, EngineOptions, RescueError, SandboxRef};
+use dranet::rescue::{AttachOutcome, DetachOutcome, EngineOptions, RescueError};
 use dranet::state::ReturnReason;
 use dranet::sys::netns::Netns;
 use dranet::sys::rdma::{NetnsMode, RdmaError, RdmaOps};
-use dranet_sim::fixtures::{device_plan, engine_case, pod_plan, pod_ref, stop_sandbox, wait_for};
+use dranet_sim::fixtures::{
+    device_plan, engine_case, pod_plan, pod_ref, sandbox_ref, stop_sandbox, wait_for,
+};
 use dranet_sim::nic::{assert_same, view};
 use dranet_sim::root_or_skip;
 
@@ -84,11 +86,7 @@ async fn a_hung_rdma_move_times_out_and_the_pods_later_hooks_are_served() -> Res
     // StopPodSandbox meanwhile: it waits for the pod's lock, which the attach must give up.
     let (e2, u2, p2) = (e.clone(), uid.clone(), ns.path.clone());
     let stop = tokio::spawn(async move {
-        let sb = SandboxRef {
-            uid: &u2,
-            sandbox: &u2,
-            netns: Some(&p2),
-        };
+        let sb = sandbox_ref(&u2, p2.as_path());
         e2.detach_sandbox(sb, ReturnReason::Hook).await
     });
     let res = tokio::time::timeout(Duration::from_secs(10), attach)

@@ -24,7 +24,9 @@ use dranet_sim::bpf::{
     BpffsDir, PrivateBpffs, bpftool_net, bpftool_tc_count, clsact, link_ifindex, load_noop_sched_cls,
     refuse_bpf_detach_on_this_thread, tc_bpf_filter, tcx_attach, tcx_link, tcx_programs,
 };
-use dranet_sim::fixtures::{device_plan, engine, engine_case, plan_for, pod_plan, pod_ref, stop_sandbox};
+use dranet_sim::fixtures::{
+    device_plan, engine, engine_case, plan_for, pod_plan, pod_ref, sandbox_ref, stop_sandbox,
+};
 use dranet_sim::kernel::{PodNetns, Veth, unique};
 use dranet_sim::nic::{Nic, assert_same, view};
 use dranet_sim::root_or_skip;
@@ -378,12 +380,7 @@ async fn without_disable_ebpf_programs_nothing_is_unpinned_or_detached() -> Resu
             2,
             "and come home with the device"
         );
-        e.forget_sandbox(dranet::rescue::SandboxRef {
-            uid: &uid,
-            sandbox: &uid,
-            netns: None,
-        })
-        .await?;
+        e.forget_sandbox(sandbox_ref(&uid, None)).await?;
     }
     Ok(())
 }

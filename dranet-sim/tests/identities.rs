@@ -23,8 +23,8 @@ use anyhow::{Context, Result, bail};
 use dranet::rescue::EngineOptions;
 use dranet::watch::{EventKind, Source, Watcher, WatcherOptions};
 use dranet_sim::fixtures::{
-    StateDir, device_plan, engine_case, nic_device, pod_plan, pod_ref, prepare_claim, stop_sandbox, wait_for,
-    watched_engine,
+    StateDir, device_plan, engine_case, nic_device, pod_plan, pod_ref, prepare_claim, sandbox_ref,
+    stop_sandbox, wait_for, watched_engine,
 };
 use dranet_sim::kernel::{PodNetns, Veth, host_has, sh, unique};
 use dranet_sim::kubelet::Claim;
@@ -424,12 +424,7 @@ async fn a_reconcile_during_an_attach_does_not_roll_it_back() -> Result<()> {
     );
     stop_sandbox(&e, &uid, &ns.path).await?;
     // Once the sandbox is removed and its claim unprepared, nothing of the pod stays in memory.
-    e.forget_sandbox(dranet::rescue::SandboxRef {
-        uid: &uid,
-        sandbox: &uid,
-        netns: None,
-    })
-    .await?;
+    e.forget_sandbox(sandbox_ref(&uid, None)).await?;
     e.remove_claim(&format!("claim-{uid}"))?;
     assert!(e.checkpoint().pods.is_empty());
     assert_eq!(e.lock_count(), 0, "the per-pod lock map was not pruned");

@@ -85,7 +85,7 @@ fn plan(nic: &str, uid: &str) -> PodPlan {
 }
 
 /// The runtime's name of [`plan`]'s pod.
-fn pod(uid: &str) -> PodRef<'_> {
+fn pod(uid: &str) -> PodRef<'static> {
     PodRef {
         name: "vm",
         ..pod_ref(uid)

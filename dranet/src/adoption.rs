@@ -31,7 +31,6 @@ use crate::dra::{ClaimError, ClaimSource, devices_by_pod};
 use crate::plan::DevicePlan;
 use crate::rescue::{AdoptOutcome, Allocated, Engine, SandboxInfo};
 use crate::slices::PublishedDevices;
-use crate::state::pod_key;
 
 /// How long an adoption run may wait for the claims (the kubelet side coming up, the API server
 /// answering) before it gives up on the sandboxes that have no plan.
@@ -266,16 +265,14 @@ impl Adopter {
             .clone()
     }
 
-    /// Sandboxes worth a look: with a netns that is still there, valid ids, and no record.
+    /// Sandboxes worth a look: with a netns that is still there and no record (their ids were
+    /// checked at the boundary: [`SandboxInfo::parse`]).
     fn candidates(&self, running: &[SandboxInfo]) -> Vec<SandboxInfo> {
         let cp = self.engine.checkpoint();
         running
             .iter()
             .filter(|s| {
-                s.netns.as_deref().is_some_and(std::path::Path::exists)
-                    && crate::ids::pod_uid(&s.uid).is_ok()
-                    && crate::ids::sandbox_id(&s.sandbox).is_ok()
-                    && !cp.pods.contains_key(&pod_key(&s.uid, &s.sandbox))
+                s.netns.as_deref().is_some_and(std::path::Path::exists) && !cp.pods.contains_key(&s.key())
             })
             .cloned()
             .collect()
@@ -328,11 +325,11 @@ impl Adopter {
             return report;
         };
         for sb in without_plan {
-            match by_pod.get(&sb.uid) {
+            match by_pod.get(sb.uid.as_str()) {
                 Some(devices) => report.push(self.adopt(&sb, devices, Source::Claims).await),
                 None => debug!(
-                    pod = sb.uid,
-                    sandbox = sb.sandbox,
+                    pod = %sb.uid,
+                    sandbox = %sb.sandbox,
                     "adoption: holds no device of this driver"
                 ),
             }
@@ -394,30 +391,30 @@ impl Adopter {
             Ok(AdoptOutcome::Adopted { devices, .. }) => {
                 self.metrics.count("adopted");
                 self.metrics.devices.inc_by(devices.len() as u64);
-                info!(pod = sb.uid, sandbox = sb.sandbox, ?from, ?devices, unidentified = ?why,
+                info!(pod = %sb.uid, sandbox = %sb.sandbox, ?from, ?devices, unidentified = ?why,
                       "adoption: running sandbox adopted; its devices come home at teardown");
             }
             Ok(AdoptOutcome::NothingFound { .. }) if from == Source::Plan && self.late.is_some() => {
                 self.metrics.count("nothing_found");
                 info!(
-                    pod = sb.uid,
-                    sandbox = sb.sandbox,
+                    pod = %sb.uid,
+                    sandbox = %sb.sandbox,
                     "adoption: none of the pod's devices is in its netns: the sandbox ran while dranet was away; attaching them now"
                 );
             }
             Ok(AdoptOutcome::NothingFound { .. }) => {
                 self.metrics.count("nothing_found");
-                warn!(pod = sb.uid, sandbox = sb.sandbox, ?from, unidentified = ?why,
+                warn!(pod = %sb.uid, sandbox = %sb.sandbox, ?from, unidentified = ?why,
                       "adoption: none of the pod's devices found in its netns by kernel identity: not adopted, not protected");
             }
             Err(e) => {
                 self.metrics.count("failed");
-                warn!(pod = sb.uid, sandbox = sb.sandbox, ?from, error = %crate::telemetry::chain(&e), "adoption failed");
+                warn!(pod = %sb.uid, sandbox = %sb.sandbox, ?from, error = %crate::telemetry::chain(&e), "adoption failed");
             }
         }
         SandboxAdoption {
-            pod_uid: sb.uid.clone(),
-            sandbox: sb.sandbox.clone(),
+            pod_uid: sb.uid.to_string(),
+            sandbox: sb.sandbox.to_string(),
             from,
             outcome: outcome.map_err(|e| crate::telemetry::chain(&e).to_string()),
             unidentified,

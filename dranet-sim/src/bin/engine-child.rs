@@ -31,12 +31,7 @@ async fn main() -> Result<()> {
     }
     let out = engine
         .attach_pod(
-            PodRef {
-                uid,
-                sandbox: uid,
-                namespace: "default",
-                name: "crash",
-            },
+            PodRef::parse(uid, uid, "default", "crash")?,
             &PathBuf::from(netns),
         )
         .await?;

@@ -92,11 +92,13 @@ impl Driver {
         let start = Instant::now();
         let hook = which.hook();
         self.engine.record(&pod.uid, ActivityKind::Hook { name: hook });
-        let sb = SandboxRef {
-            uid: &pod.uid,
-            sandbox: &pod.id,
-            netns: pod.netns.as_deref(),
-        };
+        // The ids are checked here, once: the engine carries them typed.
+        let sb =
+            SandboxRef::parse(&pod.uid, &pod.id, pod.netns.as_deref()).map_err(|e| HookError::Failed {
+                pod: pod.uid.clone(),
+                action: hook.name(),
+                source: Box::new(e),
+            })?;
         let res = match which {
             Teardown::Remove => self.engine.forget_sandbox(sb).await,
             Teardown::Stop => self.engine.detach_sandbox(sb, ReturnReason::Hook).await,
@@ -143,18 +145,14 @@ impl Driver {
             return Ok(Outcome::Noop);
         };
         let start = Instant::now();
-        let r = self
-            .engine
-            .attach_pod(
-                PodRef {
-                    uid: &pod.uid,
-                    sandbox: &pod.id,
-                    namespace: &pod.namespace,
-                    name: &pod.name,
-                },
-                netns,
-            )
-            .await;
+        // The ids are checked here, once: the engine carries them typed.
+        let pod_ref =
+            PodRef::parse(&pod.uid, &pod.id, &pod.namespace, &pod.name).map_err(|e| HookError::Failed {
+                pod: pod.uid.clone(),
+                action: "attach",
+                source: Box::new(e),
+            })?;
+        let r = self.engine.attach_pod(pod_ref, netns).await;
         match r {
             Ok(AttachOutcome::Attached { devices }) => {
                 info!(
@@ -252,14 +250,9 @@ pub const RUN_POD_SANDBOX_BUDGET: std::time::Duration = std::time::Duration::fro
 /// 2 s per request).
 pub const SYNCHRONIZE_BUDGET: std::time::Duration = std::time::Duration::from_millis(1500);
 
-fn sandbox_info(p: Pod) -> SandboxInfo {
-    SandboxInfo {
-        uid: p.uid,
-        sandbox: p.id,
-        netns: p.netns,
-        namespace: p.namespace,
-        name: p.name,
-    }
+/// The runtime's sandbox `p`, its ids checked (the NRI boundary).
+fn sandbox_info(p: Pod) -> Result<SandboxInfo, crate::ids::IdError> {
+    SandboxInfo::parse(&p.uid, &p.id, p.netns, p.namespace, p.name)
 }
 
 impl PodHooks for Driver {
@@ -349,7 +342,12 @@ impl PodHooks for Driver {
         if self.late.pending(&pod.uid, &pod.id, pod.netns.as_deref()) {
             let devices = self.char_devices(&pod);
             let uid = pod.uid.clone();
-            if let Err(why) = self.late.attach_before_container(sandbox_info(pod)).await {
+            let sb = sandbox_info(pod).map_err(|e| HookError::Failed {
+                pod: uid.clone(),
+                action: "late attach before the container",
+                source: Box::new(e),
+            })?;
+            if let Err(why) = self.late.attach_before_container(sb).await {
                 return Err(HookError::Failed {
                     pod: uid,
                     action: "late attach before the container",
@@ -362,7 +360,18 @@ impl PodHooks for Driver {
     }
 
     async fn synchronize(&self, pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {
-        let running: Vec<SandboxInfo> = pods.into_iter().map(sandbox_info).collect();
+        // A sandbox whose ids are not ids is left out here, at the boundary: nothing is named
+        // after it, and a record of it (none can be made) is not kept by it.
+        let running: Vec<SandboxInfo> = pods
+            .into_iter()
+            .filter_map(|p| {
+                sandbox_info(p)
+                    .map_err(
+                        |e| tracing::warn!(error = %e, "Synchronize: a sandbox with invalid ids is left out"),
+                    )
+                    .ok()
+            })
+            .collect();
         let (engine, adopter) = (self.engine.clone(), self.adopter.clone());
         // In a task of its own, answered within SYNCHRONIZE_BUDGET: after a long absence many
         // vanished sandboxes' devices may come home one after another (≈ 25 ms each under
@@ -392,6 +401,8 @@ impl PodHooks for Driver {
     }
 
     fn answered_late(&self, pod: Pod, took: std::time::Duration) {
-        self.late.answered_late(&sandbox_info(pod), took);
+        if let Ok(sb) = sandbox_info(pod) {
+            self.late.answered_late(&sb, took);
+        }
     }
 }

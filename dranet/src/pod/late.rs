@@ -162,8 +162,8 @@ impl LateAttacher {
         let started = Instant::now();
         let made = crate::sys::netns::made_at(netns);
         let pod = PodRef {
-            uid: &sb.uid,
-            sandbox: &sb.sandbox,
+            uid: sb.uid.clone(),
+            sandbox: sb.sandbox.clone(),
             namespace: &sb.namespace,
             name: &sb.name,
         };
@@ -178,8 +178,8 @@ impl LateAttacher {
                 self.metrics.count(&self.metrics.failed, trigger);
                 warn!(
                     pod = %format!("{}/{}", sb.namespace, sb.name),
-                    pod_uid = sb.uid,
-                    sandbox = sb.sandbox,
+                    pod_uid = %sb.uid,
+                    sandbox = %sb.sandbox,
                     trigger = trigger.label(),
                     error = %crate::telemetry::chain(e),
                     "late attach failed: the sandbox runs without its devices"
@@ -234,8 +234,8 @@ impl LateAttacher {
         };
         warn!(
             pod = %format!("{}/{}", sb.namespace, sb.name),
-            pod_uid = sb.uid,
-            sandbox = sb.sandbox,
+            pod_uid = %sb.uid,
+            sandbox = %sb.sandbox,
             trigger = trigger.label(),
             devices = %devices.join(","),
             took_ms = took.as_millis(),
@@ -265,7 +265,7 @@ impl LateAttacher {
     /// RunPodSandbox attached the devices of `sb` after the runtime stopped waiting for it
     /// ([`Trigger::LateAnswer`]): reported as a late attach (`took`: the hook's time).
     pub fn answered_late(&self, sb: &SandboxInfo, took: Duration) {
-        let Some(rec) = self.engine.pod_record(&pod_key(&sb.uid, &sb.sandbox)) else {
+        let Some(rec) = self.engine.pod_record(&sb.key()) else {
             return;
         };
         let devices: Vec<String> = rec.devices.iter().map(|d| d.device.clone()).collect();

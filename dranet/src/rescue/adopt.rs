@@ -18,9 +18,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError, SandboxInfo};
-use crate::state::{
-    DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, Transition, pod_key,
-};
+use crate::state::{DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, Transition};
 use crate::sys::link::{LinkSnapshot, Netlink};
 
 /// A device of this driver allocated to a pod, as adoption looks for it.
@@ -67,8 +65,6 @@ impl Engine {
     /// kernel identity: pins the netns and records the devices found, so they come home at
     /// teardown in either order.
     pub async fn adopt(&self, sb: &SandboxInfo, devices: &[Allocated]) -> Result<AdoptOutcome, RescueError> {
-        crate::ids::pod_uid(&sb.uid)?;
-        crate::ids::sandbox_id(&sb.sandbox)?;
         let _owner = self.own(&sb.uid).await;
         // A record rebuilt from this sandbox's pin (the checkpoint did not load) is named, not
         // adopted a second time.
@@ -83,7 +79,7 @@ impl Engine {
         {
             return Ok(AdoptOutcome::Known);
         }
-        let key = pod_key(&sb.uid, &sb.sandbox);
+        let key = sb.key();
         if self.cp().pods.contains_key(&key) || self.cp().records_of(&sb.uid).any(PodRecord::has_devices_out)
         {
             return Ok(AdoptOutcome::Known);
@@ -98,13 +94,13 @@ impl Engine {
             .kernel
             .open_netns(path)
             .map_err(|source| RescueError::Netns {
-                pod: sb.uid.clone(),
+                pod: sb.uid.to_string(),
                 path: path.to_owned(),
                 source,
             })?;
         if netns.id() == self.inner.host.id() {
             return Err(RescueError::HostNetns {
-                pod: sb.uid.clone(),
+                pod: sb.uid.to_string(),
                 path: path.to_owned(),
             });
         }
@@ -112,11 +108,11 @@ impl Engine {
             Netlink::in_netns_kept(&netns, None)
                 .await
                 .map_err(|source| RescueError::PodNetlink {
-                    pod: sb.uid.clone(),
+                    pod: sb.uid.to_string(),
                     source,
                 })?;
         let links = pod_nl.links().await.map_err(|source| RescueError::PodNetlink {
-            pod: sb.uid.clone(),
+            pod: sb.uid.to_string(),
             source,
         })?;
         let sysfs = self.inner.opts.sysfs.clone();
@@ -141,10 +137,10 @@ impl Engine {
             return Ok(AdoptOutcome::NothingFound { unidentified });
         }
         let names: Vec<String> = found.iter().map(|r| r.device.clone()).collect();
-        let pin_path = self.inner.store.pins_dir().join(&sb.sandbox);
+        let pin_path = self.inner.store.pins_dir().join(sb.sandbox.as_str());
         let record = PodRecord {
-            pod_uid: sb.uid.clone(),
-            sandbox_id: sb.sandbox.clone(),
+            pod_uid: sb.uid.to_string(),
+            sandbox_id: sb.sandbox.to_string(),
             namespace: String::new(),
             name: String::new(),
             netns_path: path.to_owned(),
@@ -170,7 +166,7 @@ impl Engine {
                 self.transition(&key, Transition::Unadopt, Durability::Awaited)
                     .await?;
                 return Err(RescueError::Pin {
-                    pod: sb.uid.clone(),
+                    pod: sb.uid.to_string(),
                     source,
                 });
             }
@@ -178,7 +174,7 @@ impl Engine {
         if let Some(w) = &self.inner.watcher
             && let Err(e) = w.watch_netns(path, netns.id(), pin.netns().as_fd()).await
         {
-            warn!(pod = sb.uid, error = %crate::telemetry::chain(&e), "cannot watch the adopted netns");
+            warn!(pod = %sb.uid, error = %crate::telemetry::chain(&e), "cannot watch the adopted netns");
         }
         // One connection at a time on the kept socket: this one goes before a return can
         // take the pin and make its own.
@@ -190,7 +186,7 @@ impl Engine {
                 socket: Some(pod_socket),
             },
         );
-        info!(pod = sb.uid, sandbox = sb.sandbox, devices = ?names, ?unidentified,
+        info!(pod = %sb.uid, sandbox = %sb.sandbox, devices = ?names, ?unidentified,
               "adopted a running sandbox dranet had no record of: its devices are pinned and come home at teardown");
         Ok(AdoptOutcome::Adopted {
             devices: names,

@@ -10,6 +10,7 @@ use tracing::{Instrument as _, info, warn};
 use super::activity::ActivityKind;
 use super::kernel::AttachRequest;
 use super::{AttachOutcome, Engine, Live, RescueError};
+use crate::ids::{IdError, PodUid, SandboxId};
 use crate::plan::DevicePlan;
 use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, RecordKey, ReturnReason, Transition,
@@ -18,14 +19,30 @@ use crate::sys::link::{self, AttachSpec, LinkError, Netlink, PodSocket};
 use crate::sys::netns::{Netns, Pin};
 use crate::sys::rdma::NetnsMode;
 
-/// Identity of the pod sandbox being attached, as the runtime names it.
+/// Identity of the pod sandbox being attached, as the runtime names it; its ids checked at the
+/// boundary ([`PodRef::parse`]: the NRI hook, the late attach).
 #[derive(Clone, Debug)]
 pub struct PodRef<'a> {
-    pub uid: &'a str,
+    pub uid: PodUid,
     /// The runtime's sandbox id.
-    pub sandbox: &'a str,
+    pub sandbox: SandboxId,
     pub namespace: &'a str,
     pub name: &'a str,
+}
+
+impl<'a> PodRef<'a> {
+    /// The sandbox `sandbox` of pod `uid`, both checked here.
+    ///
+    /// # Errors
+    /// The id that is not one ([`crate::ids`]).
+    pub fn parse(uid: &str, sandbox: &str, namespace: &'a str, name: &'a str) -> Result<Self, IdError> {
+        Ok(Self {
+            uid: crate::ids::pod_uid(uid)?,
+            sandbox: crate::ids::sandbox_id(sandbox)?,
+            namespace,
+            name,
+        })
+    }
 }
 
 /// What an attach has ready before anything is written or moved: the host and pod netlink
@@ -65,46 +82,44 @@ impl Engine {
     ///
     /// Every line logged on the way carries the span's `pod` and `sandbox`.
     pub async fn attach_pod(&self, pod: PodRef<'_>, netns_path: &Path) -> Result<AttachOutcome, RescueError> {
-        let span = tracing::info_span!("attach", pod = pod.uid, sandbox = pod.sandbox);
+        let span = tracing::info_span!("attach", pod = %pod.uid, sandbox = %pod.sandbox);
         self.attach_sandbox(pod, netns_path).instrument(span).await
     }
 
     /// [`Engine::attach_pod`] inside its span.
     async fn attach_sandbox(&self, pod: PodRef<'_>, netns_path: &Path) -> Result<AttachOutcome, RescueError> {
         let started = std::time::Instant::now();
-        // Checked once, here: every key and path below is built from these.
-        let key = RecordKey::new(
-            &crate::ids::pod_uid(pod.uid)?,
-            &crate::ids::sandbox_id(pod.sandbox)?,
-        );
-        let _owner = self.own(pod.uid).await;
+        // Checked at the boundary ([`PodRef::parse`]): every key and path below is built from
+        // these.
+        let key = RecordKey::new(&pod.uid, &pod.sandbox);
+        let _owner = self.own(&pod.uid).await;
         // Checked under the pod's lock: release-all takes it for each pod after setting the flag,
         // so an attach either finished before (and is brought home) or is refused.
-        if self.attaching_stopped() && self.plan(pod.uid).is_some_and(|p| !p.is_empty()) {
+        if self.attaching_stopped() && self.plan(&pod.uid).is_some_and(|p| !p.is_empty()) {
             return Err(RescueError::Uninstalling {
-                pod: pod.uid.to_owned(),
+                pod: pod.uid.to_string(),
             });
         }
         // Returns of other pods wait while this runs (taken after the pod's lock: a return of
         // this pod's older sandbox may hold that lock and wait for the lane).
         let _first = self.inner.lane.foreground();
-        let Some(plan) = self.plan(pod.uid).filter(|p| !p.is_empty()) else {
+        let Some(plan) = self.plan(&pod.uid).filter(|p| !p.is_empty()) else {
             return Ok(AttachOutcome::NotOurs);
         };
-        let netns = self.open_sandbox_netns(pod.uid, netns_path)?;
-        self.name_legacy_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())
+        let netns = self.open_sandbox_netns(&pod.uid, netns_path)?;
+        self.name_legacy_record(&pod.uid, &pod.sandbox, |r| r.netns == netns.id())
             .await?;
-        self.name_recovered_record(pod.uid, pod.sandbox, |r| r.netns == netns.id())
+        self.name_recovered_record(&pod.uid, &pod.sandbox, |r| r.netns == netns.id())
             .await?;
         if self.already_attached(&key, &netns) {
             return Ok(AttachOutcome::AlreadyAttached);
         }
         // kubelet re-created the sandbox (no new Prepare: the claims stay prepared). Devices
         // still in an older sandbox of this pod, or on their way home from it, go home first.
-        self.return_other_sandboxes(pod.uid, &key, &netns).await?;
-        self.check_free(pod.uid, &plan)?;
+        self.return_other_sandboxes(&pod.uid, &key, &netns).await?;
+        self.check_free(&pod.uid, &plan)?;
         let mut times = Phases::start(started);
-        let staged = self.stage_attach(pod.uid, &plan, &netns).await?;
+        let staged = self.stage_attach(&pod.uid, &plan, &netns).await?;
         times.staged = times.lap();
         let pin = self
             .write_ahead(&pod, &key, netns_path, netns, &staged.devices)
@@ -223,10 +238,10 @@ impl Engine {
         netns: Netns,
         devices: &[Ready<'_>],
     ) -> Result<Pin, RescueError> {
-        let pin_path = self.inner.store.pins_dir().join(pod.sandbox);
+        let pin_path = self.inner.store.pins_dir().join(pod.sandbox.as_str());
         let record = PodRecord {
-            pod_uid: pod.uid.to_owned(),
-            sandbox_id: pod.sandbox.to_owned(),
+            pod_uid: pod.uid.to_string(),
+            sandbox_id: pod.sandbox.to_string(),
             namespace: pod.namespace.to_owned(),
             name: pod.name.to_owned(),
             netns_path: netns_path.to_owned(),
@@ -245,13 +260,13 @@ impl Engine {
         match self
             .inner
             .kernel
-            .create_pin(&netns, &self.inner.store.pins_dir(), pod.sandbox)
+            .create_pin(&netns, &self.inner.store.pins_dir(), &pod.sandbox)
         {
             Ok(p) => Ok(p),
             Err(source) => {
                 self.abandon(key).await?;
                 Err(RescueError::Pin {
-                    pod: pod.uid.to_owned(),
+                    pod: pod.uid.to_string(),
                     source,
                 })
             }
@@ -306,7 +321,7 @@ impl Engine {
                     self.attach_rdma(key, i, d, live.pin.netns()).await
                 }
                 Err(source) => Err(RescueError::Link {
-                    pod: pod.uid.to_owned(),
+                    pod: pod.uid.to_string(),
                     device: d.device.clone(),
                     source,
                 }),
@@ -316,7 +331,7 @@ impl Engine {
                 // first (two would read each other's answers).
                 drop(pod_nl);
                 let placed: Vec<DeviceAt> = moved.iter().map(|m| m.at).collect();
-                self.roll_back(pod.uid, key, i, &placed, live, &err).await?;
+                self.roll_back(&pod.uid, key, i, &placed, live, &err).await?;
                 return Err(err);
             }
             if let Some((n, pause)) = self.inner.opts.pause_after_device
@@ -354,7 +369,7 @@ impl Engine {
             .attach_latency
             .observe(started.elapsed().as_secs_f64());
         self.record(
-            pod.uid,
+            &pod.uid,
             ActivityKind::Attached {
                 devices: names.clone(),
                 took_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),

@@ -602,21 +602,12 @@ async fn setup(n: u32) -> (StateDir, Arc<FakeKernel>, Engine) {
     (dir, k, e)
 }
 
-fn pod(sandbox: &str) -> PodRef<'_> {
-    PodRef {
-        uid: UID,
-        sandbox,
-        namespace: "ns",
-        name: "p",
-    }
+fn pod(sandbox: &str) -> PodRef<'static> {
+    PodRef::parse(UID, sandbox, "ns", "p").unwrap()
 }
 
-fn sandbox<'a>(id: &'a str, netns: &'a Path) -> SandboxRef<'a> {
-    SandboxRef {
-        uid: UID,
-        sandbox: id,
-        netns: Some(netns),
-    }
+fn sandbox<'a>(id: &str, netns: &'a Path) -> SandboxRef<'a> {
+    SandboxRef::parse(UID, id, Some(netns)).unwrap()
 }
 
 /// Every device eth1..=n is home: in the host, at its own ifindex, under its own name.
@@ -872,12 +863,7 @@ async fn a_device_held_by_another_pod_is_refused() {
     .unwrap();
     let path_q = PathBuf::from("/run/netns/sb-q");
     k.add_sandbox(&path_q);
-    let q = PodRef {
-        uid: other,
-        sandbox: "sb-q",
-        namespace: "ns",
-        name: "q",
-    };
+    let q = PodRef::parse(other, "sb-q", "ns", "q").unwrap();
     let err = e.attach_pod(q, &path_q).await.unwrap_err();
     assert!(matches!(err, RescueError::DeviceBusy { .. }), "{err:?}");
     assert_eq!(k.moves(), vec!["in eth1"]);
@@ -1216,13 +1202,7 @@ async fn naming_a_format1_record_never_replaces_the_record_its_sandbox_has() {
         d.at = None;
     });
     e.cp().pods.insert(legacy.key(), legacy.clone().into());
-    let sb = super::SandboxInfo {
-        uid: UID.into(),
-        sandbox: "sb-a".into(),
-        netns: Some(path.clone()),
-        namespace: "ns".into(),
-        name: "p".into(),
-    };
+    let sb = super::SandboxInfo::parse(UID, "sb-a", Some(path.clone()), "ns".into(), "p".into()).unwrap();
     let report = e.synchronize(std::slice::from_ref(&sb)).await;
     assert_eq!(
         e.pod_record(&key).as_ref(),

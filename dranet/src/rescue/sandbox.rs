@@ -15,27 +15,75 @@ use tracing::{info, warn};
 
 use super::decide::normalize_path;
 use super::{DetachOutcome, Engine, RescueError};
+use crate::ids::{IdError, PodUid, SandboxId};
 use crate::state::{Durability, Naming, PodPhase, PodRecord, RecordKey, ReturnReason, Transition, pod_key};
 
-/// A hook's sandbox.
-#[derive(Clone, Copy, Debug)]
+/// A hook's sandbox, its ids checked at the boundary ([`SandboxRef::parse`]: the NRI hook).
+#[derive(Clone, Debug)]
 pub struct SandboxRef<'a> {
-    pub uid: &'a str,
+    pub uid: PodUid,
     /// The runtime's sandbox id.
-    pub sandbox: &'a str,
+    pub sandbox: SandboxId,
     /// The netns path the hook carries (containerd sends none on RemovePodSandbox).
     pub netns: Option<&'a Path>,
 }
 
-/// A sandbox the runtime reports in Synchronize.
+impl<'a> SandboxRef<'a> {
+    /// The sandbox `sandbox` of pod `uid`, both checked here.
+    ///
+    /// # Errors
+    /// The id that is not one ([`crate::ids`]).
+    pub fn parse(uid: &str, sandbox: &str, netns: Option<&'a Path>) -> Result<Self, IdError> {
+        Ok(Self {
+            uid: crate::ids::pod_uid(uid)?,
+            sandbox: crate::ids::sandbox_id(sandbox)?,
+            netns,
+        })
+    }
+
+    fn key(&self) -> RecordKey {
+        RecordKey::new(&self.uid, &self.sandbox)
+    }
+}
+
+/// A sandbox the runtime reports in Synchronize, its ids checked at the boundary
+/// ([`SandboxInfo::parse`]: the NRI Synchronize, which leaves out what does not parse).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxInfo {
-    pub uid: String,
-    pub sandbox: String,
+    pub uid: PodUid,
+    pub sandbox: SandboxId,
     pub netns: Option<PathBuf>,
     /// The pod's namespace and name (events, logs).
     pub namespace: String,
     pub name: String,
+}
+
+impl SandboxInfo {
+    /// The sandbox `sandbox` of pod `uid`, both checked here.
+    ///
+    /// # Errors
+    /// The id that is not one ([`crate::ids`]).
+    pub fn parse(
+        uid: &str,
+        sandbox: &str,
+        netns: Option<PathBuf>,
+        namespace: String,
+        name: String,
+    ) -> Result<Self, IdError> {
+        Ok(Self {
+            uid: crate::ids::pod_uid(uid)?,
+            sandbox: crate::ids::sandbox_id(sandbox)?,
+            netns,
+            namespace,
+            name,
+        })
+    }
+
+    /// This sandbox's record key.
+    #[must_use]
+    pub fn key(&self) -> RecordKey {
+        RecordKey::new(&self.uid, &self.sandbox)
+    }
 }
 
 /// What [`Engine::synchronize`] did.
@@ -56,33 +104,24 @@ fn same_path(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The record key of a hook's sandbox, its ids checked once, here (before the pod's lock is
-/// taken: an invalid id leaves nothing behind).
-fn checked_key(sb: SandboxRef<'_>) -> Result<RecordKey, RescueError> {
-    Ok(RecordKey::new(
-        &crate::ids::pod_uid(sb.uid)?,
-        &crate::ids::sandbox_id(sb.sandbox)?,
-    ))
-}
-
 impl Engine {
     /// The record a hook for `sb` is about: the sandbox's own, or a record migrated from
     /// checkpoint format 1 (no sandbox id) of the same pod that this sandbox is shown to own
     /// (same netns path; or, for a hook without a path, the pod's only record), which then takes
     /// the sandbox id. The pod's lock must be held.
-    async fn resolve(&self, sb: SandboxRef<'_>, key: RecordKey) -> Result<Option<RecordKey>, RescueError> {
+    async fn resolve(&self, sb: &SandboxRef<'_>, key: RecordKey) -> Result<Option<RecordKey>, RescueError> {
         if self.cp().pods.contains_key(&key) {
             return Ok(Some(key));
         }
-        let only_record = self.cp().records_of(sb.uid).count() == 1;
+        let only_record = self.cp().records_of(&sb.uid).count() == 1;
         let named = self
-            .name_legacy_record(sb.uid, sb.sandbox, |r| match sb.netns {
+            .name_legacy_record(&sb.uid, &sb.sandbox, |r| match sb.netns {
                 Some(p) => same_path(&r.netns_path, p),
                 None => only_record,
             })
             .await?
             || self
-                .name_recovered_record(sb.uid, sb.sandbox, |r| {
+                .name_recovered_record(&sb.uid, &sb.sandbox, |r| {
                     sb.netns.is_some_and(|p| same_path(&r.netns_path, p))
                 })
                 .await?;
@@ -128,9 +167,8 @@ impl Engine {
         sb: SandboxRef<'_>,
         reason: ReturnReason,
     ) -> Result<DetachOutcome, RescueError> {
-        let key = checked_key(sb)?;
-        let _owner = self.own(sb.uid).await;
-        let Some(key) = self.resolve(sb, key).await? else {
+        let _owner = self.own(&sb.uid).await;
+        let Some(key) = self.resolve(&sb, sb.key()).await? else {
             return Ok(DetachOutcome::NotOurs);
         };
         self.detach_locked(&key, reason).await
@@ -139,17 +177,16 @@ impl Engine {
     /// RemovePodSandbox: the runtime is done with the sandbox. Its devices come home if they are
     /// not yet (a Remove without a Stop), then its record goes.
     pub async fn forget_sandbox(&self, sb: SandboxRef<'_>) -> Result<DetachOutcome, RescueError> {
-        let key = checked_key(sb)?;
         let out = {
-            let _owner = self.own(sb.uid).await;
-            let Some(key) = self.resolve(sb, key).await? else {
+            let _owner = self.own(&sb.uid).await;
+            let Some(key) = self.resolve(&sb, sb.key()).await? else {
                 return Ok(DetachOutcome::NotOurs);
             };
             let out = self.detach_locked(&key, ReturnReason::Hook).await?;
             self.drop_record(&key, "removed by the runtime").await?;
             out
         };
-        self.prune_lock(sb.uid);
+        self.prune_lock(&sb.uid);
         Ok(out)
     }
 
@@ -159,9 +196,6 @@ impl Engine {
     pub async fn synchronize(&self, running: &[SandboxInfo]) -> SyncReport {
         let mut report = SyncReport::default();
         for s in running {
-            if crate::ids::pod_uid(&s.uid).is_err() || crate::ids::sandbox_id(&s.sandbox).is_err() {
-                continue;
-            }
             let _owner = self.own(&s.uid).await;
             let owns = |r: &PodRecord| s.netns.as_deref().is_some_and(|p| same_path(&r.netns_path, p));
             let named = match self.name_legacy_record(&s.uid, &s.sandbox, owns).await {
@@ -169,10 +203,10 @@ impl Engine {
                 other => other,
             };
             if let Err(e) = named {
-                warn!(pod = s.uid, sandbox = s.sandbox, error = %crate::telemetry::chain(&e), "cannot name a format-1 or rebuilt record");
+                warn!(pod = %s.uid, sandbox = %s.sandbox, error = %crate::telemetry::chain(&e), "cannot name a format-1 or rebuilt record");
             }
         }
-        let known: HashSet<RecordKey> = running.iter().map(|s| pod_key(&s.uid, &s.sandbox)).collect();
+        let known: HashSet<RecordKey> = running.iter().map(SandboxInfo::key).collect();
         let gone: Vec<(String, RecordKey)> = self
             .cp()
             .pods

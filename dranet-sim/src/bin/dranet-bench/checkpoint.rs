@@ -48,7 +48,7 @@ impl Side {
         let uid = unique("bench-k-");
         self.engine.set_plan(d.plan(&uid))?;
         let t = Instant::now();
-        self.engine.attach_pod(pod(&uid), &ns.path).await?;
+        self.engine.attach_pod(pod(&uid)?, &ns.path).await?;
         let took = t.elapsed().as_secs_f64() * 1e6;
         stop_sandbox(&self.engine, &uid, &ns.path).await?;
         self.forget(&uid).await?;
@@ -59,11 +59,7 @@ impl Side {
 
     async fn forget(&self, uid: &str) -> Result<()> {
         self.engine
-            .forget_sandbox(SandboxRef {
-                uid,
-                sandbox: uid,
-                netns: None,
-            })
+            .forget_sandbox(SandboxRef::parse(uid, uid, None)?)
             .await?;
         self.engine.remove_claim(&format!("claim-{uid}"))?;
         Ok(())
@@ -82,7 +78,7 @@ async fn big_checkpoint(
     let ns = PodNetns::create(&unique("drbench-k-"))?;
     let uid = unique("bench-t-");
     side.engine.set_plan(d.plan(&uid))?;
-    side.engine.attach_pod(pod(&uid), &ns.path).await?;
+    side.engine.attach_pod(pod(&uid)?, &ns.path).await?;
     let cp = side.engine.checkpoint();
     let rec = cp.record(&pod_key(&uid, &uid)).context("no record")?.clone();
     let plan = cp.plans.get(&uid).context("no plan")?.clone();

@@ -128,13 +128,9 @@ impl Devices {
     }
 }
 
-pub fn pod(uid: &str) -> PodRef<'_> {
-    PodRef {
-        uid,
-        sandbox: uid,
-        namespace: "default",
-        name: "bench",
-    }
+/// The sandbox (its id is the pod UID) of the bench's pod `uid`.
+pub fn pod(uid: &str) -> Result<PodRef<'static>, dranet::ids::IdError> {
+    PodRef::parse(uid, uid, "default", "bench")
 }
 
 /// Everything a round needs.
@@ -198,11 +194,7 @@ fn us(from: u64, to: u64) -> f64 {
 impl Ctx {
     async fn forget(&self, uid: &str) -> Result<()> {
         self.engine
-            .forget_sandbox(dranet::rescue::SandboxRef {
-                uid,
-                sandbox: uid,
-                netns: None,
-            })
+            .forget_sandbox(dranet::rescue::SandboxRef::parse(uid, uid, None)?)
             .await?;
         self.engine.remove_claim(&format!("claim-{uid}"))?;
         Ok(())
@@ -214,7 +206,7 @@ impl Ctx {
         let mut ns = PodNetns::create(&unique("drbench-r-"))?;
         let uid = unique("bench-r-");
         self.engine.set_plan(d.plan(&uid))?;
-        self.engine.attach_pod(pod(&uid), &ns.path).await?;
+        self.engine.attach_pod(pod(&uid)?, &ns.path).await?;
         // Let the attach's own link events pass through the watcher first.
         tokio::time::sleep(Duration::from_millis(5)).await;
         self.listener.drain();
@@ -267,7 +259,7 @@ impl Ctx {
         let uid = unique("bench-a-");
         self.engine.set_plan(d.plan(&uid))?;
         let t = Instant::now();
-        self.engine.attach_pod(pod(&uid), &ns.path).await?;
+        self.engine.attach_pod(pod(&uid)?, &ns.path).await?;
         let took = t.elapsed();
         stop_sandbox(&self.engine, &uid, &ns.path).await?;
         f.attach.push(took.as_secs_f64() * 1e6);
