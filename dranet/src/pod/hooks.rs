@@ -91,7 +91,6 @@ impl Driver {
     async fn detach(&self, pod: &Pod, which: Teardown) -> Result<Outcome, HookError> {
         let start = Instant::now();
         let hook = which.hook();
-        self.engine.record(&pod.uid, ActivityKind::Hook { name: hook });
         // The ids are checked here, once: the engine carries them typed.
         let sb =
             SandboxRef::parse(&pod.uid, &pod.id, pod.netns.as_deref()).map_err(|e| HookError::Failed {
@@ -99,6 +98,7 @@ impl Driver {
                 action: hook.name(),
                 source: Box::new(e),
             })?;
+        self.engine.record(&sb.uid, ActivityKind::Hook { name: hook });
         let res = match which {
             Teardown::Remove => self.engine.forget_sandbox(sb).await,
             Teardown::Stop => self.engine.detach_sandbox(sb, ReturnReason::Hook).await,
@@ -257,12 +257,16 @@ fn sandbox_info(p: Pod) -> Result<SandboxInfo, crate::ids::IdError> {
 
 impl PodHooks for Driver {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
-        self.engine.record(
-            &pod.uid,
-            ActivityKind::Hook {
-                name: PodHook::RunPodSandbox,
-            },
-        );
+        // The feed names pods by checked UID; an invalid one fails in the attach (the hook's
+        // error), unless the sandbox has no netns of its own.
+        if let Ok(uid) = crate::ids::pod_uid(&pod.uid) {
+            self.engine.record(
+                uid,
+                ActivityKind::Hook {
+                    name: PodHook::RunPodSandbox,
+                },
+            );
+        }
         // In a task of its own, answered within the budget: past the runtime's 2 s the runtime
         // closes dranet's connection and runs this sandbox, and every request until dranet is
         // back, without it. An attach past the budget goes on; the sandbox has no container yet,

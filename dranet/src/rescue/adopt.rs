@@ -94,13 +94,13 @@ impl Engine {
             .kernel
             .open_netns(path)
             .map_err(|source| RescueError::Netns {
-                pod: sb.uid.to_string(),
+                pod: (&sb.uid).into(),
                 path: path.to_owned(),
                 source,
             })?;
         if netns.id() == self.inner.host.id() {
             return Err(RescueError::HostNetns {
-                pod: sb.uid.to_string(),
+                pod: (&sb.uid).into(),
                 path: path.to_owned(),
             });
         }
@@ -108,11 +108,11 @@ impl Engine {
             Netlink::in_netns_kept(&netns, None)
                 .await
                 .map_err(|source| RescueError::PodNetlink {
-                    pod: sb.uid.to_string(),
+                    pod: (&sb.uid).into(),
                     source,
                 })?;
         let links = pod_nl.links().await.map_err(|source| RescueError::PodNetlink {
-            pod: sb.uid.to_string(),
+            pod: (&sb.uid).into(),
             source,
         })?;
         let sysfs = self.inner.opts.sysfs.clone();
@@ -166,7 +166,7 @@ impl Engine {
                 self.transition(&key, Transition::Unadopt, Durability::Awaited)
                     .await?;
                 return Err(RescueError::Pin {
-                    pod: sb.uid.to_string(),
+                    pod: (&sb.uid).into(),
                     source,
                 });
             }

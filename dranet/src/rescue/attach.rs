@@ -9,7 +9,7 @@ use tracing::{Instrument as _, info, warn};
 
 use super::activity::ActivityKind;
 use super::kernel::AttachRequest;
-use super::{AttachOutcome, Engine, Live, RescueError};
+use super::{AttachOutcome, Engine, Live, Owner, RescueError};
 use crate::ids::{IdError, PodUid, SandboxId};
 use crate::plan::DevicePlan;
 use crate::state::{
@@ -97,7 +97,7 @@ impl Engine {
         // so an attach either finished before (and is brought home) or is refused.
         if self.attaching_stopped() && self.plan(&pod.uid).is_some_and(|p| !p.is_empty()) {
             return Err(RescueError::Uninstalling {
-                pod: pod.uid.to_string(),
+                pod: (&pod.uid).into(),
             });
         }
         // Returns of other pods wait while this runs (taken after the pod's lock: a return of
@@ -131,19 +131,19 @@ impl Engine {
     }
 
     /// Opens the sandbox's netns at `netns_path`; the host's own is refused.
-    fn open_sandbox_netns(&self, uid: &str, netns_path: &Path) -> Result<Netns, RescueError> {
+    fn open_sandbox_netns(&self, uid: &PodUid, netns_path: &Path) -> Result<Netns, RescueError> {
         let netns = self
             .inner
             .kernel
             .open_netns(netns_path)
             .map_err(|source| RescueError::Netns {
-                pod: uid.to_owned(),
+                pod: uid.into(),
                 path: netns_path.to_owned(),
                 source,
             })?;
         if netns.id() == self.inner.host.id() {
             return Err(RescueError::HostNetns {
-                pod: uid.to_owned(),
+                pod: uid.into(),
                 path: netns_path.to_owned(),
             });
         }
@@ -154,7 +154,7 @@ impl Engine {
     /// spec (every config error surfaces here) and the ifindex each device will have in the pod.
     async fn stage_attach<'p>(
         &self,
-        uid: &str,
+        uid: &PodUid,
         plan: &'p [DevicePlan],
         netns: &Netns,
     ) -> Result<Staged<'p>, RescueError> {
@@ -165,7 +165,7 @@ impl Engine {
             .zip(&records)
             .map(|(d, r)| {
                 AttachSpec::from_plan(d, &r.pod_ifname).map_err(|source| RescueError::Link {
-                    pod: uid.to_owned(),
+                    pod: uid.into(),
                     device: d.device.clone(),
                     source,
                 })
@@ -184,7 +184,7 @@ impl Engine {
             )
             .await
             .map_err(|source| RescueError::PodNetlink {
-                pod: uid.to_owned(),
+                pod: uid.into(),
                 source,
             })?;
         // Each device's ifindex in the pod is chosen now and written ahead with the snapshots:
@@ -198,7 +198,7 @@ impl Engine {
             .await
             .map(|taken| pod_indices(taken, &records))
             .map_err(|source| RescueError::PodNetlink {
-                pod: uid.to_owned(),
+                pod: uid.into(),
                 source,
             })?;
         let devices = plan
@@ -266,7 +266,7 @@ impl Engine {
             Err(source) => {
                 self.abandon(key).await?;
                 Err(RescueError::Pin {
-                    pod: pod.uid.to_string(),
+                    pod: (&pod.uid).into(),
                     source,
                 })
             }
@@ -318,10 +318,10 @@ impl Engine {
                             netns: pod_id,
                         },
                     });
-                    self.attach_rdma(key, i, d, live.pin.netns()).await
+                    self.attach_rdma(&pod.uid, key, i, d, live.pin.netns()).await
                 }
                 Err(source) => Err(RescueError::Link {
-                    pod: pod.uid.to_string(),
+                    pod: (&pod.uid).into(),
                     device: d.device.clone(),
                     source,
                 }),
@@ -394,7 +394,7 @@ impl Engine {
     /// not configured) is brought home.
     async fn roll_back(
         &self,
-        uid: &str,
+        uid: &PodUid,
         key: &RecordKey,
         failed: usize,
         placed: &[DeviceAt],
@@ -430,6 +430,7 @@ impl Engine {
     /// first, so a crash in between still brings it back). In shared mode every netns sees it.
     async fn attach_rdma(
         &self,
+        uid: &PodUid,
         key: &RecordKey,
         i: usize,
         d: &DevicePlan,
@@ -443,12 +444,6 @@ impl Engine {
             in_pod: true,
         };
         self.transition(key, t, Durability::Awaited).await?;
-        let uid = self
-            .cp()
-            .pods
-            .get(key)
-            .map(|r| r.pod_uid.clone())
-            .unwrap_or_default();
         let (host, pod_ns) = (
             self.inner.host.try_clone().map_err(RescueError::Host)?,
             pod_ns.try_clone().map_err(RescueError::Host)?,
@@ -456,12 +451,12 @@ impl Engine {
         let (ops, n) = (self.inner.rdma.clone(), name.clone());
         // Bounded: a move the kernel never answers fails the attach (rolled back) instead of
         // holding the pod's lock, and with it every later hook of the pod, for ever.
-        self.blocking_op(&uid, &d.device, "RDMA move into the pod", move || {
+        self.blocking_op(uid, &d.device, "RDMA move into the pod", move || {
             ops.move_device(&host, &n, &pod_ns)
         })
         .await?
         .map_err(|source| RescueError::Rdma {
-            pod: uid.clone(),
+            pod: uid.into(),
             device: name.clone(),
             source,
         })
@@ -479,7 +474,7 @@ impl Engine {
     /// would be taken from a sandbox that may still use it.
     async fn return_other_sandboxes(
         &self,
-        uid: &str,
+        uid: &PodUid,
         key: &RecordKey,
         netns: &Netns,
     ) -> Result<(), RescueError> {
@@ -497,15 +492,15 @@ impl Engine {
     }
 
     /// Refuses a device another pod still holds.
-    fn check_free(&self, uid: &str, plan: &[DevicePlan]) -> Result<(), RescueError> {
+    fn check_free(&self, uid: &PodUid, plan: &[DevicePlan]) -> Result<(), RescueError> {
         let cp = self.cp();
-        for rec in cp.pods.values().filter(|r| r.pod_uid != uid) {
+        for rec in cp.pods.values().filter(|r| r.pod_uid != uid.as_str()) {
             for d in rec.devices.iter().filter(|d| d.state != DeviceState::Home) {
                 if let Some(p) = plan.iter().find(|p| p.device == d.device) {
                     return Err(RescueError::DeviceBusy {
-                        pod: uid.to_owned(),
+                        pod: uid.into(),
                         device: p.device.clone(),
-                        other: rec.pod_uid.clone(),
+                        other: Owner::of(rec),
                     });
                 }
             }
@@ -516,19 +511,19 @@ impl Engine {
     async fn snapshots(
         &self,
         host_nl: &Netlink,
-        uid: &str,
+        uid: &PodUid,
         plan: &[DevicePlan],
     ) -> Result<Vec<DeviceRecord>, RescueError> {
         let mut out = Vec::with_capacity(plan.len());
         for d in plan {
             let (Some(host_if), Some(pod_if)) = (d.host_ifname.as_deref(), d.pod_ifname()) else {
                 return Err(RescueError::NoInterface {
-                    pod: uid.to_owned(),
+                    pod: uid.into(),
                     device: d.device.clone(),
                 });
             };
             let link_err = |source| RescueError::Link {
-                pod: uid.to_owned(),
+                pod: uid.into(),
                 device: d.device.clone(),
                 source,
             };

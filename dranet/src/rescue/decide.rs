@@ -20,6 +20,7 @@
 //! Not a trigger: "the last task in the netns exited" (CRI-O runs pods without an infra process),
 //! `cleanup_net` queued (tier A has no identity; a pinned netns cannot reach it anyway).
 
+use super::Owner;
 use crate::mac::Mac;
 use crate::state::{Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord, RecordKey};
 use crate::watch::{EventKind, LifecycleEvent};
@@ -65,21 +66,21 @@ pub enum Action {
     /// Bring every device of the sandbox `key` home now (netns teardown started at `at`,
     /// CLOCK_MONOTONIC ns).
     Rescue {
-        pod_uid: String,
+        owner: Owner,
         key: RecordKey,
         trigger: RescueTrigger,
         at: u64,
     },
     /// A managed device showed up in the host without us: restore it.
     Repair {
-        pod_uid: String,
+        owner: Owner,
         key: RecordKey,
         device: String,
         ifindex: u32,
     },
     /// A device we placed moved to another netns (tier B): record where it is now.
     Moved {
-        pod_uid: String,
+        owner: Owner,
         key: RecordKey,
         device: String,
         to: DeviceAt,
@@ -87,11 +88,11 @@ pub enum Action {
     /// The netns of a sandbox whose devices are all home was torn down: the sandbox can never
     /// run again, so its record goes (containerd sends no RemovePodSandbox for sandboxes it
     /// recovered after a restart).
-    Forget { pod_uid: String, key: RecordKey },
+    Forget { owner: Owner, key: RecordKey },
     /// A host link was deleted or renamed: the host name of device `device`, home under a
     /// temporary name because that name was taken, may be free now: give it back.
     Rename {
-        pod_uid: String,
+        owner: Owner,
         key: RecordKey,
         device: String,
     },
@@ -145,7 +146,7 @@ fn teardown(cp: &Checkpoint, trigger: RescueTrigger, ev: &LifecycleEvent) -> Vec
     }
     returned_by_path_or_id(cp, ev).map_or_else(Vec::new, |p| {
         vec![Action::Forget {
-            pod_uid: p.pod_uid.clone(),
+            owner: Owner::of(p),
             key: p.key(),
         }]
     })
@@ -153,7 +154,7 @@ fn teardown(cp: &Checkpoint, trigger: RescueTrigger, ev: &LifecycleEvent) -> Vec
 
 fn rescue(pod: &PodRecord, trigger: RescueTrigger, ev: &LifecycleEvent) -> Vec<Action> {
     vec![Action::Rescue {
-        pod_uid: pod.pod_uid.clone(),
+        owner: Owner::of(pod),
         key: pod.key(),
         trigger,
         at: ev.time,
@@ -225,7 +226,7 @@ fn name_freed(cp: &Checkpoint, freed: impl Fn(&crate::state::DeviceRecord) -> bo
                 .iter()
                 .filter(|d| d.state == DeviceState::HomeNameBusy && d.temp_name.is_some() && freed(d))
                 .map(|d| Action::Rename {
-                    pod_uid: pod.pod_uid.clone(),
+                    owner: Owner::of(pod),
                     key: pod.key(),
                     device: d.device.clone(),
                 })
@@ -253,7 +254,7 @@ fn moved_device(
         for d in pod.devices.iter().filter(|d| out(d.state)) {
             if d.at.is_some_and(|a| a.ifindex == ifindex && a.netns == from) {
                 return vec![Action::Moved {
-                    pod_uid: pod.pod_uid.clone(),
+                    owner: Owner::of(pod),
                     key: pod.key(),
                     device: d.device.clone(),
                     to: DeviceAt {
@@ -297,7 +298,7 @@ fn returned_device(
             };
             if hit {
                 return vec![Action::Repair {
-                    pod_uid: pod.pod_uid.clone(),
+                    owner: Owner::of(pod),
                     key: pod.key(),
                     device: d.device.clone(),
                     ifindex,

@@ -5,6 +5,11 @@ use crate::sys::link::LinkSnapshot;
 use crate::sys::netns::NetnsId;
 use crate::watch::{EventKind, LifecycleEvent, Source, Task, UnlinkCall};
 
+/// The owner of the record [`cp`] makes.
+fn owner1() -> super::super::Owner {
+    super::super::Owner::Pod(crate::ids::pod_uid("uid-1").unwrap())
+}
+
 const ID: NetnsId = NetnsId {
     cookie: 42,
     inode: 4026532999,
@@ -98,7 +103,7 @@ fn umount_of_an_attached_pods_netns_rescues_it_by_path_in_either_spelling() {
         assert_eq!(
             got,
             vec![Action::Rescue {
-                pod_uid: "uid-1".into(),
+                owner: owner1(),
                 key: KEY.into(),
                 trigger: RescueTrigger::NetnsUnmounted,
                 at: 1000
@@ -182,7 +187,7 @@ fn appeared(mac: &str, perm: Option<&str>, parent: Option<&str>, kind: Option<&s
 fn a_device_returned_by_the_kernel_is_repaired_by_its_kernel_identity() {
     let cp = cp(PodPhase::Attached, DeviceState::InPod);
     let want = vec![Action::Repair {
-        pod_uid: "uid-1".into(),
+        owner: owner1(),
         key: KEY.into(),
         device: "eth1".into(),
         ifindex: 9,
@@ -276,7 +281,7 @@ fn a_returned_ipoib_device_is_known_by_its_20_byte_permanent_address() {
     assert_eq!(
         decide(&cp, &ev),
         vec![Action::Repair {
-            pod_uid: "uid-1".into(),
+            owner: owner1(),
             key: KEY.into(),
             device: "eth1".into(),
             ifindex: 9,
@@ -395,7 +400,7 @@ fn a_tier_b_move_of_a_placed_device_is_recorded() {
     assert_eq!(
         decide(&cp, &moving(7, ID)),
         vec![Action::Moved {
-            pod_uid: "uid-1".into(),
+            owner: owner1(),
             key: KEY.into(),
             device: "eth1".into(),
             to: DeviceAt {
@@ -434,7 +439,7 @@ fn a_host_name_freed_renames_the_device_waiting_for_it() {
         r.devices[0].temp_name = Some("dn7".into());
     }
     let rename = vec![Action::Rename {
-        pod_uid: "uid-1".into(),
+        owner: owner1(),
         key: KEY.into(),
         device: "eth1".into(),
     }];

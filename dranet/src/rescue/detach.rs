@@ -6,7 +6,7 @@
 use tracing::{Instrument as _, info, warn};
 
 use super::activity::ActivityKind;
-use super::{DetachOutcome, Engine, Inner, Live, RescueError, lane};
+use super::{DetachOutcome, Engine, Inner, Live, Owner, RescueError, lane};
 use crate::pci;
 use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, RecordKey, ReturnCount, ReturnReason,
@@ -69,12 +69,12 @@ impl Engine {
         first_move: &mut Option<u64>,
     ) -> Result<DetachOutcome, RescueError> {
         let started = std::time::Instant::now();
-        let (uid, devices, live) = match self.begin_return(key, reason).await? {
-            Begun::Ready { uid, devices, live } => (uid, devices, live),
+        let (owner, devices, live) = match self.begin_return(key, reason).await? {
+            Begun::Ready { owner, devices, live } => (owner, devices, live),
             Begun::Done(outcome) => return Ok(outcome),
         };
-        tracing::Span::current().record("pod", uid.as_str());
-        let uid = uid.as_str();
+        tracing::Span::current().record("pod", tracing::field::display(&owner));
+        let owner = &owner;
         let pod_nl = self.pod_netlink(live.as_ref()).await;
         // Its own socket: the kernel runs one dump at a time per netlink socket.
         let host_nl = self.host_netlink().await?;
@@ -99,7 +99,7 @@ impl Engine {
         let host_nsid = std::sync::OnceLock::new();
         for (i, d) in devices.iter().enumerate() {
             let ctx = ReturnCtx {
-                uid,
+                owner,
                 key,
                 live: live.as_ref(),
                 pod_nl: pod_nl.as_ref(),
@@ -119,13 +119,13 @@ impl Engine {
         // The pod's sockets go before its pin does (they hold the netns).
         drop((pod_nl, move_from));
         if let Some(first) = failed.first() {
-            return Err(self.incomplete_return(uid, key, live, failed.len(), devices.len(), first));
+            return Err(self.incomplete_return(owner, key, live, failed.len(), devices.len(), first));
         }
         self.finish_return(key, live, reason).await?;
         self.say_what_was_not_restored(key, &devices);
         info!(devices = ?home, name_busy = ?busy, "devices home");
         self.record(
-            uid,
+            owner,
             ActivityKind::Returned {
                 reason: format!("{reason:?}"),
                 devices: home.iter().chain(&busy).cloned().collect(),
@@ -148,7 +148,7 @@ impl Engine {
     /// here would put the checkpoint thread's wake-up and `fsync` before the first move: ms on a
     /// loaded node.
     async fn begin_return(&self, key: &RecordKey, reason: ReturnReason) -> Result<Begun, RescueError> {
-        let (uid, devices, pin_path) = {
+        let (owner, devices, pin_path) = {
             let cp = self.cp();
             let Some(rec) = cp.pods.get(key) else {
                 return Ok(Begun::Done(DetachOutcome::NotOurs));
@@ -158,7 +158,7 @@ impl Engine {
             {
                 return Ok(Begun::Done(DetachOutcome::AlreadyReturned { reason: why }));
             }
-            (rec.pod_uid.clone(), rec.devices.clone(), rec.pin.clone())
+            (Owner::of(rec), rec.devices.clone(), rec.pin.clone())
         };
         let live = match self.inner.live_take(key) {
             Some(l) => Some(l),
@@ -171,7 +171,7 @@ impl Engine {
         };
         self.transition(key, Transition::MarkReturning, durability)
             .await?;
-        Ok(Begun::Ready { uid, devices, live })
+        Ok(Begun::Ready { owner, devices, live })
     }
 
     /// Phase 2: rtnetlink inside the pod netns (the live one, or a new socket through the pin);
@@ -242,7 +242,7 @@ impl Engine {
             return None;
         }
         let e = self
-            .detach_rdma(ctx.uid, ctx.key, i, d, ctx.live.map(|l| l.pin.netns()))
+            .detach_rdma(ctx.owner, ctx.key, i, d, ctx.live.map(|l| l.pin.netns()))
             .await
             .err()?;
         warn!(device = d.device, error = %crate::telemetry::chain(&e), "RDMA link not brought home");
@@ -260,18 +260,18 @@ impl Engine {
         first_move: &mut Option<u64>,
         slot: Option<lane::Slot>,
     ) -> Result<DeviceReturn, RescueError> {
-        let (uid, key) = (ctx.uid, ctx.key);
+        let (owner, key) = (ctx.owner, ctx.key);
         let res = match self.move_netdev_home(ctx, d, first_move).await {
             Err(LinkError::Lost { .. }) if self.vanished(ctx, d) => {
                 drop(slot);
-                self.mark_gone(uid, key, i, d).await?;
+                self.mark_gone(owner, key, i, d).await?;
                 return Ok(DeviceReturn::Gone);
             }
             Err(LinkError::Lost { .. }) if self.inner.opts.pci_rebind && d.pci_address.is_some() => {
-                self.last_resort(ctx.host_nl, uid, d).await
+                self.last_resort(ctx.host_nl, owner, d).await
             }
             other => other.map_err(|source| RescueError::Link {
-                pod: uid.to_owned(),
+                pod: owner.into(),
                 device: d.device.clone(),
                 source,
             }),
@@ -335,7 +335,7 @@ impl Engine {
     /// is counted and recorded, and the error names the first cause.
     fn incomplete_return(
         &self,
-        uid: &str,
+        owner: &Owner,
         key: &RecordKey,
         live: Option<Live>,
         failed: usize,
@@ -346,7 +346,7 @@ impl Engine {
             self.inner.live_put(key, l);
         }
         self.record(
-            uid,
+            owner,
             ActivityKind::Failed {
                 action: "return".into(),
                 error: first.error.clone(),
@@ -355,7 +355,7 @@ impl Engine {
         );
         self.inner.metrics.failures.inc();
         RescueError::Incomplete {
-            pod: uid.to_owned(),
+            pod: owner.into(),
             failed,
             total,
             first: first.error.clone(),
@@ -468,7 +468,7 @@ impl Engine {
     /// returns exclusive-mode RDMA devices to the host when it destroys a netns).
     async fn detach_rdma(
         &self,
-        uid: &str,
+        owner: &Owner,
         key: &RecordKey,
         i: usize,
         d: &DeviceRecord,
@@ -479,7 +479,7 @@ impl Engine {
         };
         if let Some(pod_ns) = pod_ns {
             let err = |source| RescueError::Rdma {
-                pod: uid.to_owned(),
+                pod: owner.into(),
                 device: name.clone(),
                 source,
             };
@@ -487,7 +487,7 @@ impl Engine {
             let host = self.inner.host.try_clone().map_err(RescueError::Host)?;
             let (ops, n) = (self.inner.rdma.clone(), name.clone());
             let r = self
-                .blocking_op(uid, &d.device, "RDMA move back to the host", move || {
+                .blocking_op(owner, &d.device, "RDMA move back to the host", move || {
                     ops.move_device(&pod_ns, &n, &host)
                 })
                 .await?;
@@ -509,17 +509,17 @@ impl Engine {
     async fn last_resort(
         &self,
         host_nl: &Netlink,
-        uid: &str,
+        owner: &Owner,
         d: &DeviceRecord,
     ) -> Result<Returned, RescueError> {
         let pci = d.pci_address.as_deref().unwrap_or_default();
         let perr = |source| RescueError::Pci {
-            pod: uid.to_owned(),
+            pod: owner.into(),
             device: d.device.clone(),
             source,
         };
         let lerr = |source| RescueError::Link {
-            pod: uid.to_owned(),
+            pod: owner.into(),
             device: d.device.clone(),
             source,
         };
@@ -565,7 +565,7 @@ impl Engine {
     /// A rescue gave up with devices still out: each gets the error in its record (`dranet
     /// status`), and each device not reported yet since it was last home is reported once: a WARN, the activity feed (the pod's Warning event,
     /// its claim's status, device health) and `dranet_return_stuck_total{reason}`.
-    pub(super) async fn report_stuck(&self, uid: &str, key: &RecordKey, stuck: StuckReason, error: &str) {
+    pub(super) async fn report_stuck(&self, owner: &Owner, key: &RecordKey, stuck: StuckReason, error: &str) {
         let reason = stuck.label();
         // Reported once: a second rescue of the same teardown (the unlink after the umount)
         // gives up too. The pod's record is gone: nothing to report.
@@ -596,7 +596,7 @@ impl Engine {
             })
             .inc();
         warn!(
-            pod = uid,
+            pod = %owner,
             record = %key,
             devices = ?devices,
             reason,
@@ -604,7 +604,7 @@ impl Engine {
             "devices still out after every retry of the rescue: reported; retried at the next hook, teardown signal or reconcile"
         );
         self.record(
-            uid,
+            owner,
             ActivityKind::ReturnStuck {
                 devices,
                 reason: reason.to_owned(),
@@ -616,8 +616,8 @@ impl Engine {
     /// A device home under a temporary name: if its host name is free now, it gets it back
     /// (and the rest of its snapshot, as the rename took it down). Idempotent; the link that
     /// held the name is never touched.
-    pub async fn rename_home(&self, uid: &str, key: &RecordKey, device: &str) -> Result<(), RescueError> {
-        let _owner = self.own(uid).await;
+    pub async fn rename_home(&self, owner: &Owner, key: &RecordKey, device: &str) -> Result<(), RescueError> {
+        let _owner = self.own(owner).await;
         let Some((i, d)) = self.cp().pods.get(key).and_then(|r| {
             r.devices
                 .iter()
@@ -639,7 +639,7 @@ impl Engine {
             )
             .await
             .map_err(|source| RescueError::Link {
-                pod: uid.to_owned(),
+                pod: owner.into(),
                 device: device.to_owned(),
                 source,
             })?;
@@ -648,7 +648,7 @@ impl Engine {
                 self.transition(key, Transition::NameBack { device: i }, Durability::Awaited)
                     .await?;
                 info!(
-                    pod = uid,
+                    pod = %owner,
                     record = %key,
                     device,
                     from = temp,
@@ -663,7 +663,7 @@ impl Engine {
                 // Not under its temporary name any more (a later sandbox took it, someone
                 // renamed it): this record no longer waits for it.
                 warn!(
-                    pod = uid,
+                    pod = %owner,
                     record = %key,
                     device,
                     temp_name = temp,
@@ -681,12 +681,12 @@ impl Engine {
     /// `ifindex` must be the device by its kernel identity (`link::repair` checks).
     pub async fn repair(
         &self,
-        uid: &str,
+        owner: &Owner,
         key: &RecordKey,
         device: &str,
         ifindex: u32,
     ) -> Result<(), RescueError> {
-        let _owner = self.own(uid).await;
+        let _owner = self.own(owner).await;
         let Some((i, d)) = self.cp().pods.get(key).and_then(|r| {
             r.devices
                 .iter()
@@ -707,7 +707,7 @@ impl Engine {
             )
             .await
             .map_err(|source| RescueError::Link {
-                pod: uid.to_owned(),
+                pod: owner.into(),
                 device: device.to_owned(),
                 source,
             })?;
@@ -719,7 +719,7 @@ impl Engine {
         };
         self.transition(key, t, Durability::Awaited).await?;
         info!(
-            pod = uid,
+            pod = %owner,
             record = %key,
             device,
             ifindex,
@@ -737,15 +737,15 @@ impl Engine {
     /// restore it.
     pub async fn moved(
         &self,
-        uid: &str,
+        owner: &Owner,
         key: &RecordKey,
         device: &str,
         to: DeviceAt,
     ) -> Result<(), RescueError> {
         if to.netns == self.inner.host.id() {
-            return self.repair(uid, key, device, to.ifindex).await;
+            return self.repair(owner, key, device, to.ifindex).await;
         }
-        let _owner = self.own(uid).await;
+        let _owner = self.own(owner).await;
         // The record may have gone since the event was decided (RemovePodSandbox meanwhile):
         // nothing to record then.
         let known = self
@@ -848,7 +848,7 @@ enum Begun {
     Done(DetachOutcome),
     /// Devices to bring home.
     Ready {
-        uid: String,
+        owner: Owner,
         devices: Vec<DeviceRecord>,
         live: Option<Live>,
     },
@@ -856,7 +856,7 @@ enum Begun {
 
 /// What every device of one return shares.
 struct ReturnCtx<'a> {
-    uid: &'a str,
+    owner: &'a Owner,
     key: &'a RecordKey,
     live: Option<&'a Live>,
     pod_nl: Option<&'a Netlink>,
@@ -966,7 +966,7 @@ mod tests {
 
     fn of_device(source: LinkError) -> RescueError {
         RescueError::Link {
-            pod: "uid".into(),
+            pod: super::Owner::Pod(crate::ids::pod_uid("uid").unwrap()),
             device: "eth1".into(),
             source,
         }
@@ -987,7 +987,7 @@ mod tests {
             ),
             (
                 RescueError::Rdma {
-                    pod: "uid".into(),
+                    pod: super::Owner::Pod(crate::ids::pod_uid("uid").unwrap()),
                     device: "mlx5_0".into(),
                     source: rdma::RdmaError::Kernel {
                         what: "moving the RDMA device home",
@@ -1005,7 +1005,7 @@ mod tests {
             ),
             (
                 RescueError::Timeout {
-                    pod: "uid".into(),
+                    pod: super::Owner::Pod(crate::ids::pod_uid("uid").unwrap()),
                     device: "eth1".into(),
                     what: "RDMA link home",
                     after,

@@ -602,6 +602,11 @@ async fn setup(n: u32) -> (StateDir, Arc<FakeKernel>, Engine) {
     (dir, k, e)
 }
 
+/// The owner of [`UID`]'s records.
+fn owner() -> super::Owner {
+    super::Owner::Pod(crate::ids::pod_uid(UID).unwrap())
+}
+
 fn pod(sandbox: &str) -> PodRef<'static> {
     PodRef::parse(UID, sandbox, "ns", "p").unwrap()
 }
@@ -795,12 +800,12 @@ async fn a_taken_host_name_brings_the_device_home_under_a_temporary_name_until_i
     e.forget_sandbox(sandbox("sb-a", &path)).await.unwrap();
     assert!(e.pod_record(&key).is_some());
     // Still taken: nothing changes.
-    e.rename_home(UID, &key, "dev-eth1").await.unwrap();
+    e.rename_home(&owner(), &key, "dev-eth1").await.unwrap();
     assert_eq!(k.link_of(11).name, "dn11");
     // The squatter goes: the device gets its name back, and the record ends (its netns is gone).
     k.w().links.retain(|l| l.ifindex != 50);
     k.remove_sandbox_path(&path);
-    e.rename_home(UID, &key, "dev-eth1").await.unwrap();
+    e.rename_home(&owner(), &key, "dev-eth1").await.unwrap();
     assert_all_home(&k, 1);
     assert!(e.pod_record(&key).is_none());
 }
@@ -937,7 +942,7 @@ async fn a_rescue_at_netns_teardown_brings_every_device_home_and_ends_the_record
     k.remove_sandbox_path(&path);
     let key = pod_key(UID, "sb-a");
     e.act(Action::Rescue {
-        pod_uid: UID.into(),
+        owner: owner(),
         key: key.clone(),
         trigger: RescueTrigger::NetnsUnmounted,
         at: crate::watch::monotonic_ns(),
@@ -950,7 +955,7 @@ async fn a_rescue_at_netns_teardown_brings_every_device_home_and_ends_the_record
     assert!(t.ok && t.first_move_ns.is_some(), "{t:?}");
     // The same teardown signalled again (unlink after umount) finds nothing to do.
     e.act(Action::Rescue {
-        pod_uid: UID.into(),
+        owner: owner(),
         key,
         trigger: RescueTrigger::NetnsUnlinked,
         at: crate::watch::monotonic_ns(),
@@ -1115,7 +1120,7 @@ async fn a_device_the_kernel_returned_is_restored_in_the_host() {
         (l.netns, l.ifindex, l.name, l.up) = (host, 99, "dev99".into(), false);
     }
     let key = pod_key(UID, "sb-a");
-    e.repair(UID, &key, "dev-eth1", 99).await.unwrap();
+    e.repair(&owner(), &key, "dev-eth1", 99).await.unwrap();
     let l = k.link_of(11);
     assert_eq!((l.netns, l.name.as_str(), l.up), (k.host(), "eth1", true));
     let rec = e.pod_record(&key).unwrap();

@@ -33,6 +33,7 @@ mod detach;
 mod engine_tests;
 mod kernel;
 mod lane;
+mod owner;
 mod rebuild;
 mod reconcile;
 mod sandbox;
@@ -63,6 +64,7 @@ pub use adopt::{AdoptOutcome, Allocated, parent_pci_address};
 pub use attach::PodRef;
 pub use decide::{Action, RescueTrigger, decide};
 pub use detach::StuckReason;
+pub use owner::Owner;
 pub use reconcile::ReconcileReport;
 pub use sandbox::{SWEEP_EVERY, SandboxInfo, SandboxRef, SyncReport};
 
@@ -71,43 +73,57 @@ pub use sandbox::{SWEEP_EVERY, SandboxInfo, SandboxRef, SyncReport};
 pub enum RescueError {
     #[error("pod {pod}: netns {path}")]
     Netns {
-        pod: String,
+        pod: Owner,
         path: PathBuf,
         #[source]
         source: NetnsError,
     },
     #[error("pod {pod}: pin")]
     Pin {
-        pod: String,
+        pod: Owner,
         #[source]
         source: NetnsError,
     },
+    /// A pin no record claims (the start-up rebuild): released or looked into.
+    #[error("pin {pin} (no record claims it)")]
+    StrayPin {
+        pin: PathBuf,
+        #[source]
+        source: NetnsError,
+    },
+    /// Netlink in the netns of a pin no record claims (the start-up rebuild).
+    #[error("pin {pin} (no record claims it): netlink in its netns")]
+    StrayPinNetlink {
+        pin: PathBuf,
+        #[source]
+        source: LinkError,
+    },
     #[error("pod {pod}: device {device}")]
     Link {
-        pod: String,
+        pod: Owner,
         device: String,
         #[source]
         source: LinkError,
     },
     #[error("pod {pod}: netlink in the pod netns")]
     PodNetlink {
-        pod: String,
+        pod: Owner,
         #[source]
         source: LinkError,
     },
     #[error("pod {pod}: device {device} has no host interface name in its plan")]
-    NoInterface { pod: String, device: String },
+    NoInterface { pod: Owner, device: String },
     #[error("pod {pod}: netns {path} is the host's own network namespace; refusing to move devices")]
-    HostNetns { pod: String, path: PathBuf },
+    HostNetns { pod: Owner, path: PathBuf },
     #[error("pod {pod}: device {device} is already attached to pod {other}")]
     DeviceBusy {
-        pod: String,
+        pod: Owner,
         device: String,
-        other: String,
+        other: Owner,
     },
     #[error("pod {pod}: {failed} of {total} devices could not be brought home; will retry: {first}")]
     Incomplete {
-        pod: String,
+        pod: Owner,
         failed: usize,
         total: usize,
         first: String,
@@ -116,14 +132,14 @@ pub enum RescueError {
     },
     #[error("pod {pod}: RDMA device {device}")]
     Rdma {
-        pod: String,
+        pod: Owner,
         device: String,
         #[source]
         source: crate::sys::rdma::RdmaError,
     },
     #[error("pod {pod}: device {device}: PCI rebind")]
     Pci {
-        pod: String,
+        pod: Owner,
         device: String,
         #[source]
         source: crate::pci::PciError,
@@ -138,7 +154,7 @@ pub enum RescueError {
     HostNetlink(#[source] LinkError),
     #[error("pod {pod}: device {device}: {what} did not finish within {after:?}; not waiting for it")]
     Timeout {
-        pod: String,
+        pod: Owner,
         device: String,
         what: &'static str,
         after: std::time::Duration,
@@ -151,7 +167,7 @@ pub enum RescueError {
     #[error(
         "pod {pod}: dranet is being uninstalled (release-all brought every device home): no device is attached"
     )]
-    Uninstalling { pod: String },
+    Uninstalling { pod: Owner },
 }
 
 impl RescueError {
@@ -236,7 +252,8 @@ struct Inner {
     rdma: Arc<dyn RdmaOps>,
     /// Every link and netns operation ([`kernel`]: the kernel itself, or the unit tests' fake).
     kernel: Arc<dyn Kernel>,
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The per-pod locks ([`Engine::own`]).
+    locks: Mutex<HashMap<Owner, Arc<tokio::sync::Mutex<()>>>>,
     /// Pinned netns of the sandboxes holding devices, by record key.
     live: Mutex<HashMap<RecordKey, Live>>,
     host: Netns,
@@ -424,11 +441,13 @@ impl Engine {
         self.inner.activity.subscribe()
     }
 
-    /// Records one activity (no-op without subscribers).
-    pub fn record(&self, pod_uid: &str, kind: activity::ActivityKind) {
+    /// Records one activity of `owner` (no-op without subscribers).
+    pub fn record(&self, owner: impl Into<Owner>, kind: activity::ActivityKind) {
         if self.inner.activity.receiver_count() == 0 {
             return;
         }
+        let owner = owner.into();
+        let pod_uid = owner.uid_str();
         let (pod, netns_path) = {
             let cp = self.cp();
             let latest = cp
@@ -484,7 +503,7 @@ impl Engine {
             emptied
         };
         for uid in emptied {
-            self.prune_lock(&uid);
+            self.prune_plan_lock(&uid);
         }
         Ok(())
     }
@@ -539,7 +558,7 @@ impl Engine {
             (removed, emptied)
         };
         for uid in emptied {
-            self.prune_lock(&uid);
+            self.prune_plan_lock(&uid);
         }
         Ok(removed)
     }
@@ -573,7 +592,7 @@ impl Engine {
             (removed, emptied)
         };
         for uid in emptied {
-            self.prune_lock(&uid);
+            self.prune_plan_lock(&uid);
         }
         Ok(removed)
     }
@@ -591,14 +610,14 @@ impl Engine {
         self.cp().plans.get(pod_uid).map(|p| p.devices.clone())
     }
 
-    /// Sandboxes (pod UID, record key) that may still hold devices.
+    /// Sandboxes (owner, record key) that may still hold devices.
     #[must_use]
-    pub fn sandboxes_with_devices_out(&self) -> Vec<(String, RecordKey)> {
+    pub fn sandboxes_with_devices_out(&self) -> Vec<(Owner, RecordKey)> {
         self.cp()
             .pods
             .values()
             .filter(|p| p.has_devices_out())
-            .map(|p| (p.pod_uid.clone(), p.key()))
+            .map(|p| (Owner::of(p), p.key()))
             .collect()
     }
 
@@ -643,21 +662,21 @@ impl Engine {
     pub async fn act(&self, action: Action) {
         match action {
             Action::Rescue {
-                pod_uid,
+                owner,
                 key,
                 trigger,
                 at,
-            } => self.rescue(&pod_uid, &key, trigger, at).await,
+            } => self.rescue(&owner, &key, trigger, at).await,
             Action::Repair {
-                pod_uid,
+                owner,
                 key,
                 device,
                 ifindex,
             } => {
-                if let Err(e) = self.repair(&pod_uid, &key, &device, ifindex).await {
-                    warn!(pod = %pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "repair failed");
+                if let Err(e) = self.repair(&owner, &key, &device, ifindex).await {
+                    warn!(pod = %owner, record = %key, device, error = %crate::telemetry::chain(&e), "repair failed");
                     self.record(
-                        &pod_uid,
+                        &owner,
                         activity::ActivityKind::Failed {
                             action: "repair".into(),
                             error: crate::telemetry::chain(&e).to_string(),
@@ -667,28 +686,28 @@ impl Engine {
                 }
             }
             Action::Moved {
-                pod_uid,
+                owner,
                 key,
                 device,
                 to,
             } => {
-                if let Err(e) = self.moved(&pod_uid, &key, &device, to).await {
-                    warn!(pod = %pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "recording a device move failed");
+                if let Err(e) = self.moved(&owner, &key, &device, to).await {
+                    warn!(pod = %owner, record = %key, device, error = %crate::telemetry::chain(&e), "recording a device move failed");
                 }
             }
-            Action::Rename { pod_uid, key, device } => {
-                if let Err(e) = self.rename_home(&pod_uid, &key, &device).await {
-                    warn!(pod = %pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
+            Action::Rename { owner, key, device } => {
+                if let Err(e) = self.rename_home(&owner, &key, &device).await {
+                    warn!(pod = %owner, record = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
                 }
             }
-            Action::Forget { pod_uid, key } => {
+            Action::Forget { owner, key } => {
                 {
-                    let _owner = self.own(&pod_uid).await;
+                    let _owner = self.own(&owner).await;
                     if let Err(e) = self.drop_if_torn_down(&key).await {
-                        warn!(pod = %pod_uid, record = %key, error = %crate::telemetry::chain(&e), "cannot drop the record");
+                        warn!(pod = %owner, record = %key, error = %crate::telemetry::chain(&e), "cannot drop the record");
                     }
                 }
-                self.prune_lock(&pod_uid);
+                self.prune_lock(&owner);
             }
             Action::Reconcile => {
                 self.inner.metrics.lost_events.inc();
@@ -701,10 +720,10 @@ impl Engine {
 
     /// A probe saw the sandbox's netns being torn down: every device home now, retried with
     /// backoff (the kernel or a busy RTNL can fail a pass) until home or the record is gone.
-    async fn rescue(&self, pod_uid: &str, key: &RecordKey, trigger: RescueTrigger, at: u64) {
-        info!(pod = %pod_uid, record = %key, %trigger, "netns teardown started: bringing devices home");
+    async fn rescue(&self, owner: &Owner, key: &RecordKey, trigger: RescueTrigger, at: u64) {
+        info!(pod = %owner, record = %key, %trigger, "netns teardown started: bringing devices home");
         self.record(
-            pod_uid,
+            owner,
             activity::ActivityKind::RescueStarted {
                 trigger: trigger.label().to_owned(),
             },
@@ -713,14 +732,14 @@ impl Engine {
         for attempt in 1..=RESCUE_ATTEMPTS {
             let mut first_move = None;
             let res = {
-                let _owner = self.own(pod_uid).await;
+                let _owner = self.own(owner).await;
                 self.detach_timed(key, ReturnReason::NetnsTeardown, &mut first_move)
                     .await
             };
             // A second trigger of the same teardown (unlink after umount) finds the work
             // done and moves nothing: only the rescue that moved devices is recorded.
             if first_move.is_some() {
-                self.record_rescue(pod_uid, trigger, at, first_move, res.is_ok());
+                self.record_rescue(owner.uid_str(), trigger, at, first_move, res.is_ok());
             }
             match res {
                 Ok(DetachOutcome::Returned { .. }) => {
@@ -734,21 +753,21 @@ impl Engine {
                             trigger: trigger.label().to_owned(),
                         })
                         .inc();
-                    info!(pod = %pod_uid, record = %key, %trigger, took_us = took / 1000, attempt, "rescued");
+                    info!(pod = %owner, record = %key, %trigger, took_us = took / 1000, attempt, "rescued");
                     return;
                 }
                 Ok(_) => return,
                 Err(e) if attempt == RESCUE_ATTEMPTS => {
-                    warn!(pod = %pod_uid, record = %key, error = %crate::telemetry::chain(&e), attempt, "rescue incomplete; giving up until the next trigger or reconcile");
+                    warn!(pod = %owner, record = %key, error = %crate::telemetry::chain(&e), attempt, "rescue incomplete; giving up until the next trigger or reconcile");
                     let (stuck, why) = match &e {
                         RescueError::Incomplete { first, stuck, .. } => (*stuck, first.clone()),
                         other => (StuckReason::of(other), crate::telemetry::chain(other).to_string()),
                     };
-                    let _owner = self.own(pod_uid).await;
-                    self.report_stuck(pod_uid, key, stuck, &why).await;
+                    let _owner = self.own(owner).await;
+                    self.report_stuck(owner, key, stuck, &why).await;
                 }
                 Err(e) => {
-                    debug!(pod = %pod_uid, record = %key, error = %crate::telemetry::chain(&e), attempt, ?delay, "rescue incomplete; retrying");
+                    debug!(pod = %owner, record = %key, error = %crate::telemetry::chain(&e), attempt, ?delay, "rescue incomplete; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(2));
                 }
@@ -778,25 +797,35 @@ impl Engine {
         lock(&self.inner.cp)
     }
 
-    /// The per-pod owner lock (one owner for every sandbox of a pod UID).
-    async fn own(&self, pod_uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let m = lock(&self.inner.locks)
-            .entry(pod_uid.to_owned())
-            .or_default()
-            .clone();
+    /// The per-pod owner lock (one owner for every sandbox of a pod UID; one for the records
+    /// rebuilt from pins that no pod names yet: [`Owner::Unnamed`]).
+    async fn own(&self, owner: impl Into<Owner>) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = lock(&self.inner.locks).entry(owner.into()).or_default().clone();
         m.lock_owned().await
     }
 
-    /// Drops the lock of a pod that has no record left, once nobody holds or waits for it (the
-    /// map's own reference is the only one: a waiter holds a clone, taken under the map's lock).
-    fn prune_lock(&self, pod_uid: &str) {
-        if self.cp().records_of(pod_uid).next().is_some() || self.cp().plans.contains_key(pod_uid) {
+    /// Drops the lock of a pod that has no record and no plan left (the unnamed records' lock:
+    /// no unnamed record left), once nobody holds or waits for it (the map's own reference is
+    /// the only one: a waiter holds a clone, taken under the map's lock).
+    fn prune_lock(&self, owner: impl Into<Owner>) {
+        let owner = &owner.into();
+        // An unnamed record's pod UID is empty on disk: `records_of("")` are those records.
+        let uid = owner.uid_str();
+        if self.cp().records_of(uid).next().is_some() || self.cp().plans.contains_key(uid) {
             return;
         }
         let mut locks = lock(&self.inner.locks);
-        if locks.get(pod_uid).is_some_and(|m| Arc::strong_count(m) == 1) {
-            locks.remove(pod_uid);
+        if locks.get(owner).is_some_and(|m| Arc::strong_count(m) == 1) {
+            locks.remove(owner);
             crate::heap::shrink_sparse(&mut locks);
+        }
+    }
+
+    /// [`Engine::prune_lock`] of the pod whose plan (keyed by the claim's pod UID, as the DRA
+    /// request named it) emptied: a string that is no pod UID never had a lock.
+    fn prune_plan_lock(&self, uid: &str) {
+        if let Ok(uid) = crate::ids::pod_uid(uid) {
+            self.prune_lock(Owner::Pod(uid));
         }
     }
 
@@ -833,19 +862,20 @@ impl Engine {
     /// releases the pod's lock); the thread finishes whenever the kernel answers.
     pub(super) async fn blocking_op<T: Send + 'static>(
         &self,
-        pod: &str,
+        pod: impl Into<Owner>,
         device: &str,
         what: &'static str,
         op: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, RescueError> {
+        let pod = pod.into();
         let after = self.inner.opts.kernel_timeout;
         match tokio::time::timeout(after, tokio::task::spawn_blocking(op)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(_)) => Err(RescueError::Task { what }),
             Err(_) => {
-                warn!(pod, device, what, ?after, "kernel operation timed out");
+                warn!(pod = %pod, device, what, ?after, "kernel operation timed out");
                 Err(RescueError::Timeout {
-                    pod: pod.to_owned(),
+                    pod,
                     device: device.to_owned(),
                     what,
                     after,

@@ -41,7 +41,8 @@ use std::path::{Path, PathBuf};
 use tracing::{info, warn};
 
 use super::reconcile::ReconcileReport;
-use super::{Engine, RescueError};
+use super::{Engine, Owner, RescueError};
+use crate::ids::{PodUid, SandboxId};
 use crate::inventory::{self, NetnsTarget, PciIds, ScanOptions, Sysfs};
 use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, Durability, LoadSource, Naming, PlannedDevice, PodName, PodPhase,
@@ -95,7 +96,10 @@ impl Engine {
             self.inner
                 .kernel
                 .release_pin_path(path)
-                .map_err(|source| RescueError::Pin { pod: name, source })?;
+                .map_err(|source| RescueError::StrayPin {
+                    pin: path.to_owned(),
+                    source,
+                })?;
             return Ok(None);
         };
         let id = pin.netns().id();
@@ -105,7 +109,10 @@ impl Engine {
             self.inner
                 .kernel
                 .release_pin(pin)
-                .map_err(|source| RescueError::Pin { pod: name, source })?;
+                .map_err(|source| RescueError::StrayPin {
+                    pin: path.to_owned(),
+                    source,
+                })?;
             return Ok(None);
         }
         let found = self.ours_in(path, &pin).await?;
@@ -114,7 +121,10 @@ impl Engine {
             self.inner
                 .kernel
                 .release_pin(pin)
-                .map_err(|source| RescueError::Pin { pod: name, source })?;
+                .map_err(|source| RescueError::StrayPin {
+                    pin: path.to_owned(),
+                    source,
+                })?;
             return Ok(None);
         }
         let skip = self.inner.store.pins_dir();
@@ -183,15 +193,15 @@ impl Engine {
                 self.inner.kernel.pod_netlink(pin.netns()),
             )
             .await
-            .map_err(|source| RescueError::PodNetlink {
-                pod: path.display().to_string(),
+            .map_err(|source| RescueError::StrayPinNetlink {
+                pin: path.to_owned(),
                 source,
             })?;
         let links = self
             .link_op("listing a pinned netns's links", nl.links())
             .await
-            .map_err(|source| RescueError::PodNetlink {
-                pod: path.display().to_string(),
+            .map_err(|source| RescueError::StrayPinNetlink {
+                pin: path.to_owned(),
                 source,
             })?;
         Ok(links
@@ -252,18 +262,19 @@ impl Engine {
     /// adoption plugs in.
     pub(super) async fn name_recovered_record(
         &self,
-        uid: &str,
-        sandbox: &str,
+        uid: &PodUid,
+        sandbox: &SandboxId,
         owns: impl Fn(&PodRecord) -> bool,
     ) -> Result<bool, RescueError> {
         let unnamed = |r: &PodRecord| r.pod_uid.is_empty() && r.recovered.is_some();
+        // The key of a record rebuilt from this sandbox's pin: no pod UID yet.
         let by_id = pod_key("", sandbox);
         let exists = self.cp().record(&by_id).is_some_and(unnamed)
             || self.cp().records().any(|r| unnamed(r) && owns(r));
         if !exists {
             return Ok(false);
         }
-        let _rebuilt = self.own("").await;
+        let _rebuilt = self.own(&Owner::Unnamed).await;
         let from = {
             let cp = self.cp();
             if cp.record(&by_id).is_some_and(unnamed) {
@@ -275,10 +286,10 @@ impl Engine {
         let Some(from) = from else {
             return Ok(false);
         };
-        let key = pod_key(uid, sandbox);
+        let key = RecordKey::new(uid, sandbox);
         let naming = {
             let cp = self.cp();
-            let plan = cp.plans.get(uid);
+            let plan = cp.plans.get(uid.as_str());
             let devices = cp
                 .record(&from)
                 .map(|r| planned_devices(r, plan.map_or(&[][..], |p| &p.devices)))
@@ -303,7 +314,7 @@ impl Engine {
         if let Some(l) = self.inner.live_take(&from) {
             self.inner.live_put(&key, l);
         }
-        info!(pod = uid, sandbox, from = %from, "record rebuilt from a pin now names its pod");
+        info!(pod = %uid, sandbox = %sandbox, from = %from, "record rebuilt from a pin now names its pod");
         Ok(true)
     }
 

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use serde::Serialize;
 use tracing::{info, warn};
 
-use super::{Engine, Live, RescueError};
+use super::{Engine, Live, Owner, RescueError};
 use crate::state::{Durability, LoadSource, PodPhase, RecordKey, ReturnReason, Transition};
 use crate::sys::netns::{NetnsError, Pin};
 
@@ -45,15 +45,15 @@ impl Engine {
     pub async fn reconcile(&self) -> Result<ReconcileReport, RescueError> {
         let mut report = ReconcileReport::default();
         self.recover_pins(&mut report).await;
-        let sandboxes: Vec<(String, RecordKey)> = self
+        let sandboxes: Vec<(Owner, RecordKey)> = self
             .cp()
             .pods
             .values()
             .filter(|p| p.has_devices_out() || p.pin.is_some())
-            .map(|p| (p.pod_uid.clone(), p.key()))
+            .map(|p| (Owner::of(p), p.key()))
             .collect();
-        for (uid, key) in sandboxes {
-            let _owner = self.own(&uid).await;
+        for (owner, key) in sandboxes {
+            let _owner = self.own(&owner).await;
             // The phase as it is now that we own the pod, not as it was when the list was made.
             let Some(phase) = self
                 .cp()
@@ -68,7 +68,7 @@ impl Engine {
                 Ok(true) => report.adopted.push(key.to_string()),
                 Ok(false) => report.returned.push(key.to_string()),
                 Err(e) => {
-                    warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "reconcile: devices not all home");
+                    warn!(pod = %owner, record = %key, error = %crate::telemetry::chain(&e), "reconcile: devices not all home");
                     report.failed.push(key.to_string());
                 }
             }
@@ -76,10 +76,10 @@ impl Engine {
         // Host names freed while no event could say so (dranet down, events lost).
         let renames = super::decide::names_waited_for(&self.cp());
         for action in renames {
-            if let super::decide::Action::Rename { pod_uid, key, device } = action
-                && let Err(e) = self.rename_home(&pod_uid, &key, &device).await
+            if let super::decide::Action::Rename { owner, key, device } = action
+                && let Err(e) = self.rename_home(&owner, &key, &device).await
             {
-                warn!(pod = pod_uid, record = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
+                warn!(pod = %owner, record = %key, device, error = %crate::telemetry::chain(&e), "giving a device its name back failed");
             }
         }
         // Reports of vanished devices a kill cut short go out again (the reporter subscribed
@@ -259,14 +259,10 @@ impl Engine {
     pub async fn release_all(&self) -> Result<ReconcileReport, RescueError> {
         let mut report = ReconcileReport::default();
         self.recover_pins(&mut report).await;
-        let sandboxes: Vec<(String, RecordKey)> = self
-            .cp()
-            .pods
-            .values()
-            .map(|r| (r.pod_uid.clone(), r.key()))
-            .collect();
-        for (uid, key) in sandboxes {
-            let _owner = self.own(&uid).await;
+        let sandboxes: Vec<(Owner, RecordKey)> =
+            self.cp().pods.values().map(|r| (Owner::of(r), r.key())).collect();
+        for (owner, key) in sandboxes {
+            let _owner = self.own(&owner).await;
             match self.detach_locked(&key, ReturnReason::Hook).await {
                 Ok(_) => {
                     report.returned.push(key.to_string());
@@ -282,7 +278,7 @@ impl Engine {
                     }
                 }
                 Err(e) => {
-                    warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "release-all: devices not all home");
+                    warn!(pod = %owner, record = %key, error = %crate::telemetry::chain(&e), "release-all: devices not all home");
                     report.failed.push(key.to_string());
                 }
             }

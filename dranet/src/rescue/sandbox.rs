@@ -14,7 +14,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::decide::normalize_path;
-use super::{DetachOutcome, Engine, RescueError};
+use super::{DetachOutcome, Engine, Owner, RescueError};
 use crate::ids::{IdError, PodUid, SandboxId};
 use crate::state::{Durability, Naming, PodPhase, PodRecord, RecordKey, ReturnReason, Transition, pod_key};
 
@@ -132,16 +132,17 @@ impl Engine {
     /// sandbox is its. Returns whether a record was named. The pod's lock must be held.
     pub(super) async fn name_legacy_record(
         &self,
-        uid: &str,
-        sandbox: &str,
+        uid: &PodUid,
+        sandbox: &SandboxId,
         owns: impl Fn(&PodRecord) -> bool,
     ) -> Result<bool, RescueError> {
+        // The key of the pod's record from format 1: no sandbox id.
         let legacy = pod_key(uid, "");
         let hit = self.cp().record(&legacy).is_some_and(owns);
         if !hit {
             return Ok(false);
         }
-        let key = pod_key(uid, sandbox);
+        let key = RecordKey::new(uid, sandbox);
         // An error that surfaces (the hook or the attach fails, Synchronize logs it), and the
         // format-1 record stays as it was: gone meanwhile (the pod's lock is held: a bug), or
         // the sandbox has a record of its own with devices out, which it must not lose to this
@@ -155,8 +156,9 @@ impl Engine {
             self.inner.live_put(&key, l);
         }
         info!(
-            pod = uid,
-            sandbox, "record from checkpoint format 1 now names its sandbox"
+            pod = %uid,
+            sandbox = %sandbox,
+            "record from checkpoint format 1 now names its sandbox"
         );
         Ok(true)
     }
@@ -207,27 +209,27 @@ impl Engine {
             }
         }
         let known: HashSet<RecordKey> = running.iter().map(SandboxInfo::key).collect();
-        let gone: Vec<(String, RecordKey)> = self
+        let gone: Vec<(Owner, RecordKey)> = self
             .cp()
             .pods
             .values()
             .filter(|r| !known.contains(&r.key()))
-            .map(|r| (r.pod_uid.clone(), r.key()))
+            .map(|r| (Owner::of(r), r.key()))
             .collect();
-        for (uid, key) in gone {
+        for (owner, key) in gone {
             {
-                let _owner = self.own(&uid).await;
+                let _owner = self.own(&owner).await;
                 let out = self.cp().record(&key).is_some_and(PodRecord::has_devices_out);
                 if out {
                     info!(
-                        pod = uid,
+                        pod = %owner,
                         record = %key,
                         "the runtime no longer knows this sandbox: bringing its devices home"
                     );
                     match self.detach_locked(&key, ReturnReason::Vanished).await {
                         Ok(_) => report.returned.push(key.to_string()),
                         Err(e) => {
-                            warn!(pod = uid, record = %key, error = %crate::telemetry::chain(&e), "devices of a vanished sandbox not all home");
+                            warn!(pod = %owner, record = %key, error = %crate::telemetry::chain(&e), "devices of a vanished sandbox not all home");
                             report.failed.push(key.to_string());
                             continue;
                         }
@@ -241,7 +243,7 @@ impl Engine {
                     }
                 }
             }
-            self.prune_lock(&uid);
+            self.prune_lock(&owner);
         }
         report
     }
@@ -340,17 +342,17 @@ impl Engine {
     /// with nothing left. Runs after a reconcile and every [`SWEEP_EVERY`] while there is
     /// something to sweep ([`Engine::sweep_forever`]).
     pub async fn sweep(&self) -> usize {
-        let candidates: Vec<(String, RecordKey)> = self
+        let candidates: Vec<(Owner, RecordKey)> = self
             .cp()
             .pods
             .values()
             .filter(|r| matches!(r.phase, PodPhase::Returned(_)) && r.pin.is_none())
-            .map(|r| (r.pod_uid.clone(), r.key()))
+            .map(|r| (Owner::of(r), r.key()))
             .collect();
         let mut n = 0;
-        for (uid, key) in candidates {
+        for (owner, key) in candidates {
             {
-                let _owner = self.own(&uid).await;
+                let _owner = self.own(&owner).await;
                 match self.drop_if_torn_down(&key).await {
                     Ok(true) => n += 1,
                     Ok(false) => {}
@@ -359,11 +361,11 @@ impl Engine {
                     }
                 }
             }
-            self.prune_lock(&uid);
+            self.prune_lock(&owner);
         }
-        let uids: Vec<String> = super::lock(&self.inner.locks).keys().cloned().collect();
-        for uid in uids {
-            self.prune_lock(&uid);
+        let owners: Vec<Owner> = super::lock(&self.inner.locks).keys().cloned().collect();
+        for owner in owners {
+            self.prune_lock(&owner);
         }
         n
     }

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use tracing::{info, warn};
 
 use super::activity::ActivityKind;
-use super::{Engine, RescueError};
+use super::{Engine, Owner, RescueError};
 use crate::state::{DeviceRecord, DeviceState, Durability, RecordKey, Transition};
 
 impl Engine {
@@ -42,14 +42,18 @@ impl Engine {
     /// (its netns gone; otherwise RemovePodSandbox, Synchronize or the sweep ends it). A record
     /// or device no longer flagged is a no-op.
     pub async fn vanish_reported(&self, pod_uid: &str, record: &str, device: &str) {
-        if self.cleared_and_ended(pod_uid, record, device).await {
-            self.prune_lock(pod_uid);
+        // Named as the feed named it ([`Owner::uid_str`]): no record is of anything else.
+        let Some(owner) = Owner::from_feed(pod_uid) else {
+            return;
+        };
+        if self.cleared_and_ended(&owner, record, device).await {
+            self.prune_lock(&owner);
         }
     }
 
     /// [`Engine::vanish_reported`] under the pod's lock: whether the record ended.
-    async fn cleared_and_ended(&self, pod_uid: &str, record: &str, device: &str) -> bool {
-        let _owner = self.own(pod_uid).await;
+    async fn cleared_and_ended(&self, owner: &Owner, record: &str, device: &str) -> bool {
+        let _owner = self.own(owner).await;
         let found = self.cp().pods.get(record).and_then(|r| {
             let i = r
                 .devices
@@ -89,22 +93,22 @@ impl Engine {
         if !self.vanish_acks() {
             return 0;
         }
-        let pending: Vec<(String, RecordKey, DeviceRecord)> = self
+        let pending: Vec<(Owner, RecordKey, DeviceRecord)> = self
             .cp()
             .records()
             .flat_map(|r| {
                 r.devices
                     .iter()
                     .filter(|d| unreported(d))
-                    .map(|d| (r.pod_uid.clone(), r.key(), d.clone()))
+                    .map(|d| (Owner::of(r), r.key(), d.clone()))
             })
             .filter(|(_, key, d)| {
                 super::lock(&self.inner.vanish_sent).insert((key.clone(), d.device.clone()))
             })
             .collect();
-        for (uid, key, d) in &pending {
+        for (owner, key, d) in &pending {
             info!(record = %key, device = d.device, "a vanished device's report is not confirmed: sent again");
-            self.send_vanished(uid, key, d);
+            self.send_vanished(owner, key, d);
         }
         pending.len()
     }
@@ -116,7 +120,7 @@ impl Engine {
     /// out; without one the return's last save carries `Gone`.
     pub(super) async fn mark_gone(
         &self,
-        uid: &str,
+        owner: &Owner,
         key: &RecordKey,
         i: usize,
         d: &DeviceRecord,
@@ -145,16 +149,16 @@ impl Engine {
             host_name = d.snapshot.name,
             "device no longer exists anywhere (deleted while in the pod): its record ends"
         );
-        self.send_vanished(uid, key, d);
+        self.send_vanished(owner, key, d);
         Ok(())
     }
 
     /// The report of gone device `d` of sandbox `key` into the activity feed: the same when
     /// [`Engine::mark_gone`] sends it and when [`Engine::resend_unreported`] sends it again, so
     /// the reporter names the same event both times.
-    fn send_vanished(&self, uid: &str, key: &RecordKey, d: &DeviceRecord) {
+    fn send_vanished(&self, owner: &Owner, key: &RecordKey, d: &DeviceRecord) {
         self.record(
-            uid,
+            owner,
             ActivityKind::Vanished {
                 device: d.device.clone(),
                 host_name: d.snapshot.name.clone(),

@@ -479,6 +479,21 @@ impl PodRecord {
         pod_key(&self.pod_uid, &self.sandbox_id)
     }
 
+    /// The pod UID, checked; `None` while unknown (a record rebuilt from a pin, until it is
+    /// named). On disk it stays the plain string (empty: unknown); records are made from checked
+    /// ids and checked on load, so a UID that is there parses.
+    #[must_use]
+    pub fn uid(&self) -> Option<crate::ids::PodUid> {
+        crate::ids::pod_uid(&self.pod_uid).ok()
+    }
+
+    /// The runtime's sandbox id, checked; `None` while unknown (a record migrated from format 1,
+    /// until it is named). Checked as [`PodRecord::uid`] is.
+    #[must_use]
+    pub fn sandbox(&self) -> Option<crate::ids::SandboxId> {
+        crate::ids::sandbox_id(&self.sandbox_id).ok()
+    }
+
     /// The file name of this sandbox's pin: the sandbox id (format 1: the pod UID; a record
     /// rebuilt from a pin: that pin's name).
     #[must_use]
