@@ -255,6 +255,21 @@ fn sandbox_info(p: Pod) -> Result<SandboxInfo, crate::ids::IdError> {
     SandboxInfo::parse(&p.uid, &p.id, p.netns, p.namespace, p.name)
 }
 
+/// The sandboxes of a Synchronize, their ids checked (the NRI boundary). A sandbox whose ids
+/// are not ids is left out here, with a warning: nothing is named after it, and no record can
+/// be of it (a record's ids are checked when it is made and when it is loaded).
+fn running_sandboxes(pods: Vec<Pod>) -> Vec<SandboxInfo> {
+    pods.into_iter()
+        .filter_map(|p| {
+            sandbox_info(p)
+                .map_err(
+                    |e| tracing::warn!(error = %e, "Synchronize: a sandbox with invalid ids is left out"),
+                )
+                .ok()
+        })
+        .collect()
+}
+
 impl PodHooks for Driver {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<Outcome, HookError> {
         // The feed names pods by checked UID; an invalid one fails in the attach (the hook's
@@ -364,18 +379,7 @@ impl PodHooks for Driver {
     }
 
     async fn synchronize(&self, pods: Vec<Pod>, _containers: Vec<ContainerInfo>) {
-        // A sandbox whose ids are not ids is left out here, at the boundary: nothing is named
-        // after it, and a record of it (none can be made) is not kept by it.
-        let running: Vec<SandboxInfo> = pods
-            .into_iter()
-            .filter_map(|p| {
-                sandbox_info(p)
-                    .map_err(
-                        |e| tracing::warn!(error = %e, "Synchronize: a sandbox with invalid ids is left out"),
-                    )
-                    .ok()
-            })
-            .collect();
+        let running = running_sandboxes(pods);
         let (engine, adopter) = (self.engine.clone(), self.adopter.clone());
         // In a task of its own, answered within SYNCHRONIZE_BUDGET: after a long absence many
         // vanished sandboxes' devices may come home one after another (≈ 25 ms each under
@@ -408,5 +412,30 @@ impl PodHooks for Driver {
         if let Ok(sb) = sandbox_info(pod) {
             self.late.answered_late(&sb, took);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synchronize_leaves_out_the_sandboxes_whose_ids_are_not_ids() {
+        let pod = |uid: &str, id: &str| Pod {
+            uid: uid.into(),
+            id: id.into(),
+            netns: Some("/run/netns/x".into()),
+            ..Pod::default()
+        };
+        let running = running_sandboxes(vec![
+            pod("uid-1", "sb-1"),
+            pod("../../etc", "sb-2"),
+            pod("uid-3", "a/b"),
+            pod("", "sb-4"),
+            pod("uid-5", ""),
+            pod("uid-6", "sb-6"),
+        ]);
+        let keys: Vec<String> = running.iter().map(|s| s.key().to_string()).collect();
+        assert_eq!(keys, ["uid-1/sb-1", "uid-6/sb-6"]);
     }
 }
