@@ -152,8 +152,7 @@ async fn run(name: &str, api: &ApiServer) -> Result<()> {
             let reporter = Reporter::new(sink.clone(), DRIVER, NODE);
             let mut ev = reporter.make_event(
                 ObjectRef::claim("default", "c1", "claim-uid"),
-                true,
-                "ClaimPrepareFailed",
+                dranet::report::EventReason::ClaimPrepareFailed,
                 "test".into(),
             );
             if name == "report_an_event" {

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use crate::nri::hooks::PodHook;
 use crate::rescue::activity::{Activity, ActivityKind};
+use crate::state::ReturnReason;
 use crate::sys::netns::NetnsId;
 use crate::watch::{self, EventKind, LifecycleEvent, ProbeStatus, Watcher, WatcherOptions};
 
@@ -270,7 +271,7 @@ fn activity_line(a: &Activity, start: u64) -> String {
             took_us,
         } => (
             "dranet_returned",
-            format!("pod {who} devices {devices:?} reason={reason} took={took_us}µs"),
+            format!("pod {who} devices {devices:?} reason={reason:?} took={took_us}µs"),
         ),
         ActivityKind::Failed { action, error, .. } => {
             ("dranet_failed", format!("pod {who} {action}: {error}"))
@@ -307,7 +308,7 @@ struct PodTimes {
     name: String,
     path: Option<String>,
     stop: Option<u64>,
-    returned: Option<(u64, usize, String)>,
+    returned: Option<(u64, usize, ReturnReason)>,
 }
 
 impl Verdicts {
@@ -334,7 +335,7 @@ impl Verdicts {
                 p.stop.get_or_insert(a.at);
             }
             ActivityKind::Returned { devices, reason, .. } => {
-                p.returned.get_or_insert((a.at, devices.len(), reason.clone()));
+                p.returned.get_or_insert((a.at, devices.len(), *reason));
             }
             _ => {}
         }
@@ -373,7 +374,7 @@ impl Verdicts {
                 (None, None) => "no teardown seen".to_owned(),
             };
             let back = match (removed, p.stop) {
-                (Some(r), _) if reason == "NetnsTeardown" => {
+                (Some(r), _) if *reason == ReturnReason::NetnsTeardown => {
                     format!(
                         "dranet returned {n} device(s) {:.1} ms after the umount",
                         ms(*ret_at, *r)
@@ -381,11 +382,11 @@ impl Verdicts {
                 }
                 (_, Some(s)) => {
                     format!(
-                        "dranet returned {n} device(s) {:.1} ms after StopPodSandbox ({reason})",
+                        "dranet returned {n} device(s) {:.1} ms after StopPodSandbox ({reason:?})",
                         ms(*ret_at, s)
                     )
                 }
-                _ => format!("dranet returned {n} device(s) ({reason})"),
+                _ => format!("dranet returned {n} device(s) ({reason:?})"),
             };
             out.push(format!("pod {name}: {order}; {back}"));
         }

@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::proto::{health_v1, health_v1alpha1};
-use crate::rescue::activity::{Activity, ActivityKind};
+use crate::rescue::activity::{Activity, ActivityKind, FailedAction};
 use crate::state::{Checkpoint, DeviceState};
 
 /// gRPC service name of health v1 as kubelet lists it in `supported_versions` (kubelet after
@@ -283,7 +283,7 @@ impl HealthHub {
                 action,
                 error,
                 device,
-            } if action != "attach" => {
+            } if *action != FailedAction::Attach => {
                 // A repair names its device; a failed return concerns every device not home.
                 let hit = match device {
                     Some(d) => vec![d.clone()],

@@ -7,7 +7,8 @@ use prost::Message;
 
 use super::*;
 use crate::dra::proto::health_v1alpha1 as pb;
-use crate::state::{PodPhase, PodRecord};
+use crate::rescue::RescueTrigger;
+use crate::state::{PodPhase, PodRecord, ReturnReason};
 use crate::sys::netns::NetnsId;
 use crate::test_support::{NoSink, TempDir, device_record};
 
@@ -95,7 +96,7 @@ fn an_unchanged_device_keeps_its_health_entry_across_publishes() {
     let home = checkpoint(&[("eth1", DeviceState::Home)]);
     hub.observe_activity(
         &activity(ActivityKind::Returned {
-            reason: "test".into(),
+            reason: ReturnReason::Hook,
             devices: vec!["eth1".into()],
             took_us: 1,
         }),
@@ -146,7 +147,7 @@ fn rescue_marks_devices_unhealthy_until_home() {
     hub.observe_scan([], &cp);
     hub.observe_activity(
         &activity(ActivityKind::RescueStarted {
-            trigger: "umount".into(),
+            trigger: RescueTrigger::NetnsUnmounted,
         }),
         &cp,
     );
@@ -156,13 +157,13 @@ fn rescue_marks_devices_unhealthy_until_home() {
         msg.contains("being returned to the host from pod ns/pod-a"),
         "{msg}"
     );
-    assert!(msg.contains("umount"), "{msg}");
+    assert!(msg.contains("netns_unmounted"), "{msg}");
 
     // A return that fails for one device: that device stays unhealthy with the error.
     let cp = checkpoint(&[("eth1", DeviceState::Home), ("eth2", DeviceState::Returning)]);
     hub.observe_activity(
         &activity(ActivityKind::Failed {
-            action: "return".into(),
+            action: FailedAction::Return,
             error: "boom".into(),
             device: None,
         }),
@@ -189,7 +190,7 @@ fn rescue_marks_devices_unhealthy_until_home() {
     let cp = checkpoint(&[("eth1", DeviceState::Home), ("eth2", DeviceState::Home)]);
     hub.observe_activity(
         &activity(ActivityKind::Returned {
-            reason: "NetnsTeardown".into(),
+            reason: ReturnReason::NetnsTeardown,
             devices: vec!["eth1".into(), "eth2".into()],
             took_us: 10,
         }),
@@ -222,7 +223,7 @@ fn a_failed_repair_names_its_device_and_attach_failures_are_not_health() {
     hub.observe_scan([], &cp);
     hub.observe_activity(
         &activity(ActivityKind::Failed {
-            action: "attach".into(),
+            action: FailedAction::Attach,
             error: "no".into(),
             device: Some("eth1".into()),
         }),
@@ -234,7 +235,7 @@ fn a_failed_repair_names_its_device_and_attach_failures_are_not_health() {
     );
     hub.observe_activity(
         &activity(ActivityKind::Failed {
-            action: "repair".into(),
+            action: FailedAction::Repair,
             error: "EBUSY".into(),
             device: Some("eth2".into()),
         }),
@@ -414,13 +415,13 @@ fn devices_in_a_pod_or_with_work_pending_are_never_dropped() {
     hub.observe_scan([], &cp);
     hub.observe_activity(
         &activity(ActivityKind::RescueStarted {
-            trigger: "umount".into(),
+            trigger: RescueTrigger::NetnsUnmounted,
         }),
         &cp,
     );
     hub.observe_activity(
         &activity(ActivityKind::Failed {
-            action: "repair".into(),
+            action: FailedAction::Repair,
             error: "EBUSY".into(),
             device: Some("eth3".into()),
         }),
@@ -455,7 +456,7 @@ fn devices_in_a_pod_or_with_work_pending_are_never_dropped() {
     let home = checkpoint(&[("eth1", DeviceState::Home), ("eth2", DeviceState::Home)]);
     hub.observe_activity(
         &activity(ActivityKind::Returned {
-            reason: "NetnsTeardown".into(),
+            reason: ReturnReason::NetnsTeardown,
             devices: vec!["eth1".into(), "eth2".into()],
             took_us: 1,
         }),
@@ -644,7 +645,7 @@ fn a_vanished_device_is_gone_and_a_stuck_return_is_unhealthy_with_its_error() {
     hub.observe_scan([], &cp);
     hub.observe_activity(
         &activity(ActivityKind::RescueStarted {
-            trigger: "umount".into(),
+            trigger: RescueTrigger::NetnsUnmounted,
         }),
         &cp,
     );
@@ -661,7 +662,7 @@ fn a_vanished_device_is_gone_and_a_stuck_return_is_unhealthy_with_its_error() {
     hub.observe_activity(
         &activity(ActivityKind::ReturnStuck {
             devices: vec!["eth2".into()],
-            reason: "name_taken".into(),
+            reason: crate::rescue::StuckReason::NameTaken,
             error: "File exists (os error 17)".into(),
         }),
         &cp,

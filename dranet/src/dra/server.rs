@@ -334,8 +334,7 @@ pub(super) async fn prepare_all(
                 let r = p.reporter();
                 r.event(r.make_event(
                     crate::report::ObjectRef::claim(&c.namespace, &c.name, &c.uid),
-                    true,
-                    "ClaimPrepareFailed",
+                    crate::report::EventReason::ClaimPrepareFailed,
                     format!(
                         "failed to prepare claim {}/{}: {}",
                         c.namespace,

@@ -22,7 +22,7 @@ use crate::nri::hooks::{
 };
 use crate::pod::inflight::{InFlight, Waited};
 use crate::pod::late::{CREATE_CONTAINER_BUDGET, LateAttacher};
-use crate::report::{ObjectRef, Reporter};
+use crate::report::{EventReason, ObjectRef, Reporter};
 use crate::rescue::activity::ActivityKind;
 use crate::rescue::{AttachOutcome, DetachOutcome, Engine, PodRef, RescueError, SandboxInfo, SandboxRef};
 use crate::state::ReturnReason;
@@ -185,14 +185,13 @@ impl Driver {
     /// `NetworkDeviceAttachFailed` otherwise.
     fn report_attach_failure(&self, pod: &Pod, e: &RescueError) {
         let (reason, what) = if matches!(e, RescueError::Rdma { .. }) {
-            ("RDMADeviceAttachFailed", "RDMA device")
+            (EventReason::RdmaDeviceAttachFailed, "RDMA device")
         } else {
-            ("NetworkDeviceAttachFailed", "network device")
+            (EventReason::NetworkDeviceAttachFailed, "network device")
         };
         let device = e.device().unwrap_or("(all devices)");
         let ev = self.reporter.make_event(
             ObjectRef::pod(&pod.namespace, &pod.name, &pod.uid),
-            true,
             reason,
             format!(
                 "failed to attach {what} {device} to pod {}/{}: {}",

@@ -29,7 +29,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tracing::warn;
 
-use crate::report::{ObjectRef, Reporter};
+use crate::report::{EventReason, ObjectRef, Reporter};
 use crate::rescue::{AttachOutcome, Engine, PodRef, RescueError, SandboxInfo};
 use crate::state::{PodPhase, pod_key};
 
@@ -186,8 +186,7 @@ impl LateAttacher {
                 );
                 let ev = self.reporter.make_event(
                     object,
-                    true,
-                    "NetworkDeviceAttachFailed",
+                    EventReason::NetworkDeviceAttachFailed,
                     format!(
                         "late attach (at {trigger}) of the pod's devices failed; the sandbox runs without them: {}",
                         crate::telemetry::chain(e)
@@ -245,8 +244,7 @@ impl LateAttacher {
         let object = ObjectRef::pod(&sb.namespace, &sb.name, &sb.uid);
         let ev = self.reporter.make_event(
             object,
-            true,
-            "NetworkDeviceLateAttach",
+            EventReason::NetworkDeviceLateAttach,
             match trigger {
                 Trigger::LateAnswer => format!(
                     "devices {} attached late: the container runtime stopped waiting for dranet (its request timeout, or a closed connection) and ran the sandbox without them{for_how_long}; containers that started before now ran without them",

@@ -36,7 +36,7 @@ use correlate::{Observed, Slot};
 
 use crate::plan::DevicePlan;
 use crate::rescue::activity::{Activity, ActivityKind};
-use crate::state::DeviceRecord;
+use crate::state::{DeviceRecord, ReturnReason};
 
 /// Deadline of one report (upstream: 3 s for the claim status).
 pub const REPORT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -268,8 +268,8 @@ impl Reporter {
 
     /// A Warning or Normal event about `object`, sourced from this driver and node.
     #[must_use]
-    pub fn make_event(&self, object: ObjectRef, warning: bool, reason: &str, message: String) -> Event {
-        Event::new(object, warning, reason, message, &self.driver, &self.node)
+    pub fn make_event(&self, object: ObjectRef, reason: EventReason, message: String) -> Event {
+        Event::new(object, reason, message, &self.driver, &self.node)
     }
 
     fn spawn(
@@ -580,6 +580,66 @@ pub struct EventSource {
     pub host: String,
 }
 
+/// The reason of an Event dranet sends: its name on the wire (upstream's names, so a user's
+/// alerts keep matching) and its type (Warning or Normal), fixed by the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventReason {
+    /// A claim's Prepare failed (on the claim).
+    ClaimPrepareFailed,
+    /// The attach of a pod's network device failed (on the pod).
+    NetworkDeviceAttachFailed,
+    /// The attach of a pod's RDMA link failed (on the pod).
+    RdmaDeviceAttachFailed,
+    /// A pod's devices were attached after its sandbox ran without them (on the pod).
+    NetworkDeviceLateAttach,
+    /// The runtime tore the pod's netns down before StopPodSandbox and dranet brought the
+    /// devices home (on the pod; Normal).
+    NetworkDeviceRescued,
+    /// A device no longer exists anywhere (on the pod).
+    NetworkDeviceVanished,
+    /// A return still fails after every retry (on the pod).
+    NetworkDeviceReturnFailed,
+}
+
+impl EventReason {
+    /// Every reason, for tests and documentation.
+    pub const ALL: [Self; 7] = [
+        Self::ClaimPrepareFailed,
+        Self::NetworkDeviceAttachFailed,
+        Self::RdmaDeviceAttachFailed,
+        Self::NetworkDeviceLateAttach,
+        Self::NetworkDeviceRescued,
+        Self::NetworkDeviceVanished,
+        Self::NetworkDeviceReturnFailed,
+    ];
+
+    /// The Event's `reason` field.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ClaimPrepareFailed => "ClaimPrepareFailed",
+            Self::NetworkDeviceAttachFailed => "NetworkDeviceAttachFailed",
+            Self::RdmaDeviceAttachFailed => "RDMADeviceAttachFailed",
+            Self::NetworkDeviceLateAttach => "NetworkDeviceLateAttach",
+            Self::NetworkDeviceRescued => "NetworkDeviceRescued",
+            Self::NetworkDeviceVanished => "NetworkDeviceVanished",
+            Self::NetworkDeviceReturnFailed => "NetworkDeviceReturnFailed",
+        }
+    }
+
+    /// A Warning (something an operator must look at), else Normal.
+    #[must_use]
+    pub const fn is_warning(self) -> bool {
+        !matches!(self, Self::NetworkDeviceRescued)
+    }
+}
+
+impl std::fmt::Display for EventReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A core/v1 Event, as client-go's recorder writes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -601,14 +661,7 @@ pub struct Event {
 }
 
 impl Event {
-    fn new(
-        object: ObjectRef,
-        warning: bool,
-        reason: &str,
-        message: String,
-        driver: &str,
-        node: &str,
-    ) -> Self {
+    fn new(object: ObjectRef, reason: EventReason, message: String, driver: &str, node: &str) -> Self {
         let t = SystemTime::now();
         let nanos = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let now = rfc3339(t);
@@ -621,10 +674,10 @@ impl Event {
                 namespace: object.namespace.clone(),
             },
             involved_object: object,
-            reason: reason.to_owned(),
+            reason: reason.as_str().to_owned(),
             // The API caps messages at 1 KiB.
             message: truncate(message, 1024),
-            type_: if warning { "Warning" } else { "Normal" }.to_owned(),
+            type_: if reason.is_warning() { "Warning" } else { "Normal" }.to_owned(),
             source: EventSource {
                 component: driver.to_owned(),
                 host: node.to_owned(),
@@ -701,14 +754,13 @@ pub fn rescue_event(reporter: &Reporter, a: &Activity) -> Option<Event> {
     else {
         return None;
     };
-    if reason != "NetnsTeardown" {
+    if *reason != ReturnReason::NetnsTeardown {
         return None;
     }
     let (namespace, name) = a.pod.split_once('/')?;
     Some(reporter.make_event(
         ObjectRef::pod(namespace, name, &a.pod_uid),
-        false,
-        "NetworkDeviceRescued",
+        EventReason::NetworkDeviceRescued,
         format!(
             "the runtime tore down the pod network namespace before StopPodSandbox; dranet brought {} home and restored in {} us",
             devices.join(", "),
@@ -721,15 +773,12 @@ pub fn rescue_event(reporter: &Reporter, a: &Activity) -> Option<Event> {
 /// (it no longer exists anywhere: deleted while in the pod) or `NetworkDeviceReturnFailed` (its
 /// move home still fails after the rescue's retries). `None` for any other activity.
 #[must_use]
-pub fn trouble_event(
-    reporter: &Reporter,
-    a: &Activity,
-) -> Option<(Event, Vec<String>, &'static str, String)> {
+pub fn trouble_event(reporter: &Reporter, a: &Activity) -> Option<(Event, Vec<String>, EventReason, String)> {
     let (reason, devices, message) = match &a.kind {
         ActivityKind::Vanished {
             device, host_name, ..
         } => (
-            "NetworkDeviceVanished",
+            EventReason::NetworkDeviceVanished,
             vec![device.clone()],
             format!(
                 "network device {device} ({host_name}) no longer exists anywhere: it was deleted while in the pod (or its PCI function went away); nothing to bring home, its record ended"
@@ -740,7 +789,7 @@ pub fn trouble_event(
             reason,
             error,
         } => (
-            "NetworkDeviceReturnFailed",
+            EventReason::NetworkDeviceReturnFailed,
             devices.clone(),
             format!(
                 "network devices {} could not be brought home after every retry ({reason}): {error}; they stay in the pod network namespace, which dranet keeps, until the next hook, teardown signal or reconcile",
@@ -752,7 +801,6 @@ pub fn trouble_event(
     let (namespace, name) = a.pod.split_once('/')?;
     let mut ev = reporter.make_event(
         ObjectRef::pod(namespace, name, &a.pod_uid),
-        true,
         reason,
         message.clone(),
     );
@@ -790,13 +838,13 @@ pub fn trouble_statuses(
     driver: &str,
     plans: &[DevicePlan],
     devices: &[String],
-    reason: &str,
+    reason: EventReason,
     message: &str,
 ) -> Vec<ClaimStatusApply> {
     let now = rfc3339(SystemTime::now());
     let mut out: Vec<ClaimStatusApply> = Vec::new();
     for p in plans.iter().filter(|p| devices.contains(&p.device)) {
-        let mut c = condition("Ready", reason, message.to_owned(), &now);
+        let mut c = condition("Ready", reason.as_str(), message.to_owned(), &now);
         c.status = "False".to_owned();
         let st = AllocatedDeviceStatus {
             driver: driver.to_owned(),

@@ -190,14 +190,12 @@ async fn events_are_core_v1_events_in_the_objects_namespace() {
     let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a");
     r.event(r.make_event(
         ObjectRef::pod("ns", "pod-a", "pod-uid"),
-        true,
-        "NetworkDeviceAttachFailed",
+        EventReason::NetworkDeviceAttachFailed,
         "failed to attach network device eth1 to pod ns/pod-a: boom".into(),
     ));
     r.event(r.make_event(
         ObjectRef::claim("ns", "c1", "claim-uid"),
-        true,
-        "ClaimPrepareFailed",
+        EventReason::ClaimPrepareFailed,
         "x".repeat(2000),
     ));
     wait_for("two events", Duration::from_secs(5), || {
@@ -311,8 +309,13 @@ async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
         serde_json::from_slice(&std::fs::read(dir.join("ns/c1.json")).unwrap()).unwrap();
     assert_eq!(written, apply);
     let r = Reporter::new(Arc::new(sink.clone()), "dra.net", "node-a");
-    for reason in ["A", "B"] {
-        sink.event(&r.make_event(ObjectRef::pod("ns", "p", "u"), false, reason, "m".into()))
+    let (a, b, v) = (
+        EventReason::NetworkDeviceRescued,
+        EventReason::NetworkDeviceLateAttach,
+        EventReason::NetworkDeviceVanished,
+    );
+    for reason in [a, b] {
+        sink.event(&r.make_event(ObjectRef::pod("ns", "p", "u"), reason, "m".into()))
             .await
             .unwrap();
     }
@@ -323,11 +326,11 @@ async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
         .collect();
     assert_eq!(
         lines.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
-        ["A", "B"]
+        [a.as_str(), b.as_str()]
     );
     // A create of a name that is there adds nothing (as the API server's AlreadyExists); a
     // repeat's update is a line of its own.
-    let mut fixed = r.make_event(ObjectRef::pod("ns", "p", "u"), true, "V", "m".into());
+    let mut fixed = r.make_event(ObjectRef::pod("ns", "p", "u"), v, "m".into());
     fixed.metadata.name = "p.vanished-0123".into();
     sink.event(&fixed).await.unwrap();
     sink.event(&fixed).await.unwrap();
@@ -337,7 +340,7 @@ async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
         .lines()
         .map(|l| serde_json::from_str::<Event>(l).unwrap().reason)
         .collect();
-    assert_eq!(reasons, ["A", "B", "V", "A"]);
+    assert_eq!(reasons, [a.as_str(), b.as_str(), v.as_str(), a.as_str()]);
     for bad in ["", "..", ".hidden", "a/b"] {
         assert!(
             matches!(sink.status_path("ns", bad), Err(ReportError::BadName { .. })),
@@ -353,18 +356,18 @@ async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
 #[test]
 fn rescue_events_only_for_a_netns_teardown() {
     let r = Reporter::new(Arc::new(Hang::default()), "dra.net", "node-a");
-    let a = |reason: &str, pod: &str| Activity {
+    let a = |reason: ReturnReason, pod: &str| Activity {
         at: 0,
         pod_uid: "uid-1".into(),
         pod: pod.into(),
         netns_path: None,
         kind: ActivityKind::Returned {
-            reason: reason.into(),
+            reason,
             devices: vec!["eth1".into(), "eth2".into()],
             took_us: 420,
         },
     };
-    let ev = rescue_event(&r, &a("NetnsTeardown", "ns/pod-a")).unwrap();
+    let ev = rescue_event(&r, &a(ReturnReason::NetnsTeardown, "ns/pod-a")).unwrap();
     assert_eq!(ev.reason, "NetworkDeviceRescued");
     assert_eq!(ev.type_, "Normal");
     assert_eq!(ev.involved_object, ObjectRef::pod("ns", "pod-a", "uid-1"));
@@ -373,16 +376,16 @@ fn rescue_events_only_for_a_netns_teardown() {
         "{}",
         ev.message
     );
-    assert!(rescue_event(&r, &a("Hook", "ns/pod-a")).is_none());
+    assert!(rescue_event(&r, &a(ReturnReason::Hook, "ns/pod-a")).is_none());
     assert!(
-        rescue_event(&r, &a("NetnsTeardown", "")).is_none(),
+        rescue_event(&r, &a(ReturnReason::NetnsTeardown, "")).is_none(),
         "no pod to address"
     );
     let hook = Activity {
         kind: ActivityKind::Hook {
             name: crate::nri::hooks::PodHook::StopPodSandbox,
         },
-        ..a("NetnsTeardown", "ns/pod-a")
+        ..a(ReturnReason::NetnsTeardown, "ns/pod-a")
     };
     assert!(rescue_event(&r, &hook).is_none());
 }
@@ -401,10 +404,9 @@ fn event_api(patch_code: u16) -> (kube::Client, Arc<Mutex<Vec<crate::slices::kub
     })
 }
 
-fn pod_event(r: &Reporter, pod: &str, reason: &str, message: &str) -> Event {
+fn pod_event(r: &Reporter, pod: &str, reason: EventReason, message: &str) -> Event {
     r.make_event(
         ObjectRef::pod("ns", pod, &format!("uid-{pod}")),
-        true,
         reason,
         message.to_owned(),
     )
@@ -433,7 +435,7 @@ async fn repeated_identical_events_are_one_event_created_then_patched() {
     let (kube, log) = event_api(200);
     let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a");
     let msg = "failed to attach network device eth1 to pod ns/pod-a: boom";
-    let first = pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", msg);
+    let first = pod_event(&r, "pod-a", EventReason::NetworkDeviceAttachFailed, msg);
     let name = first.metadata.name.clone();
     send_and_settle(&r, &log, first, 1).await;
     for n in 2..=3 {
@@ -441,7 +443,7 @@ async fn repeated_identical_events_are_one_event_created_then_patched() {
         send_and_settle(
             &r,
             &log,
-            pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", msg),
+            pod_event(&r, "pod-a", EventReason::NetworkDeviceAttachFailed, msg),
             n,
         )
         .await;
@@ -470,15 +472,21 @@ async fn repeated_identical_events_are_one_event_created_then_patched() {
     send_and_settle(
         &r,
         &log,
-        pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", "other"),
+        pod_event(&r, "pod-a", EventReason::NetworkDeviceAttachFailed, "other"),
         4,
     )
     .await;
-    send_and_settle(&r, &log, pod_event(&r, "pod-a", "RDMADeviceAttachFailed", msg), 5).await;
     send_and_settle(
         &r,
         &log,
-        pod_event(&r, "pod-b", "NetworkDeviceAttachFailed", msg),
+        pod_event(&r, "pod-a", EventReason::RdmaDeviceAttachFailed, msg),
+        5,
+    )
+    .await;
+    send_and_settle(
+        &r,
+        &log,
+        pod_event(&r, "pod-b", EventReason::NetworkDeviceAttachFailed, msg),
         6,
     )
     .await;
@@ -495,7 +503,7 @@ async fn repeated_identical_events_are_one_event_created_then_patched() {
     send_and_settle(
         &r,
         &log,
-        pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", msg),
+        pod_event(&r, "pod-a", EventReason::NetworkDeviceAttachFailed, msg),
         7,
     )
     .await;
@@ -514,7 +522,12 @@ async fn a_burst_of_repeats_never_blocks_and_the_server_count_only_grows() {
     let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a");
     let start = Instant::now();
     for _ in 0..20 {
-        r.event(pod_event(&r, "pod-a", "NetworkDeviceAttachFailed", "boom"));
+        r.event(pod_event(
+            &r,
+            "pod-a",
+            EventReason::NetworkDeviceAttachFailed,
+            "boom",
+        ));
     }
     assert!(
         start.elapsed() < Duration::from_millis(100),
@@ -538,10 +551,16 @@ async fn a_burst_of_repeats_never_blocks_and_the_server_count_only_grows() {
 async fn a_patch_of_an_expired_event_creates_it_again_with_the_count() {
     let (kube, log) = event_api(404);
     let r = Reporter::new(Arc::new(KubeSink::new(kube, "dra.net")), "dra.net", "node-a");
-    let first = pod_event(&r, "pod-a", "ClaimPrepareFailed", "no");
+    let first = pod_event(&r, "pod-a", EventReason::ClaimPrepareFailed, "no");
     let name = first.metadata.name.clone();
     send_and_settle(&r, &log, first, 1).await;
-    send_and_settle(&r, &log, pod_event(&r, "pod-a", "ClaimPrepareFailed", "no"), 3).await;
+    send_and_settle(
+        &r,
+        &log,
+        pod_event(&r, "pod-a", EventReason::ClaimPrepareFailed, "no"),
+        3,
+    )
+    .await;
     let seen = log.lock().unwrap().clone();
     assert_eq!(
         seen.iter().map(|s| s.method.as_str()).collect::<Vec<_>>(),
@@ -551,7 +570,13 @@ async fn a_patch_of_an_expired_event_creates_it_again_with_the_count() {
     assert_eq!(seen[2].body["count"], 2);
     assert_eq!(seen[2].body["firstTimestamp"], seen[0].body["firstTimestamp"]);
     // Created again: the next repeat patches (and, here, recreates) with count 3.
-    send_and_settle(&r, &log, pod_event(&r, "pod-a", "ClaimPrepareFailed", "no"), 5).await;
+    send_and_settle(
+        &r,
+        &log,
+        pod_event(&r, "pod-a", EventReason::ClaimPrepareFailed, "no"),
+        5,
+    )
+    .await;
     assert_eq!(log.lock().unwrap()[4].body["count"], 3);
 }
 
@@ -565,7 +590,13 @@ async fn the_correlation_cache_is_bounded_and_forgets_the_least_recent() {
         },
     );
     for (i, pod) in ["p0", "p1", "p2", "p3", "p4"].iter().enumerate() {
-        send_and_settle(&r, &log, pod_event(&r, pod, "R", "m"), i + 1).await;
+        send_and_settle(
+            &r,
+            &log,
+            pod_event(&r, pod, EventReason::NetworkDeviceReturnFailed, "m"),
+            i + 1,
+        )
+        .await;
         assert!(
             r.correlated().0 <= 3 && r.correlated().1 <= 3,
             "{:?}",
@@ -574,8 +605,20 @@ async fn the_correlation_cache_is_bounded_and_forgets_the_least_recent() {
     }
     assert_eq!(r.correlated(), (3, 3));
     // p4 is remembered: patched. p0 was evicted: a new Event.
-    send_and_settle(&r, &log, pod_event(&r, "p4", "R", "m"), 6).await;
-    send_and_settle(&r, &log, pod_event(&r, "p0", "R", "m"), 7).await;
+    send_and_settle(
+        &r,
+        &log,
+        pod_event(&r, "p4", EventReason::NetworkDeviceReturnFailed, "m"),
+        6,
+    )
+    .await;
+    send_and_settle(
+        &r,
+        &log,
+        pod_event(&r, "p0", EventReason::NetworkDeviceReturnFailed, "m"),
+        7,
+    )
+    .await;
     let seen = log.lock().unwrap().clone();
     assert_eq!(seen[5].method, "PATCH");
     assert_eq!(seen[5].body["count"], 2);
@@ -591,9 +634,19 @@ async fn a_hanging_api_holds_one_sender_per_event_key_and_never_blocks() {
     let start = Instant::now();
     // 20: under the spam filter's burst of 25 for the object.
     for _ in 0..20 {
-        r.event(pod_event(&r, "pod-a", "R", "m"));
+        r.event(pod_event(
+            &r,
+            "pod-a",
+            EventReason::NetworkDeviceReturnFailed,
+            "m",
+        ));
     }
-    r.event(pod_event(&r, "pod-b", "R", "m"));
+    r.event(pod_event(
+        &r,
+        "pod-b",
+        EventReason::NetworkDeviceReturnFailed,
+        "m",
+    ));
     assert!(
         start.elapsed() < Duration::from_millis(100),
         "{:?}",
@@ -607,7 +660,12 @@ async fn a_hanging_api_holds_one_sender_per_event_key_and_never_blocks() {
     .unwrap();
     assert_eq!(*hang.0.lock().unwrap(), 2, "one request per key, not per repeat");
     // After the failure, the next repeat tries again (creating: nothing was created).
-    r.event(pod_event(&r, "pod-a", "R", "m"));
+    r.event(pod_event(
+        &r,
+        "pod-a",
+        EventReason::NetworkDeviceReturnFailed,
+        "m",
+    ));
     assert_eq!(r.in_flight(), 1);
 }
 
@@ -617,7 +675,7 @@ mod correlator {
     use crate::report::correlate::{Correlator, Observed, lock};
 
     fn ev(r: &Reporter, pod: &str, message: &str) -> Event {
-        pod_event(r, pod, "R", message)
+        pod_event(r, pod, EventReason::NetworkDeviceReturnFailed, message)
     }
 
     fn state(o: &Observed) -> (String, i32) {
@@ -648,7 +706,10 @@ mod correlator {
         // ... the 26th does not, whatever its reason or message.
         assert!(matches!(c.observe(ev(&r, "pod-a", "m-late"), t0), Observed::Spam));
         assert!(matches!(
-            c.observe(pod_event(&r, "pod-a", "Other", "x"), t0),
+            c.observe(
+                pod_event(&r, "pod-a", EventReason::NetworkDeviceLateAttach, "x"),
+                t0
+            ),
             Observed::Spam
         ));
         // Another object has its own bucket.
@@ -769,7 +830,7 @@ fn a_vanished_device_and_a_stuck_return_are_warnings_with_a_claim_status() {
     let stuck = Activity {
         kind: ActivityKind::ReturnStuck {
             devices: vec!["eth2".into(), "eth3".into()],
-            reason: "name_taken".into(),
+            reason: crate::rescue::StuckReason::NameTaken,
             error: "File exists (os error 17)".into(),
         },
         ..base.clone()
@@ -788,11 +849,33 @@ fn a_vanished_device_and_a_stuck_return_are_warnings_with_a_claim_status() {
     assert!(rescue_event(&r, &stuck).is_none());
     let returned = Activity {
         kind: ActivityKind::Returned {
-            reason: "NetnsTeardown".into(),
+            reason: ReturnReason::NetnsTeardown,
             devices: vec![],
             took_us: 1,
         },
         ..base
     };
     assert!(trouble_event(&r, &returned).is_none());
+}
+
+#[test]
+fn event_reasons_keep_upstreams_names_and_only_a_rescue_is_normal() {
+    let r = Reporter::new(Arc::new(Hang::default()), "dra.net", "node-a");
+    let seen: Vec<(String, String)> = EventReason::ALL
+        .iter()
+        .map(|&reason| {
+            let ev = r.make_event(ObjectRef::pod("ns", "p", "u"), reason, "m".into());
+            (ev.reason, ev.type_)
+        })
+        .collect();
+    let want = [
+        ("ClaimPrepareFailed", "Warning"),
+        ("NetworkDeviceAttachFailed", "Warning"),
+        ("RDMADeviceAttachFailed", "Warning"),
+        ("NetworkDeviceLateAttach", "Warning"),
+        ("NetworkDeviceRescued", "Normal"),
+        ("NetworkDeviceVanished", "Warning"),
+        ("NetworkDeviceReturnFailed", "Warning"),
+    ];
+    assert_eq!(seen, want.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
 }

@@ -4,6 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::decide::RescueTrigger;
+use super::detach::StuckReason;
+use crate::state::ReturnReason;
+
 /// One thing the daemon did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Activity {
@@ -29,16 +33,16 @@ pub enum ActivityKind {
     /// Devices moved into the pod.
     Attached { devices: Vec<String>, took_us: u64 },
     /// The watcher saw the pod's netns being torn down; a rescue starts.
-    RescueStarted { trigger: String },
+    RescueStarted { trigger: RescueTrigger },
     /// Every device of the pod is home.
     Returned {
-        reason: String,
+        reason: ReturnReason,
         devices: Vec<String>,
         took_us: u64,
     },
     /// A return or attach failed (will be retried where possible).
     Failed {
-        action: String,
+        action: FailedAction,
         error: String,
         /// The one device concerned (a repair), if not the pod's devices.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,7 +67,87 @@ pub enum ActivityKind {
         /// ResourceSlice device names of the devices still out.
         devices: Vec<String>,
         /// `name_taken`, `timeout` or `other`.
-        reason: String,
+        reason: StuckReason,
         error: String,
     },
+}
+
+/// What failed, in a [`ActivityKind::Failed`] entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailedAction {
+    /// An attach (moving devices into the pod).
+    Attach,
+    /// A return (bringing the pod's devices home).
+    Return,
+    /// The repair of one device the kernel handed back.
+    Repair,
+}
+
+impl FailedAction {
+    /// `attach`, `return` or `repair`: its name on the feed and in `dranet trace`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Attach => "attach",
+            Self::Return => "return",
+            Self::Repair => "repair",
+        }
+    }
+}
+
+impl std::fmt::Display for FailedAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The feed's JSON lines (read by `dranet trace`) name triggers, reasons and actions by
+    /// their labels, and read back as the same values.
+    #[test]
+    fn typed_kinds_are_their_labels_on_the_wire() {
+        let kinds = [
+            (
+                ActivityKind::RescueStarted {
+                    trigger: RescueTrigger::NetnsUnlinked,
+                },
+                r#"{"type":"rescue_started","trigger":"netns_unlinked"}"#,
+            ),
+            (
+                ActivityKind::Returned {
+                    reason: ReturnReason::NetnsTeardown,
+                    devices: vec!["eth1".into()],
+                    took_us: 7,
+                },
+                r#"{"type":"returned","reason":"netns_teardown","devices":["eth1"],"took_us":7}"#,
+            ),
+            (
+                ActivityKind::Failed {
+                    action: FailedAction::Repair,
+                    error: "e".into(),
+                    device: Some("eth1".into()),
+                },
+                r#"{"type":"failed","action":"repair","error":"e","device":"eth1"}"#,
+            ),
+            (
+                ActivityKind::ReturnStuck {
+                    devices: vec![],
+                    reason: StuckReason::NameTaken,
+                    error: "e".into(),
+                },
+                r#"{"type":"return_stuck","devices":[],"reason":"name_taken","error":"e"}"#,
+            ),
+        ];
+        for (kind, json) in kinds {
+            assert_eq!(serde_json::to_string(&kind).unwrap(), json);
+            assert_eq!(serde_json::from_str::<ActivityKind>(json).unwrap(), kind);
+        }
+        assert!(
+            serde_json::from_str::<ActivityKind>(r#"{"type":"failed","action":"bogus","error":""}"#).is_err()
+        );
+    }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use tracing::{Instrument as _, info, warn};
 
-use super::activity::ActivityKind;
+use super::activity::{ActivityKind, FailedAction};
 use super::kernel::AttachRequest;
 use super::{AttachOutcome, Engine, Live, Owner, RescueError};
 use crate::ids::{IdError, PodUid, SandboxId};
@@ -407,7 +407,7 @@ impl Engine {
         self.record(
             uid,
             ActivityKind::Failed {
-                action: "attach".into(),
+                action: FailedAction::Attach,
                 error: crate::telemetry::chain(&err).to_string(),
                 device,
             },

@@ -28,7 +28,7 @@ use crate::watch::{EventKind, LifecycleEvent};
 /// What told the engine a sandbox's netns is being torn down: the probe event's kind. Its
 /// [`RescueTrigger::label`] is the `trigger` label of `dranet_rescue_returns` and what logs,
 /// the activity feed and [`super::RescueTiming`] show.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RescueTrigger {
     /// The runtime unmounted the netns bind mount.

@@ -5,7 +5,7 @@
 
 use tracing::{Instrument as _, info, warn};
 
-use super::activity::ActivityKind;
+use super::activity::{ActivityKind, FailedAction};
 use super::{DetachOutcome, Engine, Inner, Live, Owner, RescueError, lane};
 use crate::pci;
 use crate::state::{
@@ -127,7 +127,7 @@ impl Engine {
         self.record(
             owner,
             ActivityKind::Returned {
-                reason: format!("{reason:?}"),
+                reason,
                 devices: home.iter().chain(&busy).cloned().collect(),
                 took_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
             },
@@ -348,7 +348,7 @@ impl Engine {
         self.record(
             owner,
             ActivityKind::Failed {
-                action: "return".into(),
+                action: FailedAction::Return,
                 error: first.error.clone(),
                 device: None,
             },
@@ -607,7 +607,7 @@ impl Engine {
             owner,
             ActivityKind::ReturnStuck {
                 devices,
-                reason: reason.to_owned(),
+                reason: stuck,
                 error: error.to_owned(),
             },
         );
@@ -772,8 +772,10 @@ fn out(s: DeviceState) -> bool {
 }
 
 /// Why a return keeps failing, as `dranet_return_stuck_total{reason}` and the `ReturnStuck`
-/// activity name it. Decided from the typed error, before it becomes text.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// activity name it. Decided from the typed error, before it becomes text. On the activity feed
+/// as its label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StuckReason {
     /// The kernel refused the move with `EEXIST`: every name it may take is in use in the host.
     NameTaken,
@@ -824,6 +826,12 @@ impl StuckReason {
             Self::Timeout => "timeout",
             Self::Other => "other",
         }
+    }
+}
+
+impl std::fmt::Display for StuckReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
     }
 }
 

@@ -678,7 +678,7 @@ impl Engine {
                     self.record(
                         &owner,
                         activity::ActivityKind::Failed {
-                            action: "repair".into(),
+                            action: activity::FailedAction::Repair,
                             error: crate::telemetry::chain(&e).to_string(),
                             device: Some(device),
                         },
@@ -722,12 +722,7 @@ impl Engine {
     /// backoff (the kernel or a busy RTNL can fail a pass) until home or the record is gone.
     async fn rescue(&self, owner: &Owner, key: &RecordKey, trigger: RescueTrigger, at: u64) {
         info!(pod = %owner, record = %key, %trigger, "netns teardown started: bringing devices home");
-        self.record(
-            owner,
-            activity::ActivityKind::RescueStarted {
-                trigger: trigger.label().to_owned(),
-            },
-        );
+        self.record(owner, activity::ActivityKind::RescueStarted { trigger });
         let mut delay = std::time::Duration::from_millis(20);
         for attempt in 1..=RESCUE_ATTEMPTS {
             let mut first_move = None;
