@@ -81,6 +81,25 @@ impl Mac {
         Self::from_bytes(&b[..len])
     }
 
+    /// An address as dranet records it (checkpoints, plan files, published attributes): what
+    /// [`Display`](fmt::Display) writes, `xx:xx:…` of any length the kernel has (a tunnel's
+    /// 4 bytes as well as Ethernet's 6 or IPoIB's 20), either case; or a form [`Mac::parse`]
+    /// takes.
+    #[must_use]
+    pub fn parse_recorded(s: &str) -> Option<Self> {
+        let mut b = [0; MAX_LEN];
+        let mut len = 0;
+        for pair in s.split(':') {
+            let slot = b.get_mut(len)?;
+            if pair.len() != 2 || !pair.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Self::parse(s);
+            }
+            *slot = u8::from_str_radix(pair, 16).ok()?;
+            len += 1;
+        }
+        Self::from_bytes(&b[..len])
+    }
+
     /// The address's bytes.
     #[must_use]
     pub fn as_bytes(&self) -> &[u8] {
@@ -184,6 +203,34 @@ mod tests {
         }
         // Longer than MAX_LEN: refused, never cut.
         assert_eq!(Mac::parse(&vec!["aa"; 40].join(":")), None);
+    }
+
+    #[test]
+    fn a_recorded_address_of_any_kernel_length_reads_back() {
+        for bytes in [
+            &[10, 0, 0, 1][..],
+            &[2, 0xd7, 0, 0, 0, 1],
+            &[0x80; 20],
+            &[0xab; MAX_LEN],
+        ] {
+            let m = Mac::from_bytes(bytes).unwrap();
+            assert_eq!(Mac::parse_recorded(&m.to_string()), Some(m));
+            assert_eq!(Mac::parse_recorded(&m.to_string().to_uppercase()), Some(m));
+        }
+        assert_eq!(
+            Mac::parse_recorded("02-D7-00-00-00-01"),
+            Mac::parse("02:d7:00:00:00:01")
+        );
+        for bad in [
+            "",
+            "0",
+            "02:d7:0",
+            "zz:00",
+            "02::01",
+            &["ab"; MAX_LEN + 1].join(":"),
+        ] {
+            assert_eq!(Mac::parse_recorded(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::{AttrValue, Device};
+use crate::mac::Mac;
 use crate::shared::Shared;
 
 /// The file in the state dir.
@@ -158,11 +159,11 @@ pub struct Held {
 
 /// The kernel identity of a held netdev device, as the checkpoint recorded it (issue 38: a name
 /// anyone can set is only a hint).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldIdentity {
     /// The permanent MAC, else the MAC, Prepare recorded from the device itself: what an attach
-    /// checks the host link against.
-    pub mac: String,
+    /// checks the host link against (compared as bytes).
+    pub mac: Mac,
     /// The name the device has in the host while another link holds its own (`HomeNameBusy`).
     pub temp_name: Option<String>,
 }
@@ -205,17 +206,14 @@ impl Held {
         h
     }
 
+    /// The identity of `device` from the MAC its record or plan holds (checked when it was
+    /// loaded); none without one.
     fn add_identity(&mut self, device: &str, mac: Option<&str>) {
-        if let Some(mac) = mac.filter(|m| !m.is_empty())
+        if let Some(mac) = mac.and_then(Mac::parse_recorded)
             && !self.identity.contains_key(device)
         {
-            self.identity.insert(
-                device.to_owned(),
-                HeldIdentity {
-                    mac: mac.to_owned(),
-                    temp_name: None,
-                },
-            );
+            self.identity
+                .insert(device.to_owned(), HeldIdentity { mac, temp_name: None });
         }
     }
 
@@ -240,7 +238,7 @@ impl Held {
             let (None, Some(ifname)) = (&d.pci_address, d.ifname.as_deref()) else {
                 return true;
             };
-            let has = |id: &HeldIdentity| d.mac.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(&id.mac));
+            let has = |id: &HeldIdentity| d.mac.as_deref().and_then(Mac::parse_recorded) == Some(id.mac);
             if let Some(id) = self.identity.get(&d.name)
                 && !has(id)
             {
@@ -615,7 +613,7 @@ mod tests {
 
     fn identity(mac: &str, temp: Option<&str>) -> HeldIdentity {
         HeldIdentity {
-            mac: mac.into(),
+            mac: Mac::parse_recorded(mac).unwrap(),
             temp_name: temp.map(str::to_owned),
         }
     }
@@ -667,6 +665,14 @@ mod tests {
         // The MAC is compared as the kernel's, whatever its case.
         let mut devs = vec![link("drn1", "drn1", &nic.to_uppercase())];
         assert!(busy.drop_impostors(&mut devs).is_empty());
+        assert_eq!(devs.len(), 1);
+        // ... and as bytes: a record holding it in another of Go's forms names the same link.
+        let mut dashed = held(&["drn1"], &[]);
+        dashed
+            .identity
+            .insert("drn1".into(), identity("02-D7-00-00-00-01", None));
+        let mut devs = vec![link("drn1", "drn1", nic)];
+        assert!(dashed.drop_impostors(&mut devs).is_empty(), "{devs:?}");
         assert_eq!(devs.len(), 1);
     }
 
