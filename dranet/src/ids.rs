@@ -78,6 +78,60 @@ macro_rules! str_id {
 str_id!(PodUid);
 str_id!(SandboxId);
 
+/// An ifindex in the host netns: what a device had before it went to a pod, and what a move home
+/// asks for. 0 means unknown (a record rebuilt from a pin never saw the device at home), never a
+/// device; on disk a plain number.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct HostIfindex(u32);
+
+/// An ifindex in a pod's netns: where a device sits while it is attached. It names a device only
+/// together with that netns; on disk a plain number.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct PodIfindex(u32);
+
+macro_rules! ifindex {
+    ($t:ty) => {
+        impl $t {
+            #[must_use]
+            pub const fn new(index: u32) -> Self {
+                Self(index)
+            }
+            /// The number the kernel takes (netlink, ioctl).
+            #[must_use]
+            pub const fn get(self) -> u32 {
+                self.0
+            }
+            /// False for 0, which no device has.
+            #[must_use]
+            pub const fn is_known(self) -> bool {
+                self.0 != 0
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+    };
+}
+ifindex!(HostIfindex);
+ifindex!(PodIfindex);
+
+impl PodIfindex {
+    /// The index in the pod that a device's host index would be: the attach asks the kernel to
+    /// keep the device's index across the move (it does when the pod has that index free).
+    #[must_use]
+    pub const fn same_as(host: HostIfindex) -> Self {
+        Self(host.0)
+    }
+}
+
 /// Checks a pod UID before any path or key is built from it; the checked UID.
 pub fn pod_uid(uid: &str) -> Result<PodUid, IdError> {
     if is_uuid(uid) || is_dns_subdomain(uid) {
@@ -144,6 +198,17 @@ mod tests {
         ] {
             assert!(!is_ifname(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_ifindex_is_a_plain_number_on_disk() {
+        let pod = PodIfindex::new(7);
+        assert_eq!(serde_json::to_string(&pod).unwrap(), "7");
+        assert_eq!(serde_json::from_str::<PodIfindex>("7").unwrap(), pod);
+        assert_eq!(serde_json::to_string(&HostIfindex::new(0)).unwrap(), "0");
+        assert!(!HostIfindex::new(0).is_known() && HostIfindex::new(3).is_known());
+        assert_eq!(PodIfindex::same_as(HostIfindex::new(3)), PodIfindex::new(3));
+        assert_eq!(pod.to_string(), "7");
     }
 
     #[test]

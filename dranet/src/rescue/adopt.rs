@@ -18,6 +18,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{Engine, Live, RescueError, SandboxInfo};
+use crate::ids::PodIfindex;
 use crate::state::{DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, Transition};
 use crate::sys::link::{LinkSnapshot, Netlink};
 
@@ -241,7 +242,7 @@ fn adopted_record(d: &Allocated, in_pod: LinkSnapshot, netns: crate::sys::netns:
         state: DeviceState::InPod,
         temp_name: None,
         at: Some(DeviceAt {
-            ifindex: in_pod.ifindex,
+            ifindex: PodIfindex::new(in_pod.ifindex),
             netns,
         }),
         rebuilt: false,

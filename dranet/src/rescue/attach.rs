@@ -10,7 +10,7 @@ use tracing::{Instrument as _, info, warn};
 use super::activity::{ActivityKind, FailedAction};
 use super::kernel::AttachRequest;
 use super::{AttachOutcome, Engine, Live, Owner, RescueError};
-use crate::ids::{IdError, PodUid, SandboxId};
+use crate::ids::{IdError, PodIfindex, PodUid, SandboxId};
 use crate::plan::DevicePlan;
 use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, RecordKey, ReturnReason, Transition,
@@ -208,7 +208,7 @@ impl Engine {
             .zip(places)
             .map(|(((plan, mut record), spec), ifindex)| {
                 let place = DeviceAt {
-                    ifindex,
+                    ifindex: PodIfindex::new(ifindex),
                     netns: netns.id(),
                 };
                 record.at = Some(place);
@@ -305,7 +305,7 @@ impl Engine {
                         netns: live.pin.netns(),
                         snap: &dev.record.snapshot,
                         spec: &dev.spec,
-                        pod_ifindex: dev.place.ifindex,
+                        pod_ifindex: dev.place.ifindex.get(),
                     }),
                 )
                 .await;
@@ -314,7 +314,7 @@ impl Engine {
                     moved.push(InPod {
                         name: dev.record.pod_ifname.clone(),
                         at: DeviceAt {
-                            ifindex: index,
+                            ifindex: PodIfindex::new(index),
                             netns: pod_id,
                         },
                     });

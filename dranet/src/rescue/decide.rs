@@ -21,6 +21,7 @@
 //! `cleanup_net` queued (tier A has no identity; a pinned netns cannot reach it anyway).
 
 use super::Owner;
+use crate::ids::PodIfindex;
 use crate::mac::Mac;
 use crate::state::{Checkpoint, DeviceAt, DeviceState, PodPhase, PodRecord, RecordKey};
 use crate::watch::{EventKind, LifecycleEvent};
@@ -252,13 +253,15 @@ fn moved_device(
 ) -> Vec<Action> {
     for pod in cp.records() {
         for d in pod.devices.iter().filter(|d| out(d.state)) {
-            if d.at.is_some_and(|a| a.ifindex == ifindex && a.netns == from) {
+            if d.at
+                .is_some_and(|a| a.ifindex.get() == ifindex && a.netns == from)
+            {
                 return vec![Action::Moved {
                     owner: Owner::of(pod),
                     key: pod.key(),
                     device: d.device.clone(),
                     to: DeviceAt {
-                        ifindex: u32::try_from(new_ifindex).unwrap_or(ifindex),
+                        ifindex: PodIfindex::new(u32::try_from(new_ifindex).unwrap_or(ifindex)),
                         netns: to,
                     },
                 }];

@@ -89,7 +89,7 @@ fn random_device(r: &mut Rng, i: usize) -> DeviceRecord {
             .unwrap(),
         temp_name: None,
         at: r.coin().then(|| DeviceAt {
-            ifindex: 1 + r.below32(30),
+            ifindex: PodIfindex::new(1 + r.below32(30)),
             netns: known_netns(r),
         }),
         rebuilt: r.below(8) == 0,

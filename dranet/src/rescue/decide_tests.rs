@@ -54,7 +54,7 @@ fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
                 state,
                 temp_name: None,
                 at: Some(DeviceAt {
-                    ifindex: 7,
+                    ifindex: PodIfindex::new(7),
                     netns: ID,
                 }),
                 rebuilt: false,
@@ -404,7 +404,7 @@ fn a_tier_b_move_of_a_placed_device_is_recorded() {
             key: KEY.into(),
             device: "eth1".into(),
             to: DeviceAt {
-                ifindex: 12,
+                ifindex: PodIfindex::new(12),
                 netns: host
             },
         }]

@@ -313,7 +313,7 @@ impl Engine {
         // pod may have renamed it and made an impostor under its name).
         let pod_ifindex =
             d.at.filter(|a| live.pin.netns().id() == a.netns)
-                .map(|a| a.ifindex);
+                .map(|a| a.ifindex.get());
         let req = link::DetachRequest {
             pod_nl: nl,
             host_nl: ctx.host_nl,
@@ -743,7 +743,7 @@ impl Engine {
         to: DeviceAt,
     ) -> Result<(), RescueError> {
         if to.netns == self.inner.host.id() {
-            return self.repair(owner, key, device, to.ifindex).await;
+            return self.repair(owner, key, device, to.ifindex.get()).await;
         }
         let _owner = self.own(owner).await;
         // The record may have gone since the event was decided (RemovePodSandbox meanwhile):

@@ -647,7 +647,7 @@ async fn attach_moves_every_device_to_the_place_it_wrote_ahead() {
         assert_eq!((l.netns, l.name.as_str()), (ns, d.pod_ifname.as_str()));
         // The place written ahead is where the device is.
         let at = d.at.unwrap();
-        assert_eq!((at.netns, at.ifindex), (ns, l.ifindex));
+        assert_eq!((at.netns, at.ifindex.get()), (ns, l.ifindex));
     }
     assert_eq!(k.pins(), vec![e.state_dir().join("pins/sb-a")]);
     // The runtime retries the hook: nothing moves again.

@@ -42,7 +42,7 @@ use tracing::{info, warn};
 
 use super::reconcile::ReconcileReport;
 use super::{Engine, Owner, RescueError};
-use crate::ids::{PodUid, SandboxId};
+use crate::ids::{PodIfindex, PodUid, SandboxId};
 use crate::inventory::{self, NetnsTarget, PciIds, ScanOptions, Sysfs};
 use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, Durability, LoadSource, Naming, PlannedDevice, PodName, PodPhase,
@@ -142,7 +142,7 @@ impl Engine {
                 format!(
                     "{} (pod ifindex {}) -> {}",
                     d.pod_ifname,
-                    d.at.map_or(0, |a| a.ifindex),
+                    d.at.map_or(0, |a| a.ifindex.get()),
                     d.snapshot.name
                 )
             })
@@ -347,7 +347,7 @@ impl Engine {
                 return false;
             };
             let found = self
-                .link_op("looking up a device", nl.link_by_index(at.ifindex))
+                .link_op("looking up a device", nl.link_by_index(at.ifindex.get()))
                 .await;
             if !matches!(found, Ok(Some(m)) if link::same_device(&m, &d.snapshot)) {
                 return false;
@@ -456,7 +456,7 @@ fn rebuilt_device(f: &Found, netns: NetnsId) -> DeviceRecord {
         state: DeviceState::InPod,
         temp_name: None,
         at: Some(DeviceAt {
-            ifindex: f.ifindex,
+            ifindex: PodIfindex::new(f.ifindex),
             netns,
         }),
         rebuilt: true,

@@ -67,6 +67,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::PodIfindex;
 use crate::plan::PodPlan;
 use crate::sys::link::LinkSnapshot;
 use crate::sys::netns::NetnsId;
@@ -237,7 +238,7 @@ pub struct DeviceRecord {
 /// netns, and the netns is known by its cookie (never reused) and inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceAt {
-    pub ifindex: u32,
+    pub ifindex: PodIfindex,
     pub netns: NetnsId,
 }
 

@@ -1081,7 +1081,7 @@ fn a_record_with_a_hostile_field_is_moved_aside_and_costs_no_other_record() {
         }),
         ("place at ifindex 0", |r| {
             r.devices[0].at = Some(DeviceAt {
-                ifindex: 0,
+                ifindex: PodIfindex::new(0),
                 netns: r.netns,
             });
         }),

@@ -426,7 +426,7 @@ mod tests {
 
     fn at(ifindex: u32) -> DeviceAt {
         DeviceAt {
-            ifindex,
+            ifindex: crate::ids::PodIfindex::new(ifindex),
             netns: NetnsId { cookie: 7, inode: 9 },
         }
     }

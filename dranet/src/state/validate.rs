@@ -284,7 +284,7 @@ fn host_ifindex(i: u32) -> Result<(), String> {
 }
 
 fn place(at: &DeviceAt) -> Result<(), String> {
-    ifindex(at.ifindex)
+    ifindex(at.ifindex.get())
 }
 
 /// A name the kernel takes for a netdev ([`crate::ids::is_ifname`]).
