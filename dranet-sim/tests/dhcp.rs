@@ -20,6 +20,7 @@ use anyhow::{Context, Result, bail};
 use dranet::dhcp::message::{Message, MessageType, opt};
 use dranet::dhcp::{ClasslessRoute, Client, DhcpError};
 use dranet::dra::{MemoryClaimSource, Preparer, ResourceClaim};
+use dranet::ids::{HostIfindex, PodIfindex};
 use dranet::inventory::{Device, SharedInventory};
 use dranet::plan::ClaimRef;
 use dranet::sys::netns::Netns;
@@ -593,7 +594,8 @@ async fn prepare_with_dhcp_puts_the_dnsmasq_lease_into_the_plan() -> Result<()> 
     let pod_nl = dranet::sys::link::Netlink::in_netns(&pod_ns).await?;
     let snap = dranet::sys::link::snapshot(&host_nl, &lab.cli_if).await?;
     let spec = dranet::sys::link::AttachSpec::from_plan(&plans["pod-dhcp"].devices[0], "net1")?;
-    dranet::sys::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec, snap.ifindex).await?;
+    let in_pod = PodIfindex::same_as(HostIfindex::new(snap.ifindex));
+    dranet::sys::link::attach(&host_nl, &pod_nl, &pod_ns, &snap, &spec, in_pod).await?;
     let routes = pod.ip(&["-4", "route", "show", "dev", "net1"])?;
     let route = |dest: &str| routes.lines().find(|l| l.starts_with(dest)).unwrap_or("");
     assert!(route("192.168.60.0/24 ").contains("via 10.77.0.1"), "{routes}");

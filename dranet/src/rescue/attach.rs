@@ -10,7 +10,7 @@ use tracing::{Instrument as _, info, warn};
 use super::activity::{ActivityKind, FailedAction};
 use super::kernel::AttachRequest;
 use super::{AttachOutcome, Engine, Live, Owner, RescueError};
-use crate::ids::{IdError, PodIfindex, PodUid, SandboxId};
+use crate::ids::{HostIfindex, IdError, PodIfindex, PodUid, SandboxId};
 use crate::plan::DevicePlan;
 use crate::state::{
     DeviceAt, DeviceRecord, DeviceState, Durability, PodPhase, PodRecord, RecordKey, ReturnReason, Transition,
@@ -208,7 +208,7 @@ impl Engine {
             .zip(places)
             .map(|(((plan, mut record), spec), ifindex)| {
                 let place = DeviceAt {
-                    ifindex: PodIfindex::new(ifindex),
+                    ifindex,
                     netns: netns.id(),
                 };
                 record.at = Some(place);
@@ -305,7 +305,7 @@ impl Engine {
                         netns: live.pin.netns(),
                         snap: &dev.record.snapshot,
                         spec: &dev.spec,
-                        pod_ifindex: dev.place.ifindex.get(),
+                        pod_ifindex: dev.place.ifindex,
                     }),
                 )
                 .await;
@@ -314,7 +314,7 @@ impl Engine {
                     moved.push(InPod {
                         name: dev.record.pod_ifname.clone(),
                         at: DeviceAt {
-                            ifindex: PodIfindex::new(index),
+                            ifindex: index,
                             netns: pod_id,
                         },
                     });
@@ -615,15 +615,23 @@ impl Engine {
 /// The ifindex each device gets in the pod: its host ifindex when the pod has no link there (the
 /// kernel keeps it anyway), else a free one above everything in the pod. Requested in the move
 /// (`IFLA_NEW_IFINDEX`), so it is known before the device moves.
-fn pod_indices(taken: Vec<u32>, records: &[DeviceRecord]) -> Vec<u32> {
-    let mut taken: std::collections::BTreeSet<u32> = taken.into_iter().collect();
+fn pod_indices(taken: Vec<PodIfindex>, records: &[DeviceRecord]) -> Vec<PodIfindex> {
+    let mut taken: std::collections::BTreeSet<PodIfindex> = taken.into_iter().collect();
     let mut out = Vec::with_capacity(records.len());
     for r in records {
-        let want = r.snapshot.ifindex;
-        let pick = if want > 0 && !taken.contains(&want) {
+        let want = PodIfindex::same_as(HostIfindex::new(r.snapshot.ifindex));
+        let pick = if want.is_known() && !taken.contains(&want) {
             want
         } else {
-            taken.last().copied().unwrap_or(1).max(want).saturating_add(1)
+            PodIfindex::new(
+                taken
+                    .last()
+                    .copied()
+                    .unwrap_or(PodIfindex::new(1))
+                    .max(want)
+                    .get()
+                    .saturating_add(1),
+            )
         };
         taken.insert(pick);
         out.push(pick);
@@ -699,6 +707,23 @@ fn plan_identity_matches(d: &DevicePlan, s: &link::LinkSnapshot, sysfs: &std::pa
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    /// A device keeps its host ifindex in the pod when the pod has that index free; otherwise,
+    /// and for one whose host index is unknown (0), it gets one above everything in the pod.
+    #[test]
+    fn a_device_asks_for_its_host_index_in_the_pod_when_free() {
+        let with_host = |i: u32| {
+            let mut r = crate::test_support::device_record("d", DeviceState::Moving);
+            r.snapshot.ifindex = i;
+            r
+        };
+        let taken = [1, 2, 9].map(PodIfindex::new).to_vec();
+        let records = [with_host(5), with_host(9), with_host(0), with_host(5)];
+        assert_eq!(
+            pod_indices(taken, &records),
+            [5, 10, 11, 12].map(PodIfindex::new).to_vec()
+        );
+    }
 
     /// A virtio-net link's parent device is its virtio device (`virtio/virtio2`), not the PCI
     /// function the inventory published and Prepare recorded: found in the kernel matrix, where

@@ -313,7 +313,7 @@ impl Engine {
         // pod may have renamed it and made an impostor under its name).
         let pod_ifindex =
             d.at.filter(|a| live.pin.netns().id() == a.netns)
-                .map(|a| a.ifindex.get());
+                .map(|a| a.ifindex);
         let req = link::DetachRequest {
             pod_nl: nl,
             host_nl: ctx.host_nl,

@@ -18,6 +18,7 @@ use super::{
     Action, AttachOutcome, DetachOutcome, Engine, EngineOptions, PodRef, RescueError, RescueTrigger,
     SandboxRef,
 };
+use crate::ids::PodIfindex;
 use crate::plan::{ClaimRef, DevicePlan, PodPlan};
 use crate::state::{DeviceState, PodPhase, ReturnReason, pod_key};
 use crate::sys::link::{DetachRequest, LinkError, LinkSnapshot, Netlink, PodSocket, Returned, temp_name};
@@ -375,19 +376,19 @@ impl Kernel for FakeKernel {
         &'a self,
         _nl: &'a Netlink,
         netns: &'a Netns,
-    ) -> BoxFuture<'a, Result<Vec<u32>, LinkError>> {
+    ) -> BoxFuture<'a, Result<Vec<PodIfindex>, LinkError>> {
         Box::pin(async move {
             Ok(self
                 .w()
                 .links
                 .iter()
                 .filter(|l| l.netns == netns.id())
-                .map(|l| l.ifindex)
+                .map(|l| PodIfindex::new(l.ifindex))
                 .collect())
         })
     }
 
-    fn attach<'a>(&'a self, req: AttachRequest<'a>) -> BoxFuture<'a, Result<u32, LinkError>> {
+    fn attach<'a>(&'a self, req: AttachRequest<'a>) -> BoxFuture<'a, Result<PodIfindex, LinkError>> {
         Box::pin(async move {
             let mut w = self.w();
             let host = w.host();
@@ -402,12 +403,12 @@ impl Kernel for FakeKernel {
                 return Err(fail("move into the pod refused"));
             }
             let pod = req.netns.id();
-            if w.taken(pod, req.pod_ifindex) || w.named(pod, &req.spec.pod_ifname).is_some() {
+            if w.taken(pod, req.pod_ifindex.get()) || w.named(pod, &req.spec.pod_ifname).is_some() {
                 return Err(LinkError::NameTaken(req.spec.pod_ifname.clone()));
             }
             let l = &mut w.links[i];
             l.netns = pod;
-            l.ifindex = req.pod_ifindex;
+            l.ifindex = req.pod_ifindex.get();
             l.name.clone_from(&req.spec.pod_ifname);
             w.moves.push(format!("in {}", req.snap.name));
             if fault == Some(Fault::AttachHalfWay) {
@@ -431,7 +432,7 @@ impl Kernel for FakeKernel {
                 l.netns == pod.id()
                     && Some(&l.mac) == snap.perm_mac.as_ref()
                     && match req.pod_ifindex {
-                        Some(x) => l.ifindex == x,
+                        Some(x) => l.ifindex == x.get(),
                         None => l.name == req.pod_ifname,
                     }
             });

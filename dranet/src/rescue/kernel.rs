@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use futures::future::BoxFuture;
 
+use crate::ids::PodIfindex;
 use crate::sys::link::{
     self, AttachSpec, DetachRequest, LinkError, LinkSnapshot, Netlink, PodSocket, Returned,
 };
@@ -31,7 +32,7 @@ pub(crate) struct AttachRequest<'a> {
     pub snap: &'a LinkSnapshot,
     pub spec: &'a AttachSpec,
     /// The ifindex chosen for the device in the pod (written ahead).
-    pub pod_ifindex: u32,
+    pub pod_ifindex: PodIfindex,
 }
 
 /// The link and netns operations of the engine.
@@ -78,9 +79,9 @@ pub(crate) trait Kernel: Send + Sync + 'static {
         &'a self,
         nl: &'a Netlink,
         netns: &'a Netns,
-    ) -> BoxFuture<'a, Result<Vec<u32>, LinkError>>;
+    ) -> BoxFuture<'a, Result<Vec<PodIfindex>, LinkError>>;
     /// Moves a device into the pod ([`link::attach`]); its ifindex there.
-    fn attach<'a>(&'a self, req: AttachRequest<'a>) -> BoxFuture<'a, Result<u32, LinkError>>;
+    fn attach<'a>(&'a self, req: AttachRequest<'a>) -> BoxFuture<'a, Result<PodIfindex, LinkError>>;
     /// Brings a device home from `pod`, the netns `req.pod_nl` is in ([`link::detach`]).
     fn detach<'a>(
         &'a self,
@@ -186,11 +187,18 @@ impl Kernel for SysKernel {
         &'a self,
         nl: &'a Netlink,
         _netns: &'a Netns,
-    ) -> BoxFuture<'a, Result<Vec<u32>, LinkError>> {
-        Box::pin(async move { Ok(nl.links().await?.iter().map(|m| m.header.index).collect()) })
+    ) -> BoxFuture<'a, Result<Vec<PodIfindex>, LinkError>> {
+        Box::pin(async move {
+            Ok(nl
+                .links()
+                .await?
+                .iter()
+                .map(|m| PodIfindex::new(m.header.index))
+                .collect())
+        })
     }
 
-    fn attach<'a>(&'a self, req: AttachRequest<'a>) -> BoxFuture<'a, Result<u32, LinkError>> {
+    fn attach<'a>(&'a self, req: AttachRequest<'a>) -> BoxFuture<'a, Result<PodIfindex, LinkError>> {
         Box::pin(link::attach(
             req.host_nl,
             req.pod_nl,

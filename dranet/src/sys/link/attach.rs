@@ -18,8 +18,8 @@ pub async fn attach(
     netns: &Netns,
     snap: &LinkSnapshot,
     spec: &AttachSpec,
-    pod_ifindex: u32,
-) -> Result<u32, LinkError> {
+    pod_ifindex: PodIfindex,
+) -> Result<PodIfindex, LinkError> {
     // The device must still be the one we snapshotted.
     let cur = host_nl.link_by_index(snap.ifindex).await?;
     let same = cur.as_ref().is_some_and(|m| {
@@ -55,11 +55,11 @@ pub async fn attach(
         .insert(1, LinkAttribute::IfName(spec.pod_ifname.clone()));
     m.attributes.insert(
         2,
-        LinkAttribute::NewIfIndex(i32::try_from(pod_ifindex).unwrap_or(0)),
+        LinkAttribute::NewIfIndex(i32::try_from(pod_ifindex.get()).unwrap_or(0)),
     );
     host_nl.newlink(m, "move into the pod netns").await?;
-    let index = match pod_nl.link_by_index(pod_ifindex).await? {
-        Some(m) if same_device(&m, snap) => pod_ifindex,
+    let index = match pod_nl.link_by_index(pod_ifindex.get()).await? {
+        Some(m) if same_device(&m, snap) => pod_ifindex.get(),
         // A kernel before 5.17 ignores IFLA_NEW_IFINDEX. The move renamed the device in the same
         // request and nothing of the pod runs yet: the name is ours at this instant.
         _ => pod_nl
@@ -123,7 +123,7 @@ pub async fn attach(
     for (ip, mac) in &spec.neighbors {
         add_neighbor(pod_nl, index, *ip, mac).await?;
     }
-    Ok(index)
+    Ok(PodIfindex::new(index))
 }
 
 /// `disableEbpfPrograms`, inside the pod, before the link is set up: every TC BPF filter and

@@ -67,12 +67,12 @@ pub fn has_strong_identity(snap: &LinkSnapshot) -> bool {
 pub(super) async fn find_in_pod(
     pod_nl: &Netlink,
     snap: &LinkSnapshot,
-    ifindex: Option<u32>,
+    ifindex: Option<PodIfindex>,
     pod_ifname: &str,
     host_nsid: Option<i32>,
 ) -> Result<Option<LinkMessage>, LinkError> {
     let found = match ifindex {
-        Some(i) => pod_nl.link_by_index(i).await?,
+        Some(i) => pod_nl.link_by_index(i.get()).await?,
         None => pod_nl.link_by_name(pod_ifname).await?,
     };
     Ok(found.filter(|m| same_device(m, snap) && lower_is_in(m, snap, host_nsid)))
@@ -147,7 +147,7 @@ pub struct DetachRequest<'a> {
     pub snap: &'a LinkSnapshot,
     /// The device's ifindex in the pod netns, as the record has it (written ahead of the move,
     /// `DeviceRecord::at`) when it names the netns we hold.
-    pub pod_ifindex: Option<u32>,
+    pub pod_ifindex: Option<PodIfindex>,
     /// The name the move gave it (only consulted when `pod_ifindex` is unknown).
     pub pod_ifname: &'a str,
     /// The socket to send the move home on from a blocking-pool thread, one per return
@@ -202,7 +202,7 @@ enum MoveKind {
 struct HomeMove<'r> {
     req: &'r DetachRequest<'r>,
     /// Its ifindex in the pod.
-    pod_index: u32,
+    pod_index: PodIfindex,
     /// The name it comes home under ([`HomeMove::home_name`] says which it is).
     name: String,
     home_name: HomeName,
@@ -242,11 +242,11 @@ impl<'r> HomeMove<'r> {
         let Some(m) = in_pod? else {
             return Ok(None);
         };
-        let pod_index = m.header.index;
+        let pod_index = PodIfindex::new(m.header.index);
         // The kernel moves first and renames after (a rename clash fails the request with the
         // device already moved), so pick a free host name up front.
         let (name, home_name) = if in_host?.is_some() {
-            (temp_name_of(snap, pod_index), HomeName::Temporary)
+            (temp_name_of(snap, pod_index.get()), HomeName::Temporary)
         } else {
             (snap.name.clone(), HomeName::Own)
         };
@@ -256,7 +256,7 @@ impl<'r> HomeMove<'r> {
         // while the pod netns lives. Removed in the pod, through its netns, before the move.
         drop_altnames(
             req.pod_nl,
-            pod_index,
+            pod_index.get(),
             in_pod_now.altnames.iter().filter(|a| !snap.altnames.contains(a)),
         )
         .await?;
@@ -265,7 +265,7 @@ impl<'r> HomeMove<'r> {
         // hold (`do_setlink`), before anything can see the device there, and with it still
         // DOWN (a MAC change needs that). One RTNL round trip less per device, each of which
         // queues behind the other returns' moves.
-        let settings = settings_diff(pod_index, snap, &in_pod_now)
+        let settings = settings_diff(pod_index.get(), snap, &in_pod_now)
             .ok()
             .filter(changes_anything);
         Ok(Some(Self {
@@ -284,7 +284,7 @@ impl<'r> HomeMove<'r> {
         let full = kind == MoveKind::Full;
         let mut msg = self.settings.clone().filter(|_| full).unwrap_or_else(|| {
             let mut bare = LinkMessage::default();
-            bare.header.index = self.pod_index;
+            bare.header.index = self.pod_index.get();
             bare
         });
         msg.attributes
@@ -314,7 +314,7 @@ impl<'r> HomeMove<'r> {
             && still_in_pod(req, snap, self.pod_index).await
         {
             tracing::warn!(device = %snap.name, error = %e, "the move home collides with a host name: moving without altnames");
-            drop_altnames(req.pod_nl, self.pod_index, snap.altnames.iter()).await?;
+            drop_altnames(req.pod_nl, self.pod_index.get(), snap.altnames.iter()).await?;
             sent = send_move(req, self.message(MoveKind::Full)).await;
         }
         match sent {
@@ -373,9 +373,9 @@ async fn send_move(req: &DetachRequest<'_>, msg: LinkMessage) -> Result<(), Link
 
 /// Whether the device is still in the pod at `pod_index` (a lookup that fails counts as no). It
 /// was found there by its identity before the move was sent ([`find_in_pod`]).
-async fn still_in_pod(req: &DetachRequest<'_>, snap: &LinkSnapshot, pod_index: u32) -> bool {
+async fn still_in_pod(req: &DetachRequest<'_>, snap: &LinkSnapshot, pod_index: PodIfindex) -> bool {
     req.pod_nl
-        .link_by_index(pod_index)
+        .link_by_index(pod_index.get())
         .await
         .is_ok_and(|m| m.is_some_and(|m| same_device(&m, snap)))
 }

@@ -25,6 +25,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use crate::config::RouteConfig;
+use crate::ids::PodIfindex;
 use crate::plan::DevicePlan;
 use crate::sys::ethtool::{self, Dev, Ethtool, EthtoolError};
 use crate::sys::netns::{Netns, NetnsError};

@@ -272,7 +272,7 @@ impl Away {
             host_nl: &self.host_nl,
             host: &self.host,
             snap: &self.snap,
-            pod_ifindex: Some(self.index),
+            pod_ifindex: Some(PodIfindex::new(self.index)),
             pod_ifname: "d0",
             move_from: None,
             host_nsid: None,
