@@ -134,15 +134,15 @@ impl PodNetns {
         self.removed = true;
     }
 
-    /// [`PodNetns::remove_crio_style`], returning CLOCK_MONOTONIC ns right after `umount2`
+    /// [`PodNetns::remove_crio_style`], returning the monotonic time right after `umount2`
     /// returned (before the unlink): the start of a rescue for benchmarks.
-    pub fn remove_crio_style_timed(&mut self) -> Result<u64> {
+    pub fn remove_crio_style_timed(&mut self) -> Result<dranet::clock::MonoTime> {
         if self.removed {
             bail!("{} already removed", self.path.display());
         }
         self.removed = true;
         nix::mount::umount2(&self.path, MntFlags::MNT_DETACH).context("umount2")?;
-        let t = dranet::watch::monotonic_ns();
+        let t = dranet::watch::mono_now();
         std::fs::remove_file(&self.path).context("unlink")?;
         Ok(t)
     }

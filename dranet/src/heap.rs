@@ -63,7 +63,7 @@ struct Debounced {
 }
 
 fn clock_ms() -> u64 {
-    crate::sys::os::monotonic_ns() / 1_000_000
+    crate::sys::os::mono_now().as_ns() / 1_000_000
 }
 
 impl Debounced {

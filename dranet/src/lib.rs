@@ -16,13 +16,14 @@
 //! [`plan`] (per-pod device plans from Prepare), [`config`] (opaque config + validation),
 //! [`inventory`] and [`slices`] (ResourceSlice publishing), [`cloud`] (cloud provider attributes
 //! and the profile webhook), [`report`] (claim status and events),
-//! [`state`] (crash-safe checkpoint), [`telemetry`] (logs, error chains, metrics), [`cli`] (one
-//! file per subcommand).
+//! [`state`] (crash-safe checkpoint), [`telemetry`] (logs, error chains, metrics), [`clock`]
+//! (monotonic vs wall time), [`cli`] (one file per subcommand).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod adoption;
 pub mod backoff;
 pub mod cli;
+pub mod clock;
 pub mod cloud;
 pub mod config;
 pub mod dhcp;

@@ -670,7 +670,7 @@ mod tests {
 
     fn hook(uid: &str) -> Activity {
         Activity {
-            at: 1,
+            at: crate::clock::MonoTime::from_ns(1),
             pod_uid: uid.into(),
             pod: String::new(),
             netns_path: None,

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::clock::MonoTime;
 use crate::nri::hooks::PodHook;
 use crate::rescue::activity::{Activity, ActivityKind};
 use crate::state::ReturnReason;
@@ -152,7 +153,7 @@ pub async fn run(args: &TraceArgs, out: &mut dyn std::io::Write) -> Result<(), T
         }
     }
     let filter = Filter::new(args);
-    let start = watch::monotonic_ns();
+    let start = watch::mono_now();
     let deadline = args
         .duration
         .map(|s| tokio::time::Instant::now() + Duration::from_secs_f64(s.max(0.0)));
@@ -242,16 +243,16 @@ async fn connect_daemon(path: &std::path::Path) -> Option<tokio::sync::mpsc::Rec
     Some(rx)
 }
 
-fn rel(at: u64, start: u64) -> i64 {
-    i64::try_from(at).unwrap_or(i64::MAX) - i64::try_from(start).unwrap_or(i64::MAX)
+fn rel(at: MonoTime, start: MonoTime) -> i64 {
+    i64::try_from(at.offset_ns(start)).unwrap_or(i64::MAX)
 }
 
 /// A daemon line of `--json`: `t_us` in µs since the trace started, like the kernel lines.
-fn daemon_json_line(a: &Activity, start: u64) -> String {
+fn daemon_json_line(a: &Activity, start: MonoTime) -> String {
     json!({"t_us": rel(a.at, start) / 1000, "daemon": a}).to_string()
 }
 
-fn activity_line(a: &Activity, start: u64) -> String {
+fn activity_line(a: &Activity, start: MonoTime) -> String {
     let t = rel(a.at, start) / 1000;
     let who = if a.pod.is_empty() {
         a.pod_uid.clone()
@@ -299,7 +300,7 @@ fn activity_line(a: &Activity, start: u64) -> String {
 #[derive(Default)]
 struct Verdicts {
     /// netns path → first umount/unlink time.
-    removed: std::collections::HashMap<String, u64>,
+    removed: std::collections::HashMap<String, MonoTime>,
     pods: std::collections::BTreeMap<String, PodTimes>,
 }
 
@@ -307,8 +308,8 @@ struct Verdicts {
 struct PodTimes {
     name: String,
     path: Option<String>,
-    stop: Option<u64>,
-    returned: Option<(u64, usize, ReturnReason)>,
+    stop: Option<MonoTime>,
+    returned: Option<(MonoTime, usize, ReturnReason)>,
 }
 
 impl Verdicts {
@@ -342,7 +343,7 @@ impl Verdicts {
     }
 
     fn lines(&self) -> Vec<String> {
-        let ms = |a: u64, b: u64| (i128::from(a) - i128::from(b)) as f64 / 1e6;
+        let ms = |a: MonoTime, b: MonoTime| a.offset_ns(b) as f64 / 1e6;
         let mut out = Vec::new();
         for (uid, p) in &self.pods {
             let Some((ret_at, n, reason)) = &p.returned else {
@@ -416,12 +417,11 @@ fn print_status(
     out.flush()
 }
 
-fn rel_us(ev: &LifecycleEvent, start: u64) -> i64 {
-    let d = i128::from(ev.time) - i128::from(start);
-    i64::try_from(d / 1000).unwrap_or(i64::MAX)
+fn rel_us(ev: &LifecycleEvent, start: MonoTime) -> i64 {
+    i64::try_from(ev.time.offset_ns(start) / 1000).unwrap_or(i64::MAX)
 }
 
-fn json_line(ev: &LifecycleEvent, start: u64) -> String {
+fn json_line(ev: &LifecycleEvent, start: MonoTime) -> String {
     let mut v = serde_json::to_value(ev).unwrap_or_else(|_| json!({}));
     if let Some(obj) = v.as_object_mut() {
         obj.insert("type".into(), json!("event"));
@@ -465,7 +465,7 @@ fn ret(r: i64) -> String {
     }
 }
 
-fn text_line(ev: &LifecycleEvent, start: u64) -> String {
+fn text_line(ev: &LifecycleEvent, start: MonoTime) -> String {
     let mut d = String::new();
     let task = |t: &watch::Task| {
         if t.pid == 0 {
@@ -488,7 +488,7 @@ fn text_line(ev: &LifecycleEvent, start: u64) -> String {
             id(*netns),
             umount_flags(*flags),
             ret(*r),
-            ev.time.saturating_sub(*entered) / 1000,
+            ev.time.since(*entered).as_micros(),
             task(t)
         ),
         EventKind::NetnsUnlinked {
@@ -589,9 +589,9 @@ mod json_tests {
     /// Kernel and daemon lines of `--json` share one time axis, in µs.
     #[test]
     fn daemon_and_kernel_lines_carry_t_us_in_microseconds() {
-        let start = 1_000_000_000;
+        let start = MonoTime::from_ns(1_000_000_000);
         let a = Activity {
-            at: start + 2_500_000,
+            at: MonoTime::from_ns(1_002_500_000),
             pod_uid: "uid-1".into(),
             pod: "ns/p".into(),
             netns_path: None,
@@ -602,7 +602,7 @@ mod json_tests {
         let v: serde_json::Value = serde_json::from_str(&daemon_json_line(&a, start)).unwrap();
         assert_eq!(v["t_us"], 2500);
         let ev = LifecycleEvent {
-            time: start + 2_500_000,
+            time: MonoTime::from_ns(1_002_500_000),
             source: crate::watch::Source::Rtnetlink,
             kind: crate::watch::EventKind::Lost { count: 1 },
         };

@@ -35,7 +35,7 @@ fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
 
 fn activity(kind: ActivityKind) -> Activity {
     Activity {
-        at: 0,
+        at: crate::clock::MonoTime::from_ns(0),
         pod_uid: "uid-1".into(),
         pod: "ns/pod-a".into(),
         netns_path: None,

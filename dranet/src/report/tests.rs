@@ -357,7 +357,7 @@ async fn file_sink_writes_status_next_to_the_claims_and_appends_events() {
 fn rescue_events_only_for_a_netns_teardown() {
     let r = Reporter::new(Arc::new(Hang::default()), "dra.net", "node-a");
     let a = |reason: ReturnReason, pod: &str| Activity {
-        at: 0,
+        at: crate::clock::MonoTime::from_ns(0),
         pod_uid: "uid-1".into(),
         pod: pod.into(),
         netns_path: None,
@@ -784,7 +784,7 @@ mod correlator {
 fn a_vanished_device_and_a_stuck_return_are_warnings_with_a_claim_status() {
     let r = Reporter::new(Arc::new(Hang::default()), "dra.net", "node-a");
     let base = Activity {
-        at: 0,
+        at: crate::clock::MonoTime::from_ns(0),
         pod_uid: "uid-1".into(),
         pod: "ns/pod-a".into(),
         netns_path: None,

@@ -12,7 +12,7 @@ use crate::state::ReturnReason;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Activity {
     /// CLOCK_MONOTONIC, ns.
-    pub at: u64,
+    pub at: crate::clock::MonoTime,
     pub pod_uid: String,
     /// `namespace/name`, when known.
     #[serde(default)]

@@ -70,7 +70,7 @@ pub enum Action {
         owner: Owner,
         key: RecordKey,
         trigger: RescueTrigger,
-        at: u64,
+        at: crate::clock::MonoTime,
     },
     /// A managed device showed up in the host without us: restore it.
     Repair {

@@ -149,7 +149,7 @@ fn unknown_event(r: &mut Rng) -> EventKind {
             path: unknown_path(r),
             flags: 2,
             ret: *r.pick(&[0, 0, -22]).unwrap(),
-            entered: 1,
+            entered: crate::clock::MonoTime::from_ns(1),
             task: task(),
             netns: netns(r),
         },
@@ -248,7 +248,7 @@ fn no_event_about_an_unknown_link_netns_or_path_yields_an_action() {
     for case in 0..cases {
         let cp = random_checkpoint(&mut r);
         let ev = LifecycleEvent {
-            time: case,
+            time: crate::clock::MonoTime::from_ns(case),
             source: *r
                 .pick(&[Source::Probe, Source::Rtnetlink, Source::Inotify])
                 .unwrap(),
@@ -263,7 +263,7 @@ fn no_event_about_an_unknown_link_netns_or_path_yields_an_action() {
         if let Some(rec) = cp.pods.values().next() {
             let path = rec.netns_path.display().to_string();
             let known = LifecycleEvent {
-                time: case,
+                time: crate::clock::MonoTime::from_ns(case),
                 source: Source::Inotify,
                 kind: EventKind::NetnsUnlinked {
                     path,
@@ -277,7 +277,7 @@ fn no_event_about_an_unknown_link_netns_or_path_yields_an_action() {
         }
     }
     let lost = LifecycleEvent {
-        time: 0,
+        time: crate::clock::MonoTime::from_ns(0),
         source: Source::Probe,
         kind: EventKind::Lost { count: 1 },
     };

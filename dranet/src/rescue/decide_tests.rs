@@ -70,7 +70,7 @@ fn cp(phase: PodPhase, state: DeviceState) -> Checkpoint {
 
 fn ev(kind: EventKind) -> LifecycleEvent {
     LifecycleEvent {
-        time: 1000,
+        time: crate::clock::MonoTime::from_ns(1000),
         source: Source::Probe,
         kind,
     }
@@ -89,7 +89,7 @@ fn umount(path: &str, ret: i64, netns: Option<NetnsId>) -> LifecycleEvent {
         path: path.into(),
         flags: 2,
         ret,
-        entered: 900,
+        entered: crate::clock::MonoTime::from_ns(900),
         task: task(),
         netns,
     })
@@ -106,7 +106,7 @@ fn umount_of_an_attached_pods_netns_rescues_it_by_path_in_either_spelling() {
                 owner: owner1(),
                 key: KEY.into(),
                 trigger: RescueTrigger::NetnsUnmounted,
-                at: 1000
+                at: crate::clock::MonoTime::from_ns(1000)
             }],
             "{path}"
         );

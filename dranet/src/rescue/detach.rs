@@ -40,7 +40,7 @@ impl Engine {
     }
 
     /// Brings every device of the sandbox `key` home, the pod's lock held, and records in
-    /// `first_move` (CLOCK_MONOTONIC ns) when it sends the move of its first device home (or,
+    /// `first_move` (the monotonic time) when it sends the move of its first device home (or,
     /// without a pod netns, starts the host-side repair): the rescue's reaction time ends there.
     ///
     /// Phases: [`Engine::begin_return`] (the record, the pin, `Returning`), the pod netns's
@@ -52,7 +52,7 @@ impl Engine {
         &self,
         key: &RecordKey,
         reason: ReturnReason,
-        first_move: &mut Option<u64>,
+        first_move: &mut Option<crate::clock::MonoTime>,
     ) -> Result<DetachOutcome, RescueError> {
         let span =
             tracing::info_span!("return", pod = tracing::field::Empty, record = %key, reason = ?reason);
@@ -66,7 +66,7 @@ impl Engine {
         &self,
         key: &RecordKey,
         reason: ReturnReason,
-        first_move: &mut Option<u64>,
+        first_move: &mut Option<crate::clock::MonoTime>,
     ) -> Result<DetachOutcome, RescueError> {
         let started = std::time::Instant::now();
         let (owner, devices, live) = match self.begin_return(key, reason).await? {
@@ -216,7 +216,7 @@ impl Engine {
         ctx: &ReturnCtx<'_>,
         i: usize,
         d: &DeviceRecord,
-        first_move: &mut Option<u64>,
+        first_move: &mut Option<crate::clock::MonoTime>,
     ) -> Result<DeviceReturn, RescueError> {
         let step = NetdevStep::of(d.state);
         // Returns of other pods wait for an attach (the lane): only a return that asks the
@@ -257,7 +257,7 @@ impl Engine {
         ctx: &ReturnCtx<'_>,
         i: usize,
         d: &DeviceRecord,
-        first_move: &mut Option<u64>,
+        first_move: &mut Option<crate::clock::MonoTime>,
         slot: Option<lane::Slot>,
     ) -> Result<DeviceReturn, RescueError> {
         let (owner, key) = (ctx.owner, ctx.key);
@@ -298,10 +298,10 @@ impl Engine {
         &self,
         ctx: &ReturnCtx<'_>,
         d: &DeviceRecord,
-        first_move: &mut Option<u64>,
+        first_move: &mut Option<crate::clock::MonoTime>,
     ) -> Result<Returned, LinkError> {
         let (Some(nl), Some(live)) = (ctx.pod_nl, ctx.live) else {
-            first_move.get_or_insert_with(crate::watch::monotonic_ns);
+            first_move.get_or_insert_with(crate::watch::mono_now);
             return self
                 .link_op(
                     "repairing the device in the host",

@@ -422,7 +422,7 @@ impl Kernel for FakeKernel {
         &'a self,
         req: &'a DetachRequest<'a>,
         pod: &'a Netns,
-        moved_at: &'a mut Option<u64>,
+        moved_at: &'a mut Option<crate::clock::MonoTime>,
     ) -> BoxFuture<'a, Result<Returned, LinkError>> {
         Box::pin(async move {
             let mut w = self.w();
@@ -442,7 +442,7 @@ impl Kernel for FakeKernel {
             if w.faults.get(&snap.name) == Some(&Fault::DetachRefused) {
                 return Err(fail("move home refused"));
             }
-            moved_at.get_or_insert(1);
+            moved_at.get_or_insert(crate::clock::MonoTime::from_ns(1));
             let host = w.host();
             let index = w.free_index(host, snap.ifindex);
             let l = &mut w.links[i];
@@ -946,7 +946,7 @@ async fn a_rescue_at_netns_teardown_brings_every_device_home_and_ends_the_record
         owner: owner(),
         key: key.clone(),
         trigger: RescueTrigger::NetnsUnmounted,
-        at: crate::watch::monotonic_ns(),
+        at: crate::watch::mono_now(),
     })
     .await;
     assert_all_home(&k, 2);
@@ -959,7 +959,7 @@ async fn a_rescue_at_netns_teardown_brings_every_device_home_and_ends_the_record
         owner: owner(),
         key,
         trigger: RescueTrigger::NetnsUnlinked,
-        at: crate::watch::monotonic_ns(),
+        at: crate::watch::mono_now(),
     })
     .await;
     assert_eq!(k.moves().len(), 4, "{:?}", k.moves());

@@ -87,7 +87,7 @@ pub(crate) trait Kernel: Send + Sync + 'static {
         &'a self,
         req: &'a DetachRequest<'a>,
         pod: &'a Netns,
-        moved_at: &'a mut Option<u64>,
+        moved_at: &'a mut Option<crate::clock::MonoTime>,
     ) -> BoxFuture<'a, Result<Returned, LinkError>>;
     /// Finds the device of `snap` in the host by identity and restores it ([`link::find_and_repair`]).
     fn find_and_repair<'a>(
@@ -213,7 +213,7 @@ impl Kernel for SysKernel {
         &'a self,
         req: &'a DetachRequest<'a>,
         _pod: &'a Netns,
-        moved_at: &'a mut Option<u64>,
+        moved_at: &'a mut Option<crate::clock::MonoTime>,
     ) -> BoxFuture<'a, Result<Returned, LinkError>> {
         Box::pin(link::detach(req, moved_at))
     }

@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
+use crate::clock::MonoTime;
 use crate::plan::{ClaimPlan, DevicePlan, PodPlan};
 use crate::state::{
     Checkpoint, Durability, LoadSource, PodPhase, RecordKey, ReturnReason, StateError, StateLock, Store,
@@ -277,18 +278,18 @@ struct Inner {
     vanish_sent: Mutex<std::collections::HashSet<(RecordKey, String)>>,
 }
 
-/// Timestamps (CLOCK_MONOTONIC ns, the clock of [`crate::watch::monotonic_ns`] and of the probes)
+/// Timestamps (CLOCK_MONOTONIC ns, the clock of [`crate::watch::mono_now`] and of the probes)
 /// of the latest probe-triggered rescue.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RescueTiming {
     pub pod_uid: String,
     pub trigger: RescueTrigger,
     /// When the teardown signal happened (the probe's event time).
-    pub event_ns: u64,
+    pub event_ns: MonoTime,
     /// When the engine started bringing its first device home (`None`: nothing was out).
-    pub first_move_ns: Option<u64>,
+    pub first_move_ns: Option<MonoTime>,
     /// When every device was home (or the rescue gave up).
-    pub done_ns: u64,
+    pub done_ns: MonoTime,
     pub ok: bool,
 }
 
@@ -463,7 +464,7 @@ impl Engine {
             }
         };
         let _ = self.inner.activity.send(activity::Activity {
-            at: crate::watch::monotonic_ns(),
+            at: crate::watch::mono_now(),
             pod_uid: pod_uid.to_owned(),
             pod,
             netns_path,
@@ -720,7 +721,7 @@ impl Engine {
 
     /// A probe saw the sandbox's netns being torn down: every device home now, retried with
     /// backoff (the kernel or a busy RTNL can fail a pass) until home or the record is gone.
-    async fn rescue(&self, owner: &Owner, key: &RecordKey, trigger: RescueTrigger, at: u64) {
+    async fn rescue(&self, owner: &Owner, key: &RecordKey, trigger: RescueTrigger, at: MonoTime) {
         info!(pod = %owner, record = %key, %trigger, "netns teardown started: bringing devices home");
         self.record(owner, activity::ActivityKind::RescueStarted { trigger });
         let mut delay = std::time::Duration::from_millis(20);
@@ -738,9 +739,8 @@ impl Engine {
             }
             match res {
                 Ok(DetachOutcome::Returned { .. }) => {
-                    let took = crate::watch::monotonic_ns().saturating_sub(at);
-                    #[allow(clippy::cast_precision_loss)]
-                    self.inner.metrics.rescue_latency.observe(took as f64 / 1e9);
+                    let took = crate::watch::mono_now().since(at);
+                    self.inner.metrics.rescue_latency.observe(took.as_secs_f64());
                     self.inner
                         .metrics
                         .returns
@@ -748,7 +748,7 @@ impl Engine {
                             trigger: trigger.label().to_owned(),
                         })
                         .inc();
-                    info!(pod = %owner, record = %key, %trigger, took_us = took / 1000, attempt, "rescued");
+                    info!(pod = %owner, record = %key, %trigger, took_us = took.as_micros(), attempt, "rescued");
                     return;
                 }
                 Ok(_) => return,
@@ -770,20 +770,26 @@ impl Engine {
         }
     }
 
-    fn record_rescue(&self, uid: &str, trigger: RescueTrigger, at: u64, first_move: Option<u64>, ok: bool) {
+    fn record_rescue(
+        &self,
+        uid: &str,
+        trigger: RescueTrigger,
+        at: MonoTime,
+        first_move: Option<MonoTime>,
+        ok: bool,
+    ) {
         if let Some(t) = first_move {
-            #[allow(clippy::cast_precision_loss)]
             self.inner
                 .metrics
                 .rescue_reaction
-                .observe(t.saturating_sub(at) as f64 / 1e9);
+                .observe(t.since(at).as_secs_f64());
         }
         *lock(&self.inner.last_rescue) = Some(RescueTiming {
             pod_uid: uid.to_owned(),
             trigger,
             event_ns: at,
             first_move_ns: first_move,
-            done_ns: crate::watch::monotonic_ns(),
+            done_ns: crate::watch::mono_now(),
             ok,
         });
     }

@@ -2,6 +2,7 @@
 //! registering fds with tokio's reactor, handing freed heap back to the kernel, and raising the
 //! scheduling priority of the thread that reacts to netns teardowns.
 
+use crate::clock::MonoTime;
 use tokio::io::unix::AsyncFd;
 
 /// Errors of this module.
@@ -78,17 +79,17 @@ pub fn raise_thread_priority(fifo: i32, nice: i32) -> Result<Priority, OsError> 
     Ok(Priority::Nice(nice))
 }
 
-/// A CLOCK_MONOTONIC timestamp in ns (the clock of `bpf_ktime_get_ns`).
-pub type MonoNs = u64;
-
-/// CLOCK_MONOTONIC now, in ns (the clock of `bpf_ktime_get_ns`).
+/// CLOCK_MONOTONIC now (the clock of `bpf_ktime_get_ns`): the one place dranet reads it.
 #[must_use]
-pub fn monotonic_ns() -> MonoNs {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| {
-            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0)
-        })
-        .unwrap_or(0)
+pub fn mono_now() -> MonoTime {
+    MonoTime::from_ns(
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .map(|t| {
+                u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+                    + u64::try_from(t.tv_nsec()).unwrap_or(0)
+            })
+            .unwrap_or(0),
+    )
 }
 
 /// The soft `RLIMIT_NOFILE` before and after [`raise_nofile_limit`], and the hard limit.

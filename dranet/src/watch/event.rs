@@ -6,7 +6,7 @@ use crate::sys::netns::NetnsId;
 use dranet_common::{self as common, Event, kind, unlink_call};
 
 /// Nanoseconds of CLOCK_MONOTONIC (the clock of `bpf_ktime_get_ns`).
-pub use crate::sys::os::MonoNs;
+pub use crate::clock::MonoTime;
 
 /// Where an event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -52,7 +52,7 @@ pub enum EventKind {
         flags: u32,
         ret: i64,
         /// Syscall entry time.
-        entered: MonoNs,
+        entered: MonoTime,
         task: Task,
         netns: Option<NetnsId>,
     },
@@ -127,7 +127,7 @@ pub enum EventKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LifecycleEvent {
     /// CLOCK_MONOTONIC ns when the kernel (probes) or the watcher (netlink, inotify) saw it.
-    pub time: MonoNs,
+    pub time: MonoTime,
     pub source: Source,
     #[serde(flatten)]
     pub kind: EventKind,
@@ -238,7 +238,7 @@ pub fn decode(
                 path,
                 flags: ev.flags,
                 ret: ev.ret,
-                entered: ev.ktime_enter_ns,
+                entered: MonoTime::from_ns(ev.ktime_enter_ns),
                 task,
             }
         }
@@ -285,7 +285,7 @@ pub fn decode(
         _ => return None,
     };
     Some(LifecycleEvent {
-        time: ev.ktime_ns,
+        time: MonoTime::from_ns(ev.ktime_ns),
         source: Source::Probe,
         kind,
     })
@@ -328,7 +328,7 @@ mod tests {
         let id = NetnsId { cookie: 5, inode: 6 };
         let got = decode(&raw(&ev), |p| (p == "/run/netns/pod1").then_some(id), |_| None);
         let got = got.unwrap();
-        assert_eq!(got.time, 1000);
+        assert_eq!(got.time, MonoTime::from_ns(1000));
         assert_eq!(got.path(), Some("/run/netns/pod1"));
         assert_eq!(got.netns(), Some(id));
         match got.kind {
@@ -336,7 +336,7 @@ mod tests {
                 flags, entered, task, ..
             } => {
                 assert_eq!(flags, 2);
-                assert_eq!(entered, 900);
+                assert_eq!(entered, MonoTime::from_ns(900));
                 assert_eq!(task.comm, "crio");
                 assert_eq!(task.pid, 42);
             }

@@ -30,10 +30,10 @@ use tracing::{debug, info, warn};
 
 use crate::sys::inotify;
 use crate::sys::netns::NetnsId;
-pub use crate::sys::os::monotonic_ns;
+pub use crate::sys::os::mono_now;
 use crate::sys::probes::{self, maps};
 pub use crate::sys::probes::{ProbeState, ProbeStatus, Tier};
-pub use event::{EventKind, LifecycleEvent, MonoNs, Source, Task, UnlinkCall};
+pub use event::{EventKind, LifecycleEvent, MonoTime, Source, Task, UnlinkCall};
 pub use nsfs::{identify_fd, identify_path};
 pub use reactor::Reactor;
 
@@ -233,7 +233,7 @@ impl Subscription {
         match self.rx.recv().await {
             Ok(ev) => Some(ev),
             Err(broadcast::error::RecvError::Lagged(n)) => Some(LifecycleEvent {
-                time: monotonic_ns(),
+                time: mono_now(),
                 source: Source::Daemon,
                 kind: EventKind::Lost { count: n },
             }),
@@ -445,7 +445,7 @@ impl Watcher {
                         inotify::DirEvent::Removed(path) if emit_unlinks => {
                             let p = path.display().to_string();
                             shared.emit(LifecycleEvent {
-                                time: monotonic_ns(),
+                                time: mono_now(),
                                 source: Source::Inotify,
                                 kind: EventKind::NetnsUnlinked {
                                     netns: shared.resolve_path(&p),
@@ -677,7 +677,7 @@ impl Losses {
                 "eBPF ring buffer was full: events lost, reconciling"
             );
             shared.emit(LifecycleEvent {
-                time: monotonic_ns(),
+                time: mono_now(),
                 source: Source::Probe,
                 kind: EventKind::Lost {
                     count: total - self.seen,
@@ -740,7 +740,7 @@ mod released_tests {
 
     fn released(cookie: u64) -> LifecycleEvent {
         LifecycleEvent {
-            time: 1,
+            time: crate::clock::MonoTime::from_ns(1),
             source: Source::Probe,
             kind: EventKind::NetnsReleased {
                 netns: NetnsId { cookie, inode: 7 },

@@ -14,7 +14,7 @@ use netlink_packet_route::nsid::{NsidAttribute, NsidMessage};
 use rtnetlink::{Handle, MulticastGroup};
 
 use super::event::{EventKind, LifecycleEvent, Source};
-use super::monotonic_ns;
+use super::mono_now;
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -280,7 +280,7 @@ pub fn to_event(table: &mut LinkTable, msg: NetlinkMessage<RouteNetlinkMessage>)
         _ => return None,
     };
     Some(LifecycleEvent {
-        time: monotonic_ns(),
+        time: mono_now(),
         source: Source::Rtnetlink,
         kind,
     })

@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use dranet::clock::MonoTime;
 use dranet::nri::pb::nri as pb;
 use dranet_sim::kernel::{PodNetns, unique};
 use dranet_sim::kubelet::Claim;
@@ -214,8 +215,8 @@ impl Ctx {
         let names = self.fleet.names();
         let cpu0 = cpu_ms(self.pid()?)?;
         let l = self.listener.clone();
-        let (t0_tx, t0_rx) = std::sync::mpsc::channel::<u64>();
-        let home = tokio::task::spawn_blocking(move || -> Result<u64> {
+        let (t0_tx, t0_rx) = std::sync::mpsc::channel::<MonoTime>();
+        let home = tokio::task::spawn_blocking(move || -> Result<MonoTime> {
             let t0 = t0_rx.recv().context("no teardown start")?;
             l.wait_home(&names, HOST_MTU, t0, WAIT_HOME)
         });
@@ -263,23 +264,23 @@ impl Ctx {
     }
 
     /// CRI-O: unmount + unlink every netns (one thread, in order), each pod's Stop 3 ms after its
-    /// unmount, then its Remove. Returns the first unmount (monotonic ns) and the unmount span.
+    /// unmount, then its Remove. Returns the first unmount (monotonic time) and the unmount span.
     async fn crio_teardown(
         &self,
         pods: &[Pod],
         nc: Option<&Pod>,
-        t0_tx: &std::sync::mpsc::Sender<u64>,
+        t0_tx: &std::sync::mpsc::Sender<MonoTime>,
         hooks: &mut Vec<(String, Duration, Result<(), String>)>,
-    ) -> Result<(u64, Option<f64>)> {
+    ) -> Result<(MonoTime, Option<f64>)> {
         let paths: Vec<PathBuf> = pods.iter().map(|p| p.ns.path.clone()).collect();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, u64)>();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, MonoTime)>();
         let t0_tx = t0_tx.clone();
-        let unmounter = std::thread::spawn(move || -> Result<(u64, u64)> {
+        let unmounter = std::thread::spawn(move || -> Result<(MonoTime, MonoTime)> {
             let mut first = None;
-            let mut last = 0;
+            let mut last = MonoTime::default();
             for (i, p) in paths.iter().enumerate() {
                 nix::mount::umount2(p, MntFlags::MNT_DETACH).context("umount2")?;
-                let t = dranet::watch::monotonic_ns();
+                let t = dranet::watch::mono_now();
                 if first.is_none() {
                     first = Some(t);
                     let _ = t0_tx.send(t);
@@ -288,7 +289,7 @@ impl Ctx {
                 std::fs::remove_file(p).context("unlink")?;
                 let _ = tx.send((i, t));
             }
-            Ok((first.unwrap_or(0), last))
+            Ok((first.unwrap_or_default(), last))
         });
         let rt = &self.node.runtime;
         let slots = &tokio::sync::Semaphore::new(HOOKS_IN_FLIGHT);
@@ -335,11 +336,11 @@ impl Ctx {
         &self,
         pods: &[Pod],
         nc: Option<&Pod>,
-        t0_tx: &std::sync::mpsc::Sender<u64>,
+        t0_tx: &std::sync::mpsc::Sender<MonoTime>,
         hooks: &mut Vec<(String, Duration, Result<(), String>)>,
-    ) -> Result<(u64, Option<f64>)> {
+    ) -> Result<(MonoTime, Option<f64>)> {
         let rt = &self.node.runtime;
-        let t0 = dranet::watch::monotonic_ns();
+        let t0 = dranet::watch::mono_now();
         let _ = t0_tx.send(t0);
         let slots = &tokio::sync::Semaphore::new(HOOKS_IN_FLIGHT);
         let all = futures::future::join_all(pods.iter().map(|p| async move {
@@ -411,8 +412,8 @@ impl Ctx {
         self.listener.drain();
         let names = self.fleet.names();
         let l = self.listener.clone();
-        let (t0_tx, t0_rx) = std::sync::mpsc::channel::<u64>();
-        let home = tokio::task::spawn_blocking(move || -> Result<u64> {
+        let (t0_tx, t0_rx) = std::sync::mpsc::channel::<MonoTime>();
+        let home = tokio::task::spawn_blocking(move || -> Result<MonoTime> {
             let t0 = t0_rx.recv().context("no teardown start")?;
             l.wait_home(&names, HOST_MTU, t0, WAIT_HOME)
         });
@@ -432,12 +433,12 @@ impl Ctx {
             Order::Crio => {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
                 let t0_tx = t0_tx.clone();
-                let unmounter = std::thread::spawn(move || -> Result<u64> {
-                    let mut first = 0;
+                let unmounter = std::thread::spawn(move || -> Result<MonoTime> {
+                    let mut first = MonoTime::default();
                     for (i, p) in paths.iter().enumerate() {
                         nix::mount::umount2(p, MntFlags::MNT_DETACH).context("umount2")?;
                         if i == 0 {
-                            first = dranet::watch::monotonic_ns();
+                            first = dranet::watch::mono_now();
                             let _ = t0_tx.send(first);
                         }
                         std::fs::remove_file(p).context("unlink")?;
@@ -474,7 +475,7 @@ impl Ctx {
                     .map_err(|_| anyhow::anyhow!("unmount thread panicked"))??
             }
             Order::Containerd => {
-                let t0 = dranet::watch::monotonic_ns();
+                let t0 = dranet::watch::mono_now();
                 let _ = t0_tx.send(t0);
                 let work = async {
                     let done: Vec<Result<tokio::task::JoinHandle<Result<()>>>> = futures::stream::iter(held)
@@ -528,8 +529,8 @@ impl Ctx {
 
 /// Milliseconds from `a` to `b` (CLOCK_MONOTONIC ns).
 #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap)]
-fn ms(a: u64, b: u64) -> f64 {
-    (b as i64 - a as i64) as f64 / 1e6
+fn ms(a: MonoTime, b: MonoTime) -> f64 {
+    b.offset_ns(a) as f64 / 1e6
 }
 
 /// CPU time (user + system) of process `pid` so far, ms (clock ticks: 10 ms resolution).

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use dranet::clock::MonoTime;
 use dranet::config::NetworkConfig;
 use dranet::plan::{ClaimRef, DevicePlan, PodPlan};
 use dranet::rescue::{Engine, EngineOptions, PodRef};
@@ -187,8 +188,8 @@ pub struct Figures {
 }
 
 #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap)]
-fn us(from: u64, to: u64) -> f64 {
-    (to as i64 - from as i64) as f64 / 1000.0
+fn us(from: MonoTime, to: MonoTime) -> f64 {
+    to.offset_ns(from) as f64 / 1000.0
 }
 
 impl Ctx {

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use dranet::clock::MonoTime;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
@@ -14,8 +15,8 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 /// One RTM_NEWLINK seen in the host.
 #[derive(Clone, Debug)]
 pub struct LinkSeen {
-    /// CLOCK_MONOTONIC ns at receipt.
-    pub at: u64,
+    /// When it was received.
+    pub at: MonoTime,
     pub name: String,
     pub up: bool,
     pub mtu: u32,
@@ -27,7 +28,7 @@ pub struct Listener {
     rx: Arc<Mutex<Receiver<LinkSeen>>>,
 }
 
-fn seen(at: u64, m: &LinkMessage) -> LinkSeen {
+fn seen(at: MonoTime, m: &LinkMessage) -> LinkSeen {
     let mut s = LinkSeen {
         at,
         name: String::new(),
@@ -60,7 +61,7 @@ impl Listener {
                         // ENOBUFS after a burst: keep listening.
                         continue;
                     };
-                    let at = dranet::watch::monotonic_ns();
+                    let at = dranet::watch::mono_now();
                     let mut off = 0;
                     while off < buf.len() {
                         let Ok(msg) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[off..]) else {
@@ -93,7 +94,13 @@ impl Listener {
 
     /// Waits until every name in `names` has been seen UP with `mtu` at or after `since`;
     /// returns the receipt time of the last one.
-    pub fn wait_home(&self, names: &[String], mtu: u32, since: u64, timeout: Duration) -> Result<u64> {
+    pub fn wait_home(
+        &self,
+        names: &[String],
+        mtu: u32,
+        since: MonoTime,
+        timeout: Duration,
+    ) -> Result<MonoTime> {
         let rx = self.rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut left: Vec<&String> = names.iter().collect();
         let deadline = Instant::now() + timeout;

@@ -162,18 +162,21 @@ pub struct DetachRequest<'a> {
 /// Moves the device of `req.snap` from the pod netns back to the host netns, under its host name
 /// (or a temporary one if that is taken), then restores the snapshot. The device is taken by
 /// its recorded ifindex and checked ([`same_device`]); an impostor stays in the pod and dies with
-/// it. `moved_at` gets CLOCK_MONOTONIC ns (if still `None`) when the move is sent.
+/// it. `moved_at` gets the monotonic time (if still `None`) when the move is sent.
 ///
 /// Steps: [`HomeMove::plan`] (find it, pick its host name, what the move carries);
 /// [`HomeMove::send`] (retried as the kernel's refusals require); then
 /// [`HomeMove::restore`], or [`HomeMove::after_failure`] when no move went through.
-pub async fn detach(req: &DetachRequest<'_>, moved_at: &mut Option<u64>) -> Result<Returned, LinkError> {
+pub async fn detach(
+    req: &DetachRequest<'_>,
+    moved_at: &mut Option<crate::clock::MonoTime>,
+) -> Result<Returned, LinkError> {
     let Some(mv) = HomeMove::plan(req).await? else {
         // Not in the pod: it never left the host (an attach that failed before its move), it
         // came home earlier, or the kernel returned it. Look in the host.
         return find_and_repair(req.host_nl, req.snap).await;
     };
-    moved_at.get_or_insert_with(crate::sys::os::monotonic_ns);
+    moved_at.get_or_insert_with(crate::sys::os::mono_now);
     match mv.send().await {
         Ok(()) => mv.restore().await,
         Err(e) => mv.after_failure(e).await,
