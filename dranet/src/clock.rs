@@ -122,6 +122,21 @@ mod tests {
         assert!(serde_json::from_str::<MonoTime>("-1").is_err());
     }
 
+    /// A rebuilt record's `recovered` on disk: `at` stays a bare number of seconds.
+    #[test]
+    fn recovered_keeps_its_json_on_disk() {
+        let r = crate::state::Recovered {
+            reason: "no record of this pin".into(),
+            at: UnixSecs::from_secs(1_700_000_000),
+        };
+        let on_disk = r#"{"reason":"no record of this pin","at":1700000000}"#;
+        assert_eq!(serde_json::to_string(&r).unwrap(), on_disk);
+        assert_eq!(
+            serde_json::from_str::<crate::state::Recovered>(on_disk).unwrap(),
+            r
+        );
+    }
+
     /// What `dranet trace`, the bench and the activity feed read: the same JSON as when the
     /// timestamps were bare `u64`s.
     #[test]

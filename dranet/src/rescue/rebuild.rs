@@ -236,9 +236,7 @@ impl Engine {
             }
             LoadSource::Absent | LoadSource::Current => "no record of this pin".to_owned(),
         };
-        let at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let at = crate::clock::UnixSecs::now();
         PodRecord {
             pod_uid: String::new(),
             sandbox_id: sandbox.to_owned(),
@@ -506,7 +504,7 @@ mod tests {
             devices: vec![dev],
             recovered: Some(Recovered {
                 reason: "no record of this pin".into(),
-                at: 1,
+                at: crate::clock::UnixSecs::from_secs(1),
             }),
         };
         let mut cp = Checkpoint::default();

@@ -356,8 +356,8 @@ pub struct PodRecord {
 pub struct Recovered {
     /// Why no checkpoint had the record.
     pub reason: String,
-    /// Unix time of the rebuild.
-    pub at: u64,
+    /// Wall-clock time of the rebuild (Unix seconds; a bare number on disk).
+    pub at: crate::clock::UnixSecs,
 }
 
 /// The checkpoint key of a pod's sandbox: `<pod-uid>/<sandbox-id>` (the sandbox id is empty for

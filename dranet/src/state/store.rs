@@ -854,9 +854,7 @@ fn sync_dir(dir: &Path) -> Result<(), StateError> {
 /// Renames a file that does not load to `<name>.corrupt-<unix time>[.<n>]`, so no save destroys
 /// the evidence. `None` (logged) if it cannot.
 fn move_aside(path: &Path) -> Option<PathBuf> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = crate::clock::UnixSecs::now();
     let name = path.file_name()?.to_string_lossy().into_owned();
     for n in 0..100u32 {
         let to = if n == 0 {
