@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::http::{Endpoints, ServerOptions};
 use crate::nri::SyncLimits;
-use crate::sys::netns::NetnsId;
+use crate::sys::netns::{NetnsCookie, NetnsId};
 
 thread_local! {
     /// One current-thread runtime per fuzzing thread: the targets run millions of inputs.
@@ -161,7 +161,7 @@ pub fn rdma_reply(data: &[u8]) -> Result<(), String> {
 /// A record shorter than an event decoded to one.
 pub fn probe_event(data: &[u8]) -> Result<(), String> {
     let known = NetnsId {
-        cookie: 4096,
+        cookie: NetnsCookie::from_raw(4096),
         inode: 4_026_532_000,
     };
     let ev = crate::watch::event::decode(

@@ -22,7 +22,7 @@ fn checkpoint(devices: &[(&str, DeviceState)]) -> Checkpoint {
             namespace: "ns".into(),
             name: "pod-a".into(),
             netns_path: PathBuf::from("/run/netns/x"),
-            netns: NetnsId { cookie: 1, inode: 2 },
+            netns: NetnsId::test(1, 2),
             pin: None,
             phase: PodPhase::Attached,
             devices: devices.iter().map(|(d, s)| device_record(d, *s)).collect(),

@@ -283,7 +283,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dranet-adopt-reload-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let store = Store::open(&dir).unwrap();
-        let netns = crate::sys::netns::NetnsId { cookie: 7, inode: 9 };
+        let netns = crate::sys::netns::NetnsId::test(7, 9);
         let in_pod = LinkSnapshot {
             ifindex: 5,
             name: "net1".into(),

@@ -14,18 +14,12 @@ use crate::test_support::SplitMix64 as Rng;
 // Known identifiers come from small pools, unknown ones from outside them.
 fn known_netns(r: &mut Rng) -> NetnsId {
     let n = r.below(8);
-    NetnsId {
-        cookie: 1 + n,
-        inode: 4_026_532_000 + n,
-    }
+    NetnsId::test(1 + n, 4_026_532_000 + n)
 }
 
 fn unknown_netns(r: &mut Rng) -> NetnsId {
     // The inode may collide with a known one (inodes are reused); the cookie never does.
-    NetnsId {
-        cookie: 1_000 + r.below(1_000_000),
-        inode: 4_026_532_000 + r.below(16),
-    }
+    NetnsId::test(1_000 + r.below(1_000_000), 4_026_532_000 + r.below(16))
 }
 
 fn known_path(r: &mut Rng) -> String {

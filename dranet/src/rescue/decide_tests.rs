@@ -10,10 +10,7 @@ fn owner1() -> super::super::Owner {
     super::super::Owner::Pod(crate::ids::pod_uid("uid-1").unwrap())
 }
 
-const ID: NetnsId = NetnsId {
-    cookie: 42,
-    inode: 4026532999,
-};
+const ID: NetnsId = NetnsId::test(42, 4026532999);
 
 const KEY: &str = "uid-1/sb-1";
 
@@ -344,10 +341,7 @@ fn two_sandboxes_of_one_pod_are_told_apart_by_path_and_identity() {
     let mut old = cp.pods[KEY].clone();
     old.sandbox_id = "sb-0".into();
     old.netns_path = "/var/run/netns/old".into();
-    old.netns = NetnsId {
-        cookie: 41,
-        inode: 4026532998,
-    };
+    old.netns = NetnsId::test(41, 4026532998);
     old.phase = PodPhase::Returned(ReturnReason::Replaced);
     old.devices[0].state = DeviceState::Home;
     cp.pods.insert(old.key(), old);
@@ -356,25 +350,12 @@ fn two_sandboxes_of_one_pod_are_told_apart_by_path_and_identity() {
     assert!(
         decide(
             &cp,
-            &umount(
-                "/run/netns/old",
-                0,
-                Some(NetnsId {
-                    cookie: 41,
-                    inode: 4026532998
-                })
-            )
+            &umount("/run/netns/old", 0, Some(NetnsId::test(41, 4026532998)))
         )
         .is_empty()
     );
     // A path reused for another netns does not rescue a sandbox whose identity differs.
-    assert!(
-        decide(
-            &cp,
-            &umount("/run/netns/abc", 0, Some(NetnsId { cookie: 99, inode: 1 }))
-        )
-        .is_empty()
-    );
+    assert!(decide(&cp, &umount("/run/netns/abc", 0, Some(NetnsId::test(99, 1)))).is_empty());
     assert!(
         matches!(&decide(&cp, &umount("/run/netns/abc", 0, None))[..], [Action::Rescue { key, .. }] if key == KEY)
     );
@@ -383,10 +364,7 @@ fn two_sandboxes_of_one_pod_are_told_apart_by_path_and_identity() {
 #[test]
 fn a_tier_b_move_of_a_placed_device_is_recorded() {
     let cp = cp(PodPhase::Attached, DeviceState::InPod);
-    let host = NetnsId {
-        cookie: 1,
-        inode: 4026531833,
-    };
+    let host = NetnsId::test(1, 4026531833);
     let moving = |ifindex, from| {
         ev(EventKind::DeviceMoving {
             ifindex,

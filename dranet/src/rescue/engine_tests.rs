@@ -87,14 +87,11 @@ fn enoent(path: &Path) -> NetnsError {
 impl World {
     fn new_netns(&mut self) -> NetnsId {
         self.next_netns += 1;
-        NetnsId {
-            cookie: 1000 + self.next_netns,
-            inode: 4_026_531_000 + self.next_netns,
-        }
+        NetnsId::test(1000 + self.next_netns, 4_026_531_000 + self.next_netns)
     }
 
     fn host(&self) -> NetnsId {
-        self.host.unwrap_or(NetnsId { cookie: 1, inode: 1 })
+        self.host.unwrap_or(NetnsId::test(1, 1))
     }
 
     fn taken(&self, netns: NetnsId, ifindex: u32) -> bool {

@@ -476,7 +476,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dranet-rebuilt-reload-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let store = Store::open(&dir).unwrap();
-        let netns = NetnsId { cookie: 7, inode: 9 };
+        let netns = NetnsId::test(7, 9);
         let identity = LinkSnapshot {
             name: "net1".into(),
             perm_mac: Some("0c:42:a1:00:00:01".into()),

@@ -35,10 +35,7 @@ fn sample() -> Checkpoint {
             namespace: "ns".into(),
             name: "p".into(),
             netns_path: "/var/run/netns/x".into(),
-            netns: NetnsId {
-                cookie: 7,
-                inode: 4026532000,
-            },
+            netns: NetnsId::test(7, 4026532000),
             // A pin is a path of the store's own `pins/` (checked on load): the tests that need
             // one set it for their store.
             pin: None,

@@ -411,7 +411,7 @@ mod tests {
             namespace: "ns".into(),
             name: "p".into(),
             netns_path: "/var/run/netns/x".into(),
-            netns: NetnsId { cookie: 7, inode: 9 },
+            netns: NetnsId::test(7, 9),
             pin: Some("/run/dranet/pins/sb-1".into()),
             phase: PodPhase::Attaching,
             devices: vec![
@@ -427,7 +427,7 @@ mod tests {
     fn at(ifindex: u32) -> DeviceAt {
         DeviceAt {
             ifindex: crate::ids::PodIfindex::new(ifindex),
-            netns: NetnsId { cookie: 7, inode: 9 },
+            netns: NetnsId::test(7, 9),
         }
     }
 

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::sys::netns::NetnsId;
+use crate::sys::netns::{NetnsCookie, NetnsId};
 use dranet_common::{self as common, Event, kind, unlink_call};
 
 /// Nanoseconds of CLOCK_MONOTONIC (the clock of `bpf_ktime_get_ns`).
@@ -198,10 +198,10 @@ impl LifecycleEvent {
 /// A netns named by a probe. A kernel before 5.12 makes a netns cookie only when a BPF program
 /// asks for one, so a probe reads 0 there (Debian 11's 5.10, in the kernel matrix); the netns is
 /// then the one the watcher knows by that inode (user space identified it with a stand-in cookie,
-/// `sys::netns::inode_cookie`), else cookie 0 and the inode.
+/// `sys::netns::inode_cookie`), else [`NetnsCookie::UNKNOWN`] and the inode.
 fn probe_netns(cookie: u64, inum: u32, resolve_inode: &impl Fn(u64) -> Option<NetnsId>) -> NetnsId {
-    let inode = u64::from(inum);
-    if cookie == 0
+    let (cookie, inode) = (NetnsCookie::from_raw(cookie), u64::from(inum));
+    if !cookie.is_known()
         && let Some(id) = resolve_inode(inode)
     {
         return id;
@@ -273,8 +273,8 @@ pub fn decode(
         },
         kind::NSFS_UMOUNT => {
             let inode = u64::from(ev.netns_inum);
-            let netns =
-                resolve_inode(inode).filter(|id| ev.netns_cookie == 0 || id.cookie == ev.netns_cookie);
+            let cookie = NetnsCookie::from_raw(ev.netns_cookie);
+            let netns = resolve_inode(inode).filter(|id| !cookie.is_known() || id.cookie == cookie);
             EventKind::NsfsUnmounting {
                 inode,
                 flags: ev.flags,
@@ -325,7 +325,7 @@ mod tests {
     fn decodes_umount_with_identity() {
         let mut ev = blank(kind::UMOUNT);
         ev.path[..15].copy_from_slice(b"/run/netns/pod1");
-        let id = NetnsId { cookie: 5, inode: 6 };
+        let id = NetnsId::test(5, 6);
         let got = decode(&raw(&ev), |p| (p == "/run/netns/pod1").then_some(id), |_| None);
         let got = got.unwrap();
         assert_eq!(got.time, MonoTime::from_ns(1000));
@@ -359,7 +359,7 @@ mod tests {
             } => {
                 assert_eq!(new_ifindex, -1);
                 assert_eq!(from.inode, 4026532249);
-                assert_eq!(to.cookie, 1);
+                assert_eq!(to.cookie.raw(), 1);
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -371,10 +371,7 @@ mod tests {
     /// netns is the one known by that inode (identified in user space with a stand-in cookie).
     #[test]
     fn a_probe_without_a_cookie_names_the_netns_known_by_its_inode() {
-        let known = NetnsId {
-            cookie: 1 << 63 | 5,
-            inode: 4026532249,
-        };
+        let known = NetnsId::test(1 << 63 | 5, 4026532249);
         let mut ev = blank(kind::NETNS_PUT);
         ev.netns_cookie = 0;
         let by_inode = |i: u64| (i == known.inode).then_some(known);
@@ -384,23 +381,17 @@ mod tests {
         );
         // Unknown inode: cookie 0 and the inode, as read.
         let got = decode(&raw(&ev), |_| None, |_| None).unwrap();
-        assert_eq!(
-            got.netns(),
-            Some(NetnsId {
-                cookie: 0,
-                inode: 4026532249
-            })
-        );
+        assert_eq!(got.netns(), Some(NetnsId::test(0, 4026532249)));
         // A kernel cookie is never replaced.
         ev.netns_cookie = 99;
         let got = decode(&raw(&ev), |_| None, by_inode).unwrap();
-        assert_eq!(got.netns().map(|n| n.cookie), Some(99));
+        assert_eq!(got.netns().map(|n| n.cookie.raw()), Some(99));
         let mut mv = blank(kind::DEV_NETNS_MOVE);
         mv.netns_cookie = 0;
         match decode(&raw(&mv), |_| None, by_inode).unwrap().kind {
             EventKind::DeviceMoving { from, to, .. } => {
                 assert_eq!(from, known);
-                assert_eq!(to.cookie, 1);
+                assert_eq!(to.cookie.raw(), 1);
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -409,14 +400,8 @@ mod tests {
     #[test]
     fn nsfs_umount_checks_cookie() {
         let ev = blank(kind::NSFS_UMOUNT);
-        let known = NetnsId {
-            cookie: 99,
-            inode: 4026532249,
-        };
-        let other = NetnsId {
-            cookie: 98,
-            inode: 4026532249,
-        };
+        let known = NetnsId::test(99, 4026532249);
+        let other = NetnsId::test(98, 4026532249);
         let hit = decode(&raw(&ev), |_| None, |_| Some(known)).unwrap();
         assert_eq!(hit.netns(), Some(known));
         // Same (reused) inode, other cookie: not the netns we know.

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::sys::inotify;
-use crate::sys::netns::NetnsId;
+use crate::sys::netns::{NetnsCookie, NetnsId};
 pub use crate::sys::os::mono_now;
 use crate::sys::probes::{self, maps};
 pub use crate::sys::probes::{ProbeState, ProbeStatus, Tier};
@@ -613,7 +613,7 @@ async fn learn_later(shared: Arc<Shared>, path: PathBuf) {
 /// (`netns_put` on the nsfs path and `__put_net` where it is not inlined); net cookies are never
 /// reused, so a cookie seen once is a duplicate the second time.
 #[derive(Default)]
-struct ReleasedCookies(std::collections::VecDeque<u64>);
+struct ReleasedCookies(std::collections::VecDeque<NetnsCookie>);
 
 impl ReleasedCookies {
     const KEEP: usize = 256;
@@ -623,7 +623,7 @@ impl ReleasedCookies {
         let EventKind::NetnsReleased { netns, .. } = &ev.kind else {
             return false;
         };
-        if netns.cookie == 0 {
+        if !netns.cookie.is_known() {
             return false;
         }
         if self.0.contains(&netns.cookie) {
@@ -743,7 +743,7 @@ mod released_tests {
             time: crate::clock::MonoTime::from_ns(1),
             source: Source::Probe,
             kind: EventKind::NetnsReleased {
-                netns: NetnsId { cookie, inode: 7 },
+                netns: NetnsId::test(cookie, 7),
                 task: Task::default(),
             },
         }
@@ -771,8 +771,8 @@ mod released_tests {
 mod known_tests {
     use super::*;
 
-    const OLD: NetnsId = NetnsId { cookie: 1, inode: 7 };
-    const NEW: NetnsId = NetnsId { cookie: 2, inode: 7 };
+    const OLD: NetnsId = NetnsId::test(1, 7);
+    const NEW: NetnsId = NetnsId::test(2, 7);
 
     fn known_with(path: &str, id: NetnsId) -> Known {
         let mut k = Known::default();
@@ -829,10 +829,7 @@ mod known_tests {
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             for i in 0..256u64 {
-                let id = NetnsId {
-                    cookie: i + 1,
-                    inode: i,
-                };
+                let id = NetnsId::test(i + 1, i);
                 k.paths.insert(format!("/run/netns/p{i}"), id);
                 k.inodes.insert(i, id);
                 k.forget(id, t0);
@@ -875,10 +872,7 @@ mod known_tests {
         let t0 = Instant::now();
         let mut k = Known::default();
         for i in 0..(DEAD_KEPT_MAX as u64 + 10) {
-            let id = NetnsId {
-                cookie: i + 1,
-                inode: i,
-            };
+            let id = NetnsId::test(i + 1, i);
             k.paths.insert(format!("/run/netns/p{i}"), id);
             k.forget(id, t0);
         }

@@ -96,7 +96,7 @@ async fn big_checkpoint(
         r.sandbox_id.clone_from(&u);
         r.name = format!("filler-{i}");
         // Identities no netns has: nothing ever matches them.
-        r.netns.cookie = u64::MAX - i as u64;
+        r.netns.cookie = dranet::sys::netns::NetnsCookie::from_raw(u64::MAX - i as u64);
         r.netns.inode = u64::MAX - i as u64;
         r.netns_path = format!("/run/netns/filler-{i}").into();
         r.pin = r.pin.as_ref().map(|_| pins.join(&u));

@@ -26,8 +26,67 @@ use serde::{Deserialize, Serialize};
 /// plus the nsfs inode number (reused at once after the netns dies, so never a key on its own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NetnsId {
-    pub cookie: u64,
+    pub cookie: NetnsCookie,
     pub inode: u64,
+}
+
+impl NetnsId {
+    /// A made-up identity (tests, fixtures).
+    #[cfg(any(test, feature = "test-support"))]
+    #[must_use]
+    pub const fn test(cookie: u64, inode: u64) -> Self {
+        Self {
+            cookie: NetnsCookie::from_raw(cookie),
+            inode,
+        }
+    }
+}
+
+/// A netns cookie: the kernel's (`NS_GET_ID`, `SO_NETNS_COOKIE`, a probe's `net->net_cookie`),
+/// or on kernels that cannot tell it a stand-in ([`inode_cookie`], marked with
+/// [`INODE_COOKIE_BIT`]). On disk and in JSON the bare number.
+///
+/// [`NetnsCookie::UNKNOWN`] (0) is a real value, not an error: a probe on a kernel before 5.12
+/// reads 0, and a netns the watcher does not know by its inode then keeps cookie 0 (in events,
+/// and in a device's recorded place when it moved there, so also on disk). It equals no cookie
+/// of a netns user space identified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NetnsCookie(u64);
+
+impl NetnsCookie {
+    /// No cookie: what a probe reads on a kernel before 5.12.
+    pub const UNKNOWN: Self = Self(0);
+
+    /// A cookie as the kernel or a BPF event gives it (0 is [`NetnsCookie::UNKNOWN`]).
+    #[must_use]
+    pub const fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// The bare number.
+    #[must_use]
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// Not [`NetnsCookie::UNKNOWN`].
+    #[must_use]
+    pub const fn is_known(self) -> bool {
+        self.0 != 0
+    }
+
+    /// A stand-in ([`inode_cookie`]), not a kernel cookie.
+    #[must_use]
+    pub const fn is_stand_in(self) -> bool {
+        self.0 & INODE_COOKIE_BIT != 0
+    }
+}
+
+impl fmt::Display for NetnsCookie {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
 }
 
 impl fmt::Display for NetnsId {
@@ -253,10 +312,10 @@ pub fn identify(fd: BorrowedFd<'_>) -> Result<NetnsId, nix::Error> {
 /// Debian 6.1, seen in the qemu kernel matrix) `SO_NETNS_COOKIE` (5.14+) of a socket opened
 /// inside it on a short-lived thread; on kernels with neither (ENOPROTOOPT: 5.10, e.g. Debian 11,
 /// seen in the kernel matrix) a stand-in, [`inode_cookie`].
-pub fn cookie(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
+pub fn cookie(fd: BorrowedFd<'_>) -> Result<NetnsCookie, nix::Error> {
     match kernel_cookie(fd) {
         Err(nix::Error::ENOPROTOOPT) => inode_cookie(fd),
-        other => other,
+        other => other.map(NetnsCookie::from_raw),
     }
 }
 
@@ -272,13 +331,13 @@ pub const INODE_COOKIE_BIT: u64 = 1 << 63;
 /// took gets a new nsfs inode with a later change time. Two netns with the same inode number and
 /// the same change time would need the old one to die and the new one to be opened within one
 /// clock tick (the coarse clock, a few ms).
-pub fn inode_cookie(fd: BorrowedFd<'_>) -> Result<u64, nix::Error> {
+pub fn inode_cookie(fd: BorrowedFd<'_>) -> Result<NetnsCookie, nix::Error> {
     let st = nix::sys::stat::fstat(fd)?;
     let ns = u64::try_from(st.st_ctime)
         .unwrap_or(0)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(u64::try_from(st.st_ctime_nsec).unwrap_or(0));
-    Ok(ns | INODE_COOKIE_BIT)
+    Ok(NetnsCookie::from_raw(ns | INODE_COOKIE_BIT))
 }
 
 /// When the netns bind-mounted at `path` was made, as near as the kernel tells: the change time
